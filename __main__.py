@@ -1,0 +1,3 @@
+from specpair.cli import main
+
+main()

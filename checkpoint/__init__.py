@@ -1,0 +1,197 @@
+"""The `Checkpoint` model: one normalized description of a target or drafter, whatever its layout.
+
+Sources (local directory, GGUF file, Hub repo, built-in catalog) produce raw metadata; `hf.py` and
+`gguf.py` turn it into a `Checkpoint`; the rules in `compat/` read only this object. Every field is
+plain data so that `to_json`/`from_json` round-trip it (the catalog stores checkpoints this way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpair.checkpoint.tokenizer import Tokenizer
+
+TARGET_FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+DRAFTER_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+@dataclass
+class Shapes:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    layer_types: list[str] = field(default_factory=list)  # "full" | "linear" | "sliding", one per layer
+    intermediate_size: int | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    embedding_rows: int | None = None  # from the embedding / lm_head tensor header when one exists
+    tie_word_embeddings: bool = False
+    linear_key_heads: int | None = None
+    linear_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel: int | None = None
+
+    @property
+    def rows(self) -> int:
+        """Embedding / lm_head rows: what a shared-embedding drafter must match."""
+        return self.embedding_rows or self.vocab_size
+
+    def count(self, kind: str) -> int:
+        return sum(t == kind for t in self.layer_types)
+
+
+@dataclass
+class Rope:
+    theta: float | None = None
+    rope_type: str | None = None
+    scaling: dict[str, Any] | None = None  # yarn / linear / dynamic parameters as the config gives them
+    partial_rotary_factor: float | None = None
+    mrope: bool = False
+    max_position_embeddings: int | None = None
+    sliding_window: int | None = None
+    trained_context: int | None = None  # length the checkpoint was trained at, where known
+    schema: str = "none"  # "rope_parameters" | "rope_theta" (top-level legacy) | "gguf" | "none"
+
+
+@dataclass
+class Taps:
+    """Target layers a drafter reads. `layers` are normalized: output of 0-based decoder layer k."""
+
+    layers: list[int]
+    raw: list[int]
+    source: str  # the key they came from, e.g. "dflash_config.target_layer_ids", "gguf dflash.target_layers"
+    convention: str  # how `raw` maps to `layers`, e.g. "output of layer k", "input of layer k (= HF id + 1)"
+
+
+@dataclass
+class Drafter:
+    kind: str  # one of DRAFTER_KINDS
+    taps: Taps | None = None
+    block_size: int | None = None
+    block_size_source: str | None = None
+    mask_token_id: int | None = None
+    mask_token_source: str | None = None
+    num_target_layers: int | None = None
+    target_hidden_size: int | None = None
+    fc_shape: list[int] | None = None  # from the tensor header, never from config
+    is_causal: bool | None = None
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary
+    has_d2t: bool = False
+    has_lm_head: bool = False
+    has_embeddings: bool = False
+    mask_embedding_file: str | None = None
+    missing_keys: list[str] = field(default_factory=list)  # keys the family defines that this config lacks
+    config_keys: list[str] = field(default_factory=list)  # dotted keys present, for per-stack required-key rules
+
+
+@dataclass
+class Mtp:
+    layers: int  # declared by config (mtp_num_hidden_layers / num_nextn_predict_layers / nextn_predict_layers)
+    tensors: int | None = None  # tensors actually present (None when no header was read)
+    bytes: int | None = None
+
+
+@dataclass
+class TensorGroup:
+    """Tensors of one part of the model stored in one layout (e.g. experts in nvfp4-modelopt)."""
+
+    group: str
+    layout: str
+    tensors: int
+    bytes: int
+
+
+@dataclass
+class Quantization:
+    method: str  # modelopt | compressed-tensors | fp8 | mlx | exl3 | gguf
+    algo: str | None = None
+    bits: float | None = None
+    group_size: int | None = None
+    kv_cache: str | None = None
+    producer: str | None = None
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FileEntry:
+    path: str
+    size: int | None = None
+    sha256: str | None = None
+    blob_id: str | None = None
+
+
+@dataclass
+class Checkpoint:
+    ref: str  # what the user typed (path, org/name[@rev])
+    source: str  # "local" | "gguf" | "hub" | "hf-cache" | "catalog"
+    format: str  # "safetensors" | "gguf" | "config-only"
+    role: str  # "target" | "drafter" | "both" (a target that carries an MTP head)
+    family: str | None  # model family of the decoder blocks: TARGET_FAMILIES or the raw model_type
+    architecture: str | None  # architectures[0] or general.architecture
+    model_type: str | None
+    shapes: Shapes
+    rope: Rope
+    drafter: Drafter | None = None
+    mtp: Mtp | None = None
+    tokenizer: Tokenizer | None = None
+    groups: list[TensorGroup] = field(default_factory=list)
+    quantization: Quantization | None = None
+    files: list[FileEntry] = field(default_factory=list)
+    revision: str | None = None
+    notes: list[str] = field(default_factory=list)  # facts found while reading (auto_map, pickle files, ...)
+    provenance: str | None = None  # where catalog data came from, and how sure it is
+
+    @property
+    def name(self) -> str:
+        return self.ref
+
+    @property
+    def is_hybrid(self) -> bool:
+        return "linear" in self.shapes.layer_types
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(g.bytes for g in self.groups)
+
+    def bytes_of(self, *groups: str) -> int:
+        return sum(g.bytes for g in self.groups if g.group in groups)
+
+    def layouts_of(self, *groups: str) -> set[str]:
+        return {g.layout for g in self.groups if not groups or g.group in groups}
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self, dict_factory=_json_dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        data = dict(data)
+        data["shapes"] = Shapes(**data["shapes"])
+        data["rope"] = Rope(**data["rope"])
+        if data.get("drafter"):
+            drafter = dict(data["drafter"])
+            drafter["taps"] = Taps(**drafter["taps"]) if drafter.get("taps") else None
+            data["drafter"] = Drafter(**drafter)
+        data["mtp"] = Mtp(**data["mtp"]) if data.get("mtp") else None
+        data["tokenizer"] = Tokenizer(**data["tokenizer"]) if data.get("tokenizer") else None
+        data["groups"] = [TensorGroup(**g) for g in data.get("groups", [])]
+        data["quantization"] = Quantization(**data["quantization"]) if data.get("quantization") else None
+        data["files"] = [FileEntry(**f) for f in data.get("files", [])]
+        return cls(**data)
+
+
+def _json_dict(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Token lists stay in memory: they exist for exact comparison, not for output.
+    return {k: v for k, v in items if k != "tokens"}

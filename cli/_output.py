@@ -1,0 +1,24 @@
+"""One place that writes results: rich tables for people, one JSON document for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+def console():
+    """A rich console on stdout; rich is imported only when a human-readable table is printed."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print `error: message` as one line on stderr and exit."""
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(code)

@@ -1,0 +1,1 @@
+"""`specpair catalog`: placeholder replaced below."""

@@ -1,0 +1,1 @@
+"""`specpair check TARGET [DRAFT]`: placeholder replaced below."""

@@ -1,0 +1,178 @@
+"""GGUF headers (metadata and tensor infos), read sequentially without touching tensor data.
+
+Layout (little-endian): magic "GGUF", version u32, tensor_count u64, kv_count u64, kv pairs
+(key string, value type u32, value), tensor infos (name, n_dims u32, dims u64 in ggml order, type u32,
+offset u64), padding to `general.alignment`, then data. Every count and length is checked against
+the bytes that remain before it is used, so a hostile header cannot make us allocate or loop on
+numbers it merely claims.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specpair.errors import BadInput
+from specpair.formats import TensorInfo
+
+MAGIC = b"GGUF"
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 2
+
+# GGUF value types: (struct format, size) for scalars; 8 = string, 9 = array.
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_STRING, _ARRAY = 8, 9
+_MIN_VALUE_BYTES = {**{t: size for t, (_, size) in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
+
+
+@dataclass
+class GGUFHeader:
+    """What a GGUF file says about itself; `tensors` shapes are in numpy order ([out, in])."""
+
+    path: str
+    version: int
+    fields: dict[str, object]
+    tensors: list[TensorInfo] = field(default_factory=list)
+    size: int | None = None
+
+    @property
+    def architecture(self) -> str | None:
+        arch = self.fields.get("general.architecture")
+        return arch if isinstance(arch, str) else None
+
+    def arch_field(self, key: str, default: object = None) -> object:
+        """`{arch}.{key}`, e.g. arch_field('block_count')."""
+        return self.fields.get(f"{self.architecture}.{key}", default)
+
+
+class _Cursor:
+    """Sequential reader over a stream with a known size; refuses to read past it."""
+
+    def __init__(self, read: Callable[[int], bytes], size: int, where: str) -> None:
+        self._read, self.size, self.where = read, size, where
+        self._buf = b""
+        self._buf_pos = 0
+        self.pos = 0
+
+    def remaining(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int) -> bytes:
+        if n > self.remaining():
+            raise BadInput(self.where, f"truncated GGUF header (needs {n} bytes at offset {self.pos}, file has {self.size})")
+        end = self._buf_pos + n
+        if end > len(self._buf):
+            rest = self._buf[self._buf_pos:]
+            more = self._read(max(n - len(rest), 1 << 20))
+            self._buf, self._buf_pos, end = rest + more, 0, n
+            if n > len(self._buf):
+                raise BadInput(self.where, f"truncated GGUF header at offset {self.pos}")
+        out = self._buf[self._buf_pos:end]
+        self._buf_pos = end
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, size: int) -> object:
+        return struct.unpack(fmt, self.take(size))[0]
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        n = self.unpack("<Q", 8)
+        if n * min_item_bytes > self.remaining():
+            raise BadInput(self.where, f"GGUF {what} count {n} cannot fit in the {self.remaining()} bytes left")
+        return n
+
+    def string(self) -> str:
+        n = self.count("string length", 1)
+        return self.take(n).decode("utf-8", "surrogateescape")
+
+
+def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHeader:
+    """Parse a GGUF header from a sequential `read(n)` over a file of `size` bytes."""
+    cur = _Cursor(read, size, where)
+    if size < 24 or cur.take(4) != MAGIC:
+        raise BadInput(where, "not a GGUF file (bad magic)")
+    version = cur.unpack("<I", 4)
+    if version not in (2, 3):
+        raise BadInput(where, f"unsupported GGUF version {version}")
+    tensor_count = cur.count("tensor", 24)
+    kv_count = cur.count("metadata", 13)
+    fields: dict[str, object] = {}
+    for _ in range(kv_count):
+        key = cur.string()
+        vtype = cur.unpack("<I", 4)
+        fields[key] = _value(cur, vtype, depth=0)
+    infos = []
+    for _ in range(tensor_count):
+        name = cur.string()
+        n_dims = cur.unpack("<I", 4)
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise BadInput(where, f"tensor {name!r}: {n_dims} dimensions (GGUF allows 1..{MAX_DIMS})")
+        dims = [cur.unpack("<Q", 8) for _ in range(n_dims)]
+        ggml_type = cur.unpack("<I", 4)
+        offset = cur.unpack("<Q", 8)
+        infos.append((name, dims, ggml_type, offset))
+    alignment = fields.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise BadInput(where, f"general.alignment {alignment!r} is not a power of two")
+    data_start = -(-cur.pos // alignment) * alignment
+    tensors = [_tensor(where, size - data_start, *info) for info in infos]
+    return GGUFHeader(where, version, fields, tensors, size)
+
+
+def read_local(path: str) -> GGUFHeader:
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            return read_header(f.read, size, path)
+    except OSError as e:
+        raise BadInput(path, f"cannot read ({e.strerror})") from None
+
+
+def _value(cur: _Cursor, vtype: int, depth: int) -> object:
+    if vtype in _SCALARS:
+        return cur.unpack(*_SCALARS[vtype])
+    if vtype == _STRING:
+        return cur.string()
+    if vtype == _ARRAY:
+        if depth >= MAX_ARRAY_DEPTH:
+            raise BadInput(cur.where, "GGUF arrays nested too deeply")
+        elem = cur.unpack("<I", 4)
+        if elem not in _MIN_VALUE_BYTES:
+            raise BadInput(cur.where, f"unknown GGUF array element type {elem}")
+        n = cur.count("array", _MIN_VALUE_BYTES[elem])
+        if elem in _SCALARS:
+            fmt, size = _SCALARS[elem]
+            raw = cur.take(n * size)
+            return list(struct.unpack(f"<{n}{fmt[1]}", raw))
+        return [_value(cur, elem, depth + 1) for _ in range(n)]
+    raise BadInput(cur.where, f"unknown GGUF value type {vtype}")
+
+
+def _tensor(where: str, data_size: int, name: str, dims: list[int], ggml_type: int, offset: int) -> TensorInfo:
+    type_name, block, block_bytes = ggml_type_info(ggml_type, where, name)
+    if any(d == 0 for d in dims) or math.prod(dims) >= 2**60:
+        raise BadInput(where, f"tensor {name!r}: dimensions {dims} are out of range")
+    if dims[0] % block:
+        raise BadInput(where, f"tensor {name!r}: row length {dims[0]} is not a multiple of the {type_name} block ({block})")
+    nbytes = math.prod(dims) // block * block_bytes
+    if offset + nbytes > data_size:
+        raise BadInput(where, f"tensor {name!r}: data at offset {offset} (+{nbytes} bytes) runs past the end of the file")
+    return TensorInfo(name, type_name, tuple(reversed(dims)), nbytes, where)
+
+
+def ggml_type_info(ggml_type: int, where: str, name: str) -> tuple[str, int, int]:
+    """(type name, block elements, block bytes) from gguf-py's own tables."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: gguf imports numpy
+
+    try:
+        qtype = GGMLQuantizationType(ggml_type)
+    except ValueError:
+        raise BadInput(where, f"tensor {name!r}: unknown ggml type {ggml_type}") from None
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    return qtype.name, block, block_bytes

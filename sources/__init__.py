@@ -1,0 +1,136 @@
+"""Where checkpoint metadata comes from: a local directory or GGUF file, a Hub repo, the built-in catalog.
+
+Every source exposes the same small `RepoFiles` view (list files, read a small file, read tensor
+headers); `read_checkpoint` turns any of them into a `Checkpoint` with the same code, so a local
+directory and the Hub repo it was downloaded from give the same answer. Tensor data is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Protocol
+
+from specpair.checkpoint import Checkpoint, FileEntry
+from specpair.checkpoint import gguf as gguf_builder
+from specpair.checkpoint import hf as hf_builder
+from specpair.checkpoint.tokenizer import from_tokenizer_json
+from specpair.errors import BadInput
+from specpair.formats import TensorInfo
+from specpair.formats.gguf import GGUFHeader
+
+MAX_CONFIG_BYTES = 32 * 1024 * 1024
+MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+QUANT_FILES = ("hf_quant_config.json", "quantization_config.json")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class RepoFiles(Protocol):
+    """Read-only view of one checkpoint's files, local or remote."""
+
+    where: str  # how errors name this checkpoint (a path, or repo@revision)
+
+    def list(self) -> list[FileEntry]: ...
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        """Whole content of a small file, None when absent; BadInput when over `limit` bytes."""
+
+    def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]: ...
+
+    def gguf_header(self, path: str) -> GGUFHeader: ...
+
+
+def open_checkpoint(ref: str, gguf_file: str | None = None, offline: bool | None = None) -> Checkpoint:
+    """Resolve what the user typed: a local path first, then `org/name[@revision]` on the Hub."""
+    from specpair.sources import local
+
+    path = os.path.expanduser(ref)
+    if os.path.exists(path):
+        return local.open_local(path, ref, gguf_file)
+    if ref.endswith(".gguf") or ref.startswith((".", "/", "~")):
+        raise BadInput(ref, "no such file or directory")
+    repo, _, revision = ref.partition("@")
+    if not REPO_ID.match(repo) or (revision == "" and "@" in ref):
+        raise BadInput(ref, "not a local path nor a Hub repo id of the form org/name[@revision]")
+    from specpair.sources import hub
+
+    return hub.open_repo(repo, revision or None, ref, gguf_file, offline)
+
+
+def read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | None = None,
+                    revision: str | None = None) -> Checkpoint:
+    """Build the Checkpoint of one HF-layout or GGUF checkpoint from its files."""
+    entries = files.list()
+    names = {e.path for e in entries}
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    if gguf_file is not None:
+        if gguf_file not in names:
+            raise BadInput(files.where, f"has no file {gguf_file!r} (GGUF files: {', '.join(ggufs) or 'none'})")
+        return gguf_builder.build(files.gguf_header(gguf_file), ref, source, revision)
+    if "config.json" not in names:
+        if len(ggufs) == 1:
+            return gguf_builder.build(files.gguf_header(ggufs[0]), ref, source, revision)
+        if ggufs:
+            raise BadInput(files.where, f"holds {len(ggufs)} GGUF files; choose one with --gguf-file ({', '.join(ggufs[:6])})")
+        raise BadInput(files.where, "no config.json and no GGUF file")
+    meta = hf_builder.HFMetadata(
+        config=read_json(files, "config.json", required=True),
+        config_where=f"{files.where}/config.json",
+        generation_config=read_json(files, "generation_config.json"),
+        quant_files={name: doc for name in QUANT_FILES if (doc := read_json(files, name)) is not None},
+        files=entries,
+    )
+    raw_tokenizer = files.read("tokenizer.json", MAX_TOKENIZER_BYTES) if "tokenizer.json" in names else None
+    if raw_tokenizer is not None:
+        template = files.read("chat_template.jinja", MAX_CONFIG_BYTES) if "chat_template.jinja" in names else None
+        meta.tokenizer = from_tokenizer_json(
+            raw_tokenizer, f"{files.where}/tokenizer.json", read_json(files, "tokenizer_config.json"),
+            meta.generation_config, template.decode("utf-8", "replace") if template is not None else None,
+        )
+    shards, weight_map = _safetensors_shards(files, names)
+    meta.tensors = files.safetensors_headers(shards) if shards else None
+    if meta.tensors is not None and weight_map is not None:
+        _check_index(files.where, weight_map, meta.tensors)
+    return hf_builder.build(meta, ref, source, revision)
+
+
+def read_json(files: RepoFiles, path: str, required: bool = False) -> dict[str, Any] | None:
+    raw = files.read(path, MAX_CONFIG_BYTES)
+    if raw is None:
+        if required:
+            raise BadInput(f"{files.where}/{path}", "missing")
+        return None
+    where = f"{files.where}/{path}"
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadInput(where, "not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise BadInput(where, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(doc, dict):
+        raise BadInput(where, "not a JSON object")
+    return doc
+
+
+def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], dict[str, str] | None]:
+    """Shard files to read headers from, and the index's weight map when there is an index."""
+    index = next((n for n in sorted(names) if n.endswith(".safetensors.index.json") and "/" not in n), None)
+    if index is None:
+        return sorted(n for n in names if n.endswith(".safetensors") and "/" not in n), None
+    where = f"{files.where}/{index}"
+    weight_map = read_json(files, index, required=True).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise BadInput(where, "weight_map is not an object of tensor -> file names")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if shard not in names:
+            raise BadInput(where, f"names shard {shard!r}, which is not in the checkpoint")
+    return shards, weight_map
+
+
+def _check_index(where: str, weight_map: dict[str, str], tensors: list[TensorInfo]) -> None:
+    found = {t.name: t.file.rsplit("/", 1)[-1] for t in tensors}
+    for name, shard in weight_map.items():
+        if found.get(name) != shard:
+            raise BadInput(f"{where}/model.safetensors.index.json", f"maps {name!r} to {shard}, but that shard's header does not hold it")

@@ -1,0 +1,64 @@
+"""Local checkpoints: an HF-layout directory, a directory of GGUF files, or one .gguf file."""
+
+from __future__ import annotations
+
+import os
+
+from specpair.checkpoint import Checkpoint, FileEntry
+from specpair.errors import BadInput
+from specpair.formats import TensorInfo, gguf, safetensors
+from specpair.sources import read_checkpoint
+
+
+class LocalFiles:
+    def __init__(self, root: str, only: str | None = None) -> None:
+        self.root = root
+        self.only = only  # a single file of `root`, when the user named one
+        self.where = os.path.join(root, only) if only else (root.rstrip("/") or "/")
+
+    def list(self) -> list[FileEntry]:
+        if self.only:
+            return [FileEntry(self.only, os.stat(os.path.join(self.root, self.only)).st_size)]
+        entries = []
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                try:
+                    size = os.stat(full).st_size  # follows the symlinks of an HF cache snapshot
+                except OSError:
+                    size = None
+                entries.append(FileEntry(os.path.relpath(full, self.root), size))
+        return entries
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        full = os.path.join(self.root, path)
+        try:
+            with open(full, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > limit:
+                    raise BadInput(full, f"is {size} bytes, over the {limit}-byte limit for this file")
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise BadInput(full, f"cannot read ({e.strerror})") from None
+
+    def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
+        tensors = []
+        for shard in shards:
+            found, _ = safetensors.read_local(os.path.join(self.root, shard))
+            tensors += [TensorInfo(t.name, t.dtype, t.shape, t.nbytes, shard) for t in found]
+        return tensors
+
+    def gguf_header(self, path: str) -> gguf.GGUFHeader:
+        return gguf.read_local(os.path.join(self.root, path))
+
+
+def open_local(path: str, ref: str, gguf_file: str | None) -> Checkpoint:
+    if os.path.isdir(path):
+        return read_checkpoint(LocalFiles(path), ref, "local", gguf_file)
+    if path.endswith(".gguf"):
+        directory, name = os.path.split(os.path.abspath(path))
+        return read_checkpoint(LocalFiles(directory, only=name), ref, "local", name)
+    raise BadInput(path, "is neither a checkpoint directory nor a .gguf file")
