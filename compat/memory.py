@@ -1,0 +1,113 @@
+"""GPU table and the memory a pair needs: target + draft weights, KV, recurrent state, draft KV."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from specpair.checkpoint import Checkpoint
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory: float  # bytes
+    capability: tuple[int, int]  # CUDA compute capability
+
+
+GPUS: dict[str, Gpu] = {
+    "a100": Gpu("A100 80GB", 80 * GB, (8, 0)),
+    "a100-40": Gpu("A100 40GB", 40 * GB, (8, 0)),
+    "a6000": Gpu("RTX A6000", 48 * GB, (8, 6)),
+    "rtx3090": Gpu("RTX 3090", 24 * GB, (8, 6)),
+    "rtx4090": Gpu("RTX 4090", 24 * GB, (8, 9)),
+    "l4": Gpu("L4", 24 * GB, (8, 9)),
+    "l40s": Gpu("L40S", 48 * GB, (8, 9)),
+    "rtx6000-ada": Gpu("RTX 6000 Ada", 48 * GB, (8, 9)),
+    "h100": Gpu("H100 80GB", 80 * GB, (9, 0)),
+    "h200": Gpu("H200", 141 * GB, (9, 0)),
+    "gh200": Gpu("GH200 144GB", 144 * GB, (9, 0)),
+    "b200": Gpu("B200", 180 * GB, (10, 0)),
+    "gb200": Gpu("GB200", 186 * GB, (10, 0)),
+    "b300": Gpu("B300", 288 * GB, (10, 3)),
+    "rtx5090": Gpu("RTX 5090", 32 * GB, (12, 0)),
+    "rtx6000-pro": Gpu("RTX PRO 6000 Blackwell", 96 * GB, (12, 0)),
+    "gb10": Gpu("GB10 (DGX Spark, unified)", 128 * GB, (12, 1)),
+}
+USABLE_FRACTION = 0.9  # vLLM's gpu_memory_utilization default; SGLang's mem fraction is similar
+OVERHEAD_PER_GPU = 2 * GB  # activations, verify scratch, CUDA graphs, allocator slack
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    target_weights: float
+    draft_weights: float
+    kv: float  # target KV over the context, all sequences
+    state: float  # recurrent (GDN) state, all sequences
+    draft_kv: float
+
+    @property
+    def total(self) -> float:
+        return self.target_weights + self.draft_weights + self.kv + self.state + self.draft_kv
+
+    def per_gpu(self, tp: int, draft_sharded: bool) -> float:
+        draft = self.draft_weights + self.draft_kv
+        return (self.target_weights + self.kv + self.state) / tp + (draft / tp if draft_sharded else draft) + OVERHEAD_PER_GPU
+
+
+def local_gpu() -> Gpu | None:
+    """The first local NVIDIA GPU, from nvidia-smi (no torch import); None when there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()
+        name, mib, cap = (x.strip() for x in out[0].split(","))
+        major, minor = cap.split(".")
+        return Gpu(name, float(mib) * 2**20, (int(major), int(minor)))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def kv_bytes(c: Checkpoint, context: int, dtype_bytes: int = 2) -> float:
+    """KV bytes per sequence over `context` tokens: full layers keep every token, sliding ones a window."""
+    s = c.shapes
+    per_token_layer = 2 * s.num_kv_heads * s.head_dim * dtype_bytes
+    window = c.rope.sliding_window or context
+    tokens = sum(context if t == "full" else min(window, context) if t == "sliding" else 0 for t in s.layer_types)
+    return per_token_layer * tokens
+
+
+def recurrent_state_bytes(c: Checkpoint) -> float:
+    """Gated DeltaNet state per sequence: fp32 [Hv, dk, dv] plus the bf16 conv window per linear layer."""
+    s = c.shapes
+    linear = s.count("linear")
+    if not linear or not (s.linear_value_heads and s.linear_key_head_dim and s.linear_value_head_dim):
+        return 0.0
+    state = s.linear_value_heads * s.linear_key_head_dim * s.linear_value_head_dim * 4
+    conv_channels = 2 * (s.linear_key_heads or 0) * s.linear_key_head_dim + s.linear_value_heads * s.linear_value_head_dim
+    conv = conv_channels * ((s.linear_conv_kernel or 4) - 1) * 2
+    return linear * (state + conv)
+
+
+def estimate(target: Checkpoint, draft: Checkpoint, kind: str, context: int, concurrency: int) -> Estimate:
+    target_weights = target.total_bytes - (0 if kind == "mtp" else target.bytes_of("mtp"))
+    if kind == "mtp":
+        draft_weights = 0.0  # the MTP head is part of the target's weights
+        mtp_layers = target.mtp.layers if target.mtp else 1
+        s = target.shapes
+        draft_kv = 2 * s.num_kv_heads * s.head_dim * 2 * context * mtp_layers
+    else:
+        draft_weights = float(draft.total_bytes)
+        draft_kv = kv_bytes(draft, context)
+    return Estimate(
+        target_weights=float(target_weights), draft_weights=draft_weights,
+        kv=kv_bytes(target, context) * concurrency,
+        state=recurrent_state_bytes(target) * concurrency, draft_kv=draft_kv * concurrency,
+    )

@@ -1,0 +1,129 @@
+"""File formats and weight layouts each stack loads, and quantization crossing from target to draft."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specpair.compat.pair import Pair
+from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
+
+# Tensor groups that are not weights a stack computes with (vision towers load through their own path).
+SKIPPED_GROUPS = ("vision",)
+# TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
+TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
+CONVERT_TO = {"sglang": "bf16", "vllm": "bf16", "exllamav3": "exl3:4", "tensorfold": "affine4", "specpair": "bf16"}
+
+
+def _layouts(p: Pair, which: str) -> set[str]:
+    checkpoint = p.target if which == "target" else p.draft
+    skipped = SKIPPED_GROUPS + (() if which == "target" and p.kind == "mtp" else ("mtp",))
+    return {g.layout for g in checkpoint.groups if g.group not in skipped}
+
+
+def _describe(format_: str, layouts: set[str]) -> str:
+    return f"{format_} ({', '.join(sorted(layouts))})" if layouts else format_
+
+
+def _target_fix(p: Pair, stack: str) -> str | None:
+    if stack == "llama.cpp":
+        return f"specpair convert {p.target.ref} target.gguf --to gguf:Q8_0"
+    if stack in CONVERT_TO:
+        return f"specpair convert {p.target.ref} {_out(p.target.ref)}-{CONVERT_TO[stack].replace(':', '')} --to {CONVERT_TO[stack]}"
+    return None
+
+
+def _draft_fix(p: Pair, stack: str) -> str | None:
+    if stack == "llama.cpp":
+        return f"specpair convert {p.draft.ref} draft.gguf --to gguf:bf16 --target {p.target.ref}"
+    return f"specpair convert {p.draft.ref} {_out(p.draft.ref)}-bf16 --to bf16"
+
+
+def _out(ref: str) -> str:
+    return ref.partition("@")[0].rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+
+
+def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
+    s = STACKS[stack]
+    checkpoint = p.target if which == "target" else p.draft
+    layouts = _layouts(p, which)
+    if s.file_format not in ("any", checkpoint.format) and checkpoint.format != "config-only":
+        yield {"which": which, "name": checkpoint.ref, "wanted": s.file_format,
+               "have": _describe(checkpoint.format, layouts)}
+        return
+    accepted = s.target_layouts if which == "target" else s.draft_layouts
+    refused = s.unloadable(layouts - {"int"}, accepted)
+    if stack == "tensorfold" and which == "target" and p.target.family == "qwen3_5_moe":
+        refused |= {layout for layout in layouts if layout.startswith("affine") and layout not in TENSORFOLD_MOE_AFFINE}
+        if layouts and layouts <= FLOAT_LAYOUTS:
+            refused |= layouts - {"int"}
+    if refused:
+        yield {"which": which, "name": checkpoint.ref, "wanted": ", ".join(accepted),
+               "have": f"{checkpoint.format} with {', '.join(sorted(refused))} tensors"}
+
+
+@rule(
+    "format.target", "error", ALL_STACKS, ALL_KINDS,
+    title="The stack loads the target's file format and every weight layout in it.",
+    message="{stack} loads {which}s as {wanted}; {name} is {have}.",
+    example={"which": "target", "name": "Qwen/Qwen3.6-35B-A3B", "wanted": "gguf", "have": "safetensors (bf16)"},
+    fix=_target_fix,
+)
+def _target_format(p: Pair, stack: str) -> Iterable[Values]:
+    yield from _unloadable(p, stack, "target")
+
+
+@rule(
+    "format.draft", "error", ALL_STACKS, SEPARATE_DRAFTERS,
+    title="The stack loads the drafter's file format and weight layouts (many stacks take only unquantized drafters).",
+    message="{stack} loads {which}s as {wanted}; {name} is {have}.",
+    example={"which": "draft", "name": "z-lab/Qwen3.6-35B-A3B-DFlash", "wanted": "gguf", "have": "safetensors (bf16)"},
+    fix=_draft_fix,
+)
+def _draft_format(p: Pair, stack: str) -> Iterable[Values]:
+    yield from _unloadable(p, stack, "draft")
+
+
+@rule(
+    "family.supported", "error", ALL_STACKS, ALL_KINDS,
+    title="The stack has a model family for the target's model_type.",
+    message="{stack} has no family for model_type {model_type!r} ({target}); it serves {known}.",
+    example={"model_type": "qwen3_moe", "known": "qwen3_5, qwen3_5_moe"},
+)
+def _family(p: Pair, stack: str) -> Iterable[Values]:
+    families = STACKS[stack].families
+    if p.target.family not in families:
+        yield {"model_type": p.target.model_type or p.target.family, "known": ", ".join(families)}
+
+
+@rule(
+    "draft.quant_inherit", "warn", ("sglang", "vllm"), SEPARATE_DRAFTERS,
+    title="An unquantized drafter is not built under the quantized target's quantization config.",
+    message="{target} is quantized ({method}) and {draft} is not: {detail}",
+    example={"method": "modelopt MIXED_PRECISION",
+             "detail": "SGLang applies the target's quantization to the draft by default and then drafts garbage (club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant."},
+)
+def _quant_inherit(p: Pair, stack: str) -> Iterable[Values]:
+    if p.target.quantization is None or p.target.quantization.method == "gguf" or p.draft.quantization is not None:
+        return
+    method = " ".join(x for x in (p.target.quantization.method, p.target.quantization.algo) if x)
+    if stack == "sglang":
+        detail = ("SGLang applies the target's quantization to the draft by default and then drafts garbage "
+                  "(club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant.")
+    else:
+        detail = ("vLLM has built drafts under the target's quant config (vllm#49133, vllm#44087): a draft without its own "
+                  "quantization_config loads as BF16 in 0.33, but check acceptance after upgrades.")
+    yield {"method": method, "detail": detail}
+
+
+@rule(
+    "tensorfold.single_file", "error", ("tensorfold",), DFLASH,
+    title="TensorFold's drafter loader opens exactly one model.safetensors.",
+    message="TensorFold opens exactly model.safetensors for a drafter, but {draft} stores its weights in {files}.",
+    example={"files": "model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"},
+    fix=lambda p, stack: f"specpair convert {p.draft.ref} {_out(p.draft.ref)}-bf16 --to bf16",
+)
+def _single_file(p: Pair, stack: str) -> Iterable[Values]:
+    shards = [f.path for f in p.draft.files if f.path.endswith(".safetensors")]
+    if p.draft.format == "safetensors" and shards and shards != ["model.safetensors"]:
+        yield {"files": ", ".join(shards)}

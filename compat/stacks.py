@@ -1,0 +1,189 @@
+"""What each serving stack loads, as data, and the launch command it needs for a pair.
+
+Versions these facts describe: SGLang 0.5.23, vLLM 0.33.0, llama.cpp mid/late 2026 (upstream `dflash`
+arch), ExLlamaV3 1.6.5, TensorFold 0.6.x/1.x (shared/spec/dflash.md §7, tensorfold.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specpair.compat.pair import Pair
+
+FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "int"})
+STACK_NAMES = ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold")
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    kinds: tuple[str, ...]  # drafter kinds it can serve
+    archs: dict[str, tuple[str, ...]]  # drafter kind -> architecture strings it registers
+    file_format: str  # "safetensors" (HF directory) or "gguf"
+    target_layouts: tuple[str, ...]  # layout label prefixes it loads for a target
+    draft_layouts: tuple[str, ...]  # ... and for a separate drafter
+    families: tuple[str, ...]
+    tensor_parallel_drafts: tuple[str, ...]  # drafter kinds that may run with tensor parallelism
+    launch: Callable[[Pair], str]
+
+    @staticmethod
+    def unloadable(layouts: set[str], accepted: tuple[str, ...]) -> set[str]:
+        """The layouts in `layouts` that no prefix in `accepted` covers."""
+        return {layout for layout in layouts if not layout.startswith(accepted)}
+
+
+def _model_arg(checkpoint_ref: str, revision: str | None) -> tuple[str, str | None]:
+    path, _, rev = checkpoint_ref.partition("@")
+    return path, rev or revision
+
+
+def _sglang(p: Pair) -> str:
+    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    args = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    if target_rev and p.target.source != "local":
+        args += ["--revision", target_rev]
+    algorithm = {"dflash": "DFLASH", "dflash2": "DFLASH", "mtp": "NEXTN", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}[p.kind]
+    args += ["--speculative-algorithm", algorithm]
+    if p.kind != "mtp":
+        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        args += ["--speculative-draft-model-path", draft]
+        if draft_rev and p.draft.source != "local":
+            args += ["--speculative-draft-model-revision", draft_rev]
+    if p.kind in ("dflash", "dflash2"):
+        args += ["--speculative-num-draft-tokens", str(p.block_size)]
+    else:
+        steps = p.block_size - 1
+        args += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", str(steps + 1)]
+    if p.kind != "mtp" and p.target.quantization and not p.draft.quantization:
+        args += ["--speculative-draft-model-quantization", "unquant"]
+    if p.target.is_hybrid:
+        args += ["--mamba-scheduler-strategy", "extra_buffer"]
+    if p.deployment.gpus > 1:
+        args += ["--tp", str(p.deployment.gpus)]
+    args += ["--context-length", str(p.context)]
+    return shlex.join(args)
+
+
+def _vllm(p: Pair) -> str:
+    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    args = ["vllm", "serve", target]
+    if target_rev and p.target.source != "local":
+        args += ["--revision", target_rev]
+    method = {"dflash": "dflash", "dflash2": "dflash", "mtp": "mtp", "eagle3": "eagle3", "draft_model": "draft_model"}[p.kind]
+    spec: dict[str, object] = {"method": method}
+    if p.kind != "mtp":
+        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        spec["model"] = draft
+        if draft_rev and p.draft.source != "local":
+            spec["revision"] = draft_rev
+    spec["num_speculative_tokens"] = p.block_size - 1
+    args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if p.deployment.gpus > 1:
+        args += ["--tensor-parallel-size", str(p.deployment.gpus)]
+    # A DFlash decode step runs max_num_seqs x block tokens in one pass (vllm#53970): size the budget for it.
+    max_seqs = p.deployment.concurrency if p.deployment.concurrency > 1 else 64
+    args += ["--max-model-len", str(p.context), "--max-num-seqs", str(max_seqs),
+             "--max-num-batched-tokens", str(max(8192, max_seqs * p.block_size))]
+    return shlex.join(args)
+
+
+def _llama_cpp(p: Pair) -> str:
+    args = ["llama-server", "-m", _gguf_path(p.target.ref), "-c", str(p.context), "-ngl", "99"]
+    if p.kind != "mtp":
+        args += ["-md", _gguf_path(p.draft.ref), "-ngld", "99"]
+    if p.kind == "draft_model":
+        return shlex.join(args + ["--draft-max", str(p.block_size - 1)])
+    if p.kind in ("dflash", "dflash2", "mtp"):
+        args += ["--spec-type", "draft-mtp" if p.kind == "mtp" else "draft-dflash"]
+    return shlex.join(args + ["--spec-draft-n-max", str(p.block_size - 1)])
+
+
+def _gguf_path(ref: str) -> str:
+    return ref if ref.endswith(".gguf") else f"{ref.rstrip('/').rsplit('/', 1)[-1]}.gguf"
+
+
+def _exllamav3(p: Pair) -> str:
+    draft = "" if p.kind == "mtp" else f", draft_model=Model.from_config(Config.from_directory({p.draft.ref!r}))"
+    return (f"exllamav3 Generator(model=Model.from_config(Config.from_directory({p.target.ref!r})){draft}, "
+            f"num_draft_tokens={p.block_size - 1})  # draft cache the same size as the target cache")
+
+
+def _tensorfold(p: Pair) -> str:
+    args = ["tensorfold", "serve", p.target.ref.partition("@")[0] if p.target.source != "local" else p.target.ref]
+    if p.kind == "mtp":
+        args += ["--mtp-drafts", str(min(p.block_size - 1, 3))]
+    else:
+        args += ["--drafter", p.draft.ref.partition("@")[0] if p.draft.source != "local" else p.draft.ref,
+                 "--drafter-bits", "0"]
+    args += ["--context", str(p.context)]
+    if p.deployment.gpus > 1 and p.kind == "dflash2":
+        args += ["--tp", "2"]
+    return shlex.join(args)
+
+
+def _specpair(p: Pair) -> str:
+    args = ["specpair", "run", p.target.ref]
+    if p.kind != "mtp":
+        args.append(p.draft.ref)
+    args += ["--block", str(p.block_size)]
+    return shlex.join(args)
+
+
+QWEN = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
+
+STACKS: dict[str, Stack] = {
+    s.name: s
+    for s in [
+        Stack(
+            name="specpair", kinds=("dflash", "dflash2", "mtp", "draft_model"),
+            archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
+            file_format="any", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
+            draft_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
+            families=("llama",) + QWEN, tensor_parallel_drafts=(), launch=_specpair,
+        ),
+        Stack(
+            name="sglang", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            archs={"dflash": DFLASH_ARCHS,
+                   "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
+                   "eagle3": ("LlamaForCausalLMEagle3",)},
+            file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            draft_layouts=("bf16", "f16", "f32"), families=("llama",) + QWEN,
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_sglang,
+        ),
+        Stack(
+            name="vllm", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            archs={"dflash": DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
+                   "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
+                   "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")},
+            file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"), families=("llama",) + QWEN,
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_vllm,
+        ),
+        Stack(
+            name="llama.cpp", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            archs={"dflash": ("dflash",), "dflash2": ("dflash",), "eagle3": ("eagle3",)},
+            file_format="gguf", target_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
+            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"), families=("llama",) + QWEN,
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_llama_cpp,
+        ),
+        Stack(
+            name="exllamav3", kinds=("dflash", "dflash2", "mtp", "draft_model"),
+            archs={"dflash": DFLASH_ARCHS, "dflash2": ("DFlash2DraftModel",)},
+            file_format="safetensors", target_layouts=("exl3", "bf16", "f16", "f32"),
+            draft_layouts=("exl3", "bf16", "f16", "f32"), families=("llama",) + QWEN,
+            tensor_parallel_drafts=("draft_model",), launch=_exllamav3,
+        ),
+        Stack(
+            name="tensorfold", kinds=("dflash", "dflash2", "mtp"),
+            archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
+            file_format="safetensors", target_layouts=("affine", "nvfp4-modelopt", "fp8", "exl3"),
+            draft_layouts=("bf16",), families=("qwen3_5", "qwen3_5_moe"),
+            tensor_parallel_drafts=("dflash2",), launch=_tensorfold,
+        ),
+    ]
+}
