@@ -60,7 +60,7 @@ def _scaling(p: Pair, stack: str) -> Iterable[Values]:
 @rule(
     "rope.schema", "error", ("tensorfold",), DFLASH,
     title="TensorFold's DFlash loader reads rope_parameters.rope_theta (the transformers-5 schema).",
-    message="TensorFold reads rope_parameters.rope_theta, but {draft} gives RoPE as {schema} (its loader raises KeyError); rewrite the config with rope_parameters: {{rope_type: default, rope_theta: {theta}}}.",
+    message="TensorFold reads rope_parameters.rope_theta, but {draft} gives RoPE as {schema} (its loader raises KeyError); move it to rope_parameters.rope_theta = {theta} (rope_type 'default').",
     example={"schema": "a top-level rope_theta", "theta": "1e+07"},
 )
 def _schema(p: Pair, stack: str) -> Iterable[Values]:

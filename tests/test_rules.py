@@ -1,0 +1,327 @@
+"""Each rule of the table fires on its failure case and stays silent on a good pair.
+
+Checkpoints are built in memory through the real config parser (`checkpoint.hf.build`) from scaled-down
+configs and synthetic tensor headers, then altered one fact at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+
+from specpair.checkpoint import Checkpoint, FileEntry, TensorGroup, Taps
+from specpair.checkpoint import hf
+from specpair.checkpoint.tokenizer import Tokenizer, fingerprint
+from specpair.compat.memory import GPUS
+from specpair.compat.pair import Deployment
+from specpair.compat.rules import RULES
+from specpair.compat.verdict import judge
+from specpair.formats import TensorInfo
+
+HIDDEN, LAYERS, ROWS, TOKENS = 64, 8, 256, 240
+GB = 10**9
+
+
+def tokenizer(length: int = TOKENS, flavour: str = "a", pre: str = "pipeline:x") -> Tokenizer:
+    tokens = tuple(f"{flavour}{i}".encode() if i >= 100 else f"t{i}".encode() for i in range(length))
+    return Tokenizer(length=length, source="tokenizer.json", fingerprint=fingerprint(tokens, ["t1 t2"]), merges=1,
+                     eos_ids=[TOKENS - 2], pad_id=TOKENS - 1, pre=pre, tokens=tokens)
+
+
+def build(config: dict, tensors: list[tuple[str, str, tuple[int, ...]]], ref: str, tok: Tokenizer | None = None,
+          quant_files: dict | None = None) -> Checkpoint:
+    infos = [TensorInfo(name, dtype, shape, 2 * _numel(shape), "model.safetensors") for name, dtype, shape in tensors]
+    meta = hf.HFMetadata(config=config, config_where=f"{ref}/config.json", tokenizer=tok, tensors=infos,
+                         quant_files=quant_files or {}, files=[FileEntry("config.json"), FileEntry("model.safetensors")])
+    return hf.build(meta, ref, "local")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def qwen3_target(layers: int = LAYERS, rows: int = ROWS, ref: str = "target") -> Checkpoint:
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": HIDDEN,
+              "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "intermediate_size": 128, "vocab_size": rows, "max_position_embeddings": 40960, "rope_theta": 1e6}
+    tensors = [("model.embed_tokens.weight", "BF16", (rows, HIDDEN)), ("lm_head.weight", "BF16", (rows, HIDDEN))]
+    tensors += [(f"model.layers.{i}.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)) for i in range(layers)]
+    return build(config, tensors, ref, tokenizer())
+
+
+def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
+    text = {"model_type": "qwen3_5_moe_text", "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": ROWS,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}}
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text}
+    tensors = [("model.language_model.embed_tokens.weight", "BF16", (ROWS, HIDDEN)), ("lm_head.weight", "BF16", (ROWS, HIDDEN)),
+               ("model.language_model.layers.0.linear_attn.in_proj_qkv.weight", "BF16", (128, HIDDEN)),
+               ("model.language_model.layers.3.self_attn.q_proj.weight", "BF16", (128, HIDDEN))]
+    if mtp:
+        tensors.append(("mtp.fc.weight", "BF16", (HIDDEN, 2 * HIDDEN)))
+    return build(config, tensors, ref, tokenizer())
+
+
+def dflash_draft(taps: list[int] | None = None, **changes: object) -> Checkpoint:
+    taps = [1, 3, 5] if taps is None else taps
+    dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16}
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": HIDDEN, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+              "vocab_size": ROWS, "max_position_embeddings": 40960, "num_target_layers": LAYERS,
+              "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 2048,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e7}, "dflash_config": dflash_config}
+    for key, value in changes.items():
+        if key in dflash_config:
+            dflash_config[key] = value
+            if value is None:
+                del dflash_config[key]
+        else:
+            config[key] = value
+    fc_width = len(taps) * HIDDEN
+    tensors = [("fc.weight", "BF16", (config["hidden_size"], fc_width)), ("hidden_norm.weight", "BF16", (HIDDEN,)),
+               ("layers.0.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)), ("norm.weight", "BF16", (HIDDEN,))]
+    return build(config, tensors, "dflash-draft")
+
+
+def dflash2_draft(**dflash2: int) -> Checkpoint:
+    draft = dflash_draft(architectures=["DFlash2DraftModel"])
+    d = draft.drafter
+    d.kind = "dflash2"
+    d.conv_kernel_size, d.conv_group_size, d.selector_rank, d.selector_top_k = 2, 16, 32, 4
+    for key, value in dflash2.items():
+        setattr(d, key, value)
+    return draft
+
+
+def eagle3_draft(**changes: object) -> Checkpoint:
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": ROWS,
+              "draft_vocab_size": 128, "max_position_embeddings": 40960, "rope_theta": 1e6,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 6], "use_aux_hidden_state": True}}
+    config.update(changes)
+    tensors = [("fc.weight", "BF16", (HIDDEN, 3 * HIDDEN)), ("midlayer.hidden_norm.weight", "BF16", (HIDDEN,)),
+               ("lm_head.weight", "BF16", (128, HIDDEN)), ("d2t", "I64", (128,))]
+    return build(config, tensors, "eagle3-draft")
+
+
+def draft_model(rows: int = ROWS, tok: Tokenizer | None = None) -> Checkpoint:
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64,
+              "vocab_size": rows, "max_position_embeddings": 40960, "rope_theta": 1e6}
+    tensors = [("model.embed_tokens.weight", "BF16", (rows, 32))]
+    return build(config, tensors, "small-draft", tok or tokenizer())
+
+
+def findings(target: Checkpoint, draft: Checkpoint | None, stack: str, **deployment: object) -> dict[str, list[str]]:
+    _, verdicts = judge(target, draft, Deployment(**deployment), [stack])
+    found: dict[str, list[str]] = {}
+    for f in verdicts[stack].reasons:
+        found.setdefault(f.rule, []).append(f.message)
+    return found
+
+
+def with_(checkpoint: Checkpoint, change: Callable[[Checkpoint], None]) -> Checkpoint:
+    changed = copy.deepcopy(checkpoint)
+    change(changed)
+    return changed
+
+
+def _set_drafter(**values: object) -> Callable[[Checkpoint], None]:
+    def change(c: Checkpoint) -> None:
+        for key, value in values.items():
+            setattr(c.drafter, key, value)
+    return change
+
+
+def _gguf_dflash_draft(arch: str = "dflash", tokenizer_present: bool = True) -> Checkpoint:
+    def change(c: Checkpoint) -> None:
+        c.format, c.architecture = "gguf", arch
+        c.tokenizer = tokenizer() if tokenizer_present else None
+        c.groups = [TensorGroup("drafter_io", "f16", 2, 1000)]
+    return with_(dflash_draft(), change)
+
+
+def _gguf_target(layout: str = "gguf-Q8_0") -> Checkpoint:
+    def change(c: Checkpoint) -> None:
+        c.format = "gguf"
+        c.groups = [TensorGroup("attention", layout, 8, 10**6)]
+    return with_(qwen3_target(), change)
+
+
+def _modelopt_target() -> Checkpoint:
+    def change(c: Checkpoint) -> None:
+        c.groups = [TensorGroup("experts", "nvfp4-modelopt", 8, 10**6), TensorGroup("attention", "fp8-tensor", 8, 10**6)]
+        c.quantization = hf.Quantization(method="modelopt", algo="MIXED_PRECISION")
+    return with_(qwen35_target(), change)
+
+
+def _big(c: Checkpoint) -> None:
+    c.groups = [TensorGroup("experts", "bf16", 100, 70 * GB)]
+
+
+def _note(note: str) -> Callable[[Checkpoint], None]:
+    return lambda c: c.notes.append(note)
+
+
+def _source(source: str, ref: str) -> Callable[[Checkpoint], None]:
+    def change(c: Checkpoint) -> None:
+        c.source, c.ref, c.revision = source, ref, "c69b185"
+    return change
+
+
+T, H = qwen3_target, qwen35_target
+# rule id -> (target, draft, stack, deployment): a pair on which the rule must fire.
+FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | None], str, dict]] = {
+    "drafter.kind": (H, eagle3_draft, "tensorfold", {}),
+    "drafter.arch": (T, lambda: dflash_draft(architectures=["DFlash3DraftModel"]), "sglang", {}),
+    "drafter.required_keys": (T, lambda: dflash_draft(mask_token_id=None), "vllm", {}),
+    "drafter.defaulted_keys": (T, lambda: dflash_draft(mask_token_id=None), "sglang", {}),
+    "drafter.layer_types": (T, lambda: dflash_draft(layer_types=["full_attention"]), "sglang", {}),
+    "dflash2.params": (T, lambda: dflash2_draft(conv_group_size=48), "sglang", {}),
+    "drafter.tensor_parallel": (T, dflash_draft, "exllamav3", {"gpus": 2}),
+    "runtime.available": (T, dflash_draft, "specpair", {}),
+    "taps.range": (T, lambda: dflash_draft([1, 3, 9]), "vllm", {}),
+    "taps.unique": (T, lambda: dflash_draft([1, 3, 3]), "exllamav3", {}),
+    "taps.fc_width": (T, lambda: with_(dflash_draft(), _set_drafter(fc_shape=[HIDDEN, 2 * HIDDEN])), "sglang", {}),
+    "taps.fc_unknown": (T, lambda: with_(dflash_draft(), _set_drafter(fc_shape=None)), "sglang", {}),
+    "taps.convention": (T, dflash_draft, "exllamav3", {}),
+    "taps.eagle3_convention": (T, eagle3_draft, "sglang", {}),
+    "hidden.match": (T, lambda: dflash_draft(hidden_size=128), "sglang", {}),
+    "hidden.target_hidden_size": (T, lambda: eagle3_draft(target_hidden_size=128), "vllm", {}),
+    "vocab.tokens": (T, lambda: draft_model(tok=tokenizer(flavour="b")), "sglang", {}),
+    "vocab.extended": (T, lambda: draft_model(tok=tokenizer(length=TOKENS - 4)), "sglang", {}),
+    "vocab.pretokenizer": (T, lambda: draft_model(tok=tokenizer(pre="pipeline:y")), "sglang", {}),
+    "vocab.rows": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
+    "vocab.padding": (T, lambda: dflash_draft(vocab_size=248), "sglang", {}),
+    "vocab.rows_equal": (T, lambda: draft_model(rows=248), "vllm", {}),
+    "mask.range": (T, lambda: dflash_draft(mask_token_id=300), "sglang", {}),
+    "mask.padded_row": (T, dflash_draft, "sglang", {}),
+    "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
+    "eagle3.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
+    "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
+    "base.num_target_layers": (T, lambda: dflash_draft(num_target_layers=20), "sglang", {}),
+    "base.num_target_layers_strict": (H, lambda: dflash_draft(num_target_layers=LAYERS + 1), "tensorfold", {}),
+    "mtp.present": (T, lambda: None, "vllm", {}),
+    "draft_model.size": (T, lambda: qwen3_target(ref="same-size-draft"), "vllm", {}),
+    "rope.context": (T, lambda: dflash_draft(max_position_embeddings=4096), "sglang", {"context": 8192}),
+    "rope.target_context": (T, dflash_draft, "sglang", {"context": 100000}),
+    "rope.scaling": (T, lambda: eagle3_draft(rope_theta=5e5), "sglang", {}),
+    "rope.schema": (H, lambda: dflash_draft(rope_parameters=None, rope_theta=1e7), "tensorfold", {}),
+    "format.target": (T, dflash_draft, "llama.cpp", {}),
+    "format.draft": (_gguf_target, dflash_draft, "llama.cpp", {}),
+    "family.supported": (T, dflash_draft, "tensorfold", {}),
+    "draft.quant_inherit": (_modelopt_target, dflash_draft, "sglang", {}),
+    "tensorfold.single_file": (H, lambda: with_(dflash_draft(), lambda c: setattr(c, "files", [
+        FileEntry("model-00001-of-00002.safetensors"), FileEntry("model-00002-of-00002.safetensors")])), "tensorfold", {}),
+    "gguf.dflash2_build": (_gguf_target, dflash2_draft, "llama.cpp", {}),
+    "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
+    "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
+    "hw.capability": (_modelopt_target, dflash_draft, "sglang", {"gpu": GPUS["h100"]}),
+    "hw.kernels": (_modelopt_target, dflash_draft, "vllm", {"gpu": GPUS["h100"]}),
+    "memory.fit": (lambda: with_(qwen3_target(), _big), dflash_draft, "vllm", {"gpu": GPUS["rtx4090"]}),
+    "memory.plan": (T, dflash_draft, "vllm", {}),
+    "hybrid.rollback": (H, dflash_draft, "sglang", {}),
+    "hybrid.rollback_build": (H, dflash_draft, "llama.cpp", {}),
+    "revision.pinned": (T, lambda: with_(dflash_draft(), _source("hub", "z-lab/drafter")), "vllm", {}),
+    "revision.tensorfold": (lambda: with_(qwen35_target(), _source("hub", "Qwen/target@c69b185")), dflash_draft, "tensorfold", {}),
+    "trust.remote_code": (T, lambda: with_(dflash_draft(), _note("auto_map names custom code (AutoModel=x): reported, never run")), "vllm", {}),
+    "trust.pickle": (T, lambda: with_(dflash_draft(), _note("pickle file mask_embedding.pt: reported, never loaded")), "sglang", {}),
+    "catalog.source": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
+}
+
+
+def test_every_rule_has_a_failing_case():
+    assert {r.id for r in RULES} == set(FAILING), "each rule of the table needs a case here"
+    assert len({r.id for r in RULES}) == len(RULES), "rule ids are unique"
+
+
+@pytest.mark.parametrize("rule_id", sorted(FAILING))
+def test_rule_fires_on_its_failure_case(rule_id: str):
+    target, draft, stack, deployment = FAILING[rule_id]
+    found = findings(target(), draft(), stack, **deployment)
+    assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
+    for message in found[rule_id]:
+        assert "{" not in message and "}" not in message, message
+
+
+@pytest.mark.parametrize("stack", ["sglang", "vllm"])
+def test_good_dflash_pair_is_ok(stack: str):
+    found = findings(qwen3_target(), dflash_draft(), stack)
+    assert {r for r in found if r not in ("mask.padded_row", "memory.plan")} == set(), found
+
+
+def test_good_pair_silences_every_pair_rule():
+    """Rules that fire only on a defect stay silent on a well-matched DFlash pair, on every stack."""
+    always = {"runtime.available", "taps.convention", "memory.plan", "mask.padded_row", "family.supported",
+              "format.target", "format.draft", "rope.schema", "base.num_target_layers_strict", "vocab.rows_equal"}
+    for stack in ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"):
+        found = set(findings(qwen3_target(), dflash_draft(), stack)) - always
+        assert found == set(), (stack, found)
+
+
+def test_padding_only_vocabulary_is_a_warning_with_numbers():
+    found = findings(qwen3_target(), dflash_draft(vocab_size=248), "sglang")
+    assert "vocab.rows" not in found and "base.lineage" not in found
+    (message,) = found["vocab.padding"]
+    assert "248" in message and "256" in message and "240" in message and "(8)" in message
+
+
+def test_draft_model_with_padded_rows_warns_but_vllm_refuses():
+    assert "vocab.padding" in findings(qwen3_target(), draft_model(rows=248), "sglang")
+    assert "vocab.rows" not in findings(qwen3_target(), draft_model(rows=248), "sglang")
+    assert "vocab.rows_equal" in findings(qwen3_target(), draft_model(rows=248), "vllm")
+
+
+def test_llama_cpp_taps_from_gguf_are_normalized():
+    draft = with_(dflash_draft(), _set_drafter(taps=Taps([1, 3, 5], [2, 4, 6], "dflash.target_layers", "input")))
+    assert "taps.range" not in findings(qwen3_target(), draft, "llama.cpp")
+
+
+def test_mtp_pair_uses_the_targets_head():
+    _, verdicts = judge(qwen35_target(), None, Deployment(), ["vllm", "sglang"])
+    assert verdicts["vllm"].status in ("ok", "warn")
+    assert '"method":"mtp"' in verdicts["vllm"].launch
+    assert "NEXTN" in verdicts["sglang"].launch and "extra_buffer" in verdicts["sglang"].launch
+
+
+def test_launch_flags_follow_each_stacks_block_semantics():
+    _, verdicts = judge(qwen3_target(), dflash_draft(), Deployment(), ["sglang", "vllm"])
+    assert "--speculative-num-draft-tokens 16" in verdicts["sglang"].launch
+    assert '"num_speculative_tokens":15' in verdicts["vllm"].launch
+
+
+def test_failing_stack_has_no_launch_but_a_fix():
+    _, verdicts = judge(qwen3_target(), dflash_draft(), Deployment(), ["llama.cpp"])
+    v = verdicts["llama.cpp"]
+    assert v.status == "fail" and v.launch is None
+    assert v.fix.startswith("specpair convert target")
+
+
+def test_dflash_draft_gguf_fork_gets_the_upstream_conversion_fix():
+    _, verdicts = judge(_gguf_target(), _gguf_dflash_draft("dflash-draft"), Deployment(), ["llama.cpp"])
+    v = verdicts["llama.cpp"]
+    assert [f.rule for f in v.reasons if f.severity == "error"] == ["drafter.arch"]
+    assert "--to gguf:bf16" in v.fix
+
+
+def test_memory_fit_suggests_tensor_parallelism():
+    found = findings(with_(qwen3_target(), _big), dflash_draft(), "vllm", gpu=GPUS["h100"])
+    assert "tensor parallelism 2" in found["memory.fit"][0]
+    found = findings(with_(qwen3_target(), _big), dflash_draft(), "vllm", gpu=GPUS["h100"], gpus=2)
+    assert "memory.fit" not in found and "tensor parallelism 2" in found["memory.plan"][0]
+
+
+def test_swapped_arguments_are_bad_input():
+    from specpair.errors import BadInput
+
+    with pytest.raises(BadInput, match="give the target first"):
+        judge(dflash_draft(), qwen3_target(), Deployment(), ["vllm"])
