@@ -88,7 +88,7 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.count("string length", 1)
-        return self.take(n).decode("utf-8", "surrogateescape")
+        return self.take(n).decode("utf-8", "replace")
 
 
 def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHeader:

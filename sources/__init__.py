@@ -7,10 +7,11 @@ directory and the Hub repo it was downloaded from give the same answer. Tensor d
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Protocol
+
+import orjson
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.checkpoint import gguf as gguf_builder
@@ -103,11 +104,9 @@ def read_json(files: RepoFiles, path: str, required: bool = False) -> dict[str, 
         return None
     where = f"{files.where}/{path}"
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BadInput(where, "not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(where, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadInput(where, f"not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise BadInput(where, "not a JSON object")
     return doc
