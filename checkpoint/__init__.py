@@ -173,7 +173,12 @@ class Checkpoint:
         return {g.layout for g in self.groups if not groups or g.group in groups}
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self, dict_factory=_json_dict)
+        # Token lists stay in memory: they exist for exact comparison, not for output (and would be slow to copy).
+        tokenizer = dataclasses.replace(self.tokenizer, tokens=None) if self.tokenizer else None
+        data = dataclasses.asdict(dataclasses.replace(self, tokenizer=tokenizer))
+        if data["tokenizer"]:
+            del data["tokenizer"]["tokens"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
@@ -190,8 +195,3 @@ class Checkpoint:
         data["quantization"] = Quantization(**data["quantization"]) if data.get("quantization") else None
         data["files"] = [FileEntry(**f) for f in data.get("files", [])]
         return cls(**data)
-
-
-def _json_dict(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    # Token lists stay in memory: they exist for exact comparison, not for output.
-    return {k: v for k, v in items if k != "tokens"}

@@ -36,12 +36,12 @@ class Tokenizer:
     pre: str | None = None
     chat_template_sha256: str | None = None
     family: str | None = None
-    tokens: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    tokens: list[str] | None = field(default=None, repr=False, compare=False)
 
 
-def fingerprint(tokens: list[str] | tuple[str, ...], merges: list[str]) -> str:
+def fingerprint(tokens: list[str], merges: list[str]) -> str:
     """sha256 of the canonical JSON [tokens in id order, merges in order] (orjson: ~10 ms for 248k tokens)."""
-    return hashlib.sha256(orjson.dumps([list(tokens), merges])).hexdigest()
+    return hashlib.sha256(orjson.dumps([tokens, merges])).hexdigest()
 
 
 def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, generation_config: dict | None,
@@ -64,16 +64,19 @@ def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, g
     if not isinstance(added, list) or not all(isinstance(e, dict) and isinstance(e.get("content"), str) for e in added):
         raise BadInput(where, "added_tokens is not a list of objects with a string 'content'")
     added_ids = {e["content"]: e.get("id") for e in added}
-    ids = list(vocab.values()) + list(added_ids.values())
-    if not all(type(i) is int and 0 <= i < MAX_TOKENS for i in ids):  # bool is not a token id
-        raise BadInput(where, f"a token id is not an integer in 0..{MAX_TOKENS - 1}")
-    length = max(ids) + 1 if ids else 0
-    table = [""] * length
-    for token, i in vocab.items():
-        table[i] = token
-    for token, i in added_ids.items():
-        table[i] = token
-    tokens = tuple(table)
+    table: list[str] = []
+    try:  # ids must be non-negative ints: max/min and list indexing raise TypeError on anything else
+        length = max(max(vocab.values(), default=-1), max(added_ids.values(), default=-1)) + 1
+        if min(min(vocab.values(), default=0), min(added_ids.values(), default=0)) < 0 or length > MAX_TOKENS:
+            raise TypeError
+        table = [""] * length
+        for token, i in vocab.items():
+            table[i] = token
+        for token, i in added_ids.items():
+            table[i] = token
+    except TypeError:
+        raise BadInput(where, f"a token id is not an integer in 0..{MAX_TOKENS - 1}") from None
+    tokens = table
     merges = model.get("merges") or []
     if not (isinstance(merges, list) and all(type(m) is str for m in merges)):
         merges = [_merge(m, where) for m in merges] if isinstance(merges, list) else _bad_merges(where)
@@ -110,7 +113,7 @@ def from_gguf_fields(fields: dict[str, object], where: str) -> Tokenizer | None:
     # llama.cpp pads the token list up to the embedding rows with unused "[PAD{i}]" entries.
     while length and tokens[length - 1] == f"[PAD{length - 1}]" and (not types or types[length - 1] == GGUF_TOKEN_UNUSED):
         length -= 1
-    token_strings = tuple(tokens[:length])
+    token_strings = tokens[:length]
     merges = fields.get("tokenizer.ggml.merges") or []
     if not (isinstance(merges, list) and all(isinstance(m, str) for m in merges)):
         raise BadInput(where, "tokenizer.ggml.merges is not a list of strings")

@@ -25,7 +25,7 @@ GB = 10**9
 
 
 def tokenizer(length: int = TOKENS, flavour: str = "a", pre: str = "pipeline:x") -> Tokenizer:
-    tokens = tuple(f"{flavour}{i}" if i >= 100 else f"t{i}" for i in range(length))
+    tokens = [f"{flavour}{i}" if i >= 100 else f"t{i}" for i in range(length)]
     return Tokenizer(length=length, source="tokenizer.json", fingerprint=fingerprint(tokens, ["t1 t2"]), merges=1,
                      eos_ids=[TOKENS - 2], pad_id=TOKENS - 1, pre=pre, tokens=tokens)
 
