@@ -81,7 +81,7 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
         mlx = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
         layouts = classify(tensors, _int(mlx.get("bits")), _int(mlx.get("group_size")))
     mtp = _mtp(text, tensors)
-    drafter = _drafter(kind, config, shapes, by_name, meta.files) if kind else None
+    drafter = _drafter(kind, config, where, by_name, meta.files) if kind else None
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
         ref=ref, source=source, format="safetensors" if tensors is not None else "config-only",
@@ -197,9 +197,8 @@ def _mtp(text: dict[str, Any], tensors: list[TensorInfo] | None) -> Mtp | None:
     return Mtp(layers, len(mtp), sum(t.nbytes for t in mtp))
 
 
-def _drafter(kind: str, config: dict[str, Any], shapes: Shapes, by_name: dict[str, TensorInfo],
+def _drafter(kind: str, config: dict[str, Any], where: str, by_name: dict[str, TensorInfo],
              files: list[FileEntry]) -> Drafter:
-    where = "config.json"
     nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
     drafter = Drafter(kind=kind, config_keys=_dotted_keys(config))
     if kind in ("dflash", "dflash2"):

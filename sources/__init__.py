@@ -89,10 +89,10 @@ def read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | No
             raw_tokenizer, f"{files.where}/tokenizer.json", read_json(files, "tokenizer_config.json"),
             meta.generation_config, template.decode("utf-8", "replace") if template is not None else None,
         )
-    shards, weight_map = _safetensors_shards(files, names)
+    shards, index = _safetensors_shards(files, names)
     meta.tensors = files.safetensors_headers(shards) if shards else None
-    if meta.tensors is not None and weight_map is not None:
-        _check_index(files.where, weight_map, meta.tensors)
+    if meta.tensors is not None and index is not None:
+        _check_index(f"{files.where}/{index[0]}", index[1], meta.tensors)
     return hf_builder.build(meta, ref, source, revision)
 
 
@@ -112,8 +112,8 @@ def read_json(files: RepoFiles, path: str, required: bool = False) -> dict[str, 
     return doc
 
 
-def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], dict[str, str] | None]:
-    """Shard files to read headers from, and the index's weight map when there is an index."""
+def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], tuple[str, dict[str, str]] | None]:
+    """Shard files to read headers from, and (index file, its weight map) when there is an index."""
     index = next((n for n in sorted(names) if n.endswith(".safetensors.index.json") and "/" not in n), None)
     if index is None:
         return sorted(n for n in names if n.endswith(".safetensors") and "/" not in n), None
@@ -125,11 +125,11 @@ def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], d
     for shard in shards:
         if shard not in names:
             raise BadInput(where, f"names shard {shard!r}, which is not in the checkpoint")
-    return shards, weight_map
+    return shards, (index, weight_map)
 
 
 def _check_index(where: str, weight_map: dict[str, str], tensors: list[TensorInfo]) -> None:
-    found = {t.name: t.file.rsplit("/", 1)[-1] for t in tensors}
+    found = {t.name: t.file for t in tensors}
     for name, shard in weight_map.items():
         if found.get(name) != shard:
-            raise BadInput(f"{where}/model.safetensors.index.json", f"maps {name!r} to {shard}, but that shard's header does not hold it")
+            raise BadInput(where, f"maps {name!r} to {shard}, but that shard's header does not hold it")

@@ -51,7 +51,8 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         yield {"which": which, "name": checkpoint.ref, "wanted": s.file_format,
                "have": _describe(checkpoint.format, layouts)}
         return
-    accepted = s.target_layouts if which == "target" else s.draft_layouts
+    # A plain draft model loads like any model; dedicated drafters often only unquantized.
+    accepted = s.target_layouts if which == "target" or p.kind == "draft_model" else s.draft_layouts
     refused = s.unloadable(layouts - {"int"}, accepted)
     if stack == "tensorfold" and which == "target" and p.target.family == "qwen3_5_moe":
         refused |= {layout for layout in layouts if layout.startswith("affine") and layout not in TENSORFOLD_MOE_AFFINE}
