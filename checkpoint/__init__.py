@@ -84,6 +84,7 @@ class Drafter:
     target_hidden_size: int | None = None
     fc_shape: list[int] | None = None  # from the tensor header, never from config
     is_causal: bool | None = None
+    sample_from_anchor: bool | None = None  # DSpark semantics; DFlash runtimes draft from the masked rows
     conv_kernel_size: int | None = None
     conv_group_size: int | None = None
     selector_rank: int | None = None

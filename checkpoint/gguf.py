@@ -118,6 +118,8 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, tokenizer) -> Drafter
         setattr(drafter, key, _int(f.get(f"{prefix}{key}")))
     causal = f.get(f"{prefix}attention.causal")
     drafter.is_causal = causal if isinstance(causal, bool) else None
+    anchor = f.get(f"{prefix}sample_from_anchor")
+    drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
     fc = by_name.get("fc.weight") or by_name.get("dflash_fc.weight") or by_name.get("dflash.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
     drafter.has_lm_head = "output.weight" in by_name

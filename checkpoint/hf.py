@@ -216,6 +216,8 @@ def _drafter(kind: str, config: dict[str, Any], where: str, by_name: dict[str, T
             setattr(drafter, key, _first_int(holders, key, where)[0])
         causal = config.get("is_causal", nested.get("causal"))
         drafter.is_causal = causal if isinstance(causal, bool) else None
+        anchor = nested.get("sample_from_anchor")
+        drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
         required = {"taps": "dflash_config.target_layer_ids", "mask_token_id": "dflash_config.mask_token_id",
                     "block_size": "dflash_config.block_size"}
         drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]
@@ -279,6 +281,8 @@ def _notes(config: dict[str, Any], files: list[FileEntry]) -> list[str]:
     for f in files:
         if f.path.endswith(PICKLE_SUFFIXES):
             notes.append(f"pickle file {f.path}: reported, never loaded")
+        elif f.path.endswith(".incomplete"):
+            notes.append(f"incomplete download {f.path}: a transfer was interrupted here")
     return notes
 
 

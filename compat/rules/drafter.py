@@ -205,3 +205,51 @@ def _runtime(p: Pair, stack: str) -> Iterable[Values]:
         from specpair import __version__
 
         yield {"version": __version__}
+
+
+@rule(
+    "drafter.sample_from_anchor", "error", ("vllm",), DFLASH,
+    title="The drafter does not ask for DSpark's sample-from-anchor readout, which vLLM's DFlash refuses.",
+    message="{draft} sets dflash_config.sample_from_anchor: vLLM raises \"sample_from_anchor=True is not supported for DFlash\"; it is a DSpark-style drafter, not DFlash.",
+    example={},
+)
+def _sample_from_anchor(p: Pair, stack: str) -> Iterable[Values]:
+    if p.draft.drafter and p.draft.drafter.sample_from_anchor:
+        yield {}
+
+
+@rule(
+    "vllm.runner", "info", ("vllm",), DFLASH,
+    title="Drafters that only vLLM's V2 model runner serves correctly.",
+    message="{draft} {why}: vLLM serves it only with the V2 model runner (the default in 0.33); VLLM_USE_V2_MODEL_RUNNER=0 refuses it (\"Model Runner V1 does not support ...\").",
+    example={"why": "mixes sliding and full attention layers"},
+)
+def _vllm_runner(p: Pair, stack: str) -> Iterable[Values]:
+    kinds = set(p.draft.shapes.layer_types)
+    if p.kind == "dflash2":
+        yield {"why": "is a DFlash2 drafter with a candidate selector"}
+    elif {"sliding", "full"} <= kinds:
+        yield {"why": "mixes sliding and full attention layers"}
+
+
+@rule(
+    "vllm.token_budget", "info", ("vllm",), DFLASH,
+    title="vLLM's batched-token budget covers max_num_seqs x block tokens per decode step.",
+    message="A DFlash decode step runs max_num_seqs x {block} tokens in one unchunkable pass: with vLLM's defaults (256 sequences, 2048 batched tokens) that overflows and crashes (vllm#53970); the launch line sets --max-num-seqs and --max-num-batched-tokens to fit.",
+    example={"block": 16},
+)
+def _token_budget(p: Pair, stack: str) -> Iterable[Values]:
+    yield {"block": p.block_size}
+
+
+@rule(
+    "sglang.dflash2_head", "warn", ("sglang",), ("dflash2",),
+    title="SGLang's DFlash2 top-k reads a dense target lm_head (or a supported quantized one).",
+    message="{target}'s lm_head is stored as {layout}: SGLang's DFlash2 candidate top-k \"requires a dense FP16/BF16/FP32 target lm_head or a supported lm_head.quant_method\"; if it refuses, serve a checkpoint with a BF16 head.",
+    example={"layout": "nvfp4-modelopt"},
+)
+def _dflash2_head(p: Pair, stack: str) -> Iterable[Values]:
+    head = p.target.layouts_of("lm_head") or (p.target.layouts_of("embedding") if p.target.shapes.tie_word_embeddings else set())
+    quantized = sorted(layout for layout in head if layout not in ("bf16", "f16", "f32"))
+    if quantized:
+        yield {"layout": ", ".join(quantized)}

@@ -5,22 +5,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, ALL_STACKS, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules import ALL_KINDS, ALL_STACKS, Values, rule
 
 REMOTE_SOURCES = ("hub", "hf-cache", "catalog")
 
 
 @rule(
-    "revision.pinned", "warn", ALL_STACKS, SEPARATE_DRAFTERS,
-    title="Hub drafters are pinned to a commit (drafter configs changed between revisions of the same repo).",
-    message="{draft} is not pinned to a commit{resolved}: z-lab changed layers, taps and the mask id between revisions of the same repo, and stacks have let a draft fall back to the target's revision (sglang#5255). Pin it as {pinned}.",
-    example={"resolved": " (resolved to c69b185)", "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185"},
+    "revision.pinned", "warn", ALL_STACKS, ALL_KINDS,
+    title="Hub checkpoints are pinned to a commit, target and drafter each (drafter configs changed between revisions of the same repo).",
+    message="{name} is not pinned to a commit{resolved}: z-lab changed layers, taps and the mask id between revisions of the same drafter repo, and stacks have let a draft fall back to the target's revision (sglang#5255). Pin it as {pinned}.",
+    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash", "resolved": " (resolved to c69b185)",
+             "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185"},
 )
 def _pinned(p: Pair, stack: str) -> Iterable[Values]:
-    if p.draft.source in REMOTE_SOURCES and "@" not in p.draft.ref:
-        revision = p.draft.revision
-        yield {"resolved": f" (resolved to {revision})" if revision else "",
-               "pinned": f"{p.draft.ref}@{revision or '<commit>'}"}
+    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+        if checkpoint.source in REMOTE_SOURCES and "@" not in checkpoint.ref:
+            revision = checkpoint.revision
+            yield {"name": checkpoint.ref, "resolved": f" (resolved to {revision})" if revision else "",
+                   "pinned": f"{checkpoint.ref}@{revision or '<commit>'}"}
 
 
 @rule(
@@ -64,6 +66,19 @@ def _pickle(p: Pair, stack: str) -> Iterable[Values]:
                 consequence = (f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
                                if loads else f"{stack} does not need it when safetensors weights are present")
                 yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
+
+
+@rule(
+    "download.incomplete", "warn", ALL_STACKS, ALL_KINDS,
+    title="No interrupted-download leftovers (*.incomplete) sit in a checkpoint directory.",
+    message="{name}: {note}; the download did not finish (hf download can exit 0 with incomplete blobs, hf_hub#4223): fetch it again and verify its hashes before serving.",
+    example={"name": "./Qwen3.6-35B-A3B", "note": "incomplete download model-00003-of-00014.safetensors.incomplete: a transfer was interrupted here"},
+)
+def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+        for note in checkpoint.notes:
+            if note.startswith("incomplete download"):
+                yield {"name": checkpoint.ref, "note": note}
 
 
 @rule(
