@@ -5,6 +5,7 @@ First match wins; the order puts the narrow patterns (vision, MTP, norms) before
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 
@@ -33,7 +34,16 @@ GROUP_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 
+NUMBER_COMPONENT = re.compile(r"(?<=\.)\d+(?=\.|$)")  # layer and expert indices: "layers.12." -> "layers.0."
+
+
 def group_of(name: str) -> str:
+    # Names differ mostly in layer and expert numbers: classify each numbering-free shape once.
+    return _group_of_shape(NUMBER_COMPONENT.sub("0", name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_of_shape(name: str) -> str:
     for group, pattern in GROUP_PATTERNS:
         if pattern.search(name):
             return group

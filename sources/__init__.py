@@ -37,7 +37,8 @@ class RepoFiles(Protocol):
     def read(self, path: str, limit: int) -> bytes | None:
         """Whole content of a small file, None when absent; BadInput when over `limit` bytes."""
 
-    def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]: ...
+    def safetensors_headers(self, shards: list[str]) -> list[TensorInfo] | None:
+        """Headers of these shards; None when they cannot be had (an offline cache without them)."""
 
     def gguf_header(self, path: str) -> GGUFHeader: ...
 

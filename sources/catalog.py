@@ -1,0 +1,73 @@
+"""The built-in catalog as a source: known published checkpoints, answered with no network.
+
+`lookup` reads the one small JSON file of the asked repo (never the whole catalog), because
+`specpair check` falls back to it inside a 0.3 s budget. Repo ids compare case-insensitively, as
+the Hub does; revisions compare as hex commit ids, full or abbreviated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from specpair.checkpoint import Checkpoint
+
+SCHEMA = "specpair.catalog/1"
+MIN_REVISION_PREFIX = 7  # git's shortest default abbreviation
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def file_name(repo: str) -> str:
+    """Data file of one repo: `Qwen/Qwen3-8B` -> `qwen__qwen3-8b.json`."""
+    return repo.lower().replace("/", "__") + ".json"
+
+
+def lookup(repo: str, revision: str | None, ref: str) -> Checkpoint | None:
+    """The catalog's Checkpoint of `repo` at `revision` (None: the default entry), or None if not known."""
+    if not REPO_ID.match(repo):
+        return None
+    stored = _read(file_name(repo))
+    if stored is None:
+        return None
+    # A branch or tag (not hex) cannot be resolved offline: the newest recorded entry stands in for it.
+    branch = revision is not None and not HEX.match(revision.lower())
+    for data in stored["entries"]:  # default (newest) first
+        if revision is None or branch or same_revision(revision, data.get("revision")):
+            checkpoint = Checkpoint.from_json(data)
+            checkpoint.ref = ref
+            at = f"at revision {checkpoint.revision}" if checkpoint.revision else "(revision not recorded)"
+            note = f"metadata from the built-in catalog {at} (no network)"
+            if branch:
+                note += f"; its newest entry stands in for {revision!r}, which cannot be resolved offline"
+            checkpoint.notes.append(note)
+            return checkpoint
+    return None
+
+
+def entries() -> list[Checkpoint]:
+    """Every catalog entry, repos in (case-folded) name order, each repo's default entry first."""
+    folder = resources.files("specpair.catalog")
+    found = []
+    for item in sorted(folder.iterdir(), key=lambda i: i.name.removesuffix(".json")):
+        if item.name.endswith(".json"):
+            found += [Checkpoint.from_json(data) for data in json.loads(item.read_text("utf-8"))["entries"]]
+    return found
+
+
+def same_revision(asked: str, recorded: str | None) -> bool:
+    """Equal commit ids, or one an abbreviation (at least 7 hex digits) of the other."""
+    if recorded is None:
+        return False
+    asked, recorded = asked.lower(), recorded.lower()
+    shorter, longer = sorted((asked, recorded), key=len)
+    return len(shorter) >= MIN_REVISION_PREFIX and bool(HEX.match(longer)) and longer.startswith(shorter)
+
+
+def _read(name: str) -> dict[str, Any] | None:
+    item = resources.files("specpair.catalog").joinpath(name)
+    if not item.is_file():
+        return None
+    return json.loads(item.read_text("utf-8"))

@@ -1,0 +1,196 @@
+"""A stand-in for the Hugging Face Hub on 127.0.0.1, for what olah cannot serve.
+
+It answers the three routes specpair uses: `/api/models/{repo}/revision/{rev}` with file sizes, blob
+ids and LFS sha256; HEAD/GET `/{repo}/resolve/{rev}/{path}` with the Hub's X-Repo-Commit / ETag /
+X-Linked-Etag / X-Linked-Size headers and HTTP Range support; and the Hub's error answers
+(`X-Error-Code: RepoNotFound | RevisionNotFound | EntryNotFound | GatedRepo`, 401 for a bad token)
+that huggingface_hub maps to its exception types, and 503 for an outage. It counts the body bytes it serves per file, so
+tests can check that only headers were read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".gguf")  # what a Hub repo's .gitattributes sends to LFS
+API_ROUTE = re.compile(r"^/api/models/([^/]+/[^/]+)/revision/([^/]+)$")
+RESOLVE_ROUTE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+WRITE_CHUNK = 64 * 1024
+
+
+@dataclass
+class FakeRepo:
+    files: dict[str, bytes]
+    commit: str
+    branches: dict[str, str]
+    private: bool = False
+    gated: bool = False
+    readers: set[str] = field(default_factory=set)  # tokens that may read it (private) or accepted its licence (gated)
+    unserved: set[str] = field(default_factory=set)  # listed by model info, yet EntryNotFound on the file route
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.repos: dict[str, FakeRepo] = {}
+        self.valid_tokens: set[str] = set()
+        self.down = False  # answer every request 503, as the Hub does in an outage
+        self.served: Counter[tuple[str, str]] = Counter()  # (repo, path) -> body bytes sent
+        self.requests: list[tuple[str, str]] = []  # (method, path)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def add(self, repo: str, files: dict[str, bytes], **options: object) -> FakeRepo:
+        commit = hashlib.sha1(repo.encode() + b"".join(files[name] for name in sorted(files))).hexdigest()
+        self.repos[repo] = FakeRepo(files=files, commit=commit, branches={"main": commit}, **options)
+        return self.repos[repo]
+
+    def start(self) -> FakeHub:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # keep test output clean
+
+        def do_GET(self) -> None:
+            self._answer(send_body=True)
+
+        def do_HEAD(self) -> None:
+            self._answer(send_body=False)
+
+        def _answer(self, send_body: bool) -> None:
+            path = urlsplit(self.path).path
+            hub.requests.append((self.command, path))
+            if hub.down:
+                self._error(503, None, "Service Unavailable")
+            elif api := API_ROUTE.match(path):
+                self._model_info(unquote(api.group(1)), unquote(api.group(2)))
+            elif resolve := RESOLVE_ROUTE.match(path):
+                repo_id, revision, name = (unquote(g) for g in resolve.groups())
+                self._resolve(repo_id, revision, name, send_body)
+            else:
+                self._error(404, None, "no such route")
+
+        def _access(self, repo_id: str, revision: str) -> tuple[FakeRepo, str, str | None] | None:
+            """(repo, commit, token) when the request may see the repo at `revision`; else answers the error."""
+            auth = self.headers.get("Authorization") or ""
+            token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+            if token is not None and token not in hub.valid_tokens:
+                self._error(401, None, "Invalid credentials in Authorization header")
+                return None
+            repo = hub.repos.get(repo_id)
+            if repo is None or (repo.private and token not in repo.readers):
+                self._error(401, "RepoNotFound", "Repository not found")
+                return None
+            commit = repo.branches.get(revision) or (revision if revision == repo.commit else None)
+            if commit is None:
+                self._error(404, "RevisionNotFound", "Invalid rev id")
+                return None
+            return repo, commit, token
+
+        def _model_info(self, repo_id: str, revision: str) -> None:
+            access = self._access(repo_id, revision)
+            if access is None:
+                return
+            repo, commit, _ = access
+            siblings = []
+            for name, data in sorted(repo.files.items()):
+                sibling: dict[str, object] = {"rfilename": name, "size": len(data), "blobId": git_blob_id(data)}
+                if name.endswith(LFS_SUFFIXES):
+                    sibling["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                siblings.append(sibling)
+            body = json.dumps({"id": repo_id, "sha": commit, "private": repo.private, "gated": repo.gated and "manual",
+                               "siblings": siblings}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _resolve(self, repo_id: str, revision: str, name: str, send_body: bool) -> None:
+            access = self._access(repo_id, revision)
+            if access is None:
+                return
+            repo, commit, token = access
+            if repo.gated and token not in repo.readers:
+                # The Hub: 401 without a token, 403 when the token's account has not accepted the licence.
+                self._error(401 if token is None else 403, "GatedRepo", "Access to this model is restricted")
+                return
+            data = None if name in repo.unserved else repo.files.get(name)
+            if data is None:
+                self._error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": commit})
+                return
+            start, end, status = 0, len(data) - 1, 200
+            if send_body and (wanted := RANGE.match(self.headers.get("Range") or "")):
+                start = int(wanted.group(1))
+                end = min(int(wanted.group(2)), len(data) - 1) if wanted.group(2) else len(data) - 1
+                if start >= len(data):
+                    self._error(416, None, "Range not satisfiable", {"Content-Range": f"bytes */{len(data)}"})
+                    return
+                status = 206
+            body = data[start:end + 1]
+            self.send_response(status)
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header("Accept-Ranges", "bytes")
+            if name.endswith(LFS_SUFFIXES):
+                self.send_header("ETag", f'"{git_blob_id(data)}"')
+                self.send_header("X-Linked-Etag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("X-Linked-Size", str(len(data)))
+            else:
+                self.send_header("ETag", f'"{git_blob_id(data)}"')
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            self.send_header("Content-Length", str(len(body) if send_body else len(data)))
+            self.end_headers()
+            if send_body:
+                # Written in chunks and counted as they go, so a client that stops reading is charged
+                # only for what reached its socket.
+                for begin in range(0, len(body), WRITE_CHUNK):
+                    chunk = body[begin:begin + WRITE_CHUNK]
+                    try:
+                        self.wfile.write(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
+                    hub.served[(repo_id, name)] += len(chunk)
+
+        def _error(self, status: int, code: str | None, message: str, extra: dict[str, str] | None = None) -> None:
+            body = json.dumps({"error": message}).encode()
+            self.send_response(status)
+            if code:
+                self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message)
+            for key, value in (extra or {}).items():
+                self.send_header(key, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+    return Handler

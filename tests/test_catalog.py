@@ -1,0 +1,288 @@
+"""The built-in catalog: lookup contract, data integrity, derived sizes against the spec, the CLI listing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from specpair.checkpoint import Checkpoint
+from specpair.sources.catalog import SCHEMA, entries, file_name, lookup, same_revision
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CATALOG_DIR = REPO_ROOT / "catalog"
+DFLASH_35B = "z-lab/Qwen3.6-35B-A3B-DFlash"
+JUNE_SHA = "c69b185" + "0" * 33
+LEGACY_SHA = "42d3b34" + "f" * 33
+
+
+def load_builder():
+    """tools/build_catalog.py is a script, not a module of the package: load it from its path."""
+    if "build_catalog" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("build_catalog", REPO_ROOT / "tools" / "build_catalog.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses resolve annotations through sys.modules
+        spec.loader.exec_module(module)
+    return sys.modules["build_catalog"]
+
+
+def stored_files() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text("utf-8")) for p in sorted(CATALOG_DIR.glob("*.json"))}
+
+
+def by_repo() -> dict[tuple[str, str | None], Checkpoint]:
+    return {(c.ref, c.revision): c for c in entries()}
+
+
+def params(c: Checkpoint, *groups: str) -> float:
+    """Parameters (billions) of a BF16 checkpoint's groups; all groups except MTP and vision when none named."""
+    assert c.layouts_of() == {"bf16"}, c.ref
+    chosen = [g for g in c.groups if (g.group in groups if groups else g.group not in ("mtp", "vision"))]
+    return sum(g.bytes for g in chosen) / 2 / 1e9
+
+
+# --- lookup contract -------------------------------------------------------------------------------
+
+def test_lookup_without_revision_gives_the_newest_entry_marked_as_catalog_data() -> None:
+    c = lookup(DFLASH_35B, None, "my-ref")
+    assert c is not None
+    assert (c.ref, c.source, c.revision) == ("my-ref", "catalog", "c69b185")
+    assert c.drafter.mask_token_id == 248077
+    assert "metadata from the built-in catalog at revision c69b185 (no network)" in c.notes
+    assert c.provenance.startswith("Reconstructed from secondary sources")
+
+
+def test_lookup_pinned_revision_by_full_sha_or_prefix() -> None:
+    legacy = lookup(DFLASH_35B, LEGACY_SHA, f"{DFLASH_35B}@{LEGACY_SHA}")
+    assert (legacy.revision, legacy.drafter.mask_token_id, legacy.shapes.num_layers) == ("42d3b34", 248070, 8)
+    assert lookup(DFLASH_35B, "42D3B34", DFLASH_35B).revision == "42d3b34"
+    assert lookup(DFLASH_35B, JUNE_SHA[:12], DFLASH_35B).revision == "c69b185"
+    assert lookup("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6", "x").revision == "1355db6"
+
+
+def test_lookup_unknown_revision_is_none() -> None:
+    assert lookup(DFLASH_35B, "0123456789abcdef0123456789abcdef01234567", DFLASH_35B) is None
+    assert lookup(DFLASH_35B, "c69b18", DFLASH_35B) is None  # 6 digits: too short to identify a commit
+
+
+def test_lookup_branch_uses_the_newest_entry_and_says_so() -> None:
+    checkpoint = lookup(DFLASH_35B, "main", f"{DFLASH_35B}@main")
+    assert checkpoint is not None and checkpoint.revision == lookup(DFLASH_35B, None, DFLASH_35B).revision
+    assert any("stands in for 'main'" in note for note in checkpoint.notes)
+    assert lookup("Qwen/Qwen3-8B", "abc1234", "Qwen/Qwen3-8B@abc1234") is None  # no revision recorded
+
+
+def test_lookup_repo_ids_compare_case_insensitively() -> None:
+    c = lookup("qwen/QWEN3.6-35b-a3b", None, "qwen/QWEN3.6-35b-a3b")
+    assert (c.ref, c.family, c.revision) == ("qwen/QWEN3.6-35b-a3b", "qwen3_5_moe", None)
+    assert "metadata from the built-in catalog (revision not recorded) (no network)" in c.notes
+    assert lookup("Z-LAB/qwen3.6-35b-a3b-dflash", "C69B185", "r").revision == "c69b185"
+
+
+def test_lookup_unknown_or_malformed_repo_is_none() -> None:
+    assert lookup("Qwen/Qwen9-1B", None, "Qwen/Qwen9-1B") is None
+    assert lookup("../catalog/__init__", None, "x") is None
+    assert lookup("a/b/c", None, "x") is None
+
+
+def test_same_revision_matches_abbreviations_in_either_direction() -> None:
+    assert same_revision("abcdef1", "abcdef1234567")
+    assert same_revision("abcdef1234567", "abcdef1")
+    assert not same_revision("abcdef", "abcdef1234567")
+    assert not same_revision("abcdef2", "abcdef1234567")
+    assert not same_revision("zzzzzzzz", "zzzzzzzz")
+    assert not same_revision("abcdef1", None)
+
+
+def test_lookup_imports_no_heavy_library() -> None:
+    code = ("import sys; from specpair.sources.catalog import lookup; "
+            "assert lookup('Qwen/Qwen3.6-35B-A3B', None, 'x') is not None; "
+            "print(sorted(m for m in ('torch', 'numpy', 'huggingface_hub', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- data integrity --------------------------------------------------------------------------------
+
+def test_every_entry_round_trips_through_checkpoint_json() -> None:
+    for name, stored in stored_files().items():
+        assert stored["schema"] == SCHEMA
+        assert name == file_name(stored["repo"])
+        for data in stored["entries"]:
+            assert Checkpoint.from_json(data).to_json() == data, (name, data["revision"])
+
+
+def test_entries_carry_source_provenance_and_derived_sizes() -> None:
+    found = entries()
+    assert len(found) == sum(len(s["entries"]) for s in stored_files().values()) == 24
+    for c in found:
+        assert c.source == "catalog" and c.format == "safetensors" and c.groups, c.ref
+        assert "not read from tensor headers" in c.provenance, c.ref
+        if c.role == "drafter":
+            assert c.tokenizer is None and "Assumed, not sourced:" in c.provenance
+        else:
+            assert c.tokenizer.source == "catalog" and c.tokenizer.fingerprint is None
+    pinned = {(c.ref, c.revision) for c in found if c.revision}
+    assert pinned == {(DFLASH_35B, "c69b185"), (DFLASH_35B, "42d3b34"), ("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6")}
+
+
+def test_every_published_target_config_copy_is_in_the_catalog() -> None:
+    shared = load_builder().DEFAULT_SHARED / "real-configs"
+    copies = {p.name.split(".json")[0].replace("__", "/") for p in shared.glob("*.json") if ".hf_quant" not in p.name}
+    repos = {c.ref for c in entries()}
+    assert copies <= repos
+    assert {"Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-27B"} <= repos
+
+
+def test_checked_in_json_is_what_the_build_script_generates() -> None:
+    builder = load_builder()
+    generated = builder.render(builder.DEFAULT_SHARED)
+    assert generated == {p.name: p.read_text("utf-8") for p in CATALOG_DIR.glob("*.json")}
+
+
+def test_catalog_files_ship_as_package_data() -> None:
+    shipped = {item.name for item in resources.files("specpair.catalog").iterdir() if item.name.endswith(".json")}
+    assert shipped == set(stored_files())
+
+
+# --- derived sizes against targets.md §6 -----------------------------------------------------------
+
+# repo: (LM params B, routed expert params B or None, MTP params B or None)
+TARGETS_MD_SIZES = {
+    "Qwen/Qwen3.6-35B-A3B": (34.661, 32.212, 0.845),
+    "Qwen/Qwen3.5-35B-A3B": (34.661, 32.212, 0.845),
+    "Qwen/Qwen3.5-122B-A10B": (122.112, 115.964, 2.524),
+    "Qwen/Qwen3.5-397B-A17B": (396.346, 386.547, None),
+    "Qwen/Qwen3.5-27B": (26.896, None, 0.425),
+    "Qwen/Qwen3.6-27B": (26.896, None, 0.425),
+    "Qwen/Qwen3-30B-A3B": (30.532, 28.991, None),
+    "Qwen/Qwen3-8B": (8.191, None, None),
+    "Qwen/Qwen3-32B": (32.762, None, None),
+}
+
+
+@pytest.mark.parametrize("repo", sorted(TARGETS_MD_SIZES))
+def test_derived_parameter_counts_match_targets_md(repo: str) -> None:
+    lm, experts, mtp = TARGETS_MD_SIZES[repo]
+    c = by_repo()[(repo, None)]
+    assert params(c) == pytest.approx(lm, rel=0.005)
+    if experts is not None:
+        assert params(c, "experts") == pytest.approx(experts, rel=0.005)
+    if mtp is not None:
+        assert params(c, "mtp") == pytest.approx(mtp, rel=0.005)
+        assert c.mtp.bytes == c.bytes_of("mtp")
+
+
+def test_qwen3_5_moe_tensor_count_and_vision_size() -> None:
+    c = by_repo()[("Qwen/Qwen3.5-35B-A3B", None)]
+    assert sum(g.tensors for g in c.groups) == 1811  # the count quoted for the BF16 repo (targets.md §4)
+    assert c.mtp.tensors == 785 and c.shapes.embedding_rows == 248320
+    assert params(c, "vision") == pytest.approx(0.45, rel=0.02)  # "≈0.45 B params"
+
+
+def test_quantized_layouts_follow_their_quant_configs() -> None:
+    catalog = by_repo()
+    nvfp4 = catalog[("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6")]
+    layout = {g.group: g.layout for g in nvfp4.groups if g.group not in ("linear_attention",)}
+    assert layout == {"attention": "fp8-tensor", "embedding": "bf16", "experts": "nvfp4-modelopt",
+                      "lm_head": "nvfp4-modelopt", "mtp": "bf16", "norm": "bf16", "router": "bf16",
+                      "shared_expert": "nvfp4-modelopt", "vision": "bf16"}
+    assert nvfp4.layouts_of("linear_attention") == {"fp8-tensor", "bf16"}  # in_proj_a/b, conv, A_log stay BF16
+    lm_bytes = nvfp4.total_bytes - nvfp4.bytes_of("mtp", "vision")
+    assert lm_bytes / 1e9 == pytest.approx(20.8, rel=0.01)  # "NVFP4-mixed 20.8 GB" (targets.md §6)
+    only_experts = catalog[("nvidia/Qwen3.5-122B-A10B-NVFP4", None)]
+    assert {g.group for g in only_experts.groups if g.layout != "bf16"} == {"experts"}
+    fp8 = catalog[("Qwen/Qwen3-30B-A3B-FP8", None)]
+    fp8_groups = {g.group: g.layout for g in fp8.groups if g.layout != "bf16"}
+    assert fp8_groups == {"attention": "fp8-block", "experts": "fp8-block"}
+    assert fp8.bytes_of("lm_head") == 151936 * 2048 * 2
+
+
+def test_tokenizer_facts_follow_targets_md() -> None:
+    catalog = by_repo()
+    qwen36 = catalog[("Qwen/Qwen3.6-35B-A3B", None)].tokenizer
+    assert (qwen36.length, qwen36.family, qwen36.bos_id) == (248077, "qwen3_5", 248044)
+    assert (qwen36.eos_ids, qwen36.pad_id) == ([248046, 248044], 248044)
+    qwen3 = catalog[("Qwen/Qwen3-Next-80B-A3B-Thinking", None)].tokenizer
+    assert (qwen3.length, qwen3.family, qwen3.bos_id, qwen3.eos_ids) == (151669, "qwen3", 151643, [151645])
+
+
+# --- drafters against dflash.md §1.3 ---------------------------------------------------------------
+
+# (repo, revision): layers, hidden, heads, kv heads, ffn, sliding layers, window, block, mask, taps, target
+DFLASH_MD_TABLE = {
+    ("z-lab/Qwen3.5-122B-A10B-DFlash", None):
+        (6, 3072, 32, 8, 9216, 5, 4096, 16, 248077, [1, 7, 14, 20, 26, 32, 39, 45], "Qwen/Qwen3.5-122B-A10B"),
+    (DFLASH_35B, "c69b185"):
+        (6, 2048, 32, 8, 6144, 5, 4096, 16, 248077, [1, 6, 11, 16, 22, 27, 32, 37], "Qwen/Qwen3.6-35B-A3B"),
+    (DFLASH_35B, "42d3b34"):
+        (8, 2048, 32, 4, 6144, 0, None, 16, 248070, [1, 10, 19, 28, 37], "Qwen/Qwen3.6-35B-A3B"),
+    ("z-lab/Qwen3.5-35B-A3B-DFlash", None):
+        (6, 2048, 32, 8, 6144, 5, 4096, 16, 248077, [1, 6, 11, 16, 22, 27, 32, 37], "Qwen/Qwen3.5-35B-A3B"),
+    ("z-lab/Qwen3.5-27B-DFlash", None):
+        (5, 5120, 32, 8, 17408, 4, 2048, 16, 248070, [1, 16, 31, 46, 61], "Qwen/Qwen3.5-27B"),
+    ("z-lab/Qwen3.8-27B-DFlash2", None):
+        (5, 5120, 32, 8, 17408, 5, 2048, 8, 248070, [5, 19, 33, 47, 61], "Qwen/Qwen3.6-27B"),
+    ("chutesai/Qwen3-32B-FP8-DFLASH", None):
+        (5, 5120, 32, 8, 9728, 0, None, 16, None, [1, 16, 31, 46, 61], "Qwen/Qwen3-32B"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(DFLASH_MD_TABLE, key=str))
+def test_drafter_facts_match_dflash_md(key: tuple[str, str | None]) -> None:
+    layers, hidden, heads, kv, ffn, sliding, window, block, mask, taps, target_repo = DFLASH_MD_TABLE[key]
+    catalog = by_repo()
+    c, target = catalog[key], catalog[(target_repo, None)]
+    s, d = c.shapes, c.drafter
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads) == (layers, hidden, heads, kv)
+    assert s.intermediate_size == ffn
+    assert (s.count("sliding"), c.rope.sliding_window, len(s.layer_types)) == (sliding, window, layers)
+    assert (d.block_size, d.mask_token_id, d.taps.layers) == (block, mask, taps)
+    assert d.fc_shape == [hidden, len(taps) * target.shapes.hidden_size]
+    assert max(taps) < target.shapes.num_layers
+    assert s.rows == target.shapes.rows and not (d.has_embeddings or d.has_lm_head)
+    assert c.layouts_of() == {"bf16"} and c.bytes_of("embedding", "lm_head") == 0
+
+
+def test_drafter_schema_details_per_revision() -> None:
+    catalog = by_repo()
+    june, legacy = catalog[(DFLASH_35B, "c69b185")].drafter, catalog[(DFLASH_35B, "42d3b34")].drafter
+    assert (june.block_size_source, june.num_target_layers) == ("dflash_config.block_size", 41)
+    assert (legacy.block_size_source, legacy.num_target_layers) == ("block_size", 41)
+    assert catalog[(DFLASH_35B, "42d3b34")].rope.schema == "rope_theta"
+    dflash2 = catalog[("z-lab/Qwen3.8-27B-DFlash2", None)]
+    assert (dflash2.drafter.kind, dflash2.drafter.is_causal, dflash2.drafter.selector_rank) == ("dflash2", False, 256)
+    assert params(dflash2, *{g.group for g in dflash2.groups}) == pytest.approx(1.924, rel=0.005)
+    assert round(params(catalog[(DFLASH_35B, "42d3b34")], "attention", "mlp", "norm", "drafter_io"), 1) == 0.5
+    chutes = catalog[("chutesai/Qwen3-32B-FP8-DFLASH", None)].drafter
+    assert chutes.missing_keys == ["dflash_config.mask_token_id"]  # no mask id is recorded: the real fact
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_catalog_json_lists_every_entry() -> None:
+    result = run_cli("catalog", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema"] == SCHEMA
+    listed = [(e["ref"], e["revision"]) for e in document["entries"]]
+    assert listed == [(c.ref, c.revision) for c in entries()]
+    assert listed.index((DFLASH_35B, "c69b185")) + 1 == listed.index((DFLASH_35B, "42d3b34"))
+
+
+def test_cli_catalog_table() -> None:
+    result = run_cli("catalog")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "nvidia/Qwen3.6-35B-A3B-NVFP4" in line)
+    assert "1355db6" in row and "nvfp4-modelopt 79%, bf16 16%, fp8-tensor 5%" in row and "23.4" in row
