@@ -50,7 +50,8 @@ def judge(target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, 
         findings = [f for _, f in found]
         severities = {f.severity for f in findings}
         status = "fail" if "error" in severities else "warn" if "warn" in severities else "ok"
-        fix = next((fix for r, f in found if f.severity == "error" and r.fix and (fix := r.fix(pair, stack))), None)
+        fixes = dict.fromkeys(fix for r, f in found if f.severity == "error" and r.fix and (fix := r.fix(pair, stack)))
+        fix = " && ".join(fixes) or None
         launch = STACKS[stack].launch(pair) if status != "fail" else None
         verdicts[stack] = Verdict(stack, status, findings, launch, fix)
     return pair, verdicts

@@ -84,11 +84,12 @@ def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
 @rule(
     "catalog.source", "info", ALL_STACKS, ALL_KINDS,
     title="Facts that come from the built-in catalog, and how sure they are.",
-    message="{name}: metadata from the built-in catalog ({provenance}); verify against the real files before a big download.",
+    message="{name}: metadata from the built-in catalog ({provenance}; `specpair catalog --json` has the details); verify against the real files before a big download.",
     example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash",
              "provenance": "reconstructed from secondary sources (SGLang test tables, model card)"},
 )
 def _catalog(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
         if checkpoint.source == "catalog":
-            yield {"name": checkpoint.ref, "provenance": checkpoint.provenance or "provenance not recorded"}
+            first_sentence = (checkpoint.provenance or "provenance not recorded").split(". ")[0].rstrip(".")
+            yield {"name": checkpoint.ref, "provenance": first_sentence}
