@@ -16,6 +16,7 @@ from specpair.checkpoint.tokenizer import Tokenizer
 TARGET_FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 DRAFTER_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
 
 
 @dataclass

@@ -7,7 +7,7 @@ which stack loads which.
 
 from __future__ import annotations
 
-from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
+from specpair.checkpoint import MAX_LAYERS, Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.groups import group_of, summarize
 from specpair.checkpoint.tokenizer import from_gguf_fields
 from specpair.errors import BadInput
@@ -29,6 +29,8 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
     f = header.fields
     nextn = _int(f.get(f"{arch}.nextn_predict_layers")) or 0
     block_count = _required(f, f"{arch}.block_count", where)
+    if block_count > MAX_LAYERS:
+        raise BadInput(where, f"{arch}.block_count is {block_count}, more than any model has ({MAX_LAYERS})")
     layers = block_count - nextn if nextn < block_count else block_count
     hidden = _required(f, f"{arch}.embedding_length", where)
     heads = _required(f, f"{arch}.attention.head_count", where)
@@ -62,7 +64,7 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
         rope_type=scaling_type if isinstance(scaling_type, str) else None,
         scaling={k.rsplit(".", 1)[-1]: v for k, v in f.items()
                  if k.startswith(f"{arch}.rope.scaling.") and k != f"{arch}.rope.scaling.type"} or None,
-        partial_rotary_factor=rope_dims / key_length if rope_dims and rope_dims != key_length else None,
+        partial_rotary_factor=rope_dims / key_length if rope_dims and key_length and rope_dims != key_length else None,
         mrope=f"{arch}.rope.dimension_sections" in f,
         max_position_embeddings=_int(f.get(f"{arch}.context_length")),
         sliding_window=_int(f.get(f"{arch}.attention.sliding_window")),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpair.checkpoint import (
-    Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps,
+    MAX_LAYERS, Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps,
 )
 from specpair.checkpoint.groups import summarize
 from specpair.checkpoint.tokenizer import Tokenizer
@@ -116,6 +116,8 @@ def _drafter_kind(config: dict[str, Any], architecture: str | None) -> str | Non
 def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: dict[str, TensorInfo]) -> Shapes:
     hidden = _required(text, "hidden_size", where)
     layers = _required(text, "num_hidden_layers", where)
+    if layers > MAX_LAYERS:
+        raise BadInput(where, f"'num_hidden_layers' is {layers}, more than any model has ({MAX_LAYERS})")
     heads = _required(text, "num_attention_heads", where)
     vocab = _required(text, "vocab_size", where)
     kv_heads = _int(text.get("num_key_value_heads")) or heads
@@ -189,11 +191,13 @@ def _rope(text: dict[str, Any]) -> Rope:
 
 def _mtp(text: dict[str, Any], tensors: list[TensorInfo] | None) -> Mtp | None:
     layers = _int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers"))
+    mtp = [t for t in tensors or [] if t.name.startswith("mtp.")]
+    if not layers:  # Qwen3-Next configs declare no MTP layer count, yet its repos ship mtp.* weights
+        layers = len({t.name.split(".")[2] for t in mtp if t.name.startswith("mtp.layers.")})
     if not layers:
         return None
     if tensors is None:
         return Mtp(layers)
-    mtp = [t for t in tensors if t.name.startswith("mtp.")]
     return Mtp(layers, len(mtp), sum(t.nbytes for t in mtp))
 
 

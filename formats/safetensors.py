@@ -62,10 +62,12 @@ def parse_header_json(header: object, data_size: int | None, where: str) -> tupl
         if not isinstance(entry, dict):
             raise BadInput(where, f"tensor {name!r}: entry is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise BadInput(where, f"tensor {name!r}: unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise BadInput(where, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+        if math.prod(shape) >= 2**62:  # bounds the element count before it meets a float dtype size
+            raise BadInput(where, f"tensor {name!r}: shape {shape} is out of range")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
             raise BadInput(where, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
         begin, end = offsets
