@@ -74,7 +74,7 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
 
     kind = _drafter_kind(config, architecture)
     family = TARGET_ARCHITECTURES.get(architecture or "") or MODEL_TYPES.get(model_type or "") or model_type
-    shapes = _shapes(config, text, where, by_name)
+    shapes = _shapes(config, text, where, by_name, drafter_head=kind is not None)
     quant = _quantization(config, meta.quant_files)
     layouts = {}
     if tensors is not None:
@@ -113,7 +113,8 @@ def _drafter_kind(config: dict[str, Any], architecture: str | None) -> str | Non
     return None
 
 
-def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: dict[str, TensorInfo]) -> Shapes:
+def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: dict[str, TensorInfo],
+            drafter_head: bool) -> Shapes:
     hidden = _required(text, "hidden_size", where)
     layers = _required(text, "num_hidden_layers", where)
     if layers > MAX_LAYERS:
@@ -123,12 +124,13 @@ def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: d
     kv_heads = _int(text.get("num_key_value_heads")) or heads
     head_dim = _int(text.get("head_dim")) or hidden // heads
     layer_types = _layer_types(text, layers, where)
+    # Embedding rows; a drafter's own lm_head may cover only a reduced draft vocabulary (EAGLE-3).
+    suffixes = ("embed_tokens.weight",) if drafter_head else ("embed_tokens.weight", "lm_head.weight")
     rows = None
-    for name, t in by_name.items():
-        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and not name.startswith("mtp."):
-            rows = t.shape[0] if t.shape else None
-            if "embed_tokens" in name:
-                break
+    for name, t in sorted(by_name.items(), key=lambda item: "lm_head" in item[0]):
+        if name.endswith(suffixes) and not name.startswith("mtp.") and t.shape:
+            rows = t.shape[0]
+            break
     tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return Shapes(
         hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -271,7 +273,7 @@ def _quantization(config: dict[str, Any], quant_files: dict[str, dict[str, Any]]
         bits=float(bits) if isinstance(bits, (int, float)) and not isinstance(bits, bool) else None,
         group_size=_int(qc.get("group_size") or hf_quant.get("group_size") or (mlx or {}).get("group_size")),
         kv_cache=str(kv) if kv else None,
-        producer=f"{producer.get('name', '')} {producer.get('version', '')}".strip() if isinstance(producer, dict) else None,
+        producer=f"{producer.get('name', '')} {producer.get('version', '')}".strip() or None if isinstance(producer, dict) else None,
         exclude=[str(e) for e in exclude] if isinstance(exclude, list) else [],
     )
 

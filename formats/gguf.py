@@ -50,17 +50,30 @@ class GGUFHeader:
         return self.fields.get(f"{self.architecture}.{key}", default)
 
 
+CHUNK = 1 << 20
+
+
 class _Cursor:
-    """Sequential reader over a stream with a known size; refuses to read past it."""
+    """Sequential reader over a stream with a known size; refuses to read past it.
+
+    The header has no length field, so reads are sized by `floor`: an offset the header is known to
+    reach (from the counts parsed so far). Reading ahead up to it, and never past it unless a value
+    needs the bytes, keeps every read inside the header: tensor data is never read.
+    """
 
     def __init__(self, read: Callable[[int], bytes], size: int, where: str) -> None:
         self._read, self.size, self.where = read, size, where
         self._buf = b""
         self._buf_pos = 0
         self.pos = 0
+        self.floor = 0
 
     def remaining(self) -> int:
         return self.size - self.pos
+
+    def reach(self, min_bytes: int) -> None:
+        """The header holds at least `min_bytes` more bytes from here."""
+        self.floor = max(self.floor, min(self.pos + min_bytes, self.size))
 
     def take(self, n: int) -> bytes:
         if n > self.remaining():
@@ -68,7 +81,8 @@ class _Cursor:
         end = self._buf_pos + n
         if end > len(self._buf):
             rest = self._buf[self._buf_pos:]
-            more = self._read(max(n - len(rest), 1 << 20))
+            buffered_to = self.pos + len(rest)
+            more = self._read(max(n - len(rest), min(CHUNK, self.floor - buffered_to)))
             self._buf, self._buf_pos, end = rest + more, 0, n
             if n > len(self._buf):
                 raise BadInput(self.where, f"truncated GGUF header at offset {self.pos}")
@@ -94,7 +108,10 @@ class _Cursor:
 def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHeader:
     """Parse a GGUF header from a sequential `read(n)` over a file of `size` bytes."""
     cur = _Cursor(read, size, where)
-    if size < 24 or cur.take(4) != MAGIC:
+    if size < 24:
+        raise BadInput(where, f"too short to be a GGUF file ({size} bytes)")
+    cur.reach(24)
+    if cur.take(4) != MAGIC:
         raise BadInput(where, "not a GGUF file (bad magic)")
     version = cur.unpack("<I", 4)
     if version not in (2, 3):
@@ -102,12 +119,15 @@ def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHead
     tensor_count = cur.count("tensor", 24)
     kv_count = cur.count("metadata", 13)
     fields: dict[str, object] = {}
-    for _ in range(kv_count):
+    for i in range(kv_count):
+        after = (kv_count - i - 1) * 13 + tensor_count * 24  # least the rest of the header can take
+        cur.reach(13 + after)
         key = cur.string()
         vtype = cur.unpack("<I", 4)
-        fields[key] = _value(cur, vtype, depth=0)
+        fields[key] = _value(cur, vtype, 0, after)
     infos = []
-    for _ in range(tensor_count):
+    for j in range(tensor_count):
+        cur.reach((tensor_count - j) * 24)
         name = cur.string()
         n_dims = cur.unpack("<I", 4)
         if not 1 <= n_dims <= MAX_DIMS:
@@ -134,7 +154,8 @@ def read_local(path: str) -> GGUFHeader:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
 
 
-def _value(cur: _Cursor, vtype: int, depth: int) -> object:
+def _value(cur: _Cursor, vtype: int, depth: int, after: int) -> object:
+    """One value; `after` is the least number of header bytes that follow it."""
     if vtype in _SCALARS:
         return cur.unpack(*_SCALARS[vtype])
     if vtype == _STRING:
@@ -145,12 +166,18 @@ def _value(cur: _Cursor, vtype: int, depth: int) -> object:
         elem = cur.unpack("<I", 4)
         if elem not in _MIN_VALUE_BYTES:
             raise BadInput(cur.where, f"unknown GGUF array element type {elem}")
-        n = cur.count("array", _MIN_VALUE_BYTES[elem])
+        min_bytes = _MIN_VALUE_BYTES[elem]
+        n = cur.count("array", min_bytes)
         if elem in _SCALARS:
             fmt, size = _SCALARS[elem]
             raw = cur.take(n * size)
             return list(struct.unpack(f"<{n}{fmt[1]}", raw))
-        return [_value(cur, elem, depth + 1) for _ in range(n)]
+        items = []
+        for j in range(n):
+            if j % 1024 == 0:  # token lists hold ~250k strings: refresh the read-ahead floor now and then
+                cur.reach((n - j) * min_bytes + after)
+            items.append(_value(cur, elem, depth + 1, after))
+        return items
     raise BadInput(cur.where, f"unknown GGUF value type {vtype}")
 
 
