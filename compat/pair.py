@@ -26,6 +26,11 @@ class Pair:
     deployment: Deployment
 
     @property
+    def checkpoints(self) -> list[Checkpoint]:
+        """Target and drafter, once each (an MTP pair is one checkpoint)."""
+        return [self.target] if self.draft is self.target else [self.target, self.draft]
+
+    @property
     def context(self) -> int:
         if self.deployment.context:
             return self.deployment.context

@@ -37,6 +37,6 @@ def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
     example={"name": "target.gguf"},
 )
 def _nvfp4(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+    for checkpoint in p.checkpoints:
         if checkpoint.format == "gguf" and "nvfp4-gguf" in checkpoint.layouts_of():
             yield {"name": checkpoint.ref}

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, ALL_STACKS, Values, rule
 
 REMOTE_SOURCES = ("hub", "hf-cache", "catalog")
+
+
+def _notes(p: Pair, prefix: str) -> Iterable[tuple[Checkpoint, str]]:
+    """(checkpoint, note) for the reading notes that start with `prefix` (notes come from checkpoint/hf.py)."""
+    for checkpoint in p.checkpoints:
+        for note in checkpoint.notes:
+            if note.startswith(prefix):
+                yield checkpoint, note
 
 
 @rule(
@@ -18,7 +27,7 @@ REMOTE_SOURCES = ("hub", "hf-cache", "catalog")
              "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185"},
 )
 def _pinned(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+    for checkpoint in p.checkpoints:
         if checkpoint.source in REMOTE_SOURCES and "@" not in checkpoint.ref:
             revision = checkpoint.revision
             yield {"name": checkpoint.ref, "resolved": f" (resolved to {revision})" if revision else "",
@@ -32,7 +41,7 @@ def _pinned(p: Pair, stack: str) -> Iterable[Values]:
     example={"name": "z-lab/Qwen3.8-27B-DFlash2"},
 )
 def _tensorfold_revision(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+    for checkpoint in p.checkpoints:
         if checkpoint.source in REMOTE_SOURCES and "@" in checkpoint.ref:
             yield {"name": checkpoint.ref}
 
@@ -45,10 +54,8 @@ def _tensorfold_revision(p: Pair, stack: str) -> Iterable[Values]:
              "note": "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run"},
 )
 def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
-        for note in checkpoint.notes:
-            if note.startswith("auto_map"):
-                yield {"name": checkpoint.ref, "note": note}
+    for checkpoint, note in _notes(p, "auto_map"):
+        yield {"name": checkpoint.ref, "note": note}
 
 
 @rule(
@@ -59,13 +66,11 @@ def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
              "consequence": "SGLang and vLLM load mask_embedding.pt with torch.load; only serve it from a source you trust"},
 )
 def _pickle(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
-        for note in checkpoint.notes:
-            if note.startswith("pickle file"):
-                loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
-                consequence = (f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
-                               if loads else f"{stack} does not need it when safetensors weights are present")
-                yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
+    for checkpoint, note in _notes(p, "pickle file"):
+        loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
+        consequence = (f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
+                       if loads else f"{stack} does not need it when safetensors weights are present")
+        yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
 
 
 @rule(
@@ -75,10 +80,8 @@ def _pickle(p: Pair, stack: str) -> Iterable[Values]:
     example={"name": "./Qwen3.6-35B-A3B", "note": "incomplete download model-00003-of-00014.safetensors.incomplete: a transfer was interrupted here"},
 )
 def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
-        for note in checkpoint.notes:
-            if note.startswith("incomplete download"):
-                yield {"name": checkpoint.ref, "note": note}
+    for checkpoint, note in _notes(p, "incomplete download"):
+        yield {"name": checkpoint.ref, "note": note}
 
 
 @rule(
@@ -89,7 +92,7 @@ def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
              "provenance": "reconstructed from secondary sources (SGLang test tables, model card)"},
 )
 def _catalog(p: Pair, stack: str) -> Iterable[Values]:
-    for checkpoint in {id(p.target): p.target, id(p.draft): p.draft}.values():
+    for checkpoint in p.checkpoints:
         if checkpoint.source == "catalog":
             first_sentence = (checkpoint.provenance or "provenance not recorded").split(". ")[0].rstrip(".")
             yield {"name": checkpoint.ref, "provenance": first_sentence}
