@@ -16,6 +16,7 @@ from specpair.compat.pair import Pair
 from specpair.compat.stacks import STACK_NAMES
 
 SEVERITIES = ("error", "warn", "info")
+ALL_STACKS = STACK_NAMES
 ALL_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
 SEPARATE_DRAFTERS = ("dflash", "dflash2", "eagle3", "draft_model")
 HIDDEN_STATE_DRAFTERS = ("dflash", "dflash2", "eagle3")
@@ -72,13 +73,11 @@ def evaluate(pair: Pair, stack: str) -> list[tuple[Rule, Finding]]:
         if stack not in r.stacks or pair.kind not in r.kinds:
             continue
         for values in r.check(pair, stack):
-            context = {"target": pair.target.ref, "draft": pair.draft_name, "stack": stack, **values}
-            found.append((r, Finding(r.id, r.severity, r.render(context))))
+            named = {"target": pair.target.ref, "draft": pair.draft_name, "stack": stack, **values}
+            found.append((r, Finding(r.id, r.severity, r.render(named))))
     found.sort(key=lambda item: SEVERITIES.index(item[0].severity))
     return found
 
-
-ALL_STACKS = STACK_NAMES
 
 # Each module registers its rules; this order is the order of the table and of docs/check.md.
 from specpair.compat.rules import drafter, taps, vocab, lineage, context, formats, hardware, gguf, provenance  # noqa: E402,F401,I001
