@@ -7,10 +7,12 @@ arch), ExLlamaV3 1.6.5, TensorFold 0.6.x/1.x (shared/spec/dflash.md §7, tensorf
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Pair
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "int"})
@@ -92,9 +94,9 @@ def _vllm(p: Pair) -> str:
 
 
 def _llama_cpp(p: Pair) -> str:
-    args = ["llama-server", "-m", _gguf_path(p.target.ref), "-c", str(p.context), "-ngl", "99"]
+    args = ["llama-server", "-m", _gguf_path(p.target), "-c", str(p.context), "-ngl", "99"]
     if p.kind != "mtp":
-        args += ["-md", _gguf_path(p.draft.ref), "-ngld", "99"]
+        args += ["-md", _gguf_path(p.draft), "-ngld", "99"]
     if p.kind == "draft_model":
         return shlex.join(args + ["--draft-max", str(p.block_size - 1)])
     if p.kind in ("dflash", "dflash2", "mtp"):
@@ -102,8 +104,12 @@ def _llama_cpp(p: Pair) -> str:
     return shlex.join(args + ["--spec-draft-n-max", str(p.block_size - 1)])
 
 
-def _gguf_path(ref: str) -> str:
-    return ref if ref.endswith(".gguf") else f"{ref.rstrip('/').rsplit('/', 1)[-1]}.gguf"
+def _gguf_path(c: Checkpoint) -> str:
+    """The GGUF file llama.cpp opens: the local path, or the repo's file once downloaded."""
+    if c.ref.endswith(".gguf"):
+        return c.ref
+    name = next((f.path for f in c.files if f.path.endswith(".gguf")), "model.gguf")
+    return os.path.join(c.ref, name) if c.source == "local" else name
 
 
 def _exllamav3(p: Pair) -> str:

@@ -164,3 +164,15 @@ def test_bad_arguments_exit_2_with_one_line():
 def test_version_and_module_entry_point():
     done = run("--version")
     assert done.returncode == 0 and done.stdout.startswith("specpair ")
+
+
+def test_llama_cpp_pair_of_gguf_files_gets_a_launch_line(tmp_path: Path):
+    from fixtures import build_gguf_dflash, build_gguf_target
+
+    target = build_gguf_target(tmp_path / "target.gguf", "qwen35moe", layers=8, nextn=1)
+    draft = build_gguf_dflash(tmp_path / "draft.gguf", hidden=64)
+    report, code = check_json(str(target), str(draft), "--stack", "llama.cpp")
+    verdict = report["verdicts"]["llama.cpp"]
+    assert code == 0 and verdict["status"] != "fail", verdict["reasons"]
+    assert f"-m {target}" in verdict["launch"] and f"-md {draft}" in verdict["launch"]
+    assert "--spec-type draft-dflash" in verdict["launch"]

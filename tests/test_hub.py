@@ -6,6 +6,7 @@ what olah lacks: file sizes and LFS hashes, Range requests, and the Hub's error 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,13 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hubserver import FakeHub, git_blob_id
 from safetensors.numpy import save as safetensors_bytes
-
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
 from specpair.sources import MAX_CONFIG_BYTES, open_checkpoint
 from specpair.sources.hub import GGUF_FIRST_READ, SAFETENSORS_FIRST_READ
-from hubserver import FakeHub, git_blob_id
 
 HF_VARIABLES = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
                 "TRANSFORMERS_OFFLINE", "HF_TOKEN", "XDG_CACHE_HOME")
@@ -423,12 +423,10 @@ offline = true
     try:
         deadline = time.monotonic() + 30
         while True:
-            try:
+            with contextlib.suppress(OSError):  # not listening yet
                 with urllib.request.urlopen(f"{endpoint}/api/models/org/tiny/revision/main", timeout=2) as answer:
                     if json.load(answer).get("sha") == commit:
                         break
-            except OSError:
-                pass
             if server.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"olah did not start: {(work / 'olah.log').read_text(errors='replace')[-2000:]}")
             time.sleep(0.2)
