@@ -71,9 +71,9 @@ def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
     return build(config, tensors, ref, tokenizer())
 
 
-def dflash_draft(taps: list[int] | None = None, **changes: object) -> Checkpoint:
+def dflash_draft(taps: list[int] | None = None, dflash2: dict | None = None, **changes: object) -> Checkpoint:
     taps = [1, 3, 5] if taps is None else taps
-    dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16}
+    dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16, **(dflash2 or {})}
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": HIDDEN, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
               "vocab_size": ROWS, "max_position_embeddings": 40960, "num_target_layers": LAYERS,
@@ -92,13 +92,10 @@ def dflash_draft(taps: list[int] | None = None, **changes: object) -> Checkpoint
     return build(config, tensors, "dflash-draft")
 
 
-def dflash2_draft(**dflash2: int) -> Checkpoint:
-    draft = dflash_draft(architectures=["DFlash2DraftModel"])
-    d = draft.drafter
-    d.kind = "dflash2"
-    d.conv_kernel_size, d.conv_group_size, d.selector_rank, d.selector_top_k = 2, 16, 32, 4
-    for key, value in dflash2.items():
-        setattr(d, key, value)
+def dflash2_draft(**params: int) -> Checkpoint:
+    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 4, **params}
+    draft = dflash_draft(dflash2=dflash2, architectures=["DFlash2DraftModel"])
+    assert draft.drafter.kind == "dflash2" and not draft.drafter.missing_keys
     return draft
 
 
@@ -335,3 +332,20 @@ def test_swapped_arguments_are_bad_input():
 
     with pytest.raises(BadInput, match="give the target first"):
         judge(dflash_draft(), qwen3_target(), Deployment(), ["vllm"])
+
+
+@pytest.mark.parametrize("stack", ["sglang", "vllm", "llama.cpp", "exllamav3"])
+@pytest.mark.parametrize("kind", ["eagle3", "draft_model", "mtp", "dflash2"])
+def test_good_pairs_of_every_kind_raise_no_error(kind: str, stack: str):
+    target = qwen35_target() if kind == "mtp" else qwen3_target()
+    draft = {"eagle3": eagle3_draft, "draft_model": draft_model, "mtp": lambda: None, "dflash2": dflash2_draft}[kind]()
+    found = findings(target, draft, stack)
+    # Only a stack that cannot serve the kind, or cannot load safetensors, may object to a well-matched pair.
+    expected = set()
+    if stack == "llama.cpp":
+        expected |= {"format.target", "format.draft"}
+    if stack == "exllamav3" and kind == "eagle3":
+        expected |= {"drafter.kind"}
+    errors = {r for r in found if next(x for x in RULES if x.id == r).severity == "error"}
+    assert errors <= expected, (kind, stack, {r: found[r] for r in errors - expected})
+    assert "base.lineage" not in found and "vocab.tokens" not in found and "taps.range" not in found
