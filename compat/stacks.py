@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Pair
 
-FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "int"})
+FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
 STACK_NAMES = ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold")
 
 
@@ -25,8 +25,10 @@ class Stack:
     kinds: tuple[str, ...]  # drafter kinds it can serve
     archs: dict[str, tuple[str, ...]]  # drafter kind -> architecture strings it registers
     file_format: str  # "safetensors" (HF directory) or "gguf"
-    target_layouts: tuple[str, ...]  # layout label prefixes it loads for a target
-    draft_layouts: tuple[str, ...]  # ... and for a separate drafter
+    # Layout label prefixes it loads for a target / a separate drafter. Float labels listed: it takes those
+    # unquantized weights; none listed: it needs quantized weight matrices (float norms are always fine).
+    target_layouts: tuple[str, ...]
+    draft_layouts: tuple[str, ...]
     families: tuple[str, ...]
     tensor_parallel_drafts: tuple[str, ...]  # drafter kinds that may run with tensor parallelism
     launch: Callable[[Pair], str]

@@ -349,3 +349,11 @@ def test_good_pairs_of_every_kind_raise_no_error(kind: str, stack: str):
     errors = {r for r in found if next(x for x in RULES if x.id == r).severity == "error"}
     assert errors <= expected, (kind, stack, {r: found[r] for r in errors - expected})
     assert "base.lineage" not in found and "vocab.tokens" not in found and "taps.range" not in found
+
+
+def test_quantized_only_stack_takes_float_norms_but_not_float_weights():
+    assert "format.target" not in findings(_modelopt_target(), dflash_draft(), "tensorfold")
+    (message,) = findings(qwen35_target(), dflash_draft(), "tensorfold")["format.target"]
+    assert "bf16 weights" in message
+    (message,) = findings(_modelopt_target(), dflash_draft(), "exllamav3")["format.target"]
+    assert "nvfp4-modelopt" in message and "fp8-tensor" in message

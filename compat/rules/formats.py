@@ -10,6 +10,7 @@ from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
 
 # Tensor groups that are not weights a stack computes with (vision towers load through their own path).
 SKIPPED_GROUPS = ("vision",)
+WEIGHT_GROUPS = ("attention", "linear_attention", "mlp", "experts", "shared_expert")
 # TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
 TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
 CONVERT_TO = {"sglang": "bf16", "vllm": "bf16", "exllamav3": "exl3:4", "tensorfold": "affine4", "specpair": "bf16"}
@@ -53,14 +54,19 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         return
     # A plain draft model loads like any model; dedicated drafters often only unquantized.
     accepted = s.target_layouts if which == "target" or p.kind == "draft_model" else s.draft_layouts
-    refused = s.unloadable(layouts - {"int"}, accepted)
+    floats = {layout for layout in accepted if layout in FLOAT_LAYOUTS}
+    refused = {layout for layout in s.unloadable(layouts - FLOAT_LAYOUTS, accepted)}
+    if floats:
+        refused |= (layouts & FLOAT_LAYOUTS) - floats - {"int"}
+    else:
+        # Quantized-only stacks still read float norms and embeddings; they refuse float weight matrices.
+        weights = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS}
+        refused |= weights & FLOAT_LAYOUTS if weights and weights <= FLOAT_LAYOUTS else set()
     if stack == "tensorfold" and which == "target" and p.target.family == "qwen3_5_moe":
         refused |= {layout for layout in layouts if layout.startswith("affine") and layout not in TENSORFOLD_MOE_AFFINE}
-        if layouts and layouts <= FLOAT_LAYOUTS:
-            refused |= layouts - {"int"}
     if refused:
         yield {"which": which, "name": checkpoint.ref, "wanted": ", ".join(accepted),
-               "have": f"{checkpoint.format} with {', '.join(sorted(refused))} tensors"}
+               "have": f"{checkpoint.format} with {', '.join(sorted(refused))} weights"}
 
 
 @rule(
