@@ -50,7 +50,7 @@ def _kind(p: Pair, stack: str) -> Iterable[Values]:
 
 def _arch_fix(p: Pair, stack: str) -> str | None:
     if p.draft.architecture == "dflash-draft" and stack == "llama.cpp":
-        return f"specpair convert {p.draft.ref} draft-dflash.gguf --to gguf:bf16  # rewrites the fork schema as upstream dflash"
+        return f"specpair convert {p.draft.ref} draft-dflash.gguf --to gguf:bf16"
     return None
 
 
