@@ -14,7 +14,8 @@ EXAMPLES = """Examples:
   specpair check Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash
   specpair check ./Qwen3.6-27B ./Qwen3.6-27B-DFlash --gpu h200 --context 65536
   specpair check Qwen/Qwen3.5-122B-A10B            # the target's own MTP head
-  specpair check target.gguf draft.gguf --stack llama.cpp --json"""
+  specpair check target.gguf draft.gguf --stack llama.cpp --json
+  specpair check specpair.lock                     # the pair `specpair download` fetched"""
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 SEVERITY_STYLE = {"error": "red", "warn": "yellow", "info": "dim"}
@@ -22,7 +23,7 @@ SEVERITY_STYLE = {"error": "red", "warn": "yellow", "info": "dim"}
 
 @app.command(epilog=EXAMPLES)
 def check(
-    target: Annotated[str, typer.Argument(help="Target: local directory, .gguf file, or Hub repo org/name[@revision].")],
+    target: Annotated[str, typer.Argument(help="Target: local directory, .gguf file, Hub repo org/name[@revision], or a specpair.lock (its pair).")],
     draft: Annotated[str | None, typer.Argument(help="Drafter or draft model; omit to use the target's MTP head.")] = None,
     stack: Annotated[list[str] | None, typer.Option("--stack", "-s", help="Stack to judge (repeatable; default: all).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="GPU to size memory for: h100, h200, b200, gb10, rtx4090, ... (default: the local GPU, if any).")] = None,
@@ -51,8 +52,13 @@ def check(
     deployment = Deployment(
         gpu=GPUS[gpu.lower()] if gpu else local_gpu(), gpus=gpus, context=context, concurrency=concurrency,
     )
-    target_checkpoint = open_checkpoint(target, gguf_file, offline or None)
-    draft_checkpoint = open_checkpoint(draft, draft_gguf_file, offline or None) if draft else None
+    if draft is None and target.endswith(".lock"):  # the pair `specpair download` wrote, read where it lies
+        from specpair.sources.lockfile import open_locked_pair
+
+        target_checkpoint, draft_checkpoint = open_locked_pair(target, gguf_file, draft_gguf_file)
+    else:
+        target_checkpoint = open_checkpoint(target, gguf_file, offline or None)
+        draft_checkpoint = open_checkpoint(draft, draft_gguf_file, offline or None) if draft else None
     pair, verdicts = judge(target_checkpoint, draft_checkpoint, deployment, list(dict.fromkeys(stacks)))
     code = exit_code(verdicts)
     if json_output:

@@ -44,7 +44,7 @@ CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment flag
 
 
-class _Unreachable(Exception):
+class Unreachable(Exception):
     """The Hub could not be reached (connection, DNS, timeout, 5xx): fall back to offline sources."""
 
 
@@ -80,11 +80,11 @@ def open_repo(repo: str, revision: str | None, ref: str, gguf_file: str | None, 
     try:
         files = HubFiles.resolve(repo, revision, settings)
         checkpoint = read_checkpoint(files, ref, "hub", gguf_file, revision=files.commit)
-    except _Unreachable as e:
+    except Unreachable as e:
         return _open_offline(repo, revision, ref, gguf_file, settings, unreachable=str(e))
     files.save_record()
     if revision is None or not COMMIT.match(revision):
-        _write_ref(settings.cache_dir, repo, revision or "main", files.commit)
+        write_ref(settings.cache_dir, repo, revision or "main", files.commit)
     return checkpoint
 
 
@@ -106,13 +106,13 @@ class HubFiles:
         from huggingface_hub import HfApi
 
         where = f"{repo}@{revision}" if revision else repo
-        with _hub_errors(where, repo, revision, settings):
+        with hub_errors(where, repo, revision, settings):
             info = HfApi(endpoint=settings.endpoint).model_info(
                 repo, revision=revision or "main", files_metadata=True, timeout=REQUEST_TIMEOUT_S)
         if not isinstance(info.sha, str) or not COMMIT.match(info.sha):
             raise BadInput(where, f"the Hub at {settings.endpoint} gave no commit id for this revision")
         for s in info.siblings or []:
-            if not _safe_relative(s.rfilename):  # names become cache paths; they must stay inside the snapshot
+            if not safe_relative(s.rfilename):  # names become cache paths; they must stay inside the snapshot
                 raise BadInput(where, f"the Hub lists an unsafe file name {s.rfilename!r}")
         entries = [
             FileEntry(
@@ -137,7 +137,7 @@ class HubFiles:
             raise BadInput(where, f"is {entry.size} bytes, over the {limit}-byte limit for this file")
         from huggingface_hub import hf_hub_download
 
-        with _hub_errors(self.where, self.repo, self.revision, self.settings, path):
+        with hub_errors(self.where, self.repo, self.revision, self.settings, path):
             local = hf_hub_download(self.repo, path, revision=self.commit, cache_dir=self.settings.cache_dir,
                                     endpoint=self.settings.endpoint, etag_timeout=REQUEST_TIMEOUT_S)
         with open(local, "rb") as f:
@@ -209,7 +209,7 @@ class HubFiles:
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
         url = hf_hub_url(self.repo, path, revision=self.commit, endpoint=self.settings.endpoint)
-        with _hub_errors(self.where, self.repo, self.revision, self.settings, path):
+        with hub_errors(self.where, self.repo, self.revision, self.settings, path):
             size = get_hf_file_metadata(url, timeout=REQUEST_TIMEOUT_S, endpoint=self.settings.endpoint).size
         if size is None:
             raise BadInput(f"{self.where}/{path}", "the Hub gave no size for this file")
@@ -227,7 +227,7 @@ class HubFiles:
         headers = build_hf_headers()
         headers["Range"] = f"bytes={offset}-{offset + length - 1}"
         headers["Accept-Encoding"] = "identity"
-        with _hub_errors(self.where, self.repo, self.revision, self.settings, path):
+        with hub_errors(self.where, self.repo, self.revision, self.settings, path):
             with get_session().stream("GET", url, headers=headers, timeout=REQUEST_TIMEOUT_S) as response:
                 hf_raise_for_status(response)
                 skip = offset  # a 200 answer starts at byte 0
@@ -250,7 +250,9 @@ class HubFiles:
 
 
 class CachedFiles:
-    """`RepoFiles` over one commit in the HF cache: its snapshot directory and the specpair record."""
+    """`RepoFiles` over one commit in the HF cache: its snapshot directory and the specpair record.
+
+    Also reads a directory `specpair download --local-dir` wrote (no record), for `check specpair.lock`."""
 
     def __init__(self, repo: str, revision: str | None, commit: str, snapshot: str, record: dict[str, Any] | None,
                  record_path: str) -> None:
@@ -265,7 +267,7 @@ class CachedFiles:
         commit = _cached_commit(cache_dir, repo, revision)
         if commit is None:
             return None
-        snapshot = os.path.join(cache_dir, _repo_folder(repo), "snapshots", commit)
+        snapshot = os.path.join(cache_dir, repo_folder(repo), "snapshots", commit)
         record_path = _record_path(cache_dir, repo, commit)
         record = None
         if os.path.isfile(record_path):
@@ -293,7 +295,7 @@ class CachedFiles:
             raw = self._local.read(index, MAX_CONFIG_BYTES) or b"{}"
             with contextlib.suppress(ValueError, AttributeError):
                 weight_map = json.loads(raw).get("weight_map") or {}
-                for shard in sorted({v for v in weight_map.values() if _safe_relative(v)} - names):
+                for shard in sorted({v for v in weight_map.values() if safe_relative(v)} - names):
                     entries.append(FileEntry(shard))
                     names.add(shard)
         return entries
@@ -351,9 +353,9 @@ def _open_offline(repo: str, revision: str | None, ref: str, gguf_file: str | No
 
 
 @contextlib.contextmanager
-def _hub_errors(where: str, repo: str, revision: str | None, settings: HubSettings,
+def hub_errors(where: str, repo: str, revision: str | None, settings: HubSettings,
                 path: str | None = None) -> Iterator[None]:
-    """Turn huggingface_hub / HTTP failures into one-line BadInput, or _Unreachable for the offline fallback."""
+    """Turn huggingface_hub / HTTP failures into one-line BadInput, or Unreachable for the offline fallback."""
     import httpx2
     from huggingface_hub import errors as hf
     from huggingface_hub.utils import get_token
@@ -361,12 +363,12 @@ def _hub_errors(where: str, repo: str, revision: str | None, settings: HubSettin
     try:
         yield
     except (httpx2.TransportError, hf.OfflineModeIsEnabled) as e:
-        raise _Unreachable(_short(e)) from None
+        raise Unreachable(_short(e)) from None
     except hf.LocalEntryNotFoundError as e:  # hf_hub_download: the file's HEAD request failed
         if isinstance(e.__cause__, hf.FileMetadataError):
             raise BadInput(f"{where}/{path}", f"the answer of {settings.endpoint} lacks the Hub's file headers "
                                               "(X-Repo-Commit, ETag): is HF_ENDPOINT a Hub?") from None
-        raise _Unreachable(_short(e.__cause__ or e)) from None
+        raise Unreachable(_short(e.__cause__ or e)) from None
     except hf.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None
         has_token = get_token() is not None
@@ -392,7 +394,7 @@ def _hub_errors(where: str, repo: str, revision: str | None, settings: HubSettin
             raise BadInput(where, "access denied (403 Forbidden): "
                                   "the token lacks read permission for this repo") from None
         if status is not None and status >= 500:
-            raise _Unreachable(f"HTTP {status}") from None
+            raise Unreachable(f"HTTP {status}") from None
         raise BadInput(f"{where}/{path}" if path else where, f"the Hub answered HTTP {status}") from None
     except OSError as e:  # writing the HF cache: disk full, permissions
         raise BadInput(settings.cache_dir, f"cannot write the HF cache ({e.strerror or e})") from None
@@ -404,7 +406,7 @@ def _short(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def _repo_folder(repo: str) -> str:
+def repo_folder(repo: str) -> str:
     return "models--" + repo.replace("/", "--")  # huggingface_hub's cache layout
 
 
@@ -412,7 +414,7 @@ def _record_path(cache_dir: str, repo: str, commit: str) -> str:
     return os.path.join(cache_dir, HEADERS_CACHE, repo.replace("/", "--"), f"{commit}.json")
 
 
-def _safe_relative(path: object) -> bool:
+def safe_relative(path: object) -> bool:
     """A revision used as a path under refs/, or a file name under a snapshot, must stay there."""
     return (isinstance(path, str) and not path.startswith("/") and "\\" not in path
             and all(part not in ("", ".", "..") for part in path.split("/")))
@@ -422,20 +424,20 @@ def _cached_commit(cache_dir: str, repo: str, revision: str | None) -> str | Non
     if revision and COMMIT.match(revision):
         return revision
     revision = revision or "main"
-    if not _safe_relative(revision):
+    if not safe_relative(revision):
         return None
     try:
-        with open(os.path.join(cache_dir, _repo_folder(repo), "refs", revision), encoding="utf-8") as f:
+        with open(os.path.join(cache_dir, repo_folder(repo), "refs", revision), encoding="utf-8") as f:
             commit = f.read().strip()
     except (OSError, UnicodeDecodeError):
         return None
     return commit if COMMIT.match(commit) else None
 
 
-def _write_ref(cache_dir: str, repo: str, revision: str, commit: str) -> None:
+def write_ref(cache_dir: str, repo: str, revision: str, commit: str) -> None:
     """Record branch/tag -> commit the way huggingface_hub does, so offline runs find `main`."""
-    if _safe_relative(revision):
-        _write_atomic(os.path.join(cache_dir, _repo_folder(repo), "refs", revision), commit.encode("ascii"))
+    if safe_relative(revision):
+        _write_atomic(os.path.join(cache_dir, repo_folder(repo), "refs", revision), commit.encode("ascii"))
 
 
 def _write_atomic(path: str, data: bytes) -> None:
