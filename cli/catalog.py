@@ -9,7 +9,8 @@ from specpair.cli import app
 from specpair.cli._options import JsonOpt
 from specpair.cli._output import console, print_json
 
-EXAMPLES = """Examples:
+EXAMPLES = """\b
+Examples:
   specpair catalog
   specpair catalog --json"""
 

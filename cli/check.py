@@ -10,7 +10,8 @@ from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, OfflineOpt, QuietOpt
 from specpair.cli._output import console, fail, print_json
 
-EXAMPLES = """Examples:
+EXAMPLES = """\b
+Examples:
   specpair check Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash
   specpair check ./Qwen3.6-27B ./Qwen3.6-27B-DFlash --gpu h200 --context 65536
   specpair check Qwen/Qwen3.5-122B-A10B            # the target's own MTP head

@@ -10,7 +10,8 @@ from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, OfflineOpt
 from specpair.cli._output import console, print_json
 
-EXAMPLES = """Examples:
+EXAMPLES = """\b
+Examples:
   specpair inspect ./Qwen3.6-35B-A3B
   specpair inspect z-lab/Qwen3.6-35B-A3B-DFlash --json
   specpair inspect ./models --gguf-file qwen3.6-35b-a3b-dflash.gguf"""

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -279,6 +280,16 @@ def git(*args: str, cwd: Path) -> str:
 
 
 @contextlib.contextmanager
+def olah_cli() -> str:
+    """The olah-cli binary (SPECPAIR_OLAH_CLI, else PATH); a clear failure, not a skip, when it is missing."""
+    import pytest
+
+    found = os.environ.get("SPECPAIR_OLAH_CLI") or shutil.which("olah-cli")
+    if not found or not os.path.exists(found):
+        pytest.fail("olah-cli not found: set SPECPAIR_OLAH_CLI (scripts/test installs olah==0.5.4 in .venv-olah)")
+    return found
+
+
 def start_olah(binary: str, work: Path, repos: dict[str, Path]) -> Iterator[tuple[str, dict[str, str]]]:
     """olah on 127.0.0.1 serving each directory of `repos` ({"org/name": dir}) as a one-commit git repo;
     yields (endpoint, {repo: commit}). olah never reaches out: its upstream is a closed port."""

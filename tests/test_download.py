@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from fixtures import build_dflash, build_target
-from hubserver import FakeHub, Fault, free_port, start_olah
+from hubserver import FakeHub, Fault, free_port, olah_cli, start_olah
 from specpair.cli import main
 from specpair.sources import download
 
@@ -593,11 +593,8 @@ def test_readers_download_private_and_gated_repos(fake_hub: FakeHub, cache: Path
 
 @pytest.fixture(scope="module")
 def olah(tmp_path_factory: pytest.TempPathFactory, pair_dirs):
-    binary = os.environ.get("SPECPAIR_OLAH_CLI") or shutil.which("olah-cli")
-    if not binary or not os.path.exists(binary):
-        pytest.fail("olah-cli not found: set SPECPAIR_OLAH_CLI (scripts/test installs olah==0.5.4 in .venv-olah)")
     target_dir, draft_dir = pair_dirs
-    with start_olah(binary, tmp_path_factory.mktemp("olah"), {"org/target": target_dir, "org/draft": draft_dir}) as served:
+    with start_olah(olah_cli(), tmp_path_factory.mktemp("olah"), {"org/target": target_dir, "org/draft": draft_dir}) as served:
         yield served
 
 

@@ -6,7 +6,6 @@ what olah lacks: file sizes and LFS hashes, Range requests, and the Hub's error 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -16,12 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hubserver import FakeHub, git_blob_id
+from hubserver import FakeHub, git_blob_id, olah_cli, start_olah
 from safetensors.numpy import save as safetensors_bytes
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
@@ -379,62 +377,12 @@ def test_unreachable_hub_with_nothing_offline_fails_fast(tmp_path: Path) -> None
 # ---------------------------------------------------------------- olah: a real Hub mirror over git
 
 
-def olah_cli() -> str:
-    found = os.environ.get("SPECPAIR_OLAH_CLI") or shutil.which("olah-cli")
-    if not found or not os.path.exists(found):
-        pytest.fail("olah-cli not found: install olah==0.5.4 in its own venv "
-                    "(python3 -m venv /work/olah-venv && /work/olah-venv/bin/pip install olah==0.5.4) "
-                    "and set SPECPAIR_OLAH_CLI=/work/olah-venv/bin/olah-cli, or put olah-cli on PATH")
-    return found
-
-
-def git(*args: str, cwd: Path) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def olah(tmp_path_factory: pytest.TempPathFactory):
     """olah serving one git repo `org/tiny` (the tiny checkpoint); yields (endpoint, commit, local copy)."""
-    binary = olah_cli()
-    work = tmp_path_factory.mktemp("olah")
-    repo_dir = write_files(work / "mirrors" / "models" / "org" / "tiny", tiny_checkpoint())
-    git("init", "-q", "-b", "main", cwd=repo_dir)
-    git("add", ".", cwd=repo_dir)
-    git("commit", "-q", "-m", "tiny checkpoint", cwd=repo_dir)
-    commit = git("rev-parse", "HEAD", cwd=repo_dir)
-    port = closed_port()
-    (work / "olah.toml").write_text(f"""
-[basic]
-host = "127.0.0.1"
-port = {port}
-repos-path = "{work / 'repos'}"
-hf-scheme = "http"
-hf-netloc = "127.0.0.1:9"
-hf-lfs-netloc = "127.0.0.1:9"
-mirrors-path = ["{work / 'mirrors'}"]
-[accessibility]
-offline = true
-""")
-    log = open(work / "olah.log", "wb")
-    server = subprocess.Popen([binary, "-c", str(work / "olah.toml")], cwd=work, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError):  # not listening yet
-                with urllib.request.urlopen(f"{endpoint}/api/models/org/tiny/revision/main", timeout=2) as answer:
-                    if json.load(answer).get("sha") == commit:
-                        break
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"olah did not start: {(work / 'olah.log').read_text(errors='replace')[-2000:]}")
-            time.sleep(0.2)
-        yield endpoint, commit, repo_dir
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
+    source = write_files(tmp_path_factory.mktemp("tiny") / "tiny", tiny_checkpoint())
+    with start_olah(olah_cli(), tmp_path_factory.mktemp("olah"), {"org/tiny": source}) as (endpoint, commits):
+        yield endpoint, commits["org/tiny"], source
 
 
 def test_olah_mirror_gives_the_local_checkpoint(olah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
