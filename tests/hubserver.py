@@ -279,7 +279,6 @@ def git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
-@contextlib.contextmanager
 def olah_cli() -> str:
     """The olah-cli binary (SPECPAIR_OLAH_CLI, else PATH); a clear failure, not a skip, when it is missing."""
     import pytest
@@ -290,6 +289,7 @@ def olah_cli() -> str:
     return found
 
 
+@contextlib.contextmanager
 def start_olah(binary: str, work: Path, repos: dict[str, Path]) -> Iterator[tuple[str, dict[str, str]]]:
     """olah on 127.0.0.1 serving each directory of `repos` ({"org/name": dir}) as a one-commit git repo;
     yields (endpoint, {repo: commit}). olah never reaches out: its upstream is a closed port."""
