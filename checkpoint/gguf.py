@@ -7,10 +7,13 @@ which stack loads which.
 
 from __future__ import annotations
 
+import re
+
 from specpair.checkpoint import MAX_LAYERS, Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.groups import group_of, summarize
 from specpair.checkpoint.tokenizer import from_gguf_fields
 from specpair.errors import BadInput
+from specpair.formats import brief
 from specpair.formats.gguf import GGUFHeader
 from specpair.formats.layouts import gguf_layout
 
@@ -20,12 +23,15 @@ ARCH_FAMILIES = {
 }
 DRAFTER_ARCHS = {"dflash": "dflash", "dflash-draft": "dflash", "eagle3": "eagle3"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+ARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # every key name and message is built from it
 
 
 def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None) -> Checkpoint:
     where, arch = header.path, header.architecture
     if arch is None:
         raise BadInput(where, "GGUF has no general.architecture")
+    if not ARCH_NAME.fullmatch(arch):
+        raise BadInput(where, f"general.architecture {brief(arch)} is not an architecture name")
     f = header.fields
     nextn = _int(f.get(f"{arch}.nextn_predict_layers")) or 0
     block_count = _required(f, f"{arch}.block_count", where)
@@ -152,7 +158,7 @@ def _block_index(name: str) -> int | None:
     if not name.startswith("blk."):
         return None
     index = name.split(".", 2)[1]
-    return int(index) if index.isdigit() else None
+    return int(index) if index.isascii() and index.isdigit() else None  # "²".isdigit(), but int("²") fails
 
 
 def _file_type_name(value: object) -> str | None:
@@ -168,11 +174,9 @@ def _file_type_name(value: object) -> str | None:
 
 def _required(f: dict, key: str, where: str) -> int:
     value = f.get(key)
-    if isinstance(value, list) and value:  # some arches store per-layer head counts
-        value = max(value)
-    number = _int(value)
+    number = _int(value)  # some arches store per-layer head counts: _int takes their max
     if number is None or number <= 0:
-        raise BadInput(where, f"missing or invalid GGUF key {key} ({value!r})")
+        raise BadInput(where, f"missing or invalid GGUF key {key} ({brief(value)})")
     return number
 
 

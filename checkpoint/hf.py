@@ -15,7 +15,7 @@ from specpair.checkpoint import (
 from specpair.checkpoint.groups import summarize
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo
+from specpair.formats import TensorInfo, brief
 from specpair.formats.layouts import classify
 
 TARGET_ARCHITECTURES = {
@@ -97,7 +97,7 @@ def _first_architecture(config: dict[str, Any], where: str) -> str | None:
     if archs is None:
         return None
     if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
-        raise BadInput(where, f"'architectures' is {archs!r}, not a list of strings")
+        raise BadInput(where, f"'architectures' is {brief(archs)}, not a list of strings")
     return archs[0]
 
 
@@ -306,7 +306,7 @@ def _required(config: dict[str, Any], key: str, where: str) -> int:
         raise BadInput(where, f"missing required key '{key}'")
     value = _int(config[key])
     if value is None or value <= 0:
-        raise BadInput(where, f"'{key}' is {config[key]!r}, not a positive integer")
+        raise BadInput(where, f"'{key}' is {brief(config[key])}, not a positive integer")
     return value
 
 
@@ -316,14 +316,14 @@ def _first_int(holders: list[tuple[dict[str, Any], str]], key: str, where: str) 
         if holder.get(key) is not None:
             value = _int(holder[key])
             if value is None:
-                raise BadInput(where, f"'{prefix}{key}' is {holder[key]!r}, not an integer")
+                raise BadInput(where, f"'{prefix}{key}' is {brief(holder[key])}, not an integer")
             return value, f"{prefix}{key}"
     return None, None
 
 
 def _int_list(value: object, where: str, key: str) -> list[int]:
     if not (isinstance(value, list) and all(_int(v) is not None for v in value)):
-        raise BadInput(where, f"'{key}' is {value!r}, not a list of integers")
+        raise BadInput(where, f"'{key}' is {brief(value)}, not a list of integers")
     return [int(v) for v in value]
 
 

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 import orjson
 
 from specpair.errors import BadInput
+from specpair.formats import MAX_JSON_DEPTH, brief, nests_deeper_than
 
 MAX_TOKENS = 10_000_000
+# Real vocabularies are dense: a largest id past twice the tokens listed plus SPARE_IDS is refused, so one
+# id of 9,999,999 in a small file cannot cost an 80 MB id table.
+SPARE_IDS = 65_536
 GGUF_TOKEN_CONTROL = 3
 GGUF_TOKEN_UNUSED = 5
 
@@ -64,17 +68,21 @@ def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, g
     if not isinstance(added, list) or not all(isinstance(e, dict) and isinstance(e.get("content"), str) for e in added):
         raise BadInput(where, "added_tokens is not a list of objects with a string 'content'")
     added_ids = {e["content"]: e.get("id") for e in added}
+    every_added_id = [e.get("id") for e in added]  # a content listed twice keeps one id above; check both
     table: list[str] = []
     try:  # ids must be non-negative ints: max/min and list indexing raise TypeError on anything else
-        length = max(max(vocab.values(), default=-1), max(added_ids.values(), default=-1)) + 1
-        if min(min(vocab.values(), default=0), min(added_ids.values(), default=0)) < 0 or length > MAX_TOKENS:
+        length = max(max(vocab.values(), default=-1), max(every_added_id, default=-1)) + 1
+        if min(min(vocab.values(), default=0), min(every_added_id, default=0)) < 0 or length > MAX_TOKENS:
             raise TypeError
+        listed = len(vocab) + len(added)
+        if length > 2 * listed + SPARE_IDS:
+            raise BadInput(where, f"token ids run up to {length - 1}, but only {listed} tokens are listed")
         table = [""] * length
         for token, i in vocab.items():
             table[i] = token
         for token, i in added_ids.items():
             table[i] = token
-    except TypeError:
+    except (TypeError, RecursionError):  # comparing ids that are deeply nested lists recurses
         raise BadInput(where, f"a token id is not an integer in 0..{MAX_TOKENS - 1}") from None
     tokens = table
     merges = model.get("merges") or []
@@ -82,6 +90,8 @@ def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, g
         merges = [_merge(m, where) for m in merges] if isinstance(merges, list) else _bad_merges(where)
     special = sorted(e["id"] for e in added if e.get("special"))
     pipeline = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "decoder")}
+    if nests_deeper_than(pipeline, MAX_JSON_DEPTH):
+        raise BadInput(where, f"normalizer, pre_tokenizer or decoder nests deeper than {MAX_JSON_DEPTH} levels")
     pipeline_sha = hashlib.sha256(orjson.dumps(pipeline, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     config = tokenizer_config or {}
     template = chat_template if chat_template is not None else config.get("chat_template")
@@ -146,7 +156,7 @@ def _merge(value: object, where: str) -> str:
         return value
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
         return f"{value[0]} {value[1]}"
-    raise BadInput(where, f"merge {value!r} is neither 'a b' nor ['a', 'b']")
+    raise BadInput(where, f"merge {brief(value)} is neither 'a b' nor ['a', 'b']")
 
 
 def _id_list(value: object) -> list[int]:

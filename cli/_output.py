@@ -19,6 +19,8 @@ def console():
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print `error: message` as one line on stderr and exit."""
-    sys.stderr.write(f"error: {message}\n")
+    """Print `error: message` as one line on stderr and exit; control characters (a newline in a hostile
+    file name, say) are escaped so the message stays one line."""
+    line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+    sys.stderr.write(f"error: {line}\n")
     raise SystemExit(code)

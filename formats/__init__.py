@@ -6,8 +6,13 @@ does not care whether a tensor came from a safetensors shard, a GGUF file or a H
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# Real metadata nests under 10 levels. Deeper JSON is refused: repr, dataclasses.asdict and json.dumps
+# recurse once per level and fail near 1000, orjson.dumps at 255.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -23,3 +28,23 @@ class TensorInfo:
 
 ReadRange = Callable[[int, int], bytes]
 """read(offset, length) -> bytes: a local file or an HTTP range request."""
+
+
+def nests_deeper_than(value: object, levels: int) -> bool:
+    """Whether a decoded JSON value has containers more than `levels` deep (walked level by level, no recursion)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(levels):  # after k rounds, `level` holds the containers k + 1 levels deep
+        if not level:
+            return False
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return bool(level)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+
+
+def brief(value: object) -> str:
+    """repr of an untrusted value for an error message: a few levels and items, long strings cut."""
+    return _BRIEF.repr(value)

@@ -4,7 +4,8 @@ Layout (little-endian): magic "GGUF", version u32, tensor_count u64, kv_count u6
 (key string, value type u32, value), tensor infos (name, n_dims u32, dims u64 in ggml order, type u32,
 offset u64), padding to `general.alignment`, then data. Every count and length is checked against
 the bytes that remain before it is used, so a hostile header cannot make us allocate or loop on
-numbers it merely claims.
+numbers it merely claims; the whole header is bounded by MAX_HEADER_BYTES, so a sparse file of many
+GB cannot make us read (and loop over) what its counts claim either.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo
+from specpair.formats import TensorInfo, brief
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 2
+# Headers with a 256k-token vocabulary and its merges take ~10 MB; parsing runs ~0.5 s per 10 MB.
+MAX_HEADER_BYTES = 128 << 20
 
 # GGUF value types: (struct format, size) for scalars; 8 = string, 9 = array.
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -63,20 +66,23 @@ class _Cursor:
 
     def __init__(self, read: Callable[[int], bytes], size: int, where: str) -> None:
         self._read, self.size, self.where = read, size, where
+        self.limit = min(size, MAX_HEADER_BYTES)  # no header byte lies past this
         self._buf = b""
         self._buf_pos = 0
         self.pos = 0
         self.floor = 0
 
     def remaining(self) -> int:
-        return self.size - self.pos
+        return self.limit - self.pos
 
     def reach(self, min_bytes: int) -> None:
         """The header holds at least `min_bytes` more bytes from here."""
-        self.floor = max(self.floor, min(self.pos + min_bytes, self.size))
+        self.floor = max(self.floor, min(self.pos + min_bytes, self.limit))
 
     def take(self, n: int) -> bytes:
         if n > self.remaining():
+            if self.pos + n <= self.size:
+                raise BadInput(self.where, f"GGUF header runs past {MAX_HEADER_BYTES} bytes (needs {n} bytes at offset {self.pos})")
             raise BadInput(self.where, f"truncated GGUF header (needs {n} bytes at offset {self.pos}, file has {self.size})")
         end = self._buf_pos + n
         if end > len(self._buf):
@@ -97,7 +103,7 @@ class _Cursor:
     def count(self, what: str, min_item_bytes: int) -> int:
         n = self.unpack("<Q", 8)
         if n * min_item_bytes > self.remaining():
-            raise BadInput(self.where, f"GGUF {what} count {n} cannot fit in the {self.remaining()} bytes left")
+            raise BadInput(self.where, f"GGUF {what} count {n} cannot fit in the {self.remaining()} header bytes left")
         return n
 
     def string(self) -> str:
@@ -138,7 +144,7 @@ def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHead
         infos.append((name, dims, ggml_type, offset))
     alignment = fields.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise BadInput(where, f"general.alignment {alignment!r} is not a power of two")
+        raise BadInput(where, f"general.alignment {brief(alignment)} is not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
     tensors = [_tensor(where, size - data_start, *info) for info in infos]
     return GGUFHeader(where, version, fields, tensors, size)

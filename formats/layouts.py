@@ -53,7 +53,7 @@ def gguf_layout(ggml_type: str) -> str:
 
 
 def _module_layout(parts: dict[str, TensorInfo], affine_bits: int | None, affine_group: int | None) -> str | None:
-    if ".trellis" in parts:
+    if ".trellis" in parts and parts[".trellis"].shape:  # a header may give a scalar shape
         bits = parts[".trellis"].shape[-1] / 16
         return f"exl3-{bits:g}bpw"
     if ".weight_packed" in parts:
@@ -64,7 +64,7 @@ def _module_layout(parts: dict[str, TensorInfo], affine_bits: int | None, affine
         return None
     if weight.dtype == "U8" and ".weight_scale" in parts and parts[".weight_scale"].dtype in FP8_DTYPES:
         return "nvfp4-modelopt"
-    if weight.dtype == "U32" and ".scales" in parts:
+    if weight.dtype == "U32" and ".scales" in parts and weight.shape and parts[".scales"].shape:
         return _mlx_layout(weight, parts[".scales"], ".biases" in parts, affine_bits, affine_group)
     if weight.dtype in FP8_DTYPES:
         return "fp8-block" if ".weight_scale_inv" in parts else "fp8-tensor"

@@ -12,7 +12,7 @@ import math
 import struct
 
 from specpair.errors import BadInput
-from specpair.formats import ReadRange, TensorInfo
+from specpair.formats import ReadRange, TensorInfo, brief
 
 # safetensors itself refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100_000_000
@@ -43,6 +43,8 @@ def read_header(read: ReadRange, file_size: int | None, where: str) -> tuple[lis
         raise BadInput(where, "safetensors header is not UTF-8") from None
     except json.JSONDecodeError as e:
         raise BadInput(where, f"safetensors header is not valid JSON ({e.msg} at byte {e.pos})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise BadInput(where, "safetensors header is nested too deeply") from None
     data_size = None if file_size is None else file_size - 8 - length
     return parse_header_json(header, data_size, where)
 
@@ -52,8 +54,8 @@ def parse_header_json(header: object, data_size: int | None, where: str) -> tupl
     if not isinstance(header, dict):
         raise BadInput(where, "safetensors header is not a JSON object")
     metadata = header.get("__metadata__") or {}
-    if not isinstance(metadata, dict):
-        raise BadInput(where, "safetensors __metadata__ is not an object")
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise BadInput(where, "safetensors __metadata__ is not an object of strings")
     tensors = []
     spans = []
     for name, entry in header.items():
@@ -63,13 +65,13 @@ def parse_header_json(header: object, data_size: int | None, where: str) -> tupl
             raise BadInput(where, f"tensor {name!r}: entry is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-            raise BadInput(where, f"tensor {name!r}: unknown dtype {dtype!r}")
+            raise BadInput(where, f"tensor {name!r}: unknown dtype {brief(dtype)}")
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise BadInput(where, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+            raise BadInput(where, f"tensor {name!r}: shape {brief(shape)} is not a list of non-negative integers")
         if math.prod(shape) >= 2**62:  # bounds the element count before it meets a float dtype size
             raise BadInput(where, f"tensor {name!r}: shape {shape} is out of range")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
-            raise BadInput(where, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+            raise BadInput(where, f"tensor {name!r}: data_offsets {brief(offsets)} is not [begin, end]")
         begin, end = offsets
         nbytes = math.ceil(math.prod(shape) * DTYPE_BYTES[dtype])
         if end - begin != nbytes:
@@ -82,7 +84,7 @@ def parse_header_json(header: object, data_size: int | None, where: str) -> tupl
     for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise BadInput(where, f"tensors {name_a!r} and {name_b!r} overlap in the data section")
-    return tensors, {str(k): str(v) for k, v in metadata.items()}
+    return tensors, metadata
 
 
 def read_local(path: str) -> tuple[list[TensorInfo], dict[str, str]]:

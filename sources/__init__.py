@@ -18,7 +18,7 @@ from specpair.checkpoint import gguf as gguf_builder
 from specpair.checkpoint import hf as hf_builder
 from specpair.checkpoint.tokenizer import from_tokenizer_json
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo
+from specpair.formats import MAX_JSON_DEPTH, TensorInfo, nests_deeper_than
 from specpair.formats.gguf import GGUFHeader
 
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
@@ -94,7 +94,10 @@ def read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | No
     meta.tensors = files.safetensors_headers(shards) if shards else None
     if meta.tensors is not None and index is not None:
         _check_index(f"{files.where}/{index[0]}", index[1], meta.tensors)
-    return hf_builder.build(meta, ref, source, revision)
+    checkpoint = hf_builder.build(meta, ref, source, revision)
+    if meta.tensors is None and any(n.endswith(".safetensors.index.json") for n in names):
+        checkpoint.notes.append("no weight shards present (a metadata-only copy): tensor headers not read")
+    return checkpoint
 
 
 def read_json(files: RepoFiles, path: str, required: bool = False) -> dict[str, Any] | None:
@@ -110,6 +113,8 @@ def read_json(files: RepoFiles, path: str, required: bool = False) -> dict[str, 
         raise BadInput(where, f"not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise BadInput(where, "not a JSON object")
+    if nests_deeper_than(doc, MAX_JSON_DEPTH):
+        raise BadInput(where, f"nests deeper than {MAX_JSON_DEPTH} levels")
     return doc
 
 
@@ -117,20 +122,39 @@ def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], t
     """Shard files to read headers from, and (index file, its weight map) when there is an index."""
     index = next((n for n in sorted(names) if n.endswith(".safetensors.index.json") and "/" not in n), None)
     if index is None:
-        return sorted(n for n in names if n.endswith(".safetensors") and "/" not in n), None
+        shards = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
+        _refuse_case_collisions(files.where, shards)
+        return shards, None
     where = f"{files.where}/{index}"
     weight_map = read_json(files, index, required=True).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise BadInput(where, "weight_map is not an object of tensor -> file names")
     shards = sorted(set(weight_map.values()))
     for shard in shards:
-        if shard not in names:
-            raise BadInput(where, f"names shard {shard!r}, which is not in the checkpoint")
+        if shard.startswith("/") or "\\" in shard or any(part in ("", ".", "..") for part in shard.split("/")):
+            raise BadInput(where, f"names shard {shard!r}, which is not a plain relative path inside the checkpoint: refused")
+    missing = [shard for shard in shards if shard not in names]
+    if missing and len(missing) == len(shards):
+        return [], None  # a metadata-only copy (specpair download --metadata-only): judged from its config
+    if missing:
+        raise BadInput(where, f"names shard {missing[0]!r}, which is not in the checkpoint")
+    _refuse_case_collisions(where, shards)
     return shards, (index, weight_map)
+
+
+def _refuse_case_collisions(where: str, shards: list[str]) -> None:
+    """Two shards whose names differ only in case are one file on macOS and Windows file systems, so
+    which one a copy of the checkpoint holds depends on where it was downloaded: refuse the checkpoint."""
+    seen: dict[str, str] = {}
+    for shard in shards:
+        other = seen.setdefault(shard.lower(), shard)
+        if other != shard:
+            raise BadInput(where, f"names shards {other!r} and {shard!r}, which differ only in case: refused "
+                                  "(they are one file on case-insensitive file systems)")
 
 
 def _check_index(where: str, weight_map: dict[str, str], tensors: list[TensorInfo]) -> None:
     found = {t.name: t.file for t in tensors}
     for name, shard in weight_map.items():
         if found.get(name) != shard:
-            raise BadInput(where, f"maps {name!r} to {shard}, but that shard's header does not hold it")
+            raise BadInput(where, f"maps {name!r} to {shard!r}, but that shard's header does not hold it")

@@ -321,7 +321,7 @@ class CachedFiles:
             return self._guard(lambda: _gguf_from_json(stored[path], where))
         local = os.path.join(self.snapshot, path)
         if os.path.isfile(local):
-            return gguf.read_local(local)
+            return self._local.gguf_header(path)  # the local reader's symlink and file-type checks apply
         raise _NotCached(path)
 
     def _guard(self, build: Callable[[], Any]) -> Any:

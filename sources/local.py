@@ -1,8 +1,17 @@
-"""Local checkpoints: an HF-layout directory, a directory of GGUF files, or one .gguf file."""
+"""Local checkpoints: an HF-layout directory, a directory of GGUF files, or one .gguf file.
+
+A checkpoint directory is untrusted: a file it holds is opened only when it resolves to a regular file
+inside the directory. Symlinks may point elsewhere inside it, and in a huggingface_hub cache snapshot
+(`models--org--name/snapshots/<commit>/`) anywhere inside the repo folder, whose `blobs/` they point
+into; a symlink that leaves, or a FIFO or device, is refused. A .gguf file named on the command line is
+the user's own choice and is followed wherever it points.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
@@ -15,6 +24,7 @@ class LocalFiles:
         self.root = root
         self.only = only  # a single file of `root`, when the user named one
         self.where = os.path.join(root, only) if only else (root.rstrip("/") or "/")
+        self.boundary = None if only else _boundary(root)  # where files may resolve to
 
     def list(self) -> list[FileEntry]:
         if self.only:
@@ -32,7 +42,7 @@ class LocalFiles:
         return entries
 
     def read(self, path: str, limit: int) -> bytes | None:
-        full = os.path.join(self.root, path)
+        full = self._inside(path)
         try:
             with open(full, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -47,12 +57,35 @@ class LocalFiles:
     def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
         tensors = []
         for shard in shards:
-            found, _ = safetensors.read_local(os.path.join(self.root, shard))
+            found, _ = safetensors.read_local(self._inside(shard))
             tensors += [TensorInfo(t.name, t.dtype, t.shape, t.nbytes, shard) for t in found]
         return tensors
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
-        return gguf.read_local(os.path.join(self.root, path))
+        return gguf.read_local(self._inside(path))
+
+    def _inside(self, path: str) -> str:
+        """`root/path`, refused when it resolves outside `boundary` or is not a regular file (opening a
+        FIFO blocks). A missing file passes: the caller reports it as before."""
+        full = os.path.join(self.root, path)
+        real = os.path.realpath(full)
+        if self.boundary is not None and os.path.commonpath([real, self.boundary]) != self.boundary:
+            raise BadInput(full, f"resolves to {real!r}, outside the checkpoint directory: refused")
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(os.stat(real).st_mode):
+                raise BadInput(full, "is not a regular file: refused")
+        return full
+
+
+def _boundary(root: str) -> str:
+    """The checkpoint directory, resolved; for a huggingface_hub cache snapshot (or a folder inside one),
+    its `models--*` repo folder."""
+    real = path = os.path.realpath(root)
+    while (parent := os.path.dirname(path)) != path:
+        if os.path.basename(parent) == "snapshots" and os.path.basename(os.path.dirname(parent)).startswith("models--"):
+            return os.path.dirname(parent)
+        path = parent
+    return real
 
 
 def open_local(path: str, ref: str, gguf_file: str | None) -> Checkpoint:

@@ -103,6 +103,13 @@ def replace_gguf_u32(key: str, value: int) -> Callable[[bytes], bytes]:
     return edit
 
 
+def nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 def set_key(key: str, value: object) -> Callable[[dict], None]:
     return lambda document: document.__setitem__(key, value)
 
@@ -131,6 +138,8 @@ CASES: dict[str, Case] = {
     "safetensors shape not integers": with_weights({"a": {**F32, "shape": [2.0]}}, b"\0" * 8),
     "safetensors shape out of range": with_weights({"a": {**F32, "dtype": "F4", "shape": [2**61] * 17}}, b"\0" * 8),
     "safetensors negative offset": with_weights({"a": {**F32, "data_offsets": [-8, 0]}}, b"\0" * 8),
+    "safetensors __metadata__ value not a string": with_weights({"__metadata__": {"format": ["pt"]}, "a": F32}, b"\0" * 8),
+    "safetensors header 100000 levels deep": with_raw_weights(struct.pack("<Q", 200_000) + b"[" * 100_000 + b"]" * 100_000),
     # config.json
     "config not UTF-8": with_config(b'{"hidden_size": "\xff\xfe"}'),
     "config not JSON": with_config(b'{"hidden_size": 64,'),
@@ -143,6 +152,7 @@ CASES: dict[str, Case] = {
     "config layer_types not strings": with_config(set_key("layer_types", [0, 1])),
     "config absurd layer count": with_config(set_key("num_hidden_layers", 10**12)),
     "config absurd hybrid layer count": with_config(lambda c: c.update(num_hidden_layers=10**10, full_attention_interval=4)),
+    "config nested 100 levels deep": with_config(set_key("rope_scaling", {"rope_type": "yarn", "factor": nested(100)})),
     "dflash taps not a list": with_config(lambda c: c["dflash_config"].update(target_layer_ids="1,5"), drafter=True),
     "dflash taps not integers": with_config(lambda c: c["dflash_config"].update(target_layer_ids=[1.5, 5]), drafter=True),
     "dflash block_size a string": with_config(lambda c: c["dflash_config"].update(block_size="16"), drafter=True),
@@ -166,6 +176,8 @@ CASES: dict[str, Case] = {
     "gguf unknown ggml type": gguf_file(gguf_bytes(1, gguf_string("t") + struct.pack("<IQIQ", 1, 32, 999, 0))),
     "gguf tensor data past the end": gguf_file(gguf_bytes(1, gguf_string("t") + struct.pack("<IQIQ", 1, 2**20, 0, 0))),
     "gguf no architecture": gguf_file(gguf_bytes(0, gguf_kv("general.name", 8, gguf_string("x")), kv_count=1)),
+    "gguf architecture with a newline": gguf_file(gguf_bytes(0, gguf_kv("general.architecture", 8, gguf_string("llama\nx")),
+                                                             kv_count=1)),
     "gguf absurd block count": gguf_file(replace_gguf_u32("llama.block_count", 2**32 - 1)),
     "gguf zero heads": gguf_file(replace_gguf_u32("llama.attention.head_count", 0)),
 }

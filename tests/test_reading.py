@@ -397,3 +397,12 @@ def test_merges_as_strings_or_pairs_fingerprint_alike(tmp_path: Path) -> None:
     write_tokenizer(strings, "qwen3", merges_as_pairs=False)
     assert isinstance(json.loads((strings / "tokenizer.json").read_text())["model"]["merges"][0], str)
     assert read(pairs).tokenizer.fingerprint == read(strings).tokenizer.fingerprint
+
+
+def test_metadata_only_copy_of_a_sharded_model_is_judged_from_its_config(tmp_path: Path) -> None:
+    root = build_target(tmp_path / "target", "qwen3_next", shards=3)
+    for shard in root.glob("*.safetensors"):
+        shard.unlink()
+    c = open_checkpoint(str(root))
+    assert c.format == "config-only" and c.groups == [] and c.family == "qwen3_next"
+    assert any("metadata-only" in note for note in c.notes)

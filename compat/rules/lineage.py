@@ -20,7 +20,7 @@ def _evidence(p: Pair) -> list[str]:
     if p.draft.shapes.vocab_size < (tokens or t.rows):
         found.append(f"vocabulary {p.draft.shapes.vocab_size} rows (target {t.rows})")
     taps = p.taps
-    if d and d.fc_shape and taps and taps.layers and d.fc_shape[1] % len(taps.layers) == 0:
+    if d and d.fc_shape and len(d.fc_shape) == 2 and taps and taps.layers and d.fc_shape[1] % len(taps.layers) == 0:
         implied = d.fc_shape[1] // len(taps.layers)
         if implied != t.hidden_size:
             found.append(f"fc input {d.fc_shape[1]} = {len(taps.layers)} taps x hidden {implied} (target {t.hidden_size})")
