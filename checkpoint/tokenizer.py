@@ -69,25 +69,34 @@ def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, g
         raise BadInput(where, "added_tokens is not a list of objects with a string 'content'")
     added_ids = {e["content"]: e.get("id") for e in added}
     every_added_id = [e.get("id") for e in added]  # a content listed twice keeps one id above; check both
+    vocab_ids = list(vocab.values())
+    in_order = vocab_ids == list(range(len(vocab_ids)))  # the usual file: vocab listed in id order
     table: list[str] = []
     try:  # ids must be non-negative ints: max/min and list indexing raise TypeError on anything else
-        length = max(max(vocab.values(), default=-1), max(every_added_id, default=-1)) + 1
-        if min(min(vocab.values(), default=0), min(every_added_id, default=0)) < 0 or length > MAX_TOKENS:
+        top = len(vocab_ids) - 1 if in_order else max(vocab_ids, default=-1)
+        length = max(top, max(every_added_id, default=-1)) + 1
+        low = 0 if in_order else min(vocab_ids, default=0)
+        if min(low, min(every_added_id, default=0)) < 0 or length > MAX_TOKENS:
             raise TypeError
         listed = len(vocab) + len(added)
         if length > 2 * listed + SPARE_IDS:
             raise BadInput(where, f"token ids run up to {length - 1}, but only {listed} tokens are listed")
-        table = [""] * length
-        for token, i in vocab.items():
-            table[i] = token
+        if in_order:
+            table = list(vocab) + [""] * (length - len(vocab_ids))
+        else:
+            table = [""] * length
+            for token, i in vocab.items():
+                table[i] = token
         for token, i in added_ids.items():
             table[i] = token
     except (TypeError, RecursionError):  # comparing ids that are deeply nested lists recurses
         raise BadInput(where, f"a token id is not an integer in 0..{MAX_TOKENS - 1}") from None
     tokens = table
     merges = model.get("merges") or []
-    if not (isinstance(merges, list) and all(type(m) is str for m in merges)):
-        merges = [_merge(m, where) for m in merges] if isinstance(merges, list) else _bad_merges(where)
+    if not isinstance(merges, list):
+        _bad_merges(where)
+    if set(map(type, merges)) - {str}:  # newer tokenizers store merges as ["a", "b"] pairs
+        merges = [_merge(m, where) for m in merges]
     special = sorted(e["id"] for e in added if e.get("special"))
     pipeline = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "decoder")}
     if nests_deeper_than(pipeline, MAX_JSON_DEPTH):
