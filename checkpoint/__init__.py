@@ -15,7 +15,6 @@ from specpair.checkpoint.tokenizer import Tokenizer
 
 TARGET_FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 DRAFTER_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
-HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
 
 
@@ -155,10 +154,6 @@ class Checkpoint:
     revision: str | None = None
     notes: list[str] = field(default_factory=list)  # facts found while reading (auto_map, pickle files, ...)
     provenance: str | None = None  # where catalog data came from, and how sure it is
-
-    @property
-    def name(self) -> str:
-        return self.ref
 
     @property
     def is_hybrid(self) -> bool:

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specpair.checkpoint import Checkpoint
+from specpair.checkpoint import TARGET_FAMILIES, Checkpoint
 from specpair.compat.pair import Pair
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
@@ -141,7 +141,6 @@ def _specpair(p: Pair) -> str:
     return shlex.join(args)
 
 
-QWEN = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
 
 STACKS: dict[str, Stack] = {
@@ -152,7 +151,7 @@ STACKS: dict[str, Stack] = {
             archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
             file_format="any", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             draft_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
-            families=("llama",) + QWEN, tensor_parallel_drafts=(), launch=_specpair,
+            families=TARGET_FAMILIES, tensor_parallel_drafts=(), launch=_specpair,
         ),
         Stack(
             name="sglang", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
@@ -160,7 +159,7 @@ STACKS: dict[str, Stack] = {
                    "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
                    "eagle3": ("LlamaForCausalLMEagle3",)},
             file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32"), families=("llama",) + QWEN,
+            draft_layouts=("bf16", "f16", "f32"), families=TARGET_FAMILIES,
             tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_sglang,
         ),
         Stack(
@@ -169,21 +168,21 @@ STACKS: dict[str, Stack] = {
                    "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
                    "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")},
             file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"), families=("llama",) + QWEN,
+            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"), families=TARGET_FAMILIES,
             tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_vllm,
         ),
         Stack(
             name="llama.cpp", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
             archs={"dflash": ("dflash",), "dflash2": ("dflash",), "eagle3": ("eagle3",)},
             file_format="gguf", target_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
-            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"), families=("llama",) + QWEN,
+            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"), families=TARGET_FAMILIES,
             tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_llama_cpp,
         ),
         Stack(
             name="exllamav3", kinds=("dflash", "dflash2", "mtp", "draft_model"),
             archs={"dflash": DFLASH_ARCHS, "dflash2": ("DFlash2DraftModel",)},
             file_format="safetensors", target_layouts=("exl3", "bf16", "f16", "f32"),
-            draft_layouts=("exl3", "bf16", "f16", "f32"), families=("llama",) + QWEN,
+            draft_layouts=("exl3", "bf16", "f16", "f32"), families=TARGET_FAMILIES,
             tensor_parallel_drafts=("draft_model",), launch=_exllamav3,
         ),
         Stack(

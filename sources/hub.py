@@ -188,7 +188,8 @@ class HubFiles:
             "safetensors": None if self._tensors is None else [_tensor_to_json(t) for t in self._tensors],
             "gguf": ggufs,
         }
-        _write_atomic(path, json.dumps(record).encode("utf-8"))
+        with contextlib.suppress(OSError):  # the record only saves work: a read-only or full disk must not fail
+            write_atomic(path, json.dumps(record).encode("utf-8"))
 
     def _shard_header(self, shard: str) -> list[TensorInfo]:
         size = self._size(shard)
@@ -437,22 +438,22 @@ def _cached_commit(cache_dir: str, repo: str, revision: str | None) -> str | Non
 def write_ref(cache_dir: str, repo: str, revision: str, commit: str) -> None:
     """Record branch/tag -> commit the way huggingface_hub does, so offline runs find `main`."""
     if safe_relative(revision):
-        _write_atomic(os.path.join(cache_dir, repo_folder(repo), "refs", revision), commit.encode("ascii"))
+        with contextlib.suppress(OSError):  # like the header record: a cache that cannot be written only costs a lookup
+            write_atomic(os.path.join(cache_dir, repo_folder(repo), "refs", revision), commit.encode("ascii"))
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    # The cache only saves work: a read-only or full disk must not fail the command.
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp makes 0600; a shared HF cache must stay readable by its other users
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)
-            raise
+def write_atomic(path: str, data: bytes) -> None:
+    """Write under a temporary name beside `path`, then rename: readers never see a half-written file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; caches and locks are shared with other users
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _has_gguf(snapshot: str) -> bool:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
-from specpair.sources.hub import COMMIT, safe_relative
+from specpair.sources.hub import COMMIT, safe_relative, write_atomic
 
 LOCK_SCHEMA = "specpair.lock/1"
 LOCK_NAME = "specpair.lock"
@@ -92,16 +91,7 @@ def write_lock(path: str, repos: list[LockedRepo]) -> None:
     document = {"schema": LOCK_SCHEMA, "repos": [_repo_to_json(r, base) for r in repos]}
     data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     try:
-        os.makedirs(base, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=base, prefix=".specpair.lock.")
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp makes 0600; a lock is meant to be shared
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, data)
     except OSError as e:
         raise BadInput(path, f"cannot write the lockfile ({e.strerror or e})") from None
 

@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from specpair.checkpoint import TARGET_FAMILIES
+
 Spec = tuple[str, tuple[int, ...]]  # (safetensors dtype, shape)
 Specs = dict[str, Spec]
 
-TARGET_FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 QUANT_SCHEMES = ("nvfp4-modelopt", "nvfp4-ct", "fp8-block", "mlx-affine4", "exl3")
 FLAVOURS = ("qwen3", "qwen3_5", "llama3")

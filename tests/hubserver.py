@@ -279,6 +279,9 @@ def git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
+VALID_TOKENS = {"hf_reader", "hf_accepted", "hf_other"}  # tokens FakeHub accepts in the tests
+
+
 def olah_cli() -> str:
     """The olah-cli binary (SPECPAIR_OLAH_CLI, else PATH); a clear failure, not a skip, when it is missing."""
     import pytest

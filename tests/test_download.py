@@ -28,7 +28,6 @@ from specpair.sources import download
 
 HF_VARIABLES = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
                 "TRANSFORMERS_OFFLINE", "HF_TOKEN", "XDG_CACHE_HOME", "HF_HUB_DOWNLOAD_TIMEOUT")
-VALID_TOKENS = {"hf_reader", "hf_accepted", "hf_other"}
 WEIGHTS = "model.safetensors"
 CUT = 300_000  # where an injected fault cuts the target's model.safetensors (1.1 MB)
 
@@ -56,14 +55,6 @@ def specpair(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
     return run
-
-
-@pytest.fixture(scope="module")
-def fake_hub():
-    hub = FakeHub().start()
-    hub.valid_tokens |= VALID_TOKENS
-    yield hub
-    hub.stop()
 
 
 @pytest.fixture(scope="module")

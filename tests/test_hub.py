@@ -28,7 +28,6 @@ from specpair.sources.hub import GGUF_FIRST_READ, SAFETENSORS_FIRST_READ
 
 HF_VARIABLES = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
                 "TRANSFORMERS_OFFLINE", "HF_TOKEN", "XDG_CACHE_HOME")
-VALID_TOKENS = {"hf_reader", "hf_accepted", "hf_other"}
 MIB = 1 << 20
 
 CONFIG = {
@@ -121,14 +120,6 @@ def comparable(checkpoint: Checkpoint) -> dict:
 
 
 # ---------------------------------------------------------------- servers and environment
-
-
-@pytest.fixture(scope="module")
-def fake_hub():
-    hub = FakeHub().start()
-    hub.valid_tokens |= VALID_TOKENS
-    yield hub
-    hub.stop()
 
 
 @pytest.fixture

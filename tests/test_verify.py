@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hubserver import FakeHub
-from test_download import WEIGHTS, cache, fake_hub, files_of, one_line_error, pair_dirs, specpair  # noqa: F401 (fixtures)
+from test_download import WEIGHTS, cache, files_of, one_line_error, pair_dirs, specpair  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from specpair.checkpoint import DRAFTER_KINDS
 from specpair.compat.pair import Pair
 from specpair.compat.stacks import STACK_NAMES
 
 SEVERITIES = ("error", "warn", "info")
 ALL_STACKS = STACK_NAMES
-ALL_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
+ALL_KINDS = DRAFTER_KINDS
 SEPARATE_DRAFTERS = ("dflash", "dflash2", "eagle3", "draft_model")
 HIDDEN_STATE_DRAFTERS = ("dflash", "dflash2", "eagle3")
 DFLASH = ("dflash", "dflash2")
