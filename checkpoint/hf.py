@@ -78,8 +78,7 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     quant = _quantization(config, meta.quant_files)
     layouts = {}
     if tensors is not None:
-        mlx = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
-        layouts = classify(tensors, _int(mlx.get("bits")), _int(mlx.get("group_size")))
+        layouts = classify(tensors, config.get("quantization"))
     mtp = _mtp(text, tensors)
     drafter = _drafter(kind, config, where, by_name, meta.files) if kind else None
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")

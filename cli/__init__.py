@@ -31,7 +31,7 @@ def _root(
     """Pair a target LLM with a speculative-decoding drafter: check, download, convert, run."""
 
 
-from specpair.cli import catalog, check, download, inspect, verify  # noqa: E402,F401  (each module registers its command on `app`)
+from specpair.cli import catalog, check, convert, download, inspect, verify  # noqa: E402,F401  (each module registers its command on `app`)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""File layouts: headers and tensor listings now; readers, dequantizers and writers per layout later.
+"""File formats and weight layouts: headers, tensor readers and writers, and one codec per layout.
 
 Every reader describes tensors with the same `TensorInfo` record, so the checkpoint model above it
 does not care whether a tensor came from a safetensors shard, a GGUF file or a Hub range request.
@@ -24,6 +24,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     nbytes: int
     file: str
+    offset: int = 0  # where its data starts in `file` (absolute); 0 where only the header was read remotely
 
 
 ReadRange = Callable[[int, int], bytes]

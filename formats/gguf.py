@@ -14,9 +14,13 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo, brief
+
+if TYPE_CHECKING:  # `check` reads headers without importing torch
+    import torch
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -42,6 +46,9 @@ class GGUFHeader:
     fields: dict[str, object]
     tensors: list[TensorInfo] = field(default_factory=list)
     size: int | None = None
+    data_start: int = 0
+    alignment: int = 32
+    types: dict[str, tuple[int, ...]] = field(default_factory=dict)  # key -> GGUF value type (+ array element type)
 
     @property
     def architecture(self) -> str | None:
@@ -71,6 +78,7 @@ class _Cursor:
         self._buf_pos = 0
         self.pos = 0
         self.floor = 0
+        self.last_element_type = 0  # of the array value read last
 
     def remaining(self) -> int:
         return self.limit - self.pos
@@ -125,12 +133,14 @@ def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHead
     tensor_count = cur.count("tensor", 24)
     kv_count = cur.count("metadata", 13)
     fields: dict[str, object] = {}
+    types: dict[str, tuple[int, ...]] = {}
     for i in range(kv_count):
         after = (kv_count - i - 1) * 13 + tensor_count * 24  # least the rest of the header can take
         cur.reach(13 + after)
         key = cur.string()
         vtype = cur.unpack("<I", 4)
         fields[key] = _value(cur, vtype, 0, after)
+        types[key] = (vtype, cur.last_element_type) if vtype == _ARRAY else (vtype,)
     infos = []
     for j in range(tensor_count):
         cur.reach((tensor_count - j) * 24)
@@ -146,8 +156,8 @@ def read_header(read: Callable[[int], bytes], size: int, where: str) -> GGUFHead
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise BadInput(where, f"general.alignment {brief(alignment)} is not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
-    tensors = [_tensor(where, size - data_start, *info) for info in infos]
-    return GGUFHeader(where, version, fields, tensors, size)
+    tensors = [_tensor(where, size - data_start, *info, data_start) for info in infos]
+    return GGUFHeader(where, version, fields, tensors, size, data_start, alignment, types)
 
 
 def read_local(path: str) -> GGUFHeader:
@@ -172,6 +182,7 @@ def _value(cur: _Cursor, vtype: int, depth: int, after: int) -> object:
         elem = cur.unpack("<I", 4)
         if elem not in _MIN_VALUE_BYTES:
             raise BadInput(cur.where, f"unknown GGUF array element type {elem}")
+        cur.last_element_type = elem
         min_bytes = _MIN_VALUE_BYTES[elem]
         n = cur.count("array", min_bytes)
         if elem in _SCALARS:
@@ -183,11 +194,13 @@ def _value(cur: _Cursor, vtype: int, depth: int, after: int) -> object:
             if j % 1024 == 0:  # token lists hold ~250k strings: refresh the read-ahead floor now and then
                 cur.reach((n - j) * min_bytes + after)
             items.append(_value(cur, elem, depth + 1, after))
+        cur.last_element_type = elem  # the outer array's, not its last item's
         return items
     raise BadInput(cur.where, f"unknown GGUF value type {vtype}")
 
 
-def _tensor(where: str, data_size: int, name: str, dims: list[int], ggml_type: int, offset: int) -> TensorInfo:
+def _tensor(where: str, data_size: int, name: str, dims: list[int], ggml_type: int, offset: int,
+            data_start: int) -> TensorInfo:
     type_name, block, block_bytes = ggml_type_info(ggml_type, where, name)
     if any(d == 0 for d in dims) or math.prod(dims) >= 2**60:
         raise BadInput(where, f"tensor {name!r}: dimensions {dims} are out of range")
@@ -196,7 +209,7 @@ def _tensor(where: str, data_size: int, name: str, dims: list[int], ggml_type: i
     nbytes = math.prod(dims) // block * block_bytes
     if offset + nbytes > data_size:
         raise BadInput(where, f"tensor {name!r}: data at offset {offset} (+{nbytes} bytes) runs past the end of the file")
-    return TensorInfo(name, type_name, tuple(reversed(dims)), nbytes, where)
+    return TensorInfo(name, type_name, tuple(reversed(dims)), nbytes, where, data_start + offset)
 
 
 def ggml_type_info(ggml_type: int, where: str, name: str) -> tuple[str, int, int]:
@@ -209,3 +222,63 @@ def ggml_type_info(ggml_type: int, where: str, name: str) -> tuple[str, int, int
         raise BadInput(where, f"tensor {name!r}: unknown ggml type {ggml_type}") from None
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     return qtype.name, block, block_bytes
+
+
+def read_tensor(path: str, info: TensorInfo) -> torch.Tensor:
+    """One tensor's data: float and integer types as tensors of their shape, block types as uint8 rows
+    [..., rows, row bytes] (rows stay rows, so row moves need no decoding)."""
+    from specpair.formats.safetensors import read_bytes, torch_dtype
+
+    raw = read_bytes(path, info)
+    if info.dtype in GGML_PLAIN_DTYPES:
+        return raw.view(torch_dtype(GGML_PLAIN_DTYPES[info.dtype], path, info.name)).reshape(info.shape)
+    return raw.reshape(*info.shape[:-1], -1)
+
+
+# ggml types that are plain arrays, by their safetensors dtype name
+GGML_PLAIN_DTYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "I16": "I16",
+                     "I32": "I32", "I64": "I64"}
+
+
+class Writer:
+    """Writes planned tensors into one GGUF file through gguf-py's GGUFWriter, one tensor at a time.
+
+    `fields` are (key, value, GGUFValueType); `planned` are (name, ggml type name, numpy-order shape). The
+    header and tensor infos go out first, then each tensor's data in plan order.
+    """
+
+    def __init__(self, path: str, arch: str, fields: list[tuple[str, object, object]],
+                 planned: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        import numpy as np
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+        self._writer = GGUFWriter(path, arch)
+        for key, value, value_type in fields:  # arrays: gguf-py takes the element type from the first value
+            self._writer.add_key_value(key, value, value_type)
+        self._planned = []
+        for name, type_name, shape in planned:
+            shape = tuple(shape) or (1,)  # GGUF has no 0-dim tensors
+            qtype = GGMLQuantizationType[type_name]
+            values, block_bytes = GGML_QUANT_SIZES[qtype]
+            nbytes = math.prod(shape) // values * block_bytes
+            self._writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+            self._planned.append((name, nbytes))
+        self._writer.write_header_to_file()
+        self._writer.write_kv_data_to_file()
+        self._writer.write_ti_data_to_file()
+        self._next = 0
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        import torch
+
+        expected, nbytes = self._planned[self._next]
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+        if (name, data.nbytes) != (expected, nbytes):
+            raise ValueError(f"tensor {name!r} ({data.nbytes} bytes) written where {expected!r} ({nbytes}) was planned")
+        self._writer.write_tensor_data(data)
+        self._next += 1
+
+    def close(self) -> None:
+        if self._next != len(self._planned):
+            raise ValueError(f"{len(self._planned) - self._next} planned tensors were not written")
+        self._writer.close()

@@ -12,6 +12,8 @@ gguf-py has no k-quant quantizer, so Q4_K, Q5_K and Q6_K are ours, over whole ar
             Kept to measure what the search buys; the other types are round-to-nearest already.
 Types with f16 numbers refuse NaN and inf, and values so large that an f16 scale would overflow.
 Dequantizing goes through gguf-py, which reads every type it knows (k-quants, IQ*, NVFP4, ...).
+Q8_0, the type most conversions write, also has a torch quantizer with the same bytes (`quantize_q8_0`):
+it runs on every core and on the GPU, where gguf-py's runs on one core.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -36,6 +39,14 @@ WRITABLE: dict[str, GGMLQuantizationType] = {
 }
 BLOCK_SIZES: dict[str, tuple[int, int]] = {name: GGML_QUANT_SIZES[t] for name, t in WRITABLE.items()}
 """Type name -> (values per block, bytes per block)."""
+
+
+def block_size(qtype: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of any ggml type gguf-py knows."""
+    ggml_type = GGMLQuantizationType.__members__.get(qtype.upper())
+    if ggml_type is None:
+        raise BadInput(qtype, "unknown GGUF type")
+    return GGML_QUANT_SIZES[ggml_type]
 METHODS = ("search", "rtn")
 # Byte offsets of the f16 numbers in each block (an F16 "block" is one value): checked after quantizing,
 # since values too large for them come out as inf.
@@ -317,3 +328,28 @@ def _quantize_q6_k(blocks: np.ndarray, qtype: str, search: bool) -> np.ndarray:
     out["qh"] = np.bitwise_or.reduce(top_bits, axis=2).reshape(n, -1)
     out["scales"], out["d"] = scale_codes, d
     return out
+
+
+def quantize_q8_0(w: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """Q8_0 in torch, byte for byte gguf-py's (and llama.cpp's quantize_row_q8_0_ref), on w's device and
+    every core: uint8 [..., cols/32·34] for float `w` [..., cols]."""
+    from specpair.formats.fp8 import true_divide
+
+    cols = w.shape[-1] if w.ndim else 0
+    if w.ndim == 0 or cols % 32:
+        raise BadInput(name, f"rows of {cols} values do not split into Q8_0 blocks of 32")
+    blocks = w.float().reshape(-1, 32)
+    if not torch.isfinite(blocks).all():
+        raise BadInput(name, "has NaN or infinite values; Q8_0 cannot encode them (F32 and BF16 can)")
+    d = true_divide(blocks.abs().amax(-1, keepdim=True), 127.0)
+    inverse = torch.where(d == 0, 0.0, torch.ones_like(d) / d)  # a tensor divisor: correctly rounded on CUDA too
+    x = blocks * inverse
+    magnitude = x.abs()
+    floored = magnitude.floor()
+    codes = torch.sign(x) * (floored + (2 * (magnitude - floored)).floor())  # gguf-py's np_roundf: halves away from 0
+    scale = d.half()
+    if not torch.isfinite(scale).all():
+        raise BadInput(name, f"has values up to {float(blocks.abs().max()):.4g}, too large for Q8_0's f16 scales "
+                             "(F32 and BF16 can hold them)")
+    data = torch.cat([scale.view(torch.uint8), codes.to(torch.int8).view(torch.uint8)], dim=-1)
+    return data.reshape(*w.shape[:-1], cols // 32 * 34)

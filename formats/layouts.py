@@ -24,6 +24,8 @@ COMPANION_SUFFIXES = (
 )
 
 GGUF_LAYOUTS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "NVFP4": "nvfp4-gguf"}
+AFFINE_BITS = (1, 2, 3, 4, 5, 6, 8)  # formats/affine.py, without importing torch
+AFFINE_GROUPS = (32, 64, 128)
 
 
 def split_module(name: str) -> tuple[str, str]:
@@ -34,15 +36,18 @@ def split_module(name: str) -> tuple[str, str]:
     return name, ""
 
 
-def classify(tensors: list[TensorInfo], affine_bits: int | None = None, affine_group: int | None = None) -> dict[str, str]:
-    """Layout label for every tensor name; `affine_*` are the MLX config defaults when it has them."""
+def classify(tensors: list[TensorInfo], mlx: dict | None = None) -> dict[str, str]:
+    """Layout label for every tensor name; `mlx` is an MLX config's `quantization` block when it has one
+    (default bits and group size, and per-module overrides)."""
+    mlx = mlx if isinstance(mlx, dict) else {}
     modules: dict[str, dict[str, TensorInfo]] = defaultdict(dict)
     for t in tensors:
         module, suffix = split_module(t.name)
         modules[module][suffix] = t
     labels = {}
-    for parts in modules.values():
-        label = _module_layout(parts, affine_bits, affine_group)
+    for module, parts in modules.items():
+        params = mlx.get(module) if isinstance(mlx.get(module), dict) else mlx
+        label = _module_layout(parts, _int(params.get("bits")), _int(params.get("group_size")))
         for t in parts.values():
             labels[t.name] = label if label else _plain(t)
     return labels
@@ -80,11 +85,12 @@ def _mlx_layout(weight: TensorInfo, scales: TensorInfo, has_biases: bool, bits: 
     if groups == 0:
         return "affine"
     per_group_bits = words * 32 // groups  # = bits * group_size
-    if group and per_group_bits % group == 0:
-        return f"affine{per_group_bits // group}-g{group}"
-    if bits and per_group_bits % bits == 0:
-        return f"affine{bits}-g{per_group_bits // bits}"
-    return f"affine{per_group_bits // 64}-g64" if per_group_bits % 64 == 0 else "affine"
+    # the config's group size, then its bits, then MLX's usual groups: the first that gives a real layout
+    candidates = ([group] if group else []) + ([per_group_bits // bits] if bits and per_group_bits % bits == 0 else []) + [64, 32, 128]
+    for g in candidates:
+        if g in AFFINE_GROUPS and per_group_bits % g == 0 and per_group_bits // g in AFFINE_BITS:
+            return f"affine{per_group_bits // g}-g{g}"
+    return "affine"
 
 
 def _plain(t: TensorInfo) -> str:
@@ -93,3 +99,7 @@ def _plain(t: TensorInfo) -> str:
     if t.dtype in FP8_DTYPES:
         return "fp8-tensor"
     return "int"
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,4 +1,4 @@
-"""safetensors file headers, read without touching tensor data.
+"""safetensors files: headers read without touching tensor data, and one tensor read at a time.
 
 A file is an 8-byte little-endian header length N, N bytes of UTF-8 JSON
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`, then the data.
@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
+from typing import TYPE_CHECKING
 
 from specpair.errors import BadInput
 from specpair.formats import ReadRange, TensorInfo, brief
+
+if TYPE_CHECKING:  # `check` reads headers without importing torch
+    import torch
 
 # safetensors itself refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100_000_000
@@ -46,11 +51,13 @@ def read_header(read: ReadRange, file_size: int | None, where: str) -> tuple[lis
     except RecursionError:  # json's decoder recurses once per nesting level
         raise BadInput(where, "safetensors header is nested too deeply") from None
     data_size = None if file_size is None else file_size - 8 - length
-    return parse_header_json(header, data_size, where)
+    return parse_header_json(header, data_size, where, data_start=8 + length)
 
 
-def parse_header_json(header: object, data_size: int | None, where: str) -> tuple[list[TensorInfo], dict[str, str]]:
-    """Validate a decoded header; `data_size` (bytes after the header) bounds the offsets when known."""
+def parse_header_json(header: object, data_size: int | None, where: str,
+                      data_start: int = 0) -> tuple[list[TensorInfo], dict[str, str]]:
+    """Validate a decoded header; `data_size` (bytes after the header) bounds the offsets when known,
+    `data_start` (where the data section begins) makes each TensorInfo.offset absolute."""
     if not isinstance(header, dict):
         raise BadInput(where, "safetensors header is not a JSON object")
     metadata = header.get("__metadata__") or {}
@@ -79,7 +86,7 @@ def parse_header_json(header: object, data_size: int | None, where: str) -> tupl
         if data_size is not None and end > data_size:
             raise BadInput(where, f"tensor {name!r}: data_offsets end {end} runs past the file's data ({data_size} bytes)")
         spans.append((begin, end, name))
-        tensors.append(TensorInfo(name, dtype, tuple(shape), nbytes, where))
+        tensors.append(TensorInfo(name, dtype, tuple(shape), nbytes, where, data_start + begin))
     spans.sort()
     for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
         if begin_b < end_a:
@@ -104,3 +111,114 @@ def read_local(path: str) -> tuple[list[TensorInfo], dict[str, str]]:
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62
+
+
+def read_tensor(path: str, info: TensorInfo) -> torch.Tensor:
+    """One tensor's data in its stored dtype, by one positioned read of exactly its bytes.
+
+    Not through safetensors' mmap: pages of a mapping stay counted in the process's RSS until it closes,
+    so streaming a large checkpoint through it would grow RSS to the checkpoint's size.
+    """
+    return read_bytes(path, info).view(torch_dtype(info.dtype, path, info.name)).reshape(info.shape)
+
+
+def read_bytes(path: str, info: TensorInfo) -> torch.Tensor:
+    import torch  # not at the top: `check` reads headers without importing torch
+
+    buffer = torch.empty(info.nbytes, dtype=torch.uint8)
+    try:
+        with open(path, "rb") as f:
+            f.seek(info.offset)
+            got = f.readinto(memoryview(buffer.numpy()))
+    except OSError as e:
+        raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
+    if got != info.nbytes:
+        raise BadInput(path, f"tensor {info.name!r}: the file ends inside its data ({got} of {info.nbytes} bytes)")
+    return buffer
+
+
+def torch_dtype(dtype: str, where: str, name: str) -> torch.dtype:
+    from specpair.formats.codecs import TORCH_DTYPES
+
+    if dtype not in TORCH_DTYPES:
+        raise BadInput(where, f"tensor {name!r}: dtype {dtype} cannot be read as a tensor")
+    return TORCH_DTYPES[dtype]
+
+
+SHARD_BYTES = 5 * 1024**3  # Hugging Face's default shard size
+
+
+class Writer:
+    """Writes planned tensors into safetensors shards of a directory, one tensor at a time.
+
+    Every tensor's name, dtype and shape is known before any data exists, so each shard's header is written
+    first and tensors follow in plan order; memory holds one tensor, never a shard. Over `shard_bytes`,
+    shards are `stem-0000k-of-0000n.safetensors` with `stem.safetensors.index.json`.
+    """
+
+    def __init__(self, directory: str, planned: list[tuple[str, str, tuple[int, ...]]],
+                 shard_bytes: int = SHARD_BYTES, stem: str = "model") -> None:
+        self.directory = directory
+        shards: list[list[tuple[str, str, tuple[int, ...], int]]] = [[]]
+        size = 0
+        for name, dtype, shape in planned:
+            nbytes = math.ceil(math.prod(shape) * DTYPE_BYTES[dtype])
+            if shards[-1] and size + nbytes > shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append((name, dtype, tuple(shape), nbytes))
+            size += nbytes
+        count = len(shards)
+        self.files = [f"{stem}.safetensors"] if count == 1 else [
+            f"{stem}-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+        self._order = [(self.files[k], t) for k, shard in enumerate(shards) for t in shard]
+        self._shards = shards
+        self._next = 0
+        self._file = None
+        self._file_index = -1
+        self.total_bytes = sum(t[3] for _, t in self._order)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """The next planned tensor: its name, dtype and shape must be the planned ones."""
+        import torch
+
+        from specpair.formats.codecs import SAFETENSORS_DTYPES
+
+        if self._next >= len(self._order):
+            raise ValueError(f"{name}: more tensors written than planned")
+        file, (expected, dtype, shape, nbytes) = self._order[self._next]
+        got = (name, SAFETENSORS_DTYPES.get(tensor.dtype), tuple(tensor.shape))
+        if got != (expected, dtype, shape):
+            raise ValueError(f"tensor {got} written where {(expected, dtype, shape)} was planned")
+        if self.files.index(file) != self._file_index:
+            self._open(self.files.index(file))
+        data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+        self._file.write(data)
+        self._next += 1
+
+    def close(self) -> None:
+        if self._next != len(self._order):
+            raise ValueError(f"{len(self._order) - self._next} planned tensors were not written")
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if len(self.files) > 1:
+            weight_map = {t[0]: file for file, t in self._order}
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+            with open(os.path.join(self.directory, self.files[0].split("-00001-of-")[0] + ".safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+                f.write("\n")
+
+    def _open(self, k: int) -> None:
+        if self._file is not None:
+            self._file.close()
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, shape, nbytes in self._shards[k]:
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
+        self._file = open(os.path.join(self.directory, self.files[k]), "wb")
+        self._file.write(struct.pack("<Q", len(raw)) + raw)
+        self._file_index = k

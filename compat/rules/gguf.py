@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, DFLASH, Values, rule
 
@@ -23,7 +24,7 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
     title="A DFlash GGUF carries the target's tokenizer (upstream's converter copies it).",
     message="{draft} carries no tokenizer; upstream llama.cpp converts DFlash drafters with --target-model-dir so the GGUF holds {target}'s vocabulary, and some loaders refuse weights-only files (ROCmFPX#96).",
     example={},
-    fix=lambda p, stack: f"specpair convert {p.draft.ref} draft.gguf --to gguf:bf16 --target {p.target.ref}",
+    fix=lambda p, stack: convert_command(p.draft, stack, "draft", p.target.ref),
 )
 def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
     if p.draft.format == "gguf" and p.draft.tokenizer is None:

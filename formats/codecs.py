@@ -1,0 +1,212 @@
+"""One codec per weight layout: what a logical float tensor is stored as, and both directions.
+
+A codec turns a float32 tensor [..., out, in] into its stored parts and back. Parts are keyed by suffix:
+"" is the logical tensor's own name (float layouts, GGUF block data), any other key is appended to the
+module name (the logical name without ".weight"), e.g. ".weight_scale". `stored` gives every part's dtype
+and shape from the logical shape alone, so writers lay out headers before any data exists.
+Dtypes are safetensors names, or a ggml type name for GGUF block data.
+
+Lossless moves skip float entirely: a layout read and written unchanged keeps its stored bytes, and the four
+NVFP4 flavours repack codes and scales as bits (`repack`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specpair.errors import BadInput
+from specpair.formats import affine, fp8, gguf_quants, nvfp4
+
+Stored = dict[str, tuple[str, tuple[int, ...]]]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8, "I8": torch.int8,
+    "I16": torch.int16, "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
+    "U64": torch.uint64, "BOOL": torch.bool,
+}
+SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+FLOAT_LAYOUTS = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+
+
+@dataclass(frozen=True)
+class Codec:
+    layout: str
+    bits: float  # bits per weight, scales included: orders layouts by precision
+    stored: Callable[[tuple[int, ...]], Stored]
+    encode: Callable[[Tensor, str], dict[str, Tensor]]  # float32 on any device -> parts
+    decode: Callable[[dict[str, Tensor], tuple[int, ...], str], Tensor]  # parts -> float32
+    rows_exact: bool  # row moves on the stored parts are exact (float and GGUF block layouts)
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        return sum(stored_nbytes(dtype, part_shape) for dtype, part_shape in self.stored(shape).values())
+
+
+def stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    if dtype in TORCH_DTYPES:
+        return math.prod(shape) * TORCH_DTYPES[dtype].itemsize
+    values, block_bytes = gguf_quants.block_size(dtype)
+    return math.prod(shape) // values * block_bytes
+
+
+def _float(layout: str) -> Codec:
+    dtype = FLOAT_LAYOUTS[layout]
+    torch_dtype = TORCH_DTYPES[dtype]
+    return Codec(
+        layout, torch_dtype.itemsize * 8, lambda shape: {"": (dtype, shape)},
+        lambda w, name: {"": w.to(torch_dtype)},
+        lambda parts, shape, name: _only(parts, name).float(),
+        rows_exact=True,
+    )
+
+
+def _fp8(layout: str) -> Codec:
+    suffix = fp8.SCALE_SUFFIX[layout]
+    if layout == "fp8-tensor":
+        def stored(shape: tuple[int, ...]) -> Stored:
+            return {".weight": ("F8_E4M3", shape), suffix: ("F32", ())}
+
+        def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+            return fp8.quantize_per_tensor(_matrix(w, name), name)
+    else:
+        def stored(shape: tuple[int, ...]) -> Stored:
+            grid = (*shape[:-2], -(-shape[-2] // fp8.BLOCK[0]), -(-shape[-1] // fp8.BLOCK[1]))
+            return {".weight": ("F8_E4M3", shape), suffix: ("BF16", grid)}
+
+        def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+            # Qwen's official FP8 repos store BF16 block multipliers
+            return fp8.quantize_block(_matrix(w, name), scale_dtype=torch.bfloat16, name=name)
+
+    def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        return fp8.dequantize({k: v for k, v in parts.items() if k in (".weight", suffix)}, module=_module(name))
+
+    return Codec(layout, 8 + 32 / math.prod(fp8.BLOCK), stored, encode, decode, rows_exact=False)
+
+
+def _nvfp4(layout: str) -> Codec:
+    names = nvfp4.STORED[layout]
+
+    def stored(shape: tuple[int, ...]) -> Stored:
+        lead, cols = shape[:-1], shape[-1]
+        if layout == "nvfp4-gguf":
+            return {"": ("NVFP4", shape), ".scale": ("F32", (1,))}  # GGUF has no 0-dim tensors
+        codes = lead + (cols // 8 if layout == "nvfp4-mlx" else cols // 2,)
+        parts = {names["codes"][0]: (SAFETENSORS_DTYPES[names["codes"][1]], codes),
+                 names["block_scales"][0]: (SAFETENSORS_DTYPES[names["block_scales"][1]], lead + (cols // nvfp4.BLOCK,))}
+        if layout != "nvfp4-mlx":  # MLX's QuantizedLinear holds no tensor scale
+            parts[names["global_scale"][0]] = ("F32", (1,) if layout == "nvfp4-ct" else ())
+        return parts
+
+    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+        # MLX: one level of scales (a tensor scale of 1), as mx.quantize(mode="nvfp4") makes them
+        amax = nvfp4.MLX_GLOBAL_FACTOR if layout == "nvfp4-mlx" else None
+        return nvfp4_parts(layout, nvfp4.quantize(_matrix(w, name), global_amax=amax, name=name), name)
+
+    def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        return nvfp4.dequantize(nvfp4_read(layout, parts, name))
+
+    return Codec(layout, 4.5, stored, encode, decode, rows_exact=False)
+
+
+def nvfp4_read(layout: str, parts: dict[str, Tensor], name: str) -> nvfp4.Nvfp4:
+    if layout == "nvfp4-gguf":  # GGUF block data is the tensor itself, not a `.weight` companion
+        parts = {".weight" if k == "" else k: v for k, v in parts.items()}
+    return nvfp4.FLAVOURS[layout].from_parts(parts, _module(name))
+
+
+def nvfp4_parts(layout: str, q: nvfp4.Nvfp4, name: str, input_scale: bool = False) -> dict[str, Tensor]:
+    """The stored parts of one flavour, always the parts `stored` planned (GGUF's factor of 1 is written, not
+    left out); the W4A4 activation scale only with `input_scale` (the planner adds it when the source has one)."""
+    parts = nvfp4.FLAVOURS[layout].to_parts(q, _module(name))
+    if layout == "nvfp4-mlx" and ".global_scale" in parts:
+        raise BadInput(name, "has a tensor scale other than 1, which MLX's nvfp4 linear layers cannot hold")
+    if layout == "nvfp4-gguf":
+        parts = {"" if k == ".weight" else k: v.reshape(1) if k != ".weight" else v for k, v in parts.items()}
+        parts.setdefault(".scale", torch.ones(1, device=q.codes.device))  # llama.cpp multiplies by it
+    if not input_scale and "input_scale" in nvfp4.STORED[layout]:
+        parts.pop(nvfp4.STORED[layout]["input_scale"][0], None)
+    return parts
+
+
+AFFINE = re.compile(r"affine(\d)-g(\d+)")
+
+
+def _affine(layout: str, method: str = "mlx") -> Codec:
+    bits, group = map(int, AFFINE.fullmatch(layout).groups())
+
+    def stored(shape: tuple[int, ...]) -> Stored:
+        lead, cols = shape[:-1], shape[-1]
+        return {".weight": ("U32", lead + (cols * bits // 32,)), ".scales": ("BF16", lead + (cols // group,)),
+                ".biases": ("BF16", lead + (cols // group,))}
+
+    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+        parts = affine.quantize(w, bits, group, method, torch.bfloat16, name)
+        return {"." + k: v for k, v in parts.items()}
+
+    def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        return affine.dequantize({k.lstrip("."): v for k, v in parts.items()}, bits, group, name)
+
+    return Codec(layout, bits + 32 / group, stored, encode, decode, rows_exact=False)
+
+
+GGUF_LAYOUT = re.compile(r"gguf-(\w+)")
+
+
+def _gguf(layout: str, method: str = "search") -> Codec:
+    qtype = GGUF_LAYOUT.fullmatch(layout).group(1)
+    values, block_bytes = gguf_quants.block_size(qtype)
+
+    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+        if qtype == "Q8_0":
+            return {"": gguf_quants.quantize_q8_0(w, name)}
+        data = gguf_quants.quantize(w.detach().float().cpu().numpy(), qtype, method, name)
+        return {"": torch.from_numpy(np.ascontiguousarray(data))}
+
+    def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        return torch.from_numpy(gguf_quants.dequantize(_only(parts, name).cpu().numpy(), qtype, shape, name))
+
+    return Codec(layout, block_bytes * 8 / values, lambda shape: {"": (qtype, shape)}, encode, decode, rows_exact=True)
+
+
+def codec(layout: str, method: str | None = None) -> Codec:
+    """The codec of a layout label (formats/layouts.py); `method` picks the quantizer where a layout has two."""
+    if layout in FLOAT_LAYOUTS:
+        return _float(layout)
+    if layout in fp8.SCALE_SUFFIX:
+        return _fp8(layout)
+    if layout in nvfp4.FLAVOURS:
+        return _nvfp4(layout)
+    if AFFINE.fullmatch(layout):
+        return _affine(layout, method or "mlx")
+    if GGUF_LAYOUT.fullmatch(layout):
+        return _gguf(layout, method or "search")
+    raise BadInput(layout, "no codec for this layout: specpair cannot read or write it")
+
+
+def repack(source_layout: str, target_layout: str, parts: dict[str, Tensor], name: str,
+           input_scale: bool) -> dict[str, Tensor]:
+    """NVFP4 flavour -> flavour as bits: the codes and block scales move, nothing is recomputed."""
+    return nvfp4_parts(target_layout, nvfp4_read(source_layout, parts, name), name, input_scale)
+
+
+def _only(parts: dict[str, Tensor], name: str) -> Tensor:
+    if "" not in parts:
+        raise BadInput(name, f"expected one stored tensor, found parts {sorted(parts)}")
+    return parts[""]
+
+
+def _matrix(w: Tensor, name: str) -> Tensor:
+    if w.ndim < 2:
+        raise BadInput(name, f"shape {list(w.shape)} is not a matrix; only matrices can be quantized")
+    return w
+
+
+def _module(name: str) -> str:
+    return name.removesuffix(".weight")

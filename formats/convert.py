@@ -1,0 +1,740 @@
+"""`specpair convert`: a checkpoint from its layout and file format into another, streamed tensor by tensor.
+
+1. `open_source` reads headers only: the normalized `Checkpoint`, and every logical weight with its layout.
+2. `plan` decides, from headers alone, every output tensor: which source weights build it (tensor maps
+   between HF, MLX and GGUF names), its layout (formats/policy.py) and how it is made:
+     copy    the stored bytes, renamed (same layout, no value change);
+     rows    row moves on the stored parts (stacking experts, head reorders) of row-wise layouts;
+     repack  NVFP4 flavour to flavour, codes and scales moved as bits;
+     float   dequantize to float32, transform, quantize (the only lossy path).
+   The plan knows every output tensor's dtype and shape, so headers are written before any data.
+3. `execute` streams: a few tensors in flight, each read, converted and written in plan order, into a
+   temporary name beside the destination that is renamed at the end; on failure it is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import torch
+
+from specpair.checkpoint import Checkpoint
+from specpair.errors import BadInput
+from specpair.formats import gguf, policy, quant_configs
+from specpair.formats.codecs import FLOAT_LAYOUTS, Codec, codec, repack, stored_nbytes
+from specpair.formats.gguf import GGUFHeader
+from specpair.formats.transforms import Step, TensorMap, identity
+from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_parts
+
+# ------------------------------------------------------------------------------------------------ targets
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str  # as typed
+    file_format: str  # "safetensors" | "gguf"
+    layout: str  # the layout quantized weights get
+    naming: str  # "hf" | "mlx" | "gguf"
+    family: str  # formats/policy.py POLICIES key, or "float"
+    method: str | None = None  # quantizer, where a layout has two
+
+
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
+NVFP4_FLAVOURS = {"modelopt": "nvfp4-modelopt", "ct": "nvfp4-ct", "mlx": "nvfp4-mlx"}
+TARGET_HELP = ("bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | "
+               "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ")")
+
+
+def parse_target(spec: str) -> Target:
+    """The `--to` value: a layout, and where it lives (file format, naming)."""
+    kind, *args = spec.lower().split(":")
+    where = f"--to {spec}"
+    if kind in FLOAT_LAYOUTS and not args:
+        return Target(spec, "safetensors", kind, "hf", "float")
+    if kind == "fp8" and len(args) <= 1:
+        variant = args[0] if args else "block"
+        if variant not in ("block", "tensor"):
+            raise BadInput(where, "fp8 comes as fp8:block (Qwen's 128x128 blocks) or fp8:tensor (ModelOpt)")
+        return Target(spec, "safetensors", f"fp8-{variant}", "hf", "fp8")
+    if kind == "nvfp4" and len(args) <= 1:
+        layout = NVFP4_FLAVOURS.get(args[0] if args else "modelopt")
+        if layout is None:
+            raise BadInput(where, f"NVFP4 flavours: {', '.join(NVFP4_FLAVOURS)}")
+        return Target(spec, "safetensors", layout, "mlx" if layout == "nvfp4-mlx" else "hf", layout)
+    if kind == "affine4" and not args:
+        return Target(spec, "safetensors", "affine4-g64", "mlx", "affine", "mlx")
+    if kind == "affine" and len(args) in (2, 3):
+        bits, group, method = args[0], args[1], args[2] if len(args) == 3 else "mlx"
+        from specpair.formats import affine
+
+        if not (bits.isdigit() and group.isdigit()) or int(bits) not in affine.BITS or int(group) not in affine.GROUP_SIZES:
+            raise BadInput(where, f"affine needs BITS in {affine.BITS} and GROUP in {affine.GROUP_SIZES}")
+        if method not in affine.METHODS:
+            raise BadInput(where, f"affine quantizers: {', '.join(affine.METHODS)}")
+        return Target(spec, "safetensors", f"affine{bits}-g{group}", "mlx", "affine", method)
+    if kind == "gguf" and len(args) in (1, 2):
+        qtype = args[0].upper()
+        method = args[1] if len(args) == 2 else "search"
+        if qtype not in GGUF_TYPES or method not in ("search", "rtn"):
+            raise BadInput(where, f"GGUF types: {', '.join(GGUF_TYPES)}; k-quant methods: search, rtn")
+        layout = qtype.lower() if qtype.lower() in FLOAT_LAYOUTS else "nvfp4-gguf" if qtype == "NVFP4" else f"gguf-{qtype}"
+        family = "float" if layout in FLOAT_LAYOUTS else "nvfp4-gguf" if layout == "nvfp4-gguf" else "gguf"
+        return Target(spec, "gguf", layout, "gguf", family, method)
+    raise BadInput(where, f"unknown target layout; expected {TARGET_HELP}")
+
+
+def parse_layout(text: str, where: str) -> str:
+    """A --keep layout: a --to spec (its layout) or a layout label such as bf16, gguf-Q6_K or affine8-g64."""
+    label = text.strip()
+    for known in (label, label.lower(), "gguf-" + label.upper().removeprefix("GGUF-")):
+        try:
+            codec(known)
+            return known
+        except BadInput:
+            pass
+    try:
+        return parse_target(label).layout
+    except BadInput:
+        raise BadInput(where, f"unknown layout {text!r}; expected a layout label (bf16, f32, gguf-Q8_0, "
+                              f"affine8-g64, ...) or {TARGET_HELP}") from None
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+
+@dataclass
+class Source:
+    ref: str
+    root: str  # the directory holding the files
+    file_format: str  # "safetensors" | "gguf"
+    scheme: str  # tensor naming: "hf" | "mlx" | "gguf"
+    checkpoint: Checkpoint
+    weights: dict[str, Weight]  # logical name -> weight, in file order
+    config: dict[str, Any] | None = None  # config.json (safetensors sources)
+    header: GGUFHeader | None = None  # the GGUF header (GGUF sources)
+    files: list[str] = field(default_factory=list)  # every file of an HF directory (relative)
+    reader: Any = None  # the sources.local.LocalFiles view of `root`: every small file is read through it
+    _hf_plan: Any = field(default=None, repr=False)
+
+    def read(self, name: str) -> bytes | None:
+        from specpair.sources import MAX_TOKENIZER_BYTES
+
+        return self.reader.read(name, MAX_TOKENIZER_BYTES) if name in self.files else None
+
+    def hf_plan(self):
+        """A GGUF source's tensor maps into HF names and its config.json (gguf_arch.from_gguf), computed once."""
+        if self._hf_plan is None:
+            from specpair.formats import gguf_arch
+
+            rope = self.weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
+            values = read_parts(rope, self.root, "gguf")[""].float().tolist() if rope is not None else None
+            self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
+                                                rope_freqs=values)
+        return self._hf_plan
+
+    def hf_config(self) -> dict[str, Any]:
+        """The HF config.json of this checkpoint without its quantization announcements."""
+        if self.header is not None:
+            return self.hf_plan().config
+        config = dict(self.config or {})
+        for key in ("quantization", "quantization_config"):
+            config.pop(key, None)
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+        return config
+
+    @property
+    def quantized(self) -> bool:
+        return any(w.layout not in FLOAT_LAYOUTS and w.layout != "int" for w in self.weights.values())
+
+
+def open_source(ref: str, gguf_file: str | None = None) -> Source:
+    """A local checkpoint directory or .gguf file, or a Hub repo already in the HF cache. Headers only."""
+    from specpair.sources import _safetensors_shards, read_checkpoint
+    from specpair.sources.local import LocalFiles
+
+    path = _local_path(ref)
+    if path.endswith(".gguf") or gguf_file:
+        directory, name = os.path.split(os.path.abspath(path if not gguf_file else os.path.join(path, gguf_file)))
+        files = LocalFiles(directory, only=name)
+        checkpoint = read_checkpoint(files, ref, "local", name)
+        header = files.gguf_header(name)
+        weights = gguf_weights(header)
+        return Source(ref, directory, "gguf", "gguf", checkpoint, {w.name: w for w in weights}, header=header,
+                      reader=files)
+    files = LocalFiles(path)
+    checkpoint = read_checkpoint(files, ref, "local")
+    names = {e.path for e in files.list()}
+    if "config.json" not in names:  # read_checkpoint took the single GGUF file of the directory
+        return open_source(os.path.join(path, next(n for n in sorted(names) if n.endswith(".gguf"))))
+    shards, _ = _safetensors_shards(files, names)
+    if not shards:
+        raise BadInput(files.where, "has no .safetensors weights to convert (a metadata-only copy?)")
+    from specpair.sources import read_json
+
+    config = read_json(files, "config.json", required=True)
+    tensors = files.safetensors_headers(shards)
+    weights = hf_weights(tensors, config.get("quantization"))
+    from specpair.formats.mlx_names import is_mlx_layout
+
+    scheme = "mlx" if is_mlx_layout(checkpoint.family, [w.name for w in weights]) else "hf"
+    return Source(ref, path, "safetensors", scheme, checkpoint, {w.name: w for w in weights}, config=config,
+                  files=sorted(names), reader=files)
+
+
+def _local_path(ref: str) -> str:
+    path = os.path.expanduser(ref)
+    if os.path.exists(path):
+        return path
+    from specpair.sources import REPO_ID
+
+    repo, _, revision = ref.partition("@")
+    if REPO_ID.match(repo):
+        from specpair.sources.hub import CachedFiles, settings_from_env
+
+        cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
+        if cached is not None:
+            return cached.snapshot
+        raise BadInput(ref, "is not in the Hugging Face cache; fetch it first with `specpair download "
+                            f"{ref}` (convert reads local files only)")
+    raise BadInput(ref, "no such file or directory")
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+@dataclass(frozen=True)
+class Output:
+    map: TensorMap  # output name and logical shape; sources are source weight names
+    layout: str
+    mode: str  # "copy" | "rows" | "repack" | "float"
+    stored: dict[str, tuple[str, tuple[int, ...]]]  # part key -> (dtype, shape), in write order
+    reason: str
+    method: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(stored_nbytes(dtype, shape) for dtype, shape in self.stored.values())
+
+    def part_name(self, key: str) -> str:
+        return self.map.name if key == "" else self.map.name.removesuffix(".weight") + key
+
+
+@dataclass
+class Plan:
+    source: Source
+    target: Target
+    outputs: list[Output]
+    config: dict[str, Any] | None = None  # config.json to write (safetensors targets)
+    files: dict[str, bytes] = field(default_factory=dict)  # other small files to write
+    copies: list[str] = field(default_factory=list)  # small files copied from the source directory
+    gguf_arch: str | None = None
+    gguf_fields: list[tuple[str, object, object]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.nbytes for o in self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": {"ref": self.source.ref, "format": self.source.file_format, "naming": self.source.scheme,
+                       "bytes": sum(i.nbytes for w in self.source.weights.values() for i in w.parts.values())},
+            "target": {"spec": self.target.spec, "format": self.target.file_format, "layout": self.target.layout,
+                       "naming": self.target.naming},
+            "bytes": self.nbytes,
+            "tensors": [{"name": o.map.name, "shape": list(o.map.shape), "layout": o.layout, "mode": o.mode,
+                         "from": list(o.map.sources), "steps": [str(s) for s in o.map.steps], "reason": o.reason,
+                         "bytes": o.nbytes} for o in self.outputs],
+            "notes": self.notes,
+        }
+
+
+def plan(source: Source, target: Target, keep: list[policy.KeepRule] | None = None,
+         donor: Source | None = None) -> Plan:
+    """Every output tensor of converting `source` to `target`, from headers alone. `donor` is the target model
+    of a drafter: its tokenizer goes into a drafter's GGUF, its config decides the drafter's rope sections."""
+    maps, notes, config, arch, fields = _name_maps(source, target, donor)
+    float_layout = _float_layout(source, target)
+    ckpt = source.checkpoint
+    gated = _gated_attention(source)
+    outputs = []
+    for m in maps:
+        weights = [_weight(source, s) for s in m.sources]
+        source_float = all(w.layout in FLOAT_LAYOUTS for w in weights)
+        if any(w.layout == "int" for w in weights):
+            layout, reason = weights[0].layout, "integer tensor, copied"
+        else:
+            layout, reason = policy.choose(
+                m.name, m.shape, target.layout, target.family, float_layout(m), keep or [],
+                source_float, source.quantized and source.file_format == "safetensors", ckpt.family, gated,
+                target.file_format == "gguf")
+        outputs.append(_output(m, layout, reason, weights, target))
+    p = Plan(source, target, outputs, gguf_arch=arch, notes=notes)
+    if target.file_format == "gguf":
+        p.gguf_fields = _gguf_general(source, target) + fields + _gguf_tokenizer(source, donor, p)
+    else:
+        p.config, p.files, p.copies = _hf_files(source, target, config, outputs, p)
+    return p
+
+
+def _weight(source: Source, name: str) -> Weight:
+    weight = source.weights.get(name)
+    if weight is None:
+        raise BadInput(source.ref, f"tensor {name!r} is needed but not in the checkpoint")
+    return weight
+
+
+def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], target: Target) -> Output:
+    layouts = {w.layout for w in weights}
+    method = target.method if layout == target.layout else None
+    if layouts == {layout}:
+        if not m.steps and len(weights) == 1:
+            stored = {k: (i.dtype, i.shape) for k, i in weights[0].parts.items()}
+            return Output(m, layout, "copy", _gguf_dtypes(stored, target), reason)
+        exact = m.kind == "rows" and codec(layout).rows_exact or m.kind == "shape" and layout in FLOAT_LAYOUTS
+        if exact and all(len(w.parts) == 1 for w in weights):
+            return Output(m, layout, "rows", _gguf_dtypes(codec(layout).stored(m.shape), target), reason)
+    if layout == "int":
+        raise BadInput(m.name, f"integer tensor cannot be built by {', '.join(map(str, m.steps))}")
+    target_codec = codec(layout, method)
+    stored = dict(target_codec.stored(m.shape))
+    nvfp4_bits = layouts <= {"nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf", "nvfp4-mlx"} and layout in (
+        "nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf")
+    if nvfp4_bits and not m.steps and len(weights) == 1:
+        from specpair.formats.nvfp4 import STORED
+
+        input_scale = STORED[layout].get("input_scale")
+        source_scale = STORED[weights[0].layout].get("input_scale")
+        if input_scale and source_scale and source_scale[0] in weights[0].parts:
+            stored[input_scale[0]] = ("F32", (1,) if layout in ("nvfp4-ct", "nvfp4-gguf") else ())
+        return Output(m, layout, "repack", _gguf_dtypes(stored, target), reason)
+    for w in weights:
+        _check_parts(w)
+    return Output(m, layout, "float", _gguf_dtypes(stored, target), reason, method)
+
+
+def _gguf_dtypes(stored: dict[str, tuple[str, tuple[int, ...]]], target: Target) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GGUF has no unsigned or F8 types: refuse what llama.cpp could not read."""
+    if target.file_format == "gguf":
+        for key, (dtype, _) in stored.items():
+            if dtype in ("U8", "U16", "U32", "U64", "BOOL", "F8_E4M3", "F8_E5M2"):
+                raise BadInput(key or "tensor", f"dtype {dtype} has no GGUF type")
+    return stored
+
+
+def _check_parts(weight: Weight) -> None:
+    """Missing or misshapen scales are refused before anything is written."""
+    if weight.layout in FLOAT_LAYOUTS or weight.layout.startswith("gguf-"):
+        return
+    expected = codec(weight.layout).stored(weight.shape)
+    for key, (_, shape) in expected.items():
+        part = weight.parts.get(key)
+        if part is None:
+            if key in (".global_scale", ".scale"):  # optional where a factor of 1 is left out
+                continue
+            raise BadInput(weight.part_name(key), f"missing: a {weight.layout} weight needs it beside {weight.name}")
+        if part.shape != shape and max(len(shape), len(part.shape)) > 1:  # scalars may be [] or [1]
+            raise BadInput(weight.part_name(key), f"shape {list(part.shape)} does not fit {weight.layout} weight "
+                                                  f"{list(weight.shape)} (expected {list(shape)})")
+
+
+def _float_layout(source: Source, target: Target) -> Callable[[TensorMap], str]:
+    """What kept tensors are written in: F32 for GGUF's 1-D and kept tensors (as llama.cpp's converter
+    writes them), else the source's float dtype, else bf16."""
+    def layout(m: TensorMap) -> str:
+        if target.file_format == "gguf":
+            return "f32"
+        layouts = {source.weights[s].layout for s in m.sources if s in source.weights}
+        return layouts.pop() if len(layouts) == 1 and layouts <= set(FLOAT_LAYOUTS) else "bf16"
+    return layout
+
+
+def _gated_attention(source: Source) -> bool:
+    config = source.config or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return bool(text.get("attn_output_gate", source.checkpoint.family in policy.GATED_ATTENTION_FAMILIES))
+
+
+# ------------------------------------------------------------------------------------------------ naming
+
+
+def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[list[TensorMap], list[str], dict[str, Any] | None, str | None, list]:
+    """(maps, notes, HF config, GGUF arch, GGUF arch fields) between the source's and target's naming."""
+    shapes = {name: w.shape for name, w in source.weights.items()}
+    family = source.checkpoint.family
+    to, src = target.naming, source.scheme
+    if src == "gguf" and to == "gguf":
+        arch = source.header.architecture
+        if arch == "dflash-draft":  # a fork schema: rewritten as upstream's `dflash`
+            from specpair.formats import gguf_arch
+
+            back = source.hf_plan()
+            forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
+                                        target_config=donor.hf_config() if donor else None)
+            notes = back.notes + forward.notes + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
+            return _compose(back.tensors, forward.tensors), notes, None, forward.arch, forward.fields
+        fields = [(k, v, t) for k, v, t in _source_fields(source.header) if not k.startswith(("tokenizer.", "general."))]
+        return [identity(n, s) for n, s in shapes.items()], [], None, arch, fields
+    hf_maps, notes = _to_hf(source, family, shapes)
+    config = source.hf_config()
+    if to == "gguf":
+        from specpair.formats import gguf_arch
+
+        kv_scales = [m for m in hf_maps if m.name.endswith(KV_SCALES)]
+        if kv_scales:
+            notes.append(f"dropped {len(kv_scales)} KV-cache scales (.k_scale/.v_scale): llama.cpp has no FP8 KV cache")
+            hf_maps = [m for m in hf_maps if m not in kv_scales]
+        forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
+                                    target_config=donor.hf_config() if donor else None)
+        return _compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
+    if to == "mlx" and src != "mlx":
+        from specpair.formats.mlx_names import to_mlx
+
+        maps, mlx_notes = to_mlx(family, {m.name: m.shape for m in hf_maps}, source.checkpoint.shapes.tie_word_embeddings)
+        return _compose(hf_maps, maps), notes + mlx_notes, config, None, []
+    maps = [identity(n, s) for n, s in shapes.items()] if to == src else hf_maps
+    if target.family != "float" and to == "hf":
+        maps = _unstack_fused_experts(maps)
+    return maps, notes, config, None, []
+
+
+KV_SCALES = (".k_scale", ".v_scale")
+
+
+def _to_hf(source: Source, family: str | None, shapes: dict[str, tuple[int, ...]]) -> tuple[list[TensorMap], list[str]]:
+    if source.scheme == "gguf":
+        hf = source.hf_plan()
+        return hf.tensors, list(hf.notes)
+    if source.scheme == "mlx":
+        from specpair.formats.mlx_names import from_mlx
+
+        return from_mlx(family, shapes), []
+    return [identity(n, s) for n, s in shapes.items()], []
+
+
+FUSED_EXPERTS = re.compile(r"(?P<mlp>.*\.mlp\.)experts\.(?P<proj>gate_up_proj|down_proj)$")
+
+
+def _unstack_fused_experts(maps: list[TensorMap]) -> list[TensorMap]:
+    """Quantized HF exports store routed experts one by one (ModelOpt, llm-compressor, Qwen FP8)."""
+    out = []
+    for m in maps:
+        match = FUSED_EXPERTS.match(m.name)
+        if not match or len(m.shape) != 3:
+            out.append(m)
+            continue
+        experts, rows, cols = m.shape
+        for e in range(experts):
+            prefix = f"{match['mlp']}experts.{e}."
+            select = Step("select", (e,))
+            if match["proj"] == "down_proj":
+                out.append(TensorMap(prefix + "down_proj.weight", (rows, cols), m.sources, m.steps + (select,)))
+            else:
+                half = rows // 2  # gate rows first
+                out.append(TensorMap(prefix + "gate_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (0, half)))))
+                out.append(TensorMap(prefix + "up_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (half, rows)))))
+    return out
+
+
+def _compose(first: list[TensorMap], second: list[TensorMap]) -> list[TensorMap]:
+    """`second` (over the names `first` produces) as maps over `first`'s sources."""
+    by_name = {m.name: m for m in first}
+    out = []
+    for m in second:
+        inner = [by_name[s] for s in m.sources]
+        if all(not i.steps and len(i.sources) == 1 for i in inner):
+            composed = TensorMap(m.name, m.shape, tuple(i.sources[0] for i in inner), m.steps)
+        elif len(inner) == 1:
+            composed = TensorMap(m.name, m.shape, inner[0].sources, inner[0].steps + m.steps)
+        elif _restacks(inner, m):  # stack(select(0)(x), select(1)(x), ...) is x
+            composed = TensorMap(m.name, m.shape, inner[0].sources, inner[0].steps[:-1] + m.steps[1:])
+        else:
+            raise BadInput(m.name, "cannot be built in one pass between these namings; convert to bf16 first")
+        out.append(_simplify(composed))
+    return out
+
+
+def _restacks(inner: list[TensorMap], m: TensorMap) -> bool:
+    return (bool(m.steps) and m.steps[0].op == "stack" and len({i.sources for i in inner}) == 1
+            and len(inner[0].sources) == 1
+            and all(i.steps and i.steps[-1] == Step("select", (e,)) and i.steps[:-1] == inner[0].steps[:-1]
+                    for e, i in enumerate(inner)))
+
+
+INVERSE_PAIRS = {("transpose", "transpose"), ("add", "add")}
+
+
+def _simplify(m: TensorMap) -> TensorMap:
+    """Drop adjacent steps that undo each other (norm -1 then +1, a transpose and its inverse)."""
+    steps: list[Step] = []
+    for step in m.steps:
+        if steps and (steps[-1].op, step.op) in INVERSE_PAIRS and _undoes(steps[-1], step):
+            steps.pop()
+            continue
+        steps.append(step)
+    return TensorMap(m.name, m.shape, m.sources, tuple(steps))
+
+
+def _undoes(a: Step, b: Step) -> bool:
+    if a.op == "add":
+        return a.args[0] + b.args[0] == 0
+    return sorted(a.args) == sorted(b.args)
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def _hf_files(source: Source, target: Target, config: dict[str, Any], outputs: list[Output],
+              p: Plan) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
+    """config.json, quantization files, tokenizer files (rebuilt from a GGUF) and the files to copy."""
+    layouts = {o.map.name.removesuffix(".weight"): o.layout for o in outputs if len(o.map.shape) >= 2 and o.map.name.endswith(".weight")}
+    input_scales = {o.map.name.removesuffix(".weight") for o in outputs if {".input_scale", ".input_global_scale"} & o.stored.keys()}
+    try:
+        keys, extra = quant_configs.quantization_files(layouts, input_scales, "")
+    except ValueError as e:
+        raise BadInput(f"--to {target.spec}", str(e)) from None
+    config = {**config, **keys}
+    if target.family == "float":
+        config["torch_dtype" if "torch_dtype" in config else "dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[target.layout]
+    files = {name: orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n" for name, doc in extra.items()}
+    copies = []
+    if source.file_format == "gguf":
+        from specpair.formats.gguf_tokenizer import hf_tokenizer_files
+
+        files.update(hf_tokenizer_files(source.header.fields, source.header.path))
+    else:
+        copies = [f for f in source.files if _copied(f)]
+    return config, files, copies
+
+
+COPIED = re.compile(r"[^/]+\.(json|jinja|txt|model|py|md|tiktoken)$|LICENSE[^/]*")
+REWRITTEN = ("config.json", "hf_quant_config.json", "quantization_config.json")
+
+
+def _copied(name: str) -> bool:
+    """Small top-level files that travel with the weights (tokenizer, generation config, chat template,
+    code and docs); the configs this converter rewrites and the old index do not."""
+    return bool(COPIED.fullmatch(name)) and name not in REWRITTEN and not name.endswith(".safetensors.index.json")
+
+
+GGUF_FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "gguf-Q8_0": "MOSTLY_Q8_0",
+                   "gguf-Q4_0": "MOSTLY_Q4_0", "gguf-Q4_K": "MOSTLY_Q4_K_M", "gguf-Q5_K": "MOSTLY_Q5_K_M",
+                   "gguf-Q6_K": "MOSTLY_Q6_K", "nvfp4-gguf": "MOSTLY_NVFP4"}
+GGUF_GENERAL_REWRITTEN = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
+
+
+def _gguf_general(source: Source, target: Target) -> list[tuple[str, object, object]]:
+    from gguf import GGUFValueType, LlamaFileType
+
+    fields = []
+    if source.header is not None:
+        fields += [(k, v, t) for k, v, t in _source_fields(source.header)
+                   if k.startswith("general.") and k not in GGUF_GENERAL_REWRITTEN]
+    if not any(k == "general.name" for k, _, _ in fields):
+        fields.append(("general.name", os.path.basename(os.path.normpath(source.ref)).removesuffix(".gguf"), GGUFValueType.STRING))
+    fields.append(("general.file_type", int(LlamaFileType[GGUF_FILE_TYPES[target.layout]]), GGUFValueType.UINT32))
+    fields.append(("general.quantization_version", 2, GGUFValueType.UINT32))
+    return fields
+
+
+def _gguf_tokenizer(source: Source, donor: Source | None, p: Plan) -> list[tuple[str, object, object]]:
+    """The tokenizer keys: kept from a GGUF source, built from tokenizer.json, or copied from the --target."""
+    has_tokenizer = source.header is not None or "tokenizer.json" in source.files
+    giver = source if has_tokenizer else donor
+    if giver is None:
+        raise BadInput(source.ref, "has no tokenizer.json, and llama.cpp needs a tokenizer in the GGUF; name the "
+                                   "target model it was trained for with --target (its tokenizer is copied)")
+    # a drafter's mask token comes with its own keys (gguf_arch), not with the target's tokenizer
+    own_mask = source.checkpoint.drafter is not None and source.checkpoint.drafter.mask_token_id is not None
+    if giver.header is not None:
+        return [(k, v, t) for k, v, t in _source_fields(giver.header)
+                if k.startswith("tokenizer.") and not (own_mask and k == "tokenizer.ggml.mask_token_id")]
+    if "tokenizer.json" not in giver.files:
+        raise BadInput(giver.ref, "has no tokenizer.json to copy into the GGUF")
+    from specpair.formats.gguf_tokenizer import gguf_tokenizer_fields
+    from specpair.sources import read_json
+
+    template = giver.read("chat_template.jinja")
+    tokenizer = gguf_tokenizer_fields(giver.read("tokenizer.json"), read_json(giver.reader, "tokenizer_config.json"),
+                                      read_json(giver.reader, "generation_config.json"),
+                                      template.decode("utf-8", "replace") if template is not None else None,
+                                      source.checkpoint.shapes.vocab_size, os.path.join(giver.root, "tokenizer.json"))
+    p.notes.extend(tokenizer.notes)
+    return [f for f in tokenizer.fields if not (own_mask and f[0] == "tokenizer.ggml.mask_token_id")]
+
+
+def _source_fields(header: GGUFHeader) -> list[tuple[str, object, object]]:
+    """A GGUF's key-value pairs with their GGUF value types (arrays: the element type is taken from the values)."""
+    from gguf import GGUFValueType
+
+    return [(key, value, GGUFValueType(header.types[key][0])) for key, value in header.fields.items()
+            if not key.startswith("split.")]
+
+
+# ------------------------------------------------------------------------------------------------ execution
+
+
+@dataclass
+class TensorReport:
+    name: str
+    layout: str
+    mode: str
+    nbytes: int
+    rel_error: float  # ‖out − in‖ / ‖in‖ in float32 (0 for exact paths)
+    max_abs_error: float
+    error_sq: float  # ‖out − in‖², for totals
+    norm_sq: float  # ‖in‖²
+
+
+@dataclass
+class Report:
+    destination: str
+    tensors: list[TensorReport]
+    seconds: float
+    source_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def rel_error(self) -> float:
+        """Relative Frobenius error over every lossy tensor together."""
+        lossy = [t for t in self.tensors if t.mode == "float" and t.layout not in FLOAT_LAYOUTS]
+        norm = sum(t.norm_sq for t in lossy)
+        return (sum(t.error_sq for t in lossy) / norm) ** 0.5 if norm else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"destination": self.destination, "seconds": round(self.seconds, 3), "bytes": self.nbytes,
+                "source_bytes": self.source_bytes, "rel_error": self.rel_error,
+                "max_abs_error": max((t.max_abs_error for t in self.tensors), default=0.0),
+                "tensors": [{"name": t.name, "layout": t.layout, "mode": t.mode, "bytes": t.nbytes,
+                             "rel_error": t.rel_error, "max_abs_error": t.max_abs_error} for t in self.tensors]}
+
+
+PARTIAL_SUFFIX = ".specpair-partial"
+
+
+def execute(p: Plan, destination: str, *, device: str = "cpu", workers: int = 2, shard_bytes: int | None = None,
+            progress: Callable[[Output, int], None] | None = None) -> Report:
+    """Write the plan's checkpoint at `destination` (a directory, or a .gguf file), streaming."""
+    if os.path.lexists(destination):
+        raise BadInput(destination, "already exists; remove it or choose another destination")
+    partial = destination.rstrip("/") + PARTIAL_SUFFIX
+    _remove(partial)  # a run killed earlier leaves only this name behind
+    started = time.perf_counter()
+    reports: list[TensorReport] = []
+    try:
+        writer = _open_writer(p, partial, shard_bytes)
+        for output, parts, report in _converted(p, device, workers):
+            for key in output.stored:
+                writer.write(output.part_name(key), parts[key])
+            reports.append(report)
+            if progress:
+                progress(output, report.nbytes)
+        writer.close()
+        if p.target.file_format == "safetensors":
+            _write_small_files(p, partial)
+        os.replace(partial, destination)
+    except BaseException:
+        _remove(partial)
+        raise
+    source_bytes = sum(i.nbytes for w in p.source.weights.values() for i in w.parts.values())
+    return Report(destination, reports, time.perf_counter() - started, source_bytes)
+
+
+def _open_writer(p: Plan, partial: str, shard_bytes: int | None):
+    planned = [(o.part_name(k), dtype, shape) for o in p.outputs for k, (dtype, shape) in o.stored.items()]
+    if p.target.file_format == "gguf":
+        return gguf.Writer(partial, p.gguf_arch, p.gguf_fields, planned)
+    from specpair.formats.safetensors import SHARD_BYTES, Writer
+
+    os.makedirs(partial)
+    return Writer(partial, planned, shard_bytes or SHARD_BYTES)
+
+
+def _write_small_files(p: Plan, directory: str) -> None:
+    for name in p.copies:  # through the source's checks: a symlink out of the checkpoint is refused
+        shutil.copyfile(p.source.reader.inside(name), os.path.join(directory, name))
+    for name, data in p.files.items():
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+    with open(os.path.join(directory, "config.json"), "wb") as f:
+        f.write(orjson.dumps(p.config, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dict[str, torch.Tensor], TensorReport]]:
+    """Outputs in plan order, `workers` converting at once; at most 2·workers tensors held at a time."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: list[Future] = []
+        for output in p.outputs:
+            pending.append(pool.submit(_convert_one, p.source, output, device))
+            if len(pending) >= 2 * workers:
+                yield pending.pop(0).result()
+        for future in pending:
+            yield future.result()
+
+
+def _convert_one(source: Source, output: Output, device: str) -> tuple[Output, dict[str, torch.Tensor], TensorReport]:
+    weights = [source.weights[s] for s in output.map.sources]
+    stored = [read_parts(w, source.root, source.file_format) for w in weights]
+    m = output.map
+    if output.mode == "copy":
+        parts = stored[0]
+    elif output.mode == "rows":
+        parts = {"": m.apply([s[""] for s in stored])}
+    elif output.mode == "repack":
+        parts = repack(weights[0].layout, output.layout, stored[0], weights[0].name,
+                       input_scale=bool({".input_scale", ".input_global_scale"} & output.stored.keys()))
+    else:
+        floats = [codec(w.layout).decode({k: v.to(device) for k, v in s.items()}, w.shape, w.name)
+                  for w, s in zip(weights, stored)]
+        reference = m.apply(floats).float()
+        target_codec = codec(output.layout, output.method)
+        parts = target_codec.encode(reference, m.name)
+        return output, _cpu(parts), _float_report(output, target_codec, parts, reference)
+    parts = {k: v for k, v in parts.items()}
+    _check_stored(output, parts)
+    return output, parts, TensorReport(m.name, output.layout, output.mode, output.nbytes, 0.0, 0.0, 0.0, 0.0)
+
+
+def _float_report(output: Output, target_codec: Codec, parts: dict[str, torch.Tensor], reference: torch.Tensor) -> TensorReport:
+    decoded = target_codec.decode(parts, output.map.shape, output.map.name).to(reference.device)
+    diff = decoded - reference  # not in place: a float codec's decode may return the part itself
+    error, norm = float(torch.linalg.vector_norm(diff)), float(torch.linalg.vector_norm(reference))
+    rel = error / norm if norm else (0.0 if error == 0 else float("inf"))
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    error_sq, norm_sq = error * error, norm * norm
+    return TensorReport(output.map.name, output.layout, output.mode, output.nbytes, rel, max_abs, error_sq, norm_sq)
+
+
+def _cpu(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.cpu() for k, v in parts.items()}
+
+
+def _check_stored(output: Output, parts: dict[str, torch.Tensor]) -> None:
+    from specpair.formats.codecs import SAFETENSORS_DTYPES
+
+    for key, (dtype, shape) in output.stored.items():
+        tensor = parts.get(key)
+        if tensor is None:
+            raise BadInput(output.part_name(key), "was planned but not produced")
+        if dtype in SAFETENSORS_DTYPES.values() and tuple(tensor.shape) != shape and max(len(shape), tensor.ndim) > 1:
+            raise BadInput(output.part_name(key), f"came out as {list(tensor.shape)}, planned {list(shape)}")
+

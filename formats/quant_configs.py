@@ -1,0 +1,115 @@
+"""The quantization announcements a converted checkpoint carries, per layout, as their consumers read them.
+
+`quantization_files(layouts, ...)` returns what goes into config.json and beside it, from the layout each
+module was written in: Qwen FP8's `quantization_config` (transformers FineGrainedFP8), ModelOpt's
+`hf_quant_config.json` and config block (the MIXED_PRECISION form of nvidia/Qwen3.6-*-NVFP4, one entry per
+quantized module), compressed-tensors' `nvfp4-pack-quantized`, and MLX's `quantization` block with
+per-module overrides (`false` for modules left float).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from specpair import __version__
+
+FLOAT = ("bf16", "f16", "f32", "int")
+PRODUCER = {"name": "specpair", "version": __version__}
+EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")
+
+
+def quantization_files(layouts: dict[str, str], input_scales: set[str], text_prefix: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(keys to set in config.json, extra JSON files) for modules -> layout.
+
+    `layouts` maps every 2-D weight's module (name without ".weight") to the layout written; `input_scales`
+    are the modules that kept a W4A4/W8A8 activation scale; `text_prefix` is where the language model's
+    modules live (for MLX's per-module keys it is already part of the names).
+    """
+    quantized = {m: layout for m, layout in layouts.items() if layout not in FLOAT}
+    kinds = {_kind(layout) for layout in quantized.values()}
+    if not kinds:
+        return {}, {}
+    if kinds <= {"fp8-block"}:
+        return {"quantization_config": _fp8_block(layouts)}, {}
+    if kinds <= {"nvfp4-modelopt", "fp8-tensor"}:
+        return _modelopt(quantized, input_scales)
+    if kinds <= {"nvfp4-ct"}:
+        return {"quantization_config": _compressed_tensors(layouts, input_scales)}, {}
+    if kinds <= {"affine", "nvfp4-mlx"}:
+        block = _mlx(layouts)
+        return {"quantization": block, "quantization_config": dict(block)}, {}
+    raise ValueError(f"no single quantization config describes layouts {sorted(kinds)}")
+
+
+def _kind(layout: str) -> str:
+    return "affine" if layout.startswith("affine") else layout
+
+
+def _fp8_block(layouts: dict[str, str]) -> dict[str, Any]:
+    # transformers replaces every Linear not listed here with an FP8 one: list each module left float
+    untouched = sorted(m for m, layout in layouts.items() if layout in FLOAT)
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+            "modules_to_not_convert": untouched}
+
+
+def _modelopt(quantized: dict[str, str], input_scales: set[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    layers: dict[str, dict[str, Any]] = {}
+    for module, layout in sorted(quantized.items()):
+        key = EXPERT.sub(".experts", module)  # ModelOpt names a layer's routed experts as one module
+        if layout == "fp8-tensor":
+            layers[key] = {"quant_algo": "FP8"}
+        else:
+            algo = "NVFP4" if module in input_scales else "W4A16_NVFP4"
+            layers[key] = {"quant_algo": algo, "group_size": 16}
+    algos = {entry["quant_algo"] for entry in layers.values()}
+    algo = algos.pop() if len(algos) == 1 else "MIXED_PRECISION"
+    groups = {}
+    for k, (bits, algo_name) in enumerate(((8, "FP8"), (4, "W4A16_NVFP4"), (4, "NVFP4"))):
+        targets = sorted(m for m, entry in layers.items() if entry["quant_algo"] == algo_name)
+        if targets:
+            weights = {"dynamic": False, "num_bits": bits, "type": "float", **({"group_size": 16} if bits == 4 else {})}
+            activations = dict(weights) if algo_name != "W4A16_NVFP4" else None
+            groups[f"group_{k}"] = {"weights": weights, "input_activations": activations, "targets": targets}
+    config = {"quant_method": "modelopt", "quant_algo": algo, "producer": PRODUCER, "config_groups": groups,
+              "ignore": [], "quantized_layers": layers}
+    hf_quant = {"producer": PRODUCER, "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None,
+                                                       "exclude_modules": [], "quantized_layers": layers}}
+    if algo != "MIXED_PRECISION":
+        hf_quant["quantization"]["group_size"] = 16 if "NVFP4" in algo else None
+    return {"quantization_config": config}, {"hf_quant_config.json": hf_quant}
+
+
+def _compressed_tensors(layouts: dict[str, str], input_scales: set[str]) -> dict[str, Any]:
+    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
+               "dynamic": False, "actorder": None, "observer": "minmax"}
+    activations = {**weights, "dynamic": "local"} if input_scales else None
+    quantized = sorted(m for m, layout in layouts.items() if layout == "nvfp4-ct")
+    ignore = sorted(m for m, layout in layouts.items() if layout in FLOAT)
+    return {
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": quantized, "weights": weights, "input_activations": activations,
+                                      "output_activations": None, "format": "nvfp4-pack-quantized"}},
+        "ignore": ignore, "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
+        "global_compression_ratio": None, "version": "0.12.2",
+    }
+
+
+def _mlx(layouts: dict[str, str]) -> dict[str, Any]:
+    """MLX's block: defaults from the most common layout, then one entry per module that differs."""
+    quantized = [layout for layout in layouts.values() if layout not in FLOAT]
+    default = max(sorted(set(quantized)), key=quantized.count)
+    block: dict[str, Any] = dict(_mlx_params(default))
+    for module, layout in sorted(layouts.items()):
+        if layout in FLOAT:
+            block[module] = False
+        elif layout != default:
+            block[module] = _mlx_params(layout)
+    return block
+
+
+def _mlx_params(layout: str) -> dict[str, Any]:
+    if layout == "nvfp4-mlx":
+        return {"group_size": 16, "bits": 4, "mode": "nvfp4"}
+    bits, group = layout.removeprefix("affine").split("-g")
+    return {"group_size": int(group), "bits": int(bits), "mode": "affine"}
