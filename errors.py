@@ -12,3 +12,6 @@ class BadInput(Exception):
         super().__init__(f"{where}: {problem}")
         self.where = where
         self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # raised in a worker process, re-raised here
+        return BadInput, (self.where, self.problem)

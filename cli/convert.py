@@ -11,7 +11,7 @@ import typer
 
 from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, QuietOpt
-from specpair.cli._output import console, print_json
+from specpair.cli._output import console, fail, print_json
 
 EXAMPLES = """\b
 Examples:
@@ -20,7 +20,11 @@ Examples:
   specpair convert ./Qwen3.6-27B ./Qwen3.6-27B-affine4 --to affine4          # MLX / TensorFold layout
   specpair convert ./Qwen3.6-35B-A3B-NVFP4 ./nvfp4-ct --to nvfp4:ct          # bit-lossless repack
   specpair convert model.gguf ./model-bf16 --to bf16                          # GGUF back to transformers
-  specpair convert ./Qwen3-8B ./Qwen3-8B-fp8 --to fp8 --keep 'lm_head.weight=bf16' --dry-run"""
+  specpair convert ./Qwen3-8B ./Qwen3-8B-fp8 --to fp8 --keep 'lm_head.weight=bf16' --dry-run
+
+\b
+Exit codes: 0 written; 1 the conversion did not complete (a write failed, the disk filled up): nothing was left
+behind, run it again; 2 bad input (refused before anything was written)."""
 
 
 @app.command(epilog=EXAMPLES)
@@ -63,9 +67,12 @@ def convert(
 
     where = device or ("cuda" if torch.cuda.is_available() else "cpu")
     human = not json_output and not quiet
-    with _progress(plan, human and sys.stderr.isatty()) as on_tensor:
-        report = conv.execute(plan, destination, device=where, workers=workers, shard_bytes=shard_bytes,
-                              progress=on_tensor)
+    try:
+        with _progress(plan, human and sys.stderr.isatty()) as on_tensor:
+            report = conv.execute(plan, destination, device=where, workers=workers, shard_bytes=shard_bytes,
+                                  progress=on_tensor)
+    except conv.ConvertFailed as e:
+        fail(str(e), 1)
     if json_output:
         print_json({"schema": "specpair.convert/1", "plan": plan.to_json(), "report": report.to_json()})
     elif not quiet:

@@ -39,6 +39,8 @@ def _convert_spec(checkpoint: Checkpoint, stack: str, which: str) -> str:
         return "nvfp4"  # ModelOpt's flavour, which SGLang, vLLM and TensorFold read: a bit-for-bit repack
     if stack == "tensorfold" and which == "target":
         return "affine4"
+    if stack == "exllamav3" and which == "target":
+        return "exl3:4"  # ExLlamaV3's own layout, at its usual 4 bits
     return "bf16"
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from specpair.errors import BadInput
-from specpair.formats import affine, fp8, gguf_quants, nvfp4
+from specpair.formats import affine, exl3, fp8, gguf_quants, nvfp4
 
 Stored = dict[str, tuple[str, tuple[int, ...]]]
 
@@ -41,9 +41,12 @@ class Codec:
     layout: str
     bits: float  # bits per weight, scales included: orders layouts by precision
     stored: Callable[[tuple[int, ...]], Stored]
-    encode: Callable[[Tensor, str], dict[str, Tensor]]  # float32 on any device -> parts
+    # float32 on any device -> parts; `amax` is the whole tensor's when a slice of its rows is encoded
+    encode: Callable[..., dict[str, Tensor]]
     decode: Callable[[dict[str, Tensor], tuple[int, ...], str], Tensor]  # parts -> float32
     rows_exact: bool  # row moves on the stored parts are exact (float and GGUF block layouts)
+    tensor_amax: bool = False  # encoding needs the whole tensor's amax (one per-tensor scale)
+    row_block: int = 1  # rows encode independently in groups of this many (FP8's 128x128 tiles)
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
         return sum(stored_nbytes(dtype, part_shape) for dtype, part_shape in self.stored(shape).values())
@@ -61,7 +64,7 @@ def _float(layout: str) -> Codec:
     torch_dtype = TORCH_DTYPES[dtype]
     return Codec(
         layout, torch_dtype.itemsize * 8, lambda shape: {"": (dtype, shape)},
-        lambda w, name: {"": w.to(torch_dtype)},
+        lambda w, name, amax=None: {"": w.to(torch_dtype)},
         lambda parts, shape, name: _only(parts, name).float(),
         rows_exact=True,
     )
@@ -73,21 +76,22 @@ def _fp8(layout: str) -> Codec:
         def stored(shape: tuple[int, ...]) -> Stored:
             return {".weight": ("F8_E4M3", shape), suffix: ("F32", ())}
 
-        def encode(w: Tensor, name: str) -> dict[str, Tensor]:
-            return fp8.quantize_per_tensor(_matrix(w, name), name)
+        def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
+            return fp8.quantize_per_tensor(_matrix(w, name), name, amax)
     else:
         def stored(shape: tuple[int, ...]) -> Stored:
             grid = (*shape[:-2], -(-shape[-2] // fp8.BLOCK[0]), -(-shape[-1] // fp8.BLOCK[1]))
             return {".weight": ("F8_E4M3", shape), suffix: ("BF16", grid)}
 
-        def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+        def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
             # Qwen's official FP8 repos store BF16 block multipliers
             return fp8.quantize_block(_matrix(w, name), scale_dtype=torch.bfloat16, name=name)
 
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         return fp8.dequantize({k: v for k, v in parts.items() if k in (".weight", suffix)}, module=_module(name))
 
-    return Codec(layout, 8 + 32 / math.prod(fp8.BLOCK), stored, encode, decode, rows_exact=False)
+    return Codec(layout, 8 + 32 / math.prod(fp8.BLOCK), stored, encode, decode, rows_exact=False,
+                 tensor_amax=layout == "fp8-tensor", row_block=fp8.BLOCK[0] if layout == "fp8-block" else 1)
 
 
 def _nvfp4(layout: str) -> Codec:
@@ -104,15 +108,15 @@ def _nvfp4(layout: str) -> Codec:
             parts[names["global_scale"][0]] = ("F32", (1,) if layout == "nvfp4-ct" else ())
         return parts
 
-    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+    def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         # MLX: one level of scales (a tensor scale of 1), as mx.quantize(mode="nvfp4") makes them
-        amax = nvfp4.MLX_GLOBAL_FACTOR if layout == "nvfp4-mlx" else None
+        amax = nvfp4.MLX_GLOBAL_FACTOR if layout == "nvfp4-mlx" else amax
         return nvfp4_parts(layout, nvfp4.quantize(_matrix(w, name), global_amax=amax, name=name), name)
 
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         return nvfp4.dequantize(nvfp4_read(layout, parts, name))
 
-    return Codec(layout, 4.5, stored, encode, decode, rows_exact=False)
+    return Codec(layout, 4.5, stored, encode, decode, rows_exact=False, tensor_amax=layout != "nvfp4-mlx")
 
 
 def nvfp4_read(layout: str, parts: dict[str, Tensor], name: str) -> nvfp4.Nvfp4:
@@ -146,7 +150,7 @@ def _affine(layout: str, method: str = "mlx") -> Codec:
         return {".weight": ("U32", lead + (cols * bits // 32,)), ".scales": ("BF16", lead + (cols // group,)),
                 ".biases": ("BF16", lead + (cols // group,))}
 
-    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+    def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         parts = affine.quantize(w, bits, group, method, torch.bfloat16, name)
         return {"." + k: v for k, v in parts.items()}
 
@@ -163,16 +167,43 @@ def _gguf(layout: str, method: str = "search") -> Codec:
     qtype = GGUF_LAYOUT.fullmatch(layout).group(1)
     values, block_bytes = gguf_quants.block_size(qtype)
 
-    def encode(w: Tensor, name: str) -> dict[str, Tensor]:
+    def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         if qtype == "Q8_0":
             return {"": gguf_quants.quantize_q8_0(w, name)}
-        data = gguf_quants.quantize(w.detach().float().cpu().numpy(), qtype, method, name)
+        data = gguf_quants.quantize_in_processes(w.detach().float().cpu().numpy(), qtype, method, name)
         return {"": torch.from_numpy(np.ascontiguousarray(data))}
 
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        if qtype == "Q8_0":
+            return gguf_quants.dequantize_q8_0(_only(parts, name), shape, name)
         return torch.from_numpy(gguf_quants.dequantize(_only(parts, name).cpu().numpy(), qtype, shape, name))
 
     return Codec(layout, block_bytes * 8 / values, lambda shape: {"": (qtype, shape)}, encode, decode, rows_exact=True)
+
+
+EXL3_LAYOUT = re.compile(r"exl3-(\d+(?:\.5)?)bpw")
+
+
+def _exl3(layout: str, codebook: str = "mul1") -> Codec:
+    """ExLlamaV3's trellis: `method` is the codebook written (a source's own is told by its marker tensor)."""
+    bits = float(EXL3_LAYOUT.fullmatch(layout).group(1))
+
+    def stored(shape: tuple[int, ...]) -> Stored:
+        return exl3.stored_shapes(_matrix_shape(shape, layout), int(bits), codebook)
+
+    def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
+        return exl3.quantize(_matrix(w, name), int(bits), codebook, name)
+
+    def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        return exl3.dequantize(parts, tuple(shape), _module(name))
+
+    return Codec(layout, bits, stored, encode, decode, rows_exact=False)
+
+
+def _matrix_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
+    if len(shape) != 2:
+        raise BadInput(layout, f"holds matrices only; shape {list(shape)} is not one")
+    return shape
 
 
 def codec(layout: str, method: str | None = None) -> Codec:
@@ -187,7 +218,23 @@ def codec(layout: str, method: str | None = None) -> Codec:
         return _affine(layout, method or "mlx")
     if GGUF_LAYOUT.fullmatch(layout):
         return _gguf(layout, method or "search")
+    if EXL3_LAYOUT.fullmatch(layout):
+        return _exl3(layout, method or "mul1")
     raise BadInput(layout, "no codec for this layout: specpair cannot read or write it")
+
+
+def row_slice(shape: tuple[int, ...], rows: int, start: int, stop: int) -> slice | None:
+    """Which leading entries of a stored part of `shape` hold rows start:stop of its weight (rows = the
+    weight's leading dims flattened): the same rows, or FP8's 128-row tiles; None for a per-tensor value."""
+    shape = tuple(shape)
+    lead = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    if len(shape) > 1 and lead == rows:
+        return slice(start, stop)
+    if len(shape) == 2 and shape[0] == -(-rows // fp8.BLOCK[0]) and start % fp8.BLOCK[0] == 0:
+        return slice(start // fp8.BLOCK[0], -(-stop // fp8.BLOCK[0]))
+    if math.prod(shape) <= 1:
+        return None
+    raise ValueError(f"part of shape {list(shape)} does not split by rows of a {rows}-row weight")
 
 
 def repack(source_layout: str, target_layout: str, parts: dict[str, Tensor], name: str,

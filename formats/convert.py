@@ -14,6 +14,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import math
 import os
 import re
 import shutil
@@ -29,7 +32,7 @@ import torch
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
 from specpair.formats import gguf, policy, quant_configs
-from specpair.formats.codecs import FLOAT_LAYOUTS, Codec, codec, repack, stored_nbytes
+from specpair.formats.codecs import FLOAT_LAYOUTS, codec, repack, row_slice, stored_nbytes
 from specpair.formats.gguf import GGUFHeader
 from specpair.formats.transforms import Step, TensorMap, identity
 from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_parts
@@ -50,7 +53,8 @@ class Target:
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
 NVFP4_FLAVOURS = {"modelopt": "nvfp4-modelopt", "ct": "nvfp4-ct", "mlx": "nvfp4-mlx"}
 TARGET_HELP = ("bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | "
-               "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ")")
+               "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ") | "
+               "exl3:BITS[:mul1|mcg|3inst] (BITS 1-8)")
 
 
 def parse_target(spec: str) -> Target:
@@ -88,6 +92,14 @@ def parse_target(spec: str) -> Target:
         layout = qtype.lower() if qtype.lower() in FLOAT_LAYOUTS else "nvfp4-gguf" if qtype == "NVFP4" else f"gguf-{qtype}"
         family = "float" if layout in FLOAT_LAYOUTS else "nvfp4-gguf" if layout == "nvfp4-gguf" else "gguf"
         return Target(spec, "gguf", layout, "gguf", family, method)
+    if kind == "exl3" and len(args) in (1, 2):
+        from specpair.formats import exl3
+
+        codebook = args[1] if len(args) == 2 else "mul1"
+        if not args[0].isdigit() or int(args[0]) not in exl3.BITS or codebook not in exl3.CODEBOOKS:
+            raise BadInput(where, f"exl3 needs whole BITS in {exl3.BITS[0]}..{exl3.BITS[-1]} and a codebook of "
+                                  f"{', '.join(exl3.CODEBOOKS)} (half-integer rates are read, not written)")
+        return Target(spec, "safetensors", f"exl3-{int(args[0])}bpw", "hf", "exl3", codebook)
     raise BadInput(where, f"unknown target layout; expected {TARGET_HELP}")
 
 
@@ -182,12 +194,29 @@ def open_source(ref: str, gguf_file: str | None = None) -> Source:
 
     config = read_json(files, "config.json", required=True)
     tensors = files.safetensors_headers(shards)
-    weights = hf_weights(tensors, config.get("quantization"))
+    weights = _unpadded(hf_weights(tensors, config.get("quantization")), config, files.where)
     from specpair.formats.mlx_names import is_mlx_layout
 
     scheme = "mlx" if is_mlx_layout(checkpoint.family, [w.name for w in weights]) else "hf"
     return Source(ref, path, "safetensors", scheme, checkpoint, {w.name: w for w in weights}, config=config,
                   files=sorted(names), reader=files)
+
+
+def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list[Weight]:
+    """EXL3 pads both dims to 128: the real shapes come from the model the config describes."""
+    if not any(w.layout.startswith("exl3") for w in weights):
+        return weights
+    from specpair.formats import gguf_arch
+
+    expected = gguf_arch.hf_shapes(config, {w.name for w in weights})
+    out = []
+    for w in weights:
+        shape = expected.get(w.name, w.shape)
+        if w.layout.startswith("exl3") and tuple(-(-d // 128) * 128 for d in shape) != w.shape:
+            raise BadInput(f"{where}/{w.module}.trellis", f"holds a padded {list(w.shape)} weight, which does not "
+                                                          f"fit the {list(shape)} the config gives it")
+        out.append(dataclasses.replace(w, shape=shape) if w.layout.startswith("exl3") else w)
+    return out
 
 
 def _local_path(ref: str) -> str:
@@ -333,7 +362,7 @@ def _gguf_dtypes(stored: dict[str, tuple[str, tuple[int, ...]]], target: Target)
 
 def _check_parts(weight: Weight) -> None:
     """Missing or misshapen scales are refused before anything is written."""
-    if weight.layout in FLOAT_LAYOUTS or weight.layout.startswith("gguf-"):
+    if weight.layout in FLOAT_LAYOUTS or weight.layout.startswith(("gguf-", "exl3-")):  # EXL3 checks its own
         return
     expected = codec(weight.layout).stored(weight.shape)
     for key, (_, shape) in expected.items():
@@ -498,11 +527,16 @@ def _hf_files(source: Source, target: Target, config: dict[str, Any], outputs: l
     """config.json, quantization files, tokenizer files (rebuilt from a GGUF) and the files to copy."""
     layouts = {o.map.name.removesuffix(".weight"): o.layout for o in outputs if len(o.map.shape) >= 2 and o.map.name.endswith(".weight")}
     input_scales = {o.map.name.removesuffix(".weight") for o in outputs if {".input_scale", ".input_global_scale"} & o.stored.keys()}
+    stored = {o.map.name.removesuffix(".weight"): {o.part_name(k): v for k, v in o.stored.items()} for o in outputs}
     try:
-        keys, extra = quant_configs.quantization_files(layouts, input_scales, "")
+        keys, extra = quant_configs.quantization_files(layouts, input_scales, stored, target.method)
     except ValueError as e:
         raise BadInput(f"--to {target.spec}", str(e)) from None
     config = {**config, **keys}
+    if target.family == "exl3":  # ExLlamaV3 always reads a head of its own
+        for holder in (config, config.get("text_config")):
+            if isinstance(holder, dict) and "tie_word_embeddings" in holder:
+                holder["tie_word_embeddings"] = False
     if target.family == "float":
         config["torch_dtype" if "torch_dtype" in config else "dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[target.layout]
     files = {name: orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n" for name, doc in extra.items()}
@@ -624,15 +658,33 @@ class Report:
 PARTIAL_SUFFIX = ".specpair-partial"
 
 
+class ConvertFailed(Exception):
+    """A conversion that did not complete (a write failed, the disk filled up): exit 1. Nothing is left
+    behind, so running it again starts afresh."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
 def execute(p: Plan, destination: str, *, device: str = "cpu", workers: int = 2, shard_bytes: int | None = None,
             progress: Callable[[Output, int], None] | None = None) -> Report:
     """Write the plan's checkpoint at `destination` (a directory, or a .gguf file), streaming."""
     if os.path.lexists(destination):
         raise BadInput(destination, "already exists; remove it or choose another destination")
     partial = destination.rstrip("/") + PARTIAL_SUFFIX
-    _remove(partial)  # a run killed earlier leaves only this name behind
     started = time.perf_counter()
     reports: list[TensorReport] = []
+    try:
+        _remove(partial)  # a run killed earlier leaves only this name behind
+        if p.target.file_format == "gguf":
+            open(partial, "wb").close()
+        else:
+            os.makedirs(partial)
+    except OSError as e:  # refused before any work, as download refuses a destination it cannot create
+        _remove_quietly(partial)
+        raise BadInput(destination, f"cannot create {partial} ({e.strerror or e})") from None
     try:
         writer = _open_writer(p, partial, shard_bytes)
         for output, parts, report in _converted(p, device, workers):
@@ -645,8 +697,11 @@ def execute(p: Plan, destination: str, *, device: str = "cpu", workers: int = 2,
         if p.target.file_format == "safetensors":
             _write_small_files(p, partial)
         os.replace(partial, destination)
+    except OSError as e:
+        _remove_quietly(partial)
+        raise ConvertFailed(*_io_problem(e, destination, partial)) from None
     except BaseException:
-        _remove(partial)
+        _remove_quietly(partial)
         raise
     source_bytes = sum(i.nbytes for w in p.source.weights.values() for i in w.parts.values())
     return Report(destination, reports, time.perf_counter() - started, source_bytes)
@@ -658,7 +713,6 @@ def _open_writer(p: Plan, partial: str, shard_bytes: int | None):
         return gguf.Writer(partial, p.gguf_arch, p.gguf_fields, planned)
     from specpair.formats.safetensors import SHARD_BYTES, Writer
 
-    os.makedirs(partial)
     return Writer(partial, planned, shard_bytes or SHARD_BYTES)
 
 
@@ -679,6 +733,25 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+def _remove_quietly(path: str) -> None:
+    """Remove the partial after a failure without hiding that failure behind a second one."""
+    try:
+        _remove(path)
+    except OSError:
+        pass
+
+
+def _io_problem(error: OSError, destination: str, partial: str) -> tuple[str, str]:
+    """(where, problem) of an OSError while converting: a write into the partial names the destination,
+    anything else (a source file that became unreadable) names its own file."""
+    reason = error.strerror or str(error)  # numpy's tofile raises OSError("N requested and M written"), no errno
+    if error.filename and not os.path.abspath(error.filename).startswith(os.path.abspath(partial)):
+        return error.filename, f"cannot read ({reason}); nothing was left behind: run again once it is readable"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return destination, f"the disk is full ({reason}); nothing was left behind: free some space and run again"
+    return destination, f"writing failed ({reason}); nothing was left behind: run again once it can be written"
+
+
 def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dict[str, torch.Tensor], TensorReport]]:
     """Outputs in plan order, `workers` converting at once; at most 2·workers tensors held at a time."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -693,35 +766,113 @@ def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dic
 
 def _convert_one(source: Source, output: Output, device: str) -> tuple[Output, dict[str, torch.Tensor], TensorReport]:
     weights = [source.weights[s] for s in output.map.sources]
-    stored = [read_parts(w, source.root, source.file_format) for w in weights]
     m = output.map
+    if output.mode == "float":
+        if _by_rows(output, weights):
+            parts, errors = _convert_by_rows(source, output, weights[0], device)
+        else:
+            stored = [read_parts(w, source.root, source.file_format) for w in weights]
+            floats = [codec(w.layout).decode({k: v.to(device) for k, v in s.items()}, w.shape, w.name)
+                      for w, s in zip(weights, stored)]
+            reference = m.apply(floats).float()
+            target_codec = codec(output.layout, output.method)
+            parts = target_codec.encode(reference, m.name)
+            errors = ErrorSum()
+            errors.add(target_codec.decode(parts, m.shape, m.name), reference)
+        return output, _cpu(parts), errors.report(output)
+    stored = [read_parts(w, source.root, source.file_format) for w in weights]
     if output.mode == "copy":
         parts = stored[0]
     elif output.mode == "rows":
         parts = {"": m.apply([s[""] for s in stored])}
-    elif output.mode == "repack":
+    else:  # repack
         parts = repack(weights[0].layout, output.layout, stored[0], weights[0].name,
                        input_scale=bool({".input_scale", ".input_global_scale"} & output.stored.keys()))
-    else:
-        floats = [codec(w.layout).decode({k: v.to(device) for k, v in s.items()}, w.shape, w.name)
-                  for w, s in zip(weights, stored)]
-        reference = m.apply(floats).float()
-        target_codec = codec(output.layout, output.method)
-        parts = target_codec.encode(reference, m.name)
-        return output, _cpu(parts), _float_report(output, target_codec, parts, reference)
-    parts = {k: v for k, v in parts.items()}
     _check_stored(output, parts)
-    return output, parts, TensorReport(m.name, output.layout, output.mode, output.nbytes, 0.0, 0.0, 0.0, 0.0)
+    return output, parts, ErrorSum().report(output)
 
 
-def _float_report(output: Output, target_codec: Codec, parts: dict[str, torch.Tensor], reference: torch.Tensor) -> TensorReport:
-    decoded = target_codec.decode(parts, output.map.shape, output.map.name).to(reference.device)
-    diff = decoded - reference  # not in place: a float codec's decode may return the part itself
-    error, norm = float(torch.linalg.vector_norm(diff)), float(torch.linalg.vector_norm(reference))
-    rel = error / norm if norm else (0.0 if error == 0 else float("inf"))
-    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
-    error_sq, norm_sq = error * error, norm * norm
-    return TensorReport(output.map.name, output.layout, output.mode, output.nbytes, rel, max_abs, error_sq, norm_sq)
+ROW_CHUNK = 1 << 18  # values per pass: 16 MB of float32, so temporaries are reused rather than faulted in
+
+
+def _by_rows(output: Output, weights: list[Weight]) -> bool:
+    """A one-source, step-free float conversion whose parts all split by rows runs a few MB at a time."""
+    if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or output.layout.startswith("exl3"):
+        return False
+    rows = math.prod(output.map.shape[:-1])
+    shapes = [info.shape for info in weights[0].parts.values()] + [shape for _, shape in output.stored.values()]
+    try:
+        for shape in shapes:
+            row_slice(shape, rows, 0, rows)
+    except ValueError:
+        return False
+    return True
+
+
+def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str) -> tuple[dict[str, torch.Tensor], ErrorSum]:
+    """Decode, encode and measure one weight in slices of rows, into output parts allocated once. A layout with
+    one per-tensor scale gets the whole tensor's amax from a first pass."""
+    from specpair.formats.weights import read_rows
+
+    source_codec, target_codec = codec(weight.layout), codec(output.layout, output.method)
+    rows, cols = math.prod(weight.shape[:-1]), weight.shape[-1]
+    unit = max(source_codec.row_block, target_codec.row_block)
+    step = max(unit, ROW_CHUNK // cols // unit * unit)
+    chunks = [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+    def decoded(start: int, stop: int) -> torch.Tensor:
+        parts = read_rows(weight, source.root, source.file_format, start, stop)
+        return source_codec.decode({k: v.to(device) for k, v in parts.items()}, (stop - start, cols), weight.name).float()
+
+    amax = max(float(decoded(*c).abs().amax()) for c in chunks) if target_codec.tensor_amax else None
+    out = {key: _allocate(dtype, shape, device) for key, (dtype, shape) in output.stored.items()}
+    errors = ErrorSum()
+    for start, stop in chunks:
+        x = decoded(start, stop)
+        parts = target_codec.encode(x, output.map.name, amax)
+        for key, tensor in parts.items():
+            where = row_slice(out[key].shape, rows, start, stop)
+            if where is None:
+                out[key].copy_(tensor.reshape(out[key].shape))
+            else:
+                out[key].reshape(-1, out[key].shape[-1])[where] = tensor.reshape(where.stop - where.start, -1)
+        errors.add(target_codec.decode(parts, (stop - start, cols), output.map.name), x)
+    return out, errors
+
+
+def _allocate(dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
+    from specpair.formats.codecs import TORCH_DTYPES
+
+    if dtype in TORCH_DTYPES:
+        return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+    lead = math.prod(shape[:-1])  # GGUF blocks: rows of bytes
+    return torch.empty(*shape[:-1], stored_nbytes(dtype, shape) // max(1, lead), dtype=torch.uint8, device=device)
+
+
+class ErrorSum:
+    """‖out − in‖² and ‖in‖² summed over slices, and the largest |out − in|."""
+
+    def __init__(self) -> None:
+        self.error_sq = self.norm_sq = self.max_abs = 0.0
+
+    def add(self, decoded: torch.Tensor, reference: torch.Tensor) -> None:
+        decoded, reference = decoded.to(reference.device).reshape(-1), reference.reshape(-1)
+        for start in range(0, decoded.numel(), REPORT_CHUNK):  # no tensor-sized temporaries
+            diff = decoded[start:start + REPORT_CHUNK] - reference[start:start + REPORT_CHUNK]
+            self.error_sq += float(torch.linalg.vector_norm(diff)) ** 2
+            self.norm_sq += float(torch.linalg.vector_norm(reference[start:start + REPORT_CHUNK])) ** 2
+            self.max_abs = max(self.max_abs, float(diff.abs().max()))
+
+    def report(self, output: Output) -> TensorReport:
+        if self.norm_sq:
+            rel = (self.error_sq / self.norm_sq) ** 0.5
+        else:
+            rel = 0.0 if self.error_sq == 0 else float("inf")
+        return TensorReport(output.map.name, output.layout, output.mode, output.nbytes, rel, self.max_abs,
+                            self.error_sq, self.norm_sq)
+
+
+REPORT_CHUNK = 1 << 20
 
 
 def _cpu(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

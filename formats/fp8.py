@@ -39,10 +39,11 @@ def true_divide(x: Tensor, divisor: float) -> Tensor:
     return x / torch.tensor(divisor, dtype=x.dtype, device=x.device)
 
 
-def quantize_per_tensor(w: Tensor, name: str = "weight") -> dict[str, Tensor]:
-    """ModelOpt FP8: one scale amax/448 for the tensor; `{".weight": F8_E4M3, ".weight_scale": F32 []}`."""
+def quantize_per_tensor(w: Tensor, name: str = "weight", amax: float | None = None) -> dict[str, Tensor]:
+    """ModelOpt FP8: one scale amax/448 for the tensor; `{".weight": F8_E4M3, ".weight_scale": F32 []}`.
+    `amax` is the whole tensor's when `w` is a slice of its rows."""
     w = _float_matrix(w, name)
-    scale = _scale_for(w.abs().amax(), name)
+    scale = _scale_for(w.abs().amax() if amax is None else torch.tensor(amax, device=w.device), name)
     return {WEIGHT: to_e4m3(w / scale), SCALE_SUFFIX["fp8-tensor"]: scale}
 
 

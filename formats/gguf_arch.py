@@ -278,6 +278,14 @@ def to_gguf(config: dict[str, Any], tensors: dict[str, tuple[int, ...]], *, mtp:
     return GGUFPlan(arch, fields, layout.gguf, notes)
 
 
+def hf_shapes(config: dict[str, Any], names: set[str]) -> dict[str, tuple[int, ...]]:
+    """The shape of every HF tensor `config` describes, by name (`names`: the checkpoint's, which decide
+    fused or per-expert storage); for padded layouts whose stored shapes hide the real ones (EXL3)."""
+    arch = _arch_of_config(config)
+    hp = _hparams_from_config(arch, config, names, True, None, [])
+    return {m.name: m.shape for m in _layout(arch, hp, _hf_storage(arch, hp, names), gguf_fused=set()).hf}
+
+
 def from_gguf(fields: dict[str, object], tensors: dict[str, tuple[int, ...]], *,
               rope_freqs: Sequence[float] | None = None) -> HFPlan:
     """Plan the config.json and HF tensors of a GGUF. `rope_freqs` are the values of `rope_freqs.weight`

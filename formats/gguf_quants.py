@@ -19,16 +19,23 @@ it runs on every core and on the GPU, where gguf-py's runs on one core.
 from __future__ import annotations
 
 import math
+import atexit
+import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from specpair.errors import BadInput
+
+if TYPE_CHECKING:  # worker processes import this module for the numpy quantizers alone
+    import torch
 
 WRITABLE: dict[str, GGMLQuantizationType] = {
     t.name: t for t in (
@@ -146,6 +153,34 @@ def dequantize(blocks: np.ndarray, qtype: str, shape: Sequence[int], name: str =
     except NotImplementedError:
         raise BadInput(name, f"gguf-py cannot dequantize {ggml_type.name}") from None
     return values.astype(np.float32, copy=False).reshape(shape)
+
+
+PARALLEL_VALUES = 1 << 21  # rows of about this many values go to each worker process
+
+
+def quantize_in_processes(w: np.ndarray, qtype: str, method: str = "search", name: str = "tensor") -> np.ndarray:
+    """`quantize` over slices of rows in worker processes, one per core: the numpy block search holds the
+    GIL between its many small steps, so threads do not scale it. Same bytes (rows quantize independently)."""
+    cols = w.shape[-1] if w.ndim else 0
+    rows = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, cols) if cols else w
+    workers = os.cpu_count() or 1
+    if workers == 1 or not cols or rows.size < 2 * PARALLEL_VALUES:
+        return quantize(w, qtype, method, name)
+    step = max(1, PARALLEL_VALUES // cols)
+    pieces = [rows[start:start + step] for start in range(0, len(rows), step)]
+    data = list(_process_pool().map(quantize, pieces, repeat(qtype), repeat(method), repeat(name)))
+    return np.concatenate(data).reshape(*w.shape[:-1], -1)
+
+
+@functools.cache
+def _process_pool():
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawned, not forked: the parent runs torch and OpenMP threads, which a fork would copy mid-flight
+    pool = ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn"))
+    atexit.register(pool.shutdown)  # before interpreter teardown, which the pool's own exit hook does not survive
+    return pool
 
 
 def _quantize_kquant(blocks: np.ndarray, qtype: str, search: bool) -> np.ndarray:
@@ -330,26 +365,51 @@ def _quantize_q6_k(blocks: np.ndarray, qtype: str, search: bool) -> np.ndarray:
     return out
 
 
+Q8_CHUNK_BLOCKS = 1 << 15  # blocks per pass: 4 MB of float32, reused from the allocator instead of faulted in
+
+
 def quantize_q8_0(w: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """Q8_0 in torch, byte for byte gguf-py's (and llama.cpp's quantize_row_q8_0_ref), on w's device and
     every core: uint8 [..., cols/32·34] for float `w` [..., cols]."""
+    import torch
+
     from specpair.formats.fp8 import true_divide
 
     cols = w.shape[-1] if w.ndim else 0
     if w.ndim == 0 or cols % 32:
         raise BadInput(name, f"rows of {cols} values do not split into Q8_0 blocks of 32")
-    blocks = w.float().reshape(-1, 32)
-    if not torch.isfinite(blocks).all():
-        raise BadInput(name, "has NaN or infinite values; Q8_0 cannot encode them (F32 and BF16 can)")
-    d = true_divide(blocks.abs().amax(-1, keepdim=True), 127.0)
-    inverse = torch.where(d == 0, 0.0, torch.ones_like(d) / d)  # a tensor divisor: correctly rounded on CUDA too
-    x = blocks * inverse
-    magnitude = x.abs()
-    floored = magnitude.floor()
-    codes = torch.sign(x) * (floored + (2 * (magnitude - floored)).floor())  # gguf-py's np_roundf: halves away from 0
-    scale = d.half()
-    if not torch.isfinite(scale).all():
-        raise BadInput(name, f"has values up to {float(blocks.abs().max()):.4g}, too large for Q8_0's f16 scales "
-                             "(F32 and BF16 can hold them)")
-    data = torch.cat([scale.view(torch.uint8), codes.to(torch.int8).view(torch.uint8)], dim=-1)
-    return data.reshape(*w.shape[:-1], cols // 32 * 34)
+    blocks = w.reshape(-1, 32)
+    out = torch.empty(blocks.shape[0], 34, dtype=torch.uint8, device=w.device)
+    for start in range(0, blocks.shape[0], Q8_CHUNK_BLOCKS):
+        x = blocks[start:start + Q8_CHUNK_BLOCKS].to(torch.float32, copy=True)  # worked on in place
+        d = true_divide(x.abs().amax(-1, keepdim=True), 127.0)
+        if not torch.isfinite(d).all():  # the block maximum carries any NaN or inf through
+            raise BadInput(name, "has NaN or infinite values; Q8_0 cannot encode them (F32 and BF16 can)")
+        scale = d.half()
+        if not torch.isfinite(scale).all():
+            raise BadInput(name, f"has values up to {float(d.max()) * 127:.4g}, too large for Q8_0's f16 scales "
+                                 "(F32 and BF16 can hold them)")
+        x.mul_(torch.where(d == 0, 0.0, torch.ones_like(d) / d))  # a tensor divisor: correctly rounded on CUDA too
+        magnitude = x.abs()
+        floored = magnitude.floor()
+        # gguf-py's np_roundf, halves away from zero: floor(a) + floor(2·(a − floor(a))), then x's sign
+        codes = magnitude.sub_(floored).mul_(2).floor_().add_(floored).copysign_(x)
+        chunk = out[start:start + Q8_CHUNK_BLOCKS]
+        chunk[:, :2] = scale.view(torch.uint8)
+        chunk[:, 2:] = codes.to(torch.int8).view(torch.uint8)
+    return out.reshape(*w.shape[:-1], cols // 32 * 34)
+
+
+def dequantize_q8_0(data: torch.Tensor, shape: Sequence[int], name: str = "tensor") -> torch.Tensor:
+    """float32 `shape` from Q8_0 bytes, in torch (gguf-py's dequantize, same values)."""
+    import torch
+
+    blocks = data.reshape(-1, 34)
+    if blocks.shape[0] * 32 != math.prod(shape):
+        raise BadInput(name, f"has {data.numel()} bytes of data; Q8_0 {list(shape)} needs {math.prod(shape) // 32 * 34}")
+    out = torch.empty(blocks.shape[0], 32, dtype=torch.float32, device=data.device)
+    for start in range(0, blocks.shape[0], Q8_CHUNK_BLOCKS):
+        chunk = blocks[start:start + Q8_CHUNK_BLOCKS]
+        scale = chunk[:, :2].contiguous().view(torch.float16).float()
+        torch.mul(chunk[:, 2:].view(torch.int8).float(), scale, out=out[start:start + Q8_CHUNK_BLOCKS])
+    return out.reshape(shape)

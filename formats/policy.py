@@ -37,7 +37,7 @@ GATED_ATTENTION_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 @dataclass(frozen=True)
 class TargetPolicy:
     embeddings: str | bool  # True: quantized like the rest; False: float; a layout: that layout
-    lm_head: bool  # whether the output head is quantized
+    lm_head: bool | str  # whether the output head is quantized; a layout: in that layout
     routers: str | None  # layout for routers, None = float
     eight_bit: str | None  # layout for tensors that need ≥ 8 bits; None = float
 
@@ -52,6 +52,8 @@ POLICIES: dict[str, TargetPolicy] = {
     "gguf": TargetPolicy(embeddings=True, lm_head=True, routers=None, eight_bit="gguf-Q8_0"),  # llama.cpp
     # llama.cpp applies NVFP4's tensor scale after matmuls only: an embedding lookup would miss it
     "nvfp4-gguf": TargetPolicy(embeddings="gguf-Q8_0", lm_head=True, routers=None, eight_bit="gguf-Q8_0"),
+    # ExLlamaV3: every linear at the average bits, the head at head_bits 6, embeddings and routers float
+    "exl3": TargetPolicy(embeddings=False, lm_head="exl3-6bpw", routers=None, eight_bit="exl3-8bpw"),
 }
 
 # Row-length blocks each quantized layout needs (values per block along the last axis).
@@ -124,6 +126,8 @@ def choose(name: str, shape: tuple[int, ...], target_layout: str, family: str, f
         return float_layout, "kept: embeddings"
     if group == "lm_head" and not policy.lm_head and source_float:
         return float_layout, "kept: lm_head"
+    if group == "lm_head" and isinstance(policy.lm_head, str):
+        return policy.lm_head, "the head at ExLlamaV3's head_bits"
     if source_quantized and source_float:
         return float_layout, "kept: unquantized in the source"
     layout, reason = target_layout, "target"

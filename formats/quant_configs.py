@@ -19,12 +19,14 @@ PRODUCER = {"name": "specpair", "version": __version__}
 EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")
 
 
-def quantization_files(layouts: dict[str, str], input_scales: set[str], text_prefix: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def quantization_files(layouts: dict[str, str], input_scales: set[str],
+                       stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]], method: str | None,
+                       ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(keys to set in config.json, extra JSON files) for modules -> layout.
 
     `layouts` maps every 2-D weight's module (name without ".weight") to the layout written; `input_scales`
-    are the modules that kept a W4A4/W8A8 activation scale; `text_prefix` is where the language model's
-    modules live (for MLX's per-module keys it is already part of the names).
+    are the modules that kept a W4A4/W8A8 activation scale; `stored` is each module's tensors as written
+    (dtype, shape), which EXL3's tensor_storage lists; `method` the quantizer asked for (EXL3's codebook).
     """
     quantized = {m: layout for m, layout in layouts.items() if layout not in FLOAT}
     kinds = {_kind(layout) for layout in quantized.values()}
@@ -39,11 +41,13 @@ def quantization_files(layouts: dict[str, str], input_scales: set[str], text_pre
     if kinds <= {"affine", "nvfp4-mlx"}:
         block = _mlx(layouts)
         return {"quantization": block, "quantization_config": dict(block)}, {}
+    if kinds <= {"exl3"}:
+        return _exl3(quantized, stored, method or "mul1")
     raise ValueError(f"no single quantization config describes layouts {sorted(kinds)}")
 
 
 def _kind(layout: str) -> str:
-    return "affine" if layout.startswith("affine") else layout
+    return "affine" if layout.startswith("affine") else "exl3" if layout.startswith("exl3") else layout
 
 
 def _fp8_block(layouts: dict[str, str]) -> dict[str, Any]:
@@ -113,3 +117,24 @@ def _mlx_params(layout: str) -> dict[str, Any]:
         return {"group_size": 16, "bits": 4, "mode": "nvfp4"}
     bits, group = layout.removeprefix("affine").split("-g")
     return {"group_size": int(group), "bits": int(bits), "mode": "affine"}
+
+
+def _exl3(quantized: dict[str, str], stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]],
+          codebook: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """ExLlamaV3's config block and quantization_config.json (conversion/compile.py's form)."""
+    from specpair.formats import exl3
+
+    bits = {m: float(layout.removeprefix("exl3-").removesuffix("bpw")) for m, layout in quantized.items()}
+    head = [b for m, b in bits.items() if m.endswith("lm_head")]
+    body = [b for m, b in bits.items() if not m.endswith("lm_head")] or head
+    config = exl3.quantization_config(max(set(body), key=body.count), int(head[0]) if head else 6, codebook)
+    storage = {}
+    for module, parts in sorted(stored.items()):
+        entry: dict[str, Any] = {"stored_tensors": {name: {"shape": list(shape), "dtype": dtype}
+                                                    for name, (dtype, shape) in parts.items()}}
+        if module in bits:
+            entry |= {"quant_format": "exl3", "bits_per_weight": bits[module]}
+            if codebook in exl3.MULTIPLIERS:
+                entry[f"{codebook}_multiplier"] = exl3.MULTIPLIERS[codebook]
+        storage[module] = entry
+    return {"quantization_config": config}, {"quantization_config.json": {**config, "tensor_storage": storage}}

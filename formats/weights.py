@@ -8,6 +8,8 @@ the runtime go through this view, so they never care how a layout splits a tenso
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -78,6 +80,26 @@ def read_parts(weight: Weight, root: str, file_format: str) -> dict[str, Tensor]
     """The stored tensors of one weight, read from the files under `root` (safetensors or gguf)."""
     read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
     return {key: read(os.path.join(root, info.file), info) for key, info in weight.parts.items()}
+
+
+def read_rows(weight: Weight, root: str, file_format: str, start: int, stop: int) -> dict[str, Tensor]:
+    """Rows start:stop of a weight's stored parts (its leading dims flattened into rows), reading only their
+    bytes; per-tensor values are read whole. See codecs.row_slice for which parts split how."""
+    from specpair.formats.codecs import row_slice
+
+    rows = math.prod(weight.shape[:-1])
+    read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
+    parts = {}
+    for key, info in weight.parts.items():
+        where = row_slice(info.shape, rows, start, stop)
+        if where is not None:
+            lead = math.prod(info.shape[:-1])
+            row_bytes = info.nbytes // lead
+            info = dataclasses.replace(info, shape=(where.stop - where.start, info.shape[-1]),
+                                       nbytes=(where.stop - where.start) * row_bytes,
+                                       offset=info.offset + where.start * row_bytes)
+        parts[key] = read(os.path.join(root, info.file), info)
+    return parts
 
 
 def _refuse_orphans(module: str, parts: dict[str, TensorInfo]) -> None:

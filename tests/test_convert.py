@@ -426,3 +426,34 @@ def test_every_family_through_gguf_and_back(targets, tmp_path, family):
         # float32 1 + w and back costs w a few ulps of 1
         bound = 0.006 if tensor.ndim == 2 and "norm" not in name and "conv1d" not in name else 2e-5
         assert rel_error(tensor, reference[name]) <= bound, (name, rel_error(tensor, reference[name]))
+
+
+def test_exl3_both_ways(tmp_path):
+    """BF16 -> EXL3 (ExLlamaV3's schema, padded to 128, head at 6 bits) -> BF16 keeps the weights within the
+    trellis' error; EXL3 -> EXL3 copies the trellis; a trellis that does not fit the config is refused."""
+    source = build_target(tmp_path / "qwen3", "qwen3", layers=1, hidden=64, intermediate=64, vocab_size=128,
+                          flavour="qwen3", tokenizer=False)
+    out, back, again = tmp_path / "exl3", tmp_path / "back", tmp_path / "again"
+    report = convert(source, out, "exl3:2")
+    assert {t.layout for t in report.tensors if "proj" in t.name} == {"exl3-2bpw"}
+    assert {t.layout for t in report.tensors if t.name == "lm_head.weight"} == {"exl3-6bpw"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "exl3" and config["quantization_config"]["bits"] == 2
+    storage = json.loads((out / "quantization_config.json").read_text())["tensor_storage"]
+    assert storage["model.layers.0.mlp.up_proj"]["bits_per_weight"] == 2
+    assert storage["model.layers.0.mlp.up_proj"]["stored_tensors"]["model.layers.0.mlp.up_proj.trellis"]["shape"] == [8, 8, 32]
+    assert open_checkpoint(str(out)).quantization.method == "exl3"
+    convert(out, back, "bf16")
+    reference, result = float_weights(source), float_weights(back)
+    assert set(result) == set(reference)
+    for name, tensor in result.items():
+        quantized = name.endswith("proj.weight") or name == "lm_head.weight"
+        assert rel_error(tensor, reference[name]) <= (0.3 if name != "lm_head.weight" else 0.03) if quantized \
+            else torch.equal(tensor, reference[name]), name
+    copied = convert(out, again, "exl3:2")
+    assert {t.mode for t in copied.tensors} == {"copy"}
+    broken = json.loads((out / "config.json").read_text())
+    broken["intermediate_size"] = 192  # pads to 256: the MLP's 128-row trellises no longer fit
+    (out / "config.json").write_text(json.dumps(broken))
+    with pytest.raises(BadInput, match=r"gate_proj.trellis: holds a padded \[128, 128\] weight.*\[192, 64\]"):
+        conv.open_source(str(out))

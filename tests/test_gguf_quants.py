@@ -284,3 +284,32 @@ def test_bad_input_names_the_tensor(call, problem: str) -> None:
     assert caught.value.where == NAME
     assert problem in caught.value.problem
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("case", ["normal", "zeros", "ties", "tiny", "negative zero", "large", "many rows"])
+def test_torch_q8_0_is_gguf_py_byte_for_byte(case):
+    """The torch Q8_0 convert uses (all cores, or the GPU) writes gguf-py's bytes and decodes to its values."""
+    import torch
+
+    from specpair.formats.gguf_quants import dequantize_q8_0, quantize_q8_0
+
+    rng = np.random.default_rng(7)
+    x = {"normal": rng.standard_normal((64, 4096)), "zeros": np.zeros((3, 64)),
+         "ties": rng.integers(-8, 8, (50, 256)) / 2 * 127 / 4,  # values on every rounding midpoint
+         "tiny": rng.standard_normal((7, 96)) * 1e-30, "negative zero": np.full((2, 32), -0.0),
+         "large": rng.standard_normal((9, 32)) * 6e4, "many rows": rng.standard_normal((70_000, 32))}[case].astype(np.float32)
+    ours = quantize_q8_0(torch.from_numpy(x)).numpy()
+    assert np.array_equal(ours, gguf_quantize(x, GGMLQuantizationType.Q8_0).reshape(ours.shape))
+    assert np.array_equal(dequantize_q8_0(torch.from_numpy(ours), x.shape).numpy(),
+                          gguf_dequantize(ours, GGMLQuantizationType.Q8_0).reshape(x.shape))
+
+
+def test_quantize_in_processes_gives_the_same_bytes_and_errors():
+    """Large tensors are quantized in worker processes (the numpy search holds the GIL); rows quantize
+    independently, so the bytes are the one-process bytes, and a bad value comes back as the same one-line error."""
+    rows = gguf_quants.PARALLEL_VALUES * 3 // 1024  # three slices of rows and more
+    x = np.random.default_rng(3).standard_normal((rows, 1024)).astype(np.float32)
+    assert np.array_equal(gguf_quants.quantize_in_processes(x, "Q4_K"), quantize(x, "Q4_K"))
+    x[-1, -1] = 1e30
+    with pytest.raises(BadInput, match="layer.weight: has values up to 1e\\+30, too large for Q4_K"):
+        gguf_quants.quantize_in_processes(x, "Q4_K", name="layer.weight")
