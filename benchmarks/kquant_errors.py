@@ -6,8 +6,12 @@
 
 With --ggml-src, ggml/src/ggml-quants.c is compiled alone (gcc -O2 -DNDEBUG as in a release build, with a
 few stub symbols, ~3 s), and its quantize_row_*_ref output is timed and compared block by block with ours
-over several value distributions.
-Speed is MB/s of float32 input, the best of 3 runs, one thread.
+(numpy, and torch for the k-quants) over several value distributions.
+Speed is MB/s of float32 input, the best of 3 runs. The numpy quantizers run on one core; for the k-quants
+the other paths are timed against that in the same run, on the same input: numpy in one worker process per
+core (quantize_in_processes), and the torch quantizer (quantize_kquant_torch, asserted to give the same bytes)
+with 1 torch thread, with one per core, and in one Python thread per core over slices of rows, as the
+converter's worker threads run it (numpy alike); with --device cuda, torch on the GPU instead.
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import os
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from specpair.formats.gguf_quants import BLOCK_SIZES, dequantize, quantize
+from specpair.formats import gguf_quants
+from specpair.formats.gguf_quants import BLOCK_SIZES, dequantize, quantize, quantize_kquant_torch
 
 TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q6_K", "Q5_K", "Q4_K")
 C_TYPES = ("Q8_0", "Q4_0", "Q6_K", "Q5_K", "Q4_K")  # the ones with a quantize_row_*_ref
@@ -46,6 +54,42 @@ def best_seconds(run: Callable[[], object], repeats: int = 3) -> float:
         run()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def in_threads(quantizer: Callable[[np.ndarray], object], x: np.ndarray, threads: int) -> Callable[[], None]:
+    """A run of `quantizer` over `threads` slices of x's rows at once, one Python thread each."""
+    pieces = np.array_split(x, threads)
+
+    def run() -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(quantizer, pieces))
+
+    return run
+
+
+def kquant_speeds(x: np.ndarray, qtype: str, method: str, device: str) -> list[float]:
+    """MB/s of the k-quant paths besides one-core numpy: numpy in worker processes (quantize_in_processes, one
+    per core), then torch on `device`: on the CPU with 1 torch thread, one per core, and in one Python thread per
+    core with 1 torch thread each (as the converter's workers run it), then numpy in as many Python threads."""
+    cores, default_threads = os.cpu_count() or 1, torch.get_num_threads()
+    gguf_quants.PROCESS_POOL_MIN_CPUS = 1  # the pool, whatever the machine
+    numpy_quantizer = functools.partial(quantize, qtype=qtype, method=method)
+
+    def torch_quantizer(values: np.ndarray) -> torch.Tensor:
+        out = quantize_kquant_torch(torch.from_numpy(values).to(device), qtype, method == "search")
+        return out.cpu()  # waits for a GPU
+
+    ours = torch_quantizer(x).numpy()
+    assert np.array_equal(ours, quantize(x, qtype, method)), f"torch {qtype} {method} on {device}: not numpy's bytes"
+    speeds = [x.nbytes / best_seconds(functools.partial(gguf_quants.quantize_in_processes, x, qtype, method)) / 1e6]
+    if device != "cpu":
+        return speeds + [x.nbytes / best_seconds(functools.partial(torch_quantizer, x)) / 1e6]
+    for threads, run in ((1, functools.partial(torch_quantizer, x)), (cores, functools.partial(torch_quantizer, x)),
+                         (1, in_threads(torch_quantizer, x, cores))):
+        torch.set_num_threads(threads)
+        speeds.append(x.nbytes / best_seconds(run) / 1e6)
+    torch.set_num_threads(default_threads)
+    return speeds + [x.nbytes / best_seconds(in_threads(numpy_quantizer, x, cores)) / 1e6]
 
 
 def build_reference(ggml: Path, workdir: Path) -> Callable[[np.ndarray, str], np.ndarray]:
@@ -91,17 +135,28 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--ggml-src", type=Path, help="llama.cpp's ggml/ directory, to compare with its C quantizers")
+    parser.add_argument("--device", default="cpu", help="where the torch k-quant quantizer runs (cpu, cuda)")
     args = parser.parse_args()
 
     x = np.random.default_rng(1234).standard_normal((args.rows, args.cols)).astype(np.float32)
-    print(f"N(0,1) {args.rows}x{args.cols}, seed 1234: relative Frobenius error, MB/s of float32 input")
-    print(f"{'type':6} {'method':7} {'error':>8} {'MB/s':>7}")
+    cores = os.cpu_count() or 1
+    print(f"N(0,1) {args.rows}x{args.cols}, seed 1234: relative Frobenius error, MB/s of float32 input (x: over "
+          f"numpy on one core); {cores} CPUs, torch {torch.__version__}, torch on {args.device}")
+    if args.device == "cpu":
+        columns = [f"numpy {cores} procs", "torch 1 thread", f"torch {cores} threads", f"torch {cores} Py thr",
+                   f"numpy {cores} Py thr"]
+    else:
+        columns = [f"numpy {cores} procs", f"torch {args.device}"]
+    print(f"{'type':6} {'method':7} {'error':>8} {'numpy':>7} " + " ".join(f"{c:>16}" for c in columns))
     for qtype in TYPES:
         for method in ("search", "rtn") if qtype in KQUANTS else ("search",):
             raw = quantize(x, qtype, method)
             error = np.linalg.norm(dequantize(raw, qtype, x.shape) - x) / np.linalg.norm(x)
             speed = x.nbytes / best_seconds(functools.partial(quantize, x, qtype, method)) / 1e6
-            print(f"{qtype:6} {method if qtype in KQUANTS else '-':7} {error:8.5f} {speed:7.1f}")
+            line = f"{qtype:6} {method if qtype in KQUANTS else '-':7} {error:8.5f} {speed:7.1f}"
+            if qtype in KQUANTS:
+                line += "".join(f" {s:9.1f} {s / speed:5.2f}x" for s in kquant_speeds(x, qtype, method, args.device))
+            print(line, flush=True)
 
     if args.ggml_src is None:
         return
@@ -119,6 +174,9 @@ def main() -> None:
                 ours = quantize(values, qtype).reshape(-1, nbytes)
                 theirs = reference(values, qtype).reshape(-1, nbytes)
                 counts.append(f"{qtype} {int((ours != theirs).any(axis=1).sum())}/{len(ours)}")
+                if qtype in KQUANTS:
+                    ours = quantize_kquant_torch(torch.from_numpy(values), qtype, True).numpy().reshape(-1, nbytes)
+                    counts[-1] += f" (torch {int((ours != theirs).any(axis=1).sum())})"
             print(f"{label:15} " + "  ".join(counts))
 
 

@@ -13,6 +13,7 @@ NVFP4 flavours repack codes and scales as bits (`repack`).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,9 +48,7 @@ class Codec:
     rows_exact: bool  # row moves on the stored parts are exact (float and GGUF block layouts)
     tensor_amax: bool = False  # encoding needs the whole tensor's amax (one per-tensor scale)
     row_block: int = 1  # rows encode independently in groups of this many (FP8's 128x128 tiles)
-
-    def nbytes(self, shape: tuple[int, ...]) -> int:
-        return sum(stored_nbytes(dtype, part_shape) for dtype, part_shape in self.stored(shape).values())
+    chunk_values: int = 1 << 18  # values encoded per call when a tensor goes by rows: cache-sized by default
 
 
 def stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -170,15 +169,27 @@ def _gguf(layout: str, method: str = "search") -> Codec:
     def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         if qtype == "Q8_0":
             return {"": gguf_quants.quantize_q8_0(w, name)}
+        if qtype in gguf_quants.KQUANT_BLOCKS and method in gguf_quants.METHODS and not (
+                w.device.type == "cpu" and gguf_quants.use_processes()):
+            # torch on w's device, but for a CPU with worker processes (4 cores or more): they scale with its
+            # cores, where a third of the torch search is ops on one number per sub-block, too small for torch
+            # to split across threads
+            return {"": gguf_quants.quantize_kquant_torch(w.detach(), qtype, method == "search", name)}
         data = gguf_quants.quantize_in_processes(w.detach().float().cpu().numpy(), qtype, method, name)
         return {"": torch.from_numpy(np.ascontiguousarray(data))}
 
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         if qtype == "Q8_0":
             return gguf_quants.dequantize_q8_0(_only(parts, name), shape, name)
+        if qtype in gguf_quants.KQUANT_BLOCKS:
+            return gguf_quants.dequantize_kquant_torch(_only(parts, name), qtype, shape, name)
         return torch.from_numpy(gguf_quants.dequantize(_only(parts, name).cpu().numpy(), qtype, shape, name))
 
-    return Codec(layout, block_bytes * 8 / values, lambda shape: {"": (qtype, shape)}, encode, decode, rows_exact=True)
+    # the numpy quantizers take slices big enough to keep every worker process busy, where there are workers
+    numpy_in_processes = qtype != "Q8_0" and gguf_quants.use_processes()
+    chunk = gguf_quants.PARALLEL_VALUES * (os.cpu_count() or 1) if numpy_in_processes else 1 << 18
+    return Codec(layout, block_bytes * 8 / values, lambda shape: {"": (qtype, shape)}, encode, decode,
+                 rows_exact=True, chunk_values=chunk)
 
 
 EXL3_LAYOUT = re.compile(r"exl3-(\d+(?:\.5)?)bpw")

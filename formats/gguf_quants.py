@@ -12,16 +12,19 @@ gguf-py has no k-quant quantizer, so Q4_K, Q5_K and Q6_K are ours, over whole ar
             Kept to measure what the search buys; the other types are round-to-nearest already.
 Types with f16 numbers refuse NaN and inf, and values so large that an f16 scale would overflow.
 Dequantizing goes through gguf-py, which reads every type it knows (k-quants, IQ*, NVFP4, ...).
-Q8_0, the type most conversions write, also has a torch quantizer with the same bytes (`quantize_q8_0`):
-it runs on every core and on the GPU, where gguf-py's runs on one core.
+Q8_0, the type most conversions write, and the k-quants also have torch quantizers with the same bytes
+(`quantize_q8_0`, `quantize_kquant_torch`) and dequantizers with the same values (`dequantize_q8_0`,
+`dequantize_kquant_torch`), on the tensor's device (the GPU too) and torch's threads.
 """
 
 from __future__ import annotations
 
-import math
 import atexit
+import contextlib
 import functools
+import math
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -156,6 +159,9 @@ def dequantize(blocks: np.ndarray, qtype: str, shape: Sequence[int], name: str =
 
 
 PARALLEL_VALUES = 1 << 21  # rows of about this many values go to each worker process
+# With 2 cores, worker processes only contend with the converter's own threads (measured: Q4_K of a 1.85 GB
+# checkpoint 111 s with them, 99 s without); 16 GIL-bound threads ran no faster than one (0.015 GB/s on the H200 host).
+PROCESS_POOL_MIN_CPUS = 4
 
 
 def quantize_in_processes(w: np.ndarray, qtype: str, method: str = "search", name: str = "tensor") -> np.ndarray:
@@ -163,13 +169,16 @@ def quantize_in_processes(w: np.ndarray, qtype: str, method: str = "search", nam
     GIL between its many small steps, so threads do not scale it. Same bytes (rows quantize independently)."""
     cols = w.shape[-1] if w.ndim else 0
     rows = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, cols) if cols else w
-    workers = os.cpu_count() or 1
-    if workers == 1 or not cols or rows.size < 2 * PARALLEL_VALUES:
+    if not use_processes() or not cols or rows.size < 2 * PARALLEL_VALUES:
         return quantize(w, qtype, method, name)
     step = max(1, PARALLEL_VALUES // cols)
     pieces = [rows[start:start + step] for start in range(0, len(rows), step)]
     data = list(_process_pool().map(quantize, pieces, repeat(qtype), repeat(method), repeat(name)))
     return np.concatenate(data).reshape(*w.shape[:-1], -1)
+
+
+def use_processes() -> bool:
+    return (os.cpu_count() or 1) >= PROCESS_POOL_MIN_CPUS
 
 
 @functools.cache
@@ -413,3 +422,357 @@ def dequantize_q8_0(data: torch.Tensor, shape: Sequence[int], name: str = "tenso
         scale = chunk[:, :2].contiguous().view(torch.float16).float()
         torch.mul(chunk[:, 2:].view(torch.int8).float(), scale, out=out[start:start + Q8_CHUNK_BLOCKS])
     return out.reshape(shape)
+
+
+# ---- Q4_K, Q5_K, Q6_K in torch: the numpy quantizers above, op for op ---------------------------------
+# Every float32 operation is the numpy code's (sums in order, no fused multiply-add: eager torch rounds each
+# op), on the tensor's device and torch's threads. Constants are float32 tensors on that device: CUDA divides by a
+# Python number through its reciprocal, and `number / tensor` is a reciprocal and a multiply on every device.
+# Where numpy picks between whole arrays of codes with np.where, these keep what the codes are made from and
+# make them once, or pick by arithmetic (codes are small integers): torch.where over [32, n] costs several
+# multiplies on the CPU.
+
+# Super-blocks per pass: on the CPU the [32, n] float32 temporaries stay in cache (fewer: more time in op
+# overheads, more: in memory traffic); a pass is some 2,500 ops, so a GPU takes many more per pass, to keep
+# kernel launches from dominating: on the H200, 2^12 blocks per pass ran at 51 M values/s, 2^15 at 414 M,
+# 2^17 at 813 M (64 M values of Q4_K search), with [32, 2^22] float32 temporaries of 512 MB.
+TORCH_CHUNK_BLOCKS = {"cpu": 1024, "cuda": 1 << 17}
+# One thread at a time launches a GPU pass's small kernels: 8 Python threads launching at once ran at 0.39x
+# one thread's rate (GIL contention, H200); waiting threads meanwhile read and decode.
+GPU_LAUNCHES = threading.Lock()
+
+
+def quantize_kquant_torch(w: torch.Tensor, qtype: str, search: bool, name: str = "tensor") -> torch.Tensor:
+    """Q4_K, Q5_K or Q6_K blocks in torch on w's device: uint8 [..., cols/256·block bytes] for float `w`
+    [..., cols], `quantize`'s bytes (so llama.cpp's) and errors; `search` is method "search", else "rtn"."""
+    import torch
+
+    if qtype not in KQUANT_BLOCKS:
+        raise BadInput(name, f"no torch quantizer for GGUF type {qtype!r}; there is one for {', '.join(KQUANT_BLOCKS)}")
+    if w.ndim == 0:
+        raise BadInput(name, "is a scalar; GGUF tensors have at least one dimension")
+    cols = w.shape[-1]
+    if cols % QK_K:
+        raise BadInput(name, f"rows of {cols} values do not split into {qtype} blocks of {QK_K}")
+    if w.numel() and not torch.isfinite(torch.stack(torch.aminmax(w))).all():  # both carry any NaN through
+        raise BadInput(name, f"has NaN or infinite values; {qtype} cannot encode them (F32 and BF16 can)")
+    blocks = w.reshape(-1, QK_K)
+    out = torch.empty(blocks.shape[0], KQUANT_BLOCKS[qtype].itemsize, dtype=torch.uint8, device=w.device)
+    pack = _quantize_q6_k_torch if qtype == "Q6_K" else _quantize_affine_k_torch
+    step = TORCH_CHUNK_BLOCKS.get(w.device.type, TORCH_CHUNK_BLOCKS["cuda"])
+    with GPU_LAUNCHES if w.device.type != "cpu" else contextlib.nullcontext():
+        for start in range(0, blocks.shape[0], step):
+            chunk = blocks[start:start + step].to(torch.float32)
+            out[start:start + chunk.shape[0]] = pack(chunk, qtype, search)
+    for offset in F16_OFFSETS[qtype]:
+        if not torch.isfinite(out[:, offset:offset + 2].contiguous().view(torch.float16)).all():
+            raise BadInput(name, f"has values up to {float(w.abs().max()):.4g}, too large for {qtype}'s f16 "
+                                 "numbers (F32 and BF16 can hold them)")
+    return out.reshape(*w.shape[:-1], cols // QK_K * out.shape[1])
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+def _sum_in_order_torch(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`_sum_in_order` in torch over row views (made once where a buffer is summed again and again)."""
+    import torch
+
+    total = torch.zeros_like(rows[0])
+    for row in rows:
+        total += row
+    return total
+
+
+def _at_least_zero(v: torch.Tensor) -> torch.Tensor:
+    """np.maximum(v, 0): NaN stays, and ±0 gives +0 (numpy returns the second operand of a tie)."""
+    import torch
+
+    return torch.where(v <= 0, 0.0, v)
+
+
+def _at_most_zero(v: torch.Tensor) -> torch.Tensor:
+    """np.minimum(v, 0), as _at_least_zero."""
+    import torch
+
+    return torch.where(v >= 0, 0.0, v)
+
+
+def _finite_or_zero(v: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _pick_codes(fallback: torch.Tensor, codes: torch.Tensor, use_codes: torch.Tensor) -> torch.Tensor:
+    """np.where(use_codes, codes, fallback) per column (use_codes [m] bool), in place in `codes`: float codes
+    are small integers, so arithmetic picks them exactly."""
+    return codes.sub_(fallback).mul_(use_codes.to(codes.dtype)).add_(fallback)
+
+
+def _codes_by_block_torch(codes: torch.Tensor) -> torch.Tensor:
+    """int32 [n, QK_K] in value order from float codes [size, n·QK_K/size] (the layout of the sub-blocks)."""
+    import torch
+
+    by_value = torch.empty(codes.shape[1], codes.shape[0], dtype=torch.int32, device=codes.device)
+    return by_value.copy_(codes.T).view(-1, QK_K)
+
+
+def _affine_codes_torch(x: torch.Tensor, low: torch.Tensor, inverse: torch.Tensor, top: float,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """`_affine_codes` in torch, into `out` if given. An overflowed `inverse` is made 0, so its codes come out
+    ±0 where numpy writes +0: the same values, and the signs of zero reach no byte."""
+    import torch
+
+    return torch.sub(x, low, out=out).mul_(_finite_or_zero(inverse)).round_().clamp_(0, top)
+
+
+def _fit_affine_torch(x: torch.Tensor, grid: AffineSearch, search: bool) -> tuple[torch.Tensor, ...]:
+    """`_fit_affine` in torch: (scale [m], min [m], codes [32, m]) for x [32, m]. The search keeps, per
+    sub-block, the offset and inverse scale its best codes came from, and makes those codes once at the end."""
+    import torch
+
+    f32 = np.float32
+    top = float(grid.top)
+    low = _at_most_zero(x.amin(0))
+    high = x.amax(0)
+    flat = high == low  # then inverse is inf: codes 0, as numpy's where(flat, 0, codes)
+    inverse = _constant(top, x) / (high - low)
+    scale = _constant(1.0, x) / inverse
+    codes_low, codes_inverse = low, inverse
+    if search:
+        # torch's float32 sqrt on the CPU (MKL) is off by an ulp at times; float64's, rounded, is exact
+        mean_square = _sum_in_order_torch((x * x).unbind(0)) / _constant(AFFINE_SUB_BLOCK, x)
+        weights = torch.sqrt(mean_square.double()).float() + x.abs()
+        trial = _affine_codes_torch(x, low, inverse, top)
+        error_terms = torch.mul(trial, scale).add_(low).sub_(x).square_().mul_(weights)
+        error_rows = error_terms.unbind(0)
+        best_error = torch.where(flat, -math.inf, _sum_in_order_torch(error_rows))  # a flat one never improves
+        all_levels = torch.tensor([float(f32(grid.first) + f32(grid.step) * f32(k) + f32(top))
+                                   for k in range(grid.steps + 1)], device=x.device)
+        terms = torch.empty(3, AFFINE_SUB_BLOCK, x.shape[1], device=x.device)  # per value: w·l, w·l², w·l·x
+        terms_rows = terms.unbind(1)
+        terms[0], terms[1] = weights, weights * x
+        sum_w, sum_x = _sum_in_order_torch([row[:2] for row in terms_rows])
+        for levels in all_levels:
+            inverse = levels / (high - low)  # with the best offset so far, as numpy
+            _affine_codes_torch(x, low, inverse, top, out=trial)
+            weighted = torch.mul(weights, trial, out=terms[0])
+            torch.mul(weighted, trial, out=terms[1])
+            torch.mul(weighted, x, out=terms[2])
+            sum_l, sum_l2, sum_xl = _sum_in_order_torch(terms_rows)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            trial_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            trial_low = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            trial_scale = torch.where(trial_low > 0, sum_xl / sum_l2, trial_scale)  # refit without an offset
+            trial_low = trial_low.clamp_max_(0)
+            torch.mul(trial, trial_scale, out=error_terms).add_(trial_low).sub_(x).square_().mul_(weights)
+            error = _sum_in_order_torch(error_rows)
+            better = (det > 0) & (error < best_error)
+            codes_low = torch.where(better, low, codes_low)
+            codes_inverse = torch.where(better, inverse, codes_inverse)
+            best_error = torch.where(better, error, best_error)
+            scale = torch.where(better, trial_scale, scale)
+            low = torch.where(better, trial_low, low)
+    return torch.where(flat, 0.0, scale), -low, _affine_codes_torch(x, codes_low, codes_inverse, top)
+
+
+def _six_bit_torch(values: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    inverse = _finite_or_zero(torch.where(largest > 0, _constant(SCALE_TOP, largest) / largest, 0.0))
+    codes = torch.round(inverse[:, None] * values)
+    # numpy's float -> int32 cast makes NaN and out-of-range values INT_MIN (low byte 0), as x86 does; CUDA's
+    # saturates instead
+    codes = torch.where(codes.abs() < 2.0**31, codes, 0.0)
+    return codes.to(torch.int32).to(torch.uint8).clamp_max_(SCALE_TOP)
+
+
+def _quantize_affine_k_torch(blocks: torch.Tensor, qtype: str, search: bool) -> torch.Tensor:
+    """`_quantize_affine_k` in torch: uint8 [n, block bytes] for float32 [n, QK_K]."""
+    import torch
+
+    grid = AFFINE_SEARCH[qtype]
+    n, per_block = blocks.shape[0], QK_K // AFFINE_SUB_BLOCK
+    x = blocks.reshape(-1, AFFINE_SUB_BLOCK).T.contiguous()
+    scale, minimum, fit_codes = _fit_affine_torch(x, grid, search)
+    scale, minimum = scale.reshape(n, per_block), minimum.reshape(n, per_block)
+    largest_scale, largest_min = _at_least_zero(scale.amax(1)), _at_least_zero(minimum.amax(1))
+    scale_codes, min_codes = _six_bit_torch(scale, largest_scale), _six_bit_torch(minimum, largest_min)
+    d = (largest_scale / _constant(SCALE_TOP, x)).to(torch.float16)
+    dmin = (largest_min / _constant(SCALE_TOP, x)).to(torch.float16)
+
+    # Requantize against the stored scales; a sub-block whose scale became 0 keeps the fit's codes.
+    step = (d.float()[:, None] * scale_codes).reshape(-1)
+    offset = (dmin.float()[:, None] * min_codes).reshape(-1)
+    used = step != 0
+    final = torch.round((x + offset).div_(torch.where(used, step, 1.0))).clamp_(0, grid.top)
+    codes = _codes_by_block_torch(_pick_codes(fit_codes, final, used))
+
+    out = torch.empty(n, KQUANT_BLOCKS[qtype].itemsize, dtype=torch.uint8, device=x.device)
+    out[:, 0:2] = d.view(torch.uint8).reshape(n, 2)
+    out[:, 2:4] = dmin.view(torch.uint8).reshape(n, 2)
+    low_sc, high_sc = scale_codes[:, :4], scale_codes[:, 4:]
+    low_m, high_m = min_codes[:, :4], min_codes[:, 4:]
+    out[:, 4:8] = low_sc | (high_sc >> 4) << 6  # scales 0-3, top bits of scales 4-7
+    out[:, 8:12] = low_m | (high_m >> 4) << 6  # mins 0-3, top bits of mins 4-7
+    out[:, 12:16] = (high_sc & 15) | (high_m & 15) << 4  # low 4 bits of scales and mins 4-7
+    # qs: 4 runs of 32 bytes; run r holds sub-block 2r in low nibbles and 2r+1 in high nibbles
+    nibbles = (codes & 15).view(n, 4, 2, AFFINE_SUB_BLOCK)
+    out[:, -128:].view(n, 4, AFFINE_SUB_BLOCK).copy_(nibbles[:, :, 0] | nibbles[:, :, 1] << 4)
+    if qtype == "Q5_K":  # qh[l] bit j = fifth bit of value 32j + l
+        fifth = (codes >> 4).view(n, per_block, AFFINE_SUB_BLOCK)
+        qh = fifth[:, 0].clone()
+        for j in range(1, per_block):
+            qh |= fifth[:, j] << j
+        out[:, 16:48] = qh
+    return out
+
+
+def _first_peak(x: torch.Tensor) -> torch.Tensor:
+    """[m]: per column of x [S, m], its first value of the largest magnitude, signed (numpy's argmax picks
+    the first; torch's argmax over dim 0 is several times slower than this)."""
+    import torch
+
+    magnitude = x.abs()
+    peaks = torch.eq(magnitude, magnitude.amax(0), out=torch.empty_like(x))  # 1.0 where |x| is largest
+    rank = torch.arange(x.shape[0], 0, -1, dtype=torch.float32, device=x.device)[:, None]  # S − row
+    first = x.shape[0] - peaks.mul_(rank).amax(0)
+    return x.gather(0, first.long()[None])[0]
+
+
+def _fit_q6_torch(x: torch.Tensor, search: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fit_q6` in torch: (scale [m], codes + 32 [16, m]) for x [16, m]. The search keeps the inverse scale
+    of each sub-block's best codes, and makes those codes once at the end."""
+    import torch
+
+    f32 = np.float32
+    half = float(Q6_HALF)
+    peak = _first_peak(x)
+    empty = peak.abs() < float(GROUP_MAX_EPS)
+    inverse = _constant(-half, x) / peak  # the peak lands on −32, the level with no +32 counterpart
+    codes_inverse = inverse
+    if search:
+        trial = torch.mul(x, inverse).round_().clamp_(-half, half - 1)
+        terms = torch.empty(2, Q6_SUB_BLOCK, x.shape[1], device=x.device)  # per value: w·x·l, w·l² (w = x²)
+        terms_rows = terms.unbind(1)
+        weights = x * x
+        weighted_x = weights * x
+        torch.mul(weighted_x, trial, out=terms[0])
+        torch.mul(weights, trial, out=terms[1]).mul_(trial)
+        sum_lx, sum_l2 = _sum_in_order_torch(terms_rows)
+        scale = torch.where(sum_l2 != 0, sum_lx / sum_l2, 0.0)
+        best = scale * sum_lx
+        for levels in torch.tensor([float(-(f32(half) + f32(0.1) * f32(k))) for k in Q6_TRIES], device=x.device):
+            trial_inverse = levels / peak
+            torch.mul(x, trial_inverse, out=trial).round_().clamp_(-half, half - 1)
+            torch.mul(weighted_x, trial, out=terms[0])
+            torch.mul(weights, trial, out=terms[1]).mul_(trial)
+            sum_lx, sum_l2 = _sum_in_order_torch(terms_rows)
+            better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)  # larger (Σwxl)²/Σwl² = smaller error
+            codes_inverse = torch.where(better, trial_inverse, codes_inverse)
+            scale = torch.where(better, sum_lx / sum_l2, scale)
+            best = torch.where(better, scale * sum_lx, best)
+    else:
+        scale = _constant(1.0, x) / inverse
+    codes = torch.mul(x, codes_inverse).round_().clamp_(-half, half - 1).add_(half)
+    return torch.where(empty, 0.0, scale), codes.mul_((~empty).to(codes.dtype))
+
+
+def _quantize_q6_k_torch(blocks: torch.Tensor, qtype: str, search: bool) -> torch.Tensor:
+    """`_quantize_q6_k` in torch: uint8 [n, 210] for float32 [n, QK_K]."""
+    import torch
+
+    n, per_block = blocks.shape[0], QK_K // Q6_SUB_BLOCK
+    x = blocks.reshape(-1, Q6_SUB_BLOCK).T.contiguous()
+    scale, fit_codes = _fit_q6_torch(x, search)
+    scale = scale.reshape(n, per_block)
+    peak = scale.gather(1, scale.abs().argmax(1, keepdim=True))[:, 0]
+    empty = peak.abs() < float(GROUP_MAX_EPS)  # llama.cpp writes such a block as all zero bytes
+    inverse = _constant(-Q6_SCALE_HALF, x) / peak
+    d = torch.where(empty, 0.0, _constant(1.0, x) / inverse).to(torch.float16)
+    scale_codes = torch.round(inverse[:, None] * scale).clamp_max_(127)
+    scale_codes = torch.where(empty[:, None], 0.0, scale_codes).to(torch.int8)
+
+    # an empty block has d = 0, so all its sub-blocks take the fit's codes: zero those
+    fit_codes.mul_((~empty).to(fit_codes.dtype).repeat_interleave(per_block))
+    step = (d.float()[:, None] * scale_codes).reshape(-1)
+    used = step != 0
+    half = float(Q6_HALF)
+    final = torch.div(x, torch.where(used, step, 1.0)).round_().clamp_(-half, half - 1).add_(half)
+    codes = _codes_by_block_torch(_pick_codes(fit_codes, final, used))
+
+    out = torch.empty(n, KQUANT_BLOCKS[qtype].itemsize, dtype=torch.uint8, device=x.device)
+    # Two halves of 128 values, each four quarters q of 32: ql byte 32i + l of a half holds quarter i in its
+    # low nibble and quarter i + 2 in its high nibble; qh byte l holds the top 2 bits of quarter q at bits 2q.
+    quarters = codes.view(n, 2, 4, 32)
+    low = quarters & 15
+    out[:, :128].view(n, 2, 2, 32).copy_(low[:, :, :2] | low[:, :, 2:] << 4)
+    top = quarters >> 4
+    out[:, 128:192].view(n, 2, 32).copy_(top[:, :, 0] | top[:, :, 1] << 2 | top[:, :, 2] << 4 | top[:, :, 3] << 6)
+    out[:, 192:208] = scale_codes.view(torch.uint8)
+    out[:, 208:] = d.view(torch.uint8).reshape(n, 2)
+    return out
+
+
+def dequantize_kquant_torch(data: torch.Tensor, qtype: str, shape: Sequence[int], name: str = "tensor") -> torch.Tensor:
+    """float32 `shape` from Q4_K, Q5_K or Q6_K bytes, in torch on data's device: gguf-py's values, op for op."""
+    import torch
+
+    block_bytes = KQUANT_BLOCKS[qtype].itemsize
+    blocks = data.reshape(-1, block_bytes)
+    if blocks.shape[0] * QK_K != math.prod(shape) or shape[-1] % QK_K:
+        raise BadInput(name, f"has {data.numel()} bytes of data; {qtype} {list(shape)} needs "
+                             f"{math.prod(shape) // QK_K * block_bytes} in rows of whole blocks")
+    out = torch.empty(blocks.shape[0], QK_K, dtype=torch.float32, device=data.device)
+    unpack = _dequantize_q6_k_torch if qtype == "Q6_K" else _dequantize_affine_k_torch
+    step = TORCH_CHUNK_BLOCKS.get(data.device.type, TORCH_CHUNK_BLOCKS["cuda"])
+    for start in range(0, blocks.shape[0], step):
+        chunk = blocks[start:start + step]
+        out[start:start + chunk.shape[0]] = unpack(chunk, qtype)
+    return out.reshape(tuple(shape))
+
+
+def _f16_column(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    import torch
+
+    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).float()  # [n, 1]
+
+
+def _shifted(packed: torch.Tensor, shifts: Sequence[int], mask: int) -> torch.Tensor:
+    """(packed[:, g, None, :] >> each shift) & mask: [n, groups·len(shifts), width], as gguf-py unpacks."""
+    import torch
+
+    n, groups, width = packed.shape
+    by = torch.tensor(shifts, dtype=torch.uint8, device=packed.device).reshape(1, 1, -1, 1)
+    return ((packed[:, :, None, :] >> by) & mask).reshape(n, groups * len(shifts), width)
+
+
+def _dequantize_affine_k_torch(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    import torch
+
+    n = blocks.shape[0]
+    d, dmin = _f16_column(blocks, 0), _f16_column(blocks, 2)
+    low_sc, low_m, high = blocks[:, 4:16].reshape(n, 3, 4).unbind(1)  # the 12 bytes of 6-bit scales and mins
+    sc = torch.cat([low_sc & 0x3F, (high & 0x0F) | ((low_sc >> 2) & 0x30)], dim=1)
+    mins = torch.cat([low_m & 0x3F, (high >> 4) | ((low_m >> 2) & 0x30)], dim=1)
+    step = (d * sc.float())[:, :, None]
+    offset = (dmin * mins.float())[:, :, None]
+    codes = _shifted(blocks[:, -128:].reshape(n, 4, 32), (0, 4), 0x0F)
+    if qtype == "Q5_K":
+        codes = codes | _shifted(blocks[:, 16:48].reshape(n, 1, 32), range(8), 0x01) << 4
+    return (step * codes.float() - offset).reshape(n, QK_K)
+
+
+def _dequantize_q6_k_torch(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    import torch
+
+    n = blocks.shape[0]
+    step = (_f16_column(blocks, 208) * blocks[:, 192:208].view(torch.int8).float())[:, :, None]  # [n, 16, 1]
+    low = _shifted(blocks[:, :128].reshape(n, 2, 64), (0, 4), 0x0F)
+    high = _shifted(blocks[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 0x03)
+    codes = (low.reshape(n, 8, 32) | high << 4).float() - 32
+    return (step * codes.reshape(n, QK_K // Q6_SUB_BLOCK, Q6_SUB_BLOCK)).reshape(n, QK_K)

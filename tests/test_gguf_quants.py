@@ -304,12 +304,161 @@ def test_torch_q8_0_is_gguf_py_byte_for_byte(case):
                           gguf_dequantize(ours, GGMLQuantizationType.Q8_0).reshape(x.shape))
 
 
-def test_quantize_in_processes_gives_the_same_bytes_and_errors():
+def test_quantize_in_processes_gives_the_same_bytes_and_errors(monkeypatch):
     """Large tensors are quantized in worker processes (the numpy search holds the GIL); rows quantize
     independently, so the bytes are the one-process bytes, and a bad value comes back as the same one-line error."""
+    monkeypatch.setattr(gguf_quants, "PROCESS_POOL_MIN_CPUS", 1)  # the pool, whatever the machine
     rows = gguf_quants.PARALLEL_VALUES * 3 // 1024  # three slices of rows and more
     x = np.random.default_rng(3).standard_normal((rows, 1024)).astype(np.float32)
     assert np.array_equal(gguf_quants.quantize_in_processes(x, "Q4_K"), quantize(x, "Q4_K"))
     x[-1, -1] = 1e30
     with pytest.raises(BadInput, match="layer.weight: has values up to 1e\\+30, too large for Q4_K"):
         gguf_quants.quantize_in_processes(x, "Q4_K", name="layer.weight")
+
+
+# ---- k-quants in torch: numpy's bytes ------------------------------------------------------------------
+
+# Values whose f16 scales come near 65504 (d for Q6_K, dmin for Q4_K and Q5_K) without reaching it.
+NEAR_F16_LIMIT = {"Q4_K": 3.9e6, "Q5_K": 3.9e6, "Q6_K": 2.5e8}
+
+
+def torch_case(case: str, qtype: str) -> np.ndarray:
+    rng = np.random.default_rng(21)
+    normal = rng.standard_normal((16, 2048))
+    if case == "llama.cpp branches":
+        return golden_input()
+    if case == "heavy tails":
+        tails = rng.standard_t(2, (16, 2048))
+        tails[8:] = np.sign(tails[8:]) * np.exp(rng.uniform(-30, 3, (8, 2048)))  # log-uniform magnitudes
+        return tails.astype(np.float32)
+    if case == "zeros":
+        return np.zeros((4, 512), np.float32)
+    if case == "constant sub-blocks":  # every 16 and 32 values alike; some zero, some super-blocks one-signed
+        levels = np.repeat(rng.standard_normal((16, 2048 // 32)), 32, axis=1)
+        levels[:, ::5] = 0
+        levels[:4] = np.abs(levels[:4])
+        return levels.astype(np.float32)
+    if case == "tiny":  # ~1e-38, denormals included: ranges whose inverse overflows
+        return (normal * np.exp(rng.uniform(np.log(1e-41), np.log(1e-36), normal.shape))).astype(np.float32)
+    if case == "large":
+        return (rng.uniform(-1, 1, (16, 2048)) * NEAR_F16_LIMIT[qtype]).astype(np.float32)
+    if case == "mixed sign":  # one-signed rows (no offset, or no zero in range), alternating signs, an outlier
+        mixed = normal.copy()
+        mixed[:4] = np.abs(mixed[:4]) + 3
+        mixed[4:8] = -np.abs(mixed[4:8])
+        mixed[8:12] *= np.where(np.arange(2048) % 2, 1, -1)
+        mixed[12, 100] = 500
+        return mixed.astype(np.float32)
+    if case == "many rows":  # more super-blocks than one pass takes, a part pass last, 3-d
+        return rng.standard_normal((3, 500, 512)).astype(np.float32)
+    return normal.astype(np.float32)  # gaussian
+
+
+TORCH_CASES = ("llama.cpp branches", "gaussian", "heavy tails", "zeros", "constant sub-blocks", "tiny", "large",
+               "mixed sign", "many rows")
+
+
+def torch_devices() -> list[str]:
+    """The CPU, and the GPU where there is one: the same bytes are asked of both."""
+    import torch
+
+    return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("method", ["search", "rtn"])
+@pytest.mark.parametrize("qtype", KQUANTS)
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_torch_kquants_are_numpy_bytes(case: str, qtype: str, method: str) -> None:
+    import torch
+
+    from specpair.formats.gguf_quants import quantize_kquant_torch
+
+    x = torch_case(case, qtype)
+    theirs = quantize(x, qtype, method, name=NAME)
+    for device in torch_devices():
+        ours = quantize_kquant_torch(torch.from_numpy(x).to(device), qtype, method == "search", NAME)
+        assert ours.dtype == torch.uint8 and ours.device.type == device and tuple(ours.shape) == theirs.shape
+        np.testing.assert_array_equal(ours.cpu().numpy(), theirs)
+    if case == "large":  # the case is what it says: f16 scales within 10% of the largest f16
+        offset = 208 if qtype == "Q6_K" else 2
+        scales = theirs.reshape(-1, BLOCK_SIZES[qtype][1])[:, offset:offset + 2].copy().view("<f2")
+        assert 0.9 * 65504 < np.abs(scales.astype(np.float32)).max() < 65504
+
+
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_torch_kquants_are_llama_cpp_bytes(qtype: str) -> None:
+    import torch
+
+    from specpair.formats.gguf_quants import quantize_kquant_torch
+
+    raw = quantize_kquant_torch(torch.from_numpy(golden_input()), qtype, True, NAME)
+    assert hashlib.sha256(raw.numpy().tobytes()).hexdigest() == GOLDEN[qtype]
+
+
+def with_inf() -> np.ndarray:
+    x = gaussian(2, 256)
+    x[0, 7] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("values, qtype", [
+    (with_nan(), "Q4_K"), (with_inf(), "Q6_K"), (with_outlier(1e7), "Q4_K"), (with_outlier(1e7), "Q5_K"),
+    (with_outlier(1e9), "Q6_K"), (gaussian(4, 300), "Q5_K"), (np.float32(1.0), "Q6_K"),
+], ids=["nan", "inf", "f16-overflow-Q4_K", "f16-overflow-Q5_K", "f16-overflow-Q6_K", "partial-block", "scalar"])
+def test_torch_kquants_refuse_what_numpy_refuses(values: np.ndarray, qtype: str) -> None:
+    import torch
+
+    from specpair.formats.gguf_quants import quantize_kquant_torch
+
+    with pytest.raises(BadInput) as theirs:
+        quantize(values, qtype, name=NAME)
+    with pytest.raises(BadInput) as ours:
+        quantize_kquant_torch(torch.from_numpy(np.asarray(values)), qtype, True, NAME)
+    assert (ours.value.where, ours.value.problem) == (theirs.value.where, theirs.value.problem)
+
+
+@pytest.mark.parametrize("method", ["search", "rtn"])
+def test_gguf_codec_encodes_kquants_in_torch_with_numpy_bytes(method: str, monkeypatch) -> None:
+    """Without worker processes (a CPU of under 4 cores, or a GPU) the codec quantizes on the tensor's device."""
+    import torch
+
+    from specpair.formats.codecs import codec
+
+    monkeypatch.setattr(gguf_quants, "PROCESS_POOL_MIN_CPUS", 1 << 30)  # no worker processes, whatever the machine
+    calls, quantize_kquant_torch = [], gguf_quants.quantize_kquant_torch
+
+    def recorded(w: torch.Tensor, qtype: str, search: bool, name: str) -> torch.Tensor:
+        calls.append((qtype, search))
+        return quantize_kquant_torch(w, qtype, search, name)
+
+    monkeypatch.setattr(gguf_quants, "quantize_kquant_torch", recorded)
+    x = gaussian(8, 512, seed=4)
+    for qtype in KQUANTS:
+        for device in torch_devices():
+            parts = codec(f"gguf-{qtype}", method).encode(torch.from_numpy(x).to(device), NAME)
+            assert parts[""].device.type == device
+            np.testing.assert_array_equal(parts[""].cpu().numpy(), quantize(x, qtype, method, name=NAME))
+    assert calls == [(qtype, method == "search") for qtype in KQUANTS for _ in torch_devices()]
+
+
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_torch_kquant_dequantizer_is_gguf_py_value_for_value(qtype: str) -> None:
+    """Random bytes (every code and scale, f16 NaN and inf among them) and our own blocks decode to gguf-py's
+    values on every device, bit for bit (NaN where gguf-py has NaN)."""
+    import torch
+
+    from specpair.formats.gguf_quants import dequantize_kquant_torch
+
+    block_bytes = BLOCK_SIZES[qtype][1]
+    random_blocks = np.random.default_rng(8).integers(0, 256, (3, 70 * block_bytes), dtype=np.uint8)
+    ours_blocks = quantize(gaussian(6, 512, seed=9), qtype, name=NAME)
+    for data, shape in ((random_blocks, (3, 70 * 256)), (ours_blocks, (6, 512))):
+        theirs = gguf_dequantize(data, GGMLQuantizationType[qtype]).reshape(shape)
+        for device in torch_devices():
+            values = dequantize_kquant_torch(torch.from_numpy(data).to(device), qtype, shape, NAME)
+            assert values.dtype == torch.float32 and tuple(values.shape) == shape
+            values, nan = values.cpu().numpy(), np.isnan(theirs)  # NaN payloads are the device's own
+            assert np.array_equal(np.isnan(values), nan) and (shape[1] < 1000 or nan.any())
+            np.testing.assert_array_equal(values[~nan].view(np.uint32), theirs[~nan].view(np.uint32))
+    with pytest.raises(BadInput, match=f"{NAME}: has {block_bytes} bytes of data; {qtype} \\[2, 256\\] needs"):
+        dequantize_kquant_torch(torch.zeros(block_bytes, dtype=torch.uint8), qtype, (2, 256), NAME)
