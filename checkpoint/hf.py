@@ -68,7 +68,7 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
         raise BadInput(where, "config is not a JSON object")
     architecture = _first_architecture(config, where)
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
-    model_type = text.get("model_type") if isinstance(text.get("model_type"), str) else config.get("model_type")
+    model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
     tensors = meta.tensors
     by_name = {t.name: t for t in tensors or []}
 

@@ -20,6 +20,7 @@ Examples:
   specpair convert ./Qwen3.6-27B ./Qwen3.6-27B-affine4 --to affine4          # MLX / TensorFold layout
   specpair convert ./Qwen3.6-35B-A3B-NVFP4 ./nvfp4-ct --to nvfp4:ct          # bit-lossless repack
   specpair convert model.gguf ./model-bf16 --to bf16                          # GGUF back to transformers
+  specpair convert ./Qwen3.6-35B-A3B-DFlash ./draft-exl3 --to exl3:4         # ExLlamaV3, encoded on the GPU
   specpair convert ./Qwen3-8B ./Qwen3-8B-fp8 --to fp8 --keep 'lm_head.weight=bf16' --dry-run
 
 \b
@@ -31,7 +32,7 @@ behind, run it again; 2 bad input (refused before anything was written)."""
 def convert(
     source: Annotated[str, typer.Argument(help="Checkpoint: local directory, .gguf file, or a Hub repo org/name[@revision] already in the HF cache.")],
     destination: Annotated[str, typer.Argument(help="Output: a directory (safetensors layouts) or a .gguf file; must not exist.")],
-    to: Annotated[str, typer.Option("--to", help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn].")],
+    to: Annotated[str, typer.Option("--to", help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst].")],
     target: Annotated[str | None, typer.Option("--target", help="The target model a drafter belongs to: its tokenizer goes into the drafter's GGUF.")] = None,
     keep: Annotated[list[str] | None, typer.Option("--keep", help="GLOB=LAYOUT: tensors whose output name matches get this layout (repeatable), e.g. 'output.weight=gguf:Q6_K'.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="Where quantization runs: cpu or cuda (default: cuda when present).")] = None,

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import math
@@ -148,9 +149,15 @@ class Source:
 
             rope = self.weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
             values = read_parts(rope, self.root, "gguf")[""].float().tolist() if rope is not None else None
-            self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
-                                                rope_freqs=values)
+            with naming_the_file(self):
+                self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
+                                                    rope_freqs=values)
         return self._hf_plan
+
+    @property
+    def metadata_file(self) -> str:
+        """The file the model's description comes from: the GGUF, or config.json."""
+        return self.header.path if self.header is not None else os.path.join(self.root, "config.json")
 
     def hf_config(self) -> dict[str, Any]:
         """The HF config.json of this checkpoint without its quantization announcements."""
@@ -166,6 +173,19 @@ class Source:
     @property
     def quantized(self) -> bool:
         return any(w.layout not in FLOAT_LAYOUTS and w.layout != "int" for w in self.weights.values())
+
+
+@contextlib.contextmanager
+def naming_the_file(source: Source) -> Iterator[None]:
+    """gguf_arch names what it reads "config.json" or "GGUF header": say which file of the source that is."""
+    from specpair.formats import gguf_arch
+
+    try:
+        yield
+    except BadInput as e:
+        if e.where in (gguf_arch.CONFIG, gguf_arch.HEADER):
+            raise BadInput(source.metadata_file, e.problem) from None
+        raise
 
 
 def open_source(ref: str, gguf_file: str | None = None) -> Source:
@@ -195,6 +215,8 @@ def open_source(ref: str, gguf_file: str | None = None) -> Source:
     config = read_json(files, "config.json", required=True)
     tensors = files.safetensors_headers(shards)
     weights = _unpadded(hf_weights(tensors, config.get("quantization")), config, files.where)
+    for w in weights:
+        _check_readable(w, files.where)
     from specpair.formats.mlx_names import is_mlx_layout
 
     scheme = "mlx" if is_mlx_layout(checkpoint.family, [w.name for w in weights]) else "hf"
@@ -208,7 +230,10 @@ def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list
         return weights
     from specpair.formats import gguf_arch
 
-    expected = gguf_arch.hf_shapes(config, {w.name for w in weights})
+    try:
+        expected = gguf_arch.hf_shapes(config, {w.name: w.shape for w in weights})
+    except BadInput as e:
+        raise BadInput(os.path.join(where, "config.json"), e.problem) from None
     out = []
     for w in weights:
         shape = expected.get(w.name, w.shape)
@@ -217,6 +242,22 @@ def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list
                                                           f"fit the {list(shape)} the config gives it")
         out.append(dataclasses.replace(w, shape=shape) if w.layout.startswith("exl3") else w)
     return out
+
+
+def _check_readable(weight: Weight, where: str) -> None:
+    """A tensor whose dtype torch cannot hold, or a layout without a codec, is refused by name before planning."""
+    from specpair.formats.codecs import TORCH_DTYPES
+
+    for key, info in weight.parts.items():
+        if info.dtype not in TORCH_DTYPES:
+            raise BadInput(os.path.join(where, info.file), f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, "
+                                                           "which specpair cannot read")
+    if weight.layout != "int":
+        try:
+            codec(weight.layout)
+        except BadInput:
+            raise BadInput(os.path.join(where, weight.parts[next(iter(weight.parts))].file),
+                           f"weight {weight.name!r} is stored as {weight.layout}, which specpair cannot read") from None
 
 
 def _local_path(ref: str) -> str:
@@ -328,10 +369,10 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
     if layouts == {layout}:
         if not m.steps and len(weights) == 1:
             stored = {k: (i.dtype, i.shape) for k, i in weights[0].parts.items()}
-            return Output(m, layout, "copy", _gguf_dtypes(stored, target), reason)
+            return Output(m, layout, "copy", _gguf_dtypes(stored, target, m), reason)
         exact = m.kind == "rows" and codec(layout).rows_exact or m.kind == "shape" and layout in FLOAT_LAYOUTS
         if exact and all(len(w.parts) == 1 for w in weights):
-            return Output(m, layout, "rows", _gguf_dtypes(codec(layout).stored(m.shape), target), reason)
+            return Output(m, layout, "rows", _gguf_dtypes(codec(layout).stored(m.shape), target, m), reason)
     if layout == "int":
         raise BadInput(m.name, f"integer tensor cannot be built by {', '.join(map(str, m.steps))}")
     target_codec = codec(layout, method)
@@ -345,18 +386,22 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
         source_scale = STORED[weights[0].layout].get("input_scale")
         if input_scale and source_scale and source_scale[0] in weights[0].parts:
             stored[input_scale[0]] = ("F32", (1,) if layout in ("nvfp4-ct", "nvfp4-gguf") else ())
-        return Output(m, layout, "repack", _gguf_dtypes(stored, target), reason)
+        return Output(m, layout, "repack", _gguf_dtypes(stored, target, m), reason)
     for w in weights:
         _check_parts(w)
-    return Output(m, layout, "float", _gguf_dtypes(stored, target), reason, method)
+    return Output(m, layout, "float", _gguf_dtypes(stored, target, m), reason, method)
 
 
-def _gguf_dtypes(stored: dict[str, tuple[str, tuple[int, ...]]], target: Target) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """GGUF has no unsigned or F8 types: refuse what llama.cpp could not read."""
+def _gguf_dtypes(stored: dict[str, tuple[str, tuple[int, ...]]], target: Target,
+                 m: TensorMap) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GGUF has no unsigned, F8 or complex types: refuse what llama.cpp could not read."""
     if target.file_format == "gguf":
+        from gguf import GGMLQuantizationType
+
         for key, (dtype, _) in stored.items():
-            if dtype in ("U8", "U16", "U32", "U64", "BOOL", "F8_E4M3", "F8_E5M2"):
-                raise BadInput(key or "tensor", f"dtype {dtype} has no GGUF type")
+            if dtype not in GGMLQuantizationType.__members__:
+                raise BadInput(m.name if key == "" else m.name.removesuffix(".weight") + key,
+                               f"dtype {dtype} has no GGUF type")
     return stored
 
 
@@ -407,8 +452,9 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
             from specpair.formats import gguf_arch
 
             back = source.hf_plan()
-            forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
-                                        target_config=donor.hf_config() if donor else None)
+            with naming_the_file(source):
+                forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
+                                            target_config=donor.hf_config() if donor else None)
             notes = back.notes + forward.notes + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
             return _compose(back.tensors, forward.tensors), notes, None, forward.arch, forward.fields
         fields = [(k, v, t) for k, v, t in _source_fields(source.header) if not k.startswith(("tokenizer.", "general."))]
@@ -422,8 +468,9 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
         if kv_scales:
             notes.append(f"dropped {len(kv_scales)} KV-cache scales (.k_scale/.v_scale): llama.cpp has no FP8 KV cache")
             hf_maps = [m for m in hf_maps if m not in kv_scales]
-        forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
-                                    target_config=donor.hf_config() if donor else None)
+        with naming_the_file(source):
+            forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
+                                        target_config=donor.hf_config() if donor else None)
         return _compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
     if to == "mlx" and src != "mlx":
         from specpair.formats.mlx_names import to_mlx
@@ -792,9 +839,6 @@ def _convert_one(source: Source, output: Output, device: str) -> tuple[Output, d
     return output, parts, ErrorSum().report(output)
 
 
-ROW_CHUNK = 1 << 18  # values per pass: 16 MB of float32, so temporaries are reused rather than faulted in
-
-
 def _by_rows(output: Output, weights: list[Weight]) -> bool:
     """A one-source, step-free float conversion whose parts all split by rows runs a few MB at a time."""
     if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or output.layout.startswith("exl3"):
@@ -817,7 +861,7 @@ def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str
     source_codec, target_codec = codec(weight.layout), codec(output.layout, output.method)
     rows, cols = math.prod(weight.shape[:-1]), weight.shape[-1]
     unit = max(source_codec.row_block, target_codec.row_block)
-    step = max(unit, ROW_CHUNK // cols // unit * unit)
+    step = max(unit, target_codec.chunk_values // cols // unit * unit)
     chunks = [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
     def decoded(start: int, stop: int) -> torch.Tensor:

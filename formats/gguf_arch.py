@@ -264,6 +264,8 @@ def to_gguf(config: dict[str, Any], tensors: dict[str, tuple[int, ...]], *, mtp:
             names -= set(dropped)
     mtp_names = {n for n in names if n.startswith("mtp.")}
     hp = _hparams_from_config(arch, config, names, mtp, target_config, notes)
+    _check_counts(arch, hp, {n: tensors[n] for n in names}, CONFIG)
+    _check_sizes(arch, hp, {n: tensors[n] for n in names}, CONFIG)
     if mtp_names and not hp.get("mtp_num_hidden_layers"):
         why = ("not asked for (mtp=False)" if not mtp else "no mtp.layers.* decoder layer to carry the head"
                if ARCHS[arch].mtp else f"llama.cpp's {arch} has no MTP head")
@@ -278,11 +280,15 @@ def to_gguf(config: dict[str, Any], tensors: dict[str, tuple[int, ...]], *, mtp:
     return GGUFPlan(arch, fields, layout.gguf, notes)
 
 
-def hf_shapes(config: dict[str, Any], names: set[str]) -> dict[str, tuple[int, ...]]:
-    """The shape of every HF tensor `config` describes, by name (`names`: the checkpoint's, which decide
-    fused or per-expert storage); for padded layouts whose stored shapes hide the real ones (EXL3)."""
+def hf_shapes(config: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The shape of every HF tensor `config` describes, by name (`tensors`: the checkpoint's names, which decide
+    fused or per-expert storage, with their stored shapes); for padded layouts whose stored shapes hide the real
+    ones (EXL3)."""
     arch = _arch_of_config(config)
+    names = set(tensors)
     hp = _hparams_from_config(arch, config, names, True, None, [])
+    _check_counts(arch, hp, tensors, CONFIG)
+    _check_sizes(arch, hp, tensors, CONFIG)
     return {m.name: m.shape for m in _layout(arch, hp, _hf_storage(arch, hp, names), gguf_fused=set()).hf}
 
 
@@ -302,6 +308,8 @@ def from_gguf(fields: dict[str, object], tensors: dict[str, tuple[int, ...]], *,
     if stored_arch == FORK_ARCH:
         fields, tensors, stored_names = _upstream_fork(fields, tensors, notes)
     hp = _hparams_from_fields(arch, fields, tensors)
+    _check_counts(arch, hp, tensors, HEADER)
+    _check_sizes(arch, hp, tensors, HEADER)
     if "rope_freqs.weight" in tensors:
         if rope_freqs is None:
             raise BadInput("rope_freqs.weight", "Llama 3 rope scaling is this tensor's data: pass its values as rope_freqs")
@@ -359,6 +367,8 @@ def _hparams_from_config(arch: str, config: dict[str, Any], names: set[str], mtp
     hp["rope_theta"] = _number(rope, "rope_theta", CONFIG)
     hp.update(_rope_scaling(arch, rope))
     partial = rope.get("partial_rotary_factor", 0.25 if spec.rope_dims == "partial" and not spec.drafter else None)
+    if partial is not None and not (isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1):
+        raise BadInput(CONFIG, f"'partial_rotary_factor' is {brief(partial)}, not a number in (0, 1]")
     if spec.rope_dims == "full":
         hp["rope_dims"] = hp["head_dim"]
     elif spec.rope_dims == "partial" and partial is not None:
@@ -496,9 +506,13 @@ def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str
                           if group in spec.groups and f"{arch}.{key}" in fields}
     for key in ("block_count", "hidden_size", "num_attention_heads"):
         hp[key] = _positive(hp, key, HEADER, arch=arch)
+    if hp["block_count"] > len(tensors):  # before any per-block list is made (_check_counts says why)
+        raise BadInput(HEADER, f"'{arch}.block_count' is {hp['block_count']}, but the file holds only {len(tensors)} tensors")
     hp["num_key_value_heads"] = _positive(hp, "num_key_value_heads", HEADER, hp["num_attention_heads"], arch=arch)
     hp["head_dim"] = _positive(hp, "head_dim", HEADER, hp["hidden_size"] // hp["num_attention_heads"], arch=arch)
-    hp["rope_theta"] = float(hp.get("rope_theta", 10000.0))  # llama.cpp's default
+    hp["rope_theta"] = _number(hp, "rope_theta", HEADER, arch) if "rope_theta" in hp else 10000.0  # llama.cpp's default
+    if "rope_dims" in hp:
+        hp["rope_dims"] = _positive(hp, "rope_dims", HEADER, arch=arch)
     hp["rms_norm_eps"] = _number(hp, "rms_norm_eps", HEADER, arch)
     tokens = fields.get("tokenizer.ggml.tokens")
     embedding = tensors.get("token_embd.weight") or tensors.get("output.weight")
@@ -548,8 +562,9 @@ def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str
         if present and len(present) != len(DFLASH2_KEYS):
             raise BadInput(HEADER, f"DFlash-2 needs all of dflash.{', dflash.'.join(DFLASH2_KEYS)}")
         if present:
-            group = _positive(hp, "conv_group_size", HEADER, arch=arch)
-            hp["conv_proj"] = 2 * hp["conv_kernel_size"] * hp["hidden_size"] // group
+            for key in DFLASH2_KEYS:
+                hp[key] = _positive(hp, key, HEADER, arch=arch)
+            hp["conv_proj"] = 2 * hp["conv_kernel_size"] * hp["hidden_size"] // hp["conv_group_size"]
     return hp
 
 
@@ -940,6 +955,40 @@ def _check_tensors(where: str, given: dict[str, tuple[int, ...]], expected: dict
 
 def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
+MAX_EXPERT_TENSORS = 1 << 20  # layers x routed experts: 61 x 384 in the largest MoE models today
+
+
+def _check_counts(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, ...]], where: str) -> None:
+    """The layout is built block by block and expert by expert before it is compared with the checkpoint's
+    tensors, so counts the tensors cannot hold are refused first: a tiny file claiming 10^7 experts must not
+    make 10^7 tensor maps. Every block has tensors of its own; experts are tensors of their own or the
+    leading dim of stacked 3-D ones."""
+    count = len(tensors)
+    if hp["block_count"] > count:
+        key = "block_count" if where == HEADER else "num_hidden_layers"
+        raise BadInput(where, f"'{_label(key, where, arch)}' is {hp['block_count']}, but the checkpoint holds only "
+                              f"{count} tensors")
+    experts = hp.get("num_experts") if ARCHS[arch].experts else None
+    if experts is None:
+        return
+    stacked = max((shape[0] for shape in tensors.values() if len(shape) == 3), default=0)
+    if experts > max(count, stacked) or experts * hp["block_count"] > MAX_EXPERT_TENSORS:
+        raise BadInput(where, f"'{_label('num_experts', where, arch)}' is {experts}, more experts than the "
+                              "checkpoint's tensors hold")
+
+
+def _check_sizes(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, ...]], where: str) -> None:
+    """Row permutations (rope, V-head order) are built from the hyper-parameters' sizes before any tensor is
+    compared: a size larger than the largest tensor of the checkpoint is refused first, so a header field of
+    2^32 cannot make a 2^32-entry permutation. Left out: the vocabulary (a drafter holds no embedding) and the
+    expert count (_check_counts bounds it; no permutation runs over experts)."""
+    largest = max((math.prod(shape) for shape in tensors.values()), default=0)
+    for name, size in _sizes(arch, hp).items():
+        if name not in ("vocab", "experts") and size > largest:
+            raise BadInput(where, f"the hyper-parameters give a tensor dimension {name} of {size}, more values than "
+                                  f"the checkpoint's largest tensor holds ({largest})")
 
 
 def _ggml_ne(shape: Sequence[int]) -> tuple[int, ...]:

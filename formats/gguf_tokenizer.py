@@ -188,6 +188,8 @@ def hf_tokenizer_files(fields: dict[str, object], where: str) -> dict[str, bytes
         raise BadInput(where, f"{GGML}model {brief(fields.get(GGML + 'model'))}: only byte-level BPE ('gpt2') converts "
                               "to tokenizer.json (SentencePiece 'llama' and others are not supported)")
     parsed = from_gguf_fields(fields, where)  # checks tokens and merges are strings, types as many as tokens
+    if parsed is None:
+        raise BadInput(where, f"{GGML}model is 'gpt2' but the file has no {GGML}tokens")
     tokens = parsed.tokens or []
     types = fields.get(GGML + "token_type") or [int(TokenType.NORMAL)] * len(tokens)
     if not all(type(t) is int and t in _TOKEN_TYPES for t in types):

@@ -131,5 +131,7 @@ def _logical_shape(layout: str, parts: dict[str, TensorInfo], module: str) -> tu
         bits = int(layout[len("affine"):layout.index("-g")])
         return (*lead, last * 32 // bits)
     if layout.startswith("exl3-"):  # trellis [in/16, out/16, 16K]: 16x16 tiles of the transposed weight
+        if len(main.shape) != 3:
+            raise BadInput(module + ".trellis", f"shape {list(main.shape)} is not [in/16, out/16, 16·bits]")
         return (main.shape[1] * 16, main.shape[0] * 16)
     return main.shape

@@ -511,6 +511,9 @@ def _place(p: RepoPlan, f: RemoteFile) -> None:
         target = os.path.relpath(dest.final_path(f), os.path.dirname(pointer))
         if os.path.islink(pointer) and os.readlink(pointer) == target:
             return
+        if not os.path.lexists(pointer):  # a new link appears whole: no temporary name a kill could leave behind
+            os.symlink(target, pointer)
+            return
         tmp = f"{pointer}.{uuid.uuid4().hex[:8]}.tmp"
         os.symlink(target, tmp)
         os.replace(tmp, pointer)

@@ -256,11 +256,12 @@ class CachedFiles:
     Also reads a directory `specpair download --local-dir` wrote (no record), for `check specpair.lock`."""
 
     def __init__(self, repo: str, revision: str | None, commit: str, snapshot: str, record: dict[str, Any] | None,
-                 record_path: str) -> None:
+                 record_path: str, locked: list[str] | None = None) -> None:
         self.commit, self.snapshot = commit, snapshot
         self.where = f"{repo}@{revision}" if revision else repo
         self._local = LocalFiles(snapshot)
         self._record, self._record_path = record, record_path
+        self._locked = locked  # the files a lockfile lists: looked at instead of walking the directory it names
         self._entries = self._listing()
 
     @classmethod
@@ -289,12 +290,16 @@ class CachedFiles:
     def _listing(self) -> list[FileEntry]:
         if self._record is not None:
             return self._guard(lambda: [FileEntry(**e) for e in self._record["files"]])
-        entries = self._local.list() if os.path.isdir(self.snapshot) else []
+        if self._locked is not None:
+            entries = [FileEntry(path, os.stat(full).st_size) for path in self._locked
+                       if os.path.isfile(full := os.path.join(self.snapshot, path))]
+        else:
+            entries = self._local.list() if os.path.isdir(self.snapshot) else []
         names = {e.path for e in entries}
         # Shards an index names are part of the checkpoint even when only the index was downloaded.
         for index in [n for n in names if n.endswith(".safetensors.index.json") and "/" not in n]:
             raw = self._local.read(index, MAX_CONFIG_BYTES) or b"{}"
-            with contextlib.suppress(ValueError, AttributeError):
+            with contextlib.suppress(ValueError, AttributeError, RecursionError):  # the reader refuses it later
                 weight_map = json.loads(raw).get("weight_map") or {}
                 for shard in sorted({v for v in weight_map.values() if safe_relative(v)} - names):
                     entries.append(FileEntry(shard))

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
+from specpair.formats import MAX_JSON_DEPTH, brief, nests_deeper_than
 from specpair.sources.hub import COMMIT, safe_relative, write_atomic
 
 LOCK_SCHEMA = "specpair.lock/1"
@@ -108,6 +110,10 @@ def read_lock(path: str) -> list[LockedRepo]:
         document = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
         raise BadInput(path, f"not valid JSON ({e})") from None
+    except RecursionError:  # the decoder recurses once per level
+        raise BadInput(path, f"not a {LOCK_SCHEMA} file (JSON nested too deeply)") from None
+    if nests_deeper_than(document, MAX_JSON_DEPTH):  # repr and the checks below would recurse as deep
+        raise BadInput(path, f"not a {LOCK_SCHEMA} file (JSON nested deeper than {MAX_JSON_DEPTH} levels)")
     if not isinstance(document, dict) or document.get("schema") != LOCK_SCHEMA:
         raise BadInput(path, f"not a {LOCK_SCHEMA} file")
     repos = document.get("repos")
@@ -160,8 +166,10 @@ def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
         raise BadInput(repo.directory, f"{repo.repo}@{repo.commit} is not there any more (the lock says it was "
                                        "downloaded here): run `specpair download` again")
     # The cache reader lists the shards an index names even when only metadata was downloaded, and reads
-    # such a checkpoint as config-only instead of refusing it.
-    files = CachedFiles(repo.repo, repo.commit, repo.commit, repo.directory, None, repo.directory)
+    # such a checkpoint as config-only instead of refusing it. It looks at the files the lock lists only: the
+    # directory is the lock's word, and a lock naming "/" must not make it walk the whole file system.
+    files = CachedFiles(repo.repo, repo.commit, repo.commit, repo.directory, None, repo.directory,
+                        locked=[f.path for f in repo.files])
     return read_checkpoint(files, repo.directory, "local", gguf_file, revision=repo.commit)
 
 
@@ -169,9 +177,12 @@ def _check(repo: LockedRepo, locked: LockedFile) -> FileCheck:
     full = os.path.join(repo.directory, locked.path)
     found = FileCheck(locked.path, full, locked.size, "missing")
     try:
-        size = os.stat(full).st_size
+        info = os.stat(full)
     except OSError:
         return found
+    if not stat.S_ISREG(info.st_mode):  # /dev/zero would hash forever, a FIFO block on open
+        raise BadInput(full, "is not a regular file: refused")
+    size = info.st_size
     if size != locked.size:
         return FileCheck(locked.path, full, locked.size, "size_differs", found_size=size)
     digest = hashlib.sha256()
@@ -201,10 +212,10 @@ def _repo_from_json(item: object, where: str, base: str) -> LockedRepo:
         raise BadInput(where, "not an object")
     repo, commit, path = item.get("repo"), item.get("commit"), item.get("path")
     if not isinstance(repo, str) or not REPO_ID.match(repo):
-        raise BadInput(where, f"'repo' is not a Hub repo id: {repo!r}")
+        raise BadInput(where, f"'repo' is not a Hub repo id: {brief(repo)}")
     if not isinstance(commit, str) or not COMMIT.match(commit):
-        raise BadInput(where, f"'commit' is not a 40-hex commit id: {commit!r}")
-    if not isinstance(path, str) or not path:
+        raise BadInput(where, f"'commit' is not a 40-hex commit id: {brief(commit)}")
+    if not _file_name(path) or not path:
         raise BadInput(where, "'path' must name the directory the files were downloaded to")
     revision, endpoint = item.get("revision"), item.get("endpoint")
     if revision is not None and not isinstance(revision, str):
@@ -220,8 +231,9 @@ def _repo_from_json(item: object, where: str, base: str) -> LockedRepo:
         raise BadInput(where, "'files' must be a list")
     files = []
     for i, f in enumerate(raw_files):
-        ok = (isinstance(f, dict) and safe_relative(f.get("path")) and type(f.get("size")) is int and f["size"] >= 0
-              and isinstance(f.get("sha256"), str) and SHA256.match(f["sha256"]))
+        ok = (isinstance(f, dict) and safe_relative(f.get("path")) and _file_name(f["path"])
+              and type(f.get("size")) is int and f["size"] >= 0 and isinstance(f.get("sha256"), str)
+              and SHA256.match(f["sha256"]))
         if not ok:
             raise BadInput(f"{where}: files[{i}]", "needs a relative 'path' inside the repo, an integer 'size' "
                                                    "and a 64-hex 'sha256'")
@@ -237,3 +249,14 @@ def _repo_from_json(item: object, where: str, base: str) -> LockedRepo:
 
 def _strings(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _file_name(value: object) -> bool:
+    """A string the file system can take: no NUL, no lone surrogate (JSON allows both)."""
+    if not isinstance(value, str) or "\0" in value:
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        return False
+    return True

@@ -8,7 +8,8 @@ that huggingface_hub maps to its exception types, and 503 for an outage. It coun
 tests can check that only headers were read, or that a resumed download fetched only the missing bytes.
 
 `FakeHub.faults[(repo, path)]` makes the file route misbehave as networks and CDNs do: cut the connection
-at a byte, stall, flip a byte, answer a list of statuses (500, 503, ...), ignore or refuse Range requests.
+at a byte, stall, flip a byte, answer a list of statuses (500, 503, ...), ignore or refuse Range requests,
+or send slowly (a pause before each 64 KiB chunk).
 
 `start_olah` runs olah, a real Hub mirror over local git repos, for the paths it does serve.
 """
@@ -64,6 +65,7 @@ class Fault:
     statuses: list[int] = field(default_factory=list)  # answer these, one per request, before serving normally
     ignore_range: bool = False  # answer a Range request with 200 and the whole file
     refuse_range: bool = False  # answer a Range request with 416
+    chunk_delay_s: float = 0.0  # pause before each chunk of the body: a slow link, so a transfer takes time
 
 
 class FakeHub:
@@ -240,6 +242,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                         self.close_connection = True
                         return
                     end = fault.stall_at - start
+                if fault is not None and fault.chunk_delay_s:
+                    time.sleep(fault.chunk_delay_s)
                 try:
                     self.wfile.write(body[position:end])
                 except (BrokenPipeError, ConnectionResetError):

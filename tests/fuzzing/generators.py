@@ -436,3 +436,374 @@ def mutated(draw: st.DrawFn, seed: bytes, hot_end: int, faults: list[str], json_
                     (*EDGE_INTS, *HUGE_INTS, *NEGATIVE_INTS, 1.5, 1e308)))).encode()
     return bytes(data)
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# valid files re-encoded with edits: GGUF keys and tensor infos, safetensors tensors
+
+GGUF_INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+
+
+@dataclass
+class GGUFParts:
+    """A valid GGUF split into what the edits change: key-value entries (key, value type, encoded value),
+    tensor infos ([name, dims in ggml order, ggml type, offset into the data]) and the data section."""
+
+    version: int
+    kv: list[tuple[bytes, int, bytes]]
+    tensors: list[list[Any]]
+    alignment: int
+    data: bytes
+
+
+def _gguf_value_end(raw: bytes, at: int, vtype: int) -> int:
+    if vtype in GGUF_SCALARS:
+        return at + struct.calcsize(GGUF_SCALARS[vtype])
+    if vtype == GGUF_STRING:
+        return at + 8 + struct.unpack_from("<Q", raw, at)[0]
+    element, count = struct.unpack_from("<IQ", raw, at)
+    at += 12
+    for _ in range(count):
+        at = _gguf_value_end(raw, at, element)
+    return at
+
+
+def split_gguf(raw: bytes) -> GGUFParts:
+    """The parts of a GGUF this suite wrote itself (so every length in it is true)."""
+    version, tensor_count, kv_count = struct.unpack_from("<IQQ", raw, 4)
+    at, kv, alignment = 24, [], 32
+    for _ in range(kv_count):
+        length = struct.unpack_from("<Q", raw, at)[0]
+        key = raw[at + 8:at + 8 + length]
+        vtype = struct.unpack_from("<I", raw, at + 8 + length)[0]
+        start = at + 12 + length
+        at = _gguf_value_end(raw, start, vtype)
+        kv.append((key, vtype, raw[start:at]))
+        if key == b"general.alignment":
+            alignment = struct.unpack_from("<I", raw, start)[0]
+    tensors = []
+    for _ in range(tensor_count):
+        length = struct.unpack_from("<Q", raw, at)[0]
+        name = raw[at + 8:at + 8 + length]
+        at += 8 + length
+        n_dims = struct.unpack_from("<I", raw, at)[0]
+        dims = list(struct.unpack_from(f"<{n_dims}Q", raw, at + 4))
+        ggml_type, offset = struct.unpack_from("<IQ", raw, at + 4 + 8 * n_dims)
+        at += 4 + 8 * n_dims + 12
+        tensors.append([name, dims, ggml_type, offset])
+    return GGUFParts(version, kv, tensors, alignment, raw[at + (-at % alignment):])
+
+
+def join_gguf(parts: GGUFParts) -> bytes:
+    header = b"GGUF" + struct.pack("<IQQ", parts.version, len(parts.tensors), len(parts.kv))
+    header += b"".join(struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype) + raw for key, vtype, raw in parts.kv)
+    header += b"".join(gguf_tensor_info(struct.pack("<Q", len(name)) + name, len(dims), dims, ggml_type, offset)
+                       for name, dims, ggml_type, offset in parts.tensors)
+    return header + b"\0" * (-len(header) % parts.alignment) + parts.data
+
+
+def encode_gguf_value(vtype: int, value: Any, element: int | None = None) -> bytes:
+    """A Python value as GGUF encodes it in `vtype` (arrays: of `element`); integers wrap to the type."""
+    if vtype in GGUF_INTS:
+        bits = 8 * struct.calcsize(GGUF_INTS[vtype])
+        wrapped = int(value) % 2**bits
+        if GGUF_INTS[vtype][1].islower() and wrapped >= 2 ** (bits - 1):
+            wrapped -= 2**bits
+        return struct.pack(GGUF_INTS[vtype], wrapped)
+    if vtype in (6, 12):
+        return struct.pack(GGUF_SCALARS[vtype], float(value))
+    if vtype == 7:
+        return bytes([bool(value)])
+    if vtype == GGUF_STRING:
+        return gguf_text(str(value))
+    element = element if element is not None else _element_type(value)
+    return struct.pack("<IQ", element, len(value)) + b"".join(encode_gguf_value(element, v) for v in value)
+
+
+def _element_type(values: list[Any]) -> int:
+    first = values[0] if values else 0
+    return 7 if isinstance(first, bool) else 5 if isinstance(first, int) else 6 if isinstance(first, float) \
+        else 9 if isinstance(first, list) else GGUF_STRING
+
+
+GGUF_EDITS = ("gguf-key", "gguf-key-type", "missing-key", "duplicate-key", "array-element", "array-length",
+              "architecture", "tensor-shape", "tensor-name", "tensor-drop", "tensor-duplicate", "tensor-type")
+
+
+@st.composite
+def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[str, tuple[int, ...]],
+              keys: Sequence[str], faults: list[str], tensor_names: Sequence[str] = (),
+              edits: Sequence[str] = GGUF_EDITS) -> bytes:
+    """A valid GGUF with 1..3 edits among `edits`: `keys` (with `{arch}` in place) get hostile values, types,
+    duplicates or go missing; arrays lose, repeat or change elements; tensor infos get other dims, names
+    (`tensor_names` are names the readers expect) or types. Lengths stay true: only values lie."""
+    parts = split_gguf(raw)
+    arch = str(fields.get("general.architecture", ""))
+    by_key = {key.decode("utf-8", "surrogatepass"): i for i, (key, _, _) in enumerate(parts.kv)}
+    for _ in range(draw(st.sampled_from((1, 1, 2, 3)))):
+        edit = draw(st.sampled_from(edits))
+        if edit.startswith("tensor") and not parts.tensors:
+            continue
+        faults.append(edit)
+        key = draw(st.sampled_from(keys)).replace("{arch}", arch)
+        encoded = key.encode("utf-8", "surrogatepass")
+        if edit in ("gguf-key", "gguf-key-type", "duplicate-key"):
+            native = types.get(key, (None,))[0]
+            if edit == "gguf-key-type" and key in fields:
+                vtype, value = draw(_retyped(fields[key], faults))
+            else:
+                vtype, value = draw(gguf_value(faults, None, native if native is not None and draw(st.booleans()) else None))
+            entry = (encoded, vtype, value)
+            if key in by_key and edit != "duplicate-key":
+                parts.kv[by_key[key]] = entry
+            else:
+                parts.kv.append(entry)
+        elif edit == "missing-key" and key in by_key:  # renamed out of the way: the entries keep their places
+            parts.kv[by_key[key]] = (b"general.dropped." + encoded, GGUF_STRING, gguf_text("x"))
+        elif edit in ("array-element", "array-length"):
+            arrays = [k for k in by_key if isinstance(fields.get(k), list)]
+            if not arrays:
+                continue
+            name = draw(st.sampled_from(arrays))
+            values = list(fields[name])
+            if edit == "array-element" and values:
+                at = draw(st.integers(0, len(values) - 1))
+                values[at] = draw(st.sampled_from((values[0], values[-1], values[at] + values[at] if not isinstance(
+                    values[at], bool) else True)) | _like(values[at]))
+            else:
+                size = draw(st.sampled_from((0, 1, max(0, len(values) - 1), len(values) + 1, 2 * len(values) + 3)))
+                values = (values * (size // max(1, len(values)) + 1))[:size] if values else [0] * size
+            element = types[name][1] if len(types[name]) > 1 else _element_type(values)
+            parts.kv[by_key[name]] = (name.encode("utf-8", "surrogatepass"), GGUF_ARRAY,
+                                      encode_gguf_value(GGUF_ARRAY, values, element))
+        elif edit == "architecture":
+            other = draw(st.sampled_from(GGUF_ARCHS))
+            parts.kv[by_key["general.architecture"]] = (b"general.architecture", GGUF_STRING, gguf_text(other))
+        elif edit == "tensor-shape":
+            tensor = draw(st.sampled_from(parts.tensors))
+            dims = tensor[1]
+            at = draw(st.integers(0, len(dims) - 1))
+            dims[at] = draw(st.sampled_from((0, 1, 2, dims[at] - 1, dims[at] + 1, dims[at] * 2, dims[at] // 2, 2**32)))
+            if len(dims) > 1 and draw(st.booleans()):
+                dims.reverse()
+        elif edit == "tensor-name":
+            tensor = draw(st.sampled_from(parts.tensors))
+            tensor[0] = draw(st.sampled_from([*tensor_names, *GGUF_TENSOR_NAMES])).encode("utf-8", "surrogatepass")
+        elif edit == "tensor-drop":
+            parts.tensors.pop(draw(st.integers(0, len(parts.tensors) - 1)))
+        elif edit == "tensor-duplicate":
+            parts.tensors.append(list(draw(st.sampled_from(parts.tensors))))
+        else:
+            draw(st.sampled_from(parts.tensors))[2] = draw(st.sampled_from(GGML_TYPES))
+    return join_gguf(parts)
+
+
+@st.composite
+def _retyped(draw: st.DrawFn, value: Any, faults: list[str]) -> tuple[int, bytes]:
+    """The same value in another GGUF type: 64 as a string, a float, a bool, an array, a negative i64."""
+    if isinstance(value, list):
+        return GGUF_STRING, gguf_text(str(value)[:200])
+    kind = draw(st.sampled_from(("string", "float", "bool", "array", "int64", "int8")))
+    faults.append(f"as-{kind}")
+    if kind == "string":
+        return GGUF_STRING, gguf_text(str(value))
+    if kind == "float":
+        return 12, struct.pack("<d", float(value) if not isinstance(value, str) else 1.5)
+    if kind == "bool":
+        return 7, bytes([1])
+    if kind == "array":
+        return GGUF_ARRAY, encode_gguf_value(GGUF_ARRAY, [value] if not isinstance(value, str) else [value], None)
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else 1
+    return (11, struct.pack("<q", -abs(int(number)) - 1)) if kind == "int64" else (1, struct.pack("<b", -1))
+
+
+def _like(value: Any) -> st.SearchStrategy[Any]:
+    """A hostile value of the same Python type (array elements keep their GGUF element type)."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.sampled_from((0, 1, -1, 2**31 - 1, 2**32 - 1, 1023, 1024, 65535))
+    if isinstance(value, float):
+        return st.sampled_from(ODD_FLOATS)
+    return st.sampled_from(ODD_TEXT) | st.sampled_from(("a b", "a  b", " a b", "a b ", "ab", "a b c"))
+
+
+def split_safetensors(raw: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(header without offsets, tensor name -> data) of a valid safetensors file."""
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    data = raw[8 + length:]
+    tensors = {name: data[entry["data_offsets"][0]:entry["data_offsets"][1]]
+               for name, entry in header.items() if name != "__metadata__"}
+    return header, tensors
+
+
+def join_safetensors(header: dict[str, Any], tensors: dict[str, bytes]) -> bytes:
+    """A safetensors file of `tensors` in order; each header entry's offsets are where its data lands."""
+    out, offset, chunks = {}, 0, []
+    if "__metadata__" in header:
+        out["__metadata__"] = header["__metadata__"]
+    for name, data in tensors.items():
+        out[name] = {**header[name], "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        chunks.append(data)
+    raw = json.dumps(out).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"".join(chunks)
+
+
+def _nbytes(dtype: str, shape: Sequence[int]) -> int:
+    return -(-_prod(list(shape)) * int(DTYPE_BYTES[dtype] * 2) // 2)
+
+
+def _random_bytes(draw: st.DrawFn, size: int) -> bytes:
+    import random
+
+    return random.Random(draw(st.integers(0, 2**32))).randbytes(min(size, 1 << 20))
+
+
+EXL3_EDITS = ("trellis-shape", "trellis-dtype", "trellis-data", "scale-shape", "scale-dtype", "scale-missing",
+              "old-scales", "marker", "marker-both", "marker-dtype", "marker-value", "scale-values")
+EXL3_MARKERS = {"mcg": 0xCBAC1FED - 2**32, "mul1": 0x83DCD12D - 2**32}  # int32 as stored
+
+
+@st.composite
+def exl3_edit(draw: st.DrawFn, raw: bytes, faults: list[str]) -> bytes:
+    """A valid EXL3 safetensors file with 1..3 of its linears' parts made hostile, their data sized to fit (so
+    the file parses and dequantize meets them): trellis sizes and dtypes, scale vectors, codebook markers."""
+    header, tensors = split_safetensors(raw)
+    modules = sorted(name.removesuffix(".trellis") for name in tensors if name.endswith(".trellis"))
+    shapes = {module: header[module + ".trellis"]["shape"] for module in modules}  # before any edit
+
+    def put(name: str, dtype: str, shape: list[int], data: bytes | None = None) -> None:
+        header[name] = {"dtype": dtype, "shape": shape}
+        tensors[name] = data if data is not None else _random_bytes(draw, _nbytes(dtype, shape))
+
+    for _ in range(draw(st.sampled_from((1, 1, 2, 3)))):
+        module = draw(st.sampled_from(modules))
+        edit = draw(st.sampled_from(EXL3_EDITS))
+        faults.append(edit)
+        rows, cols, width = shapes[module]
+        scale = draw(st.sampled_from((".suh", ".svh")))
+        size = rows * 16 if scale == ".suh" else cols * 16
+        if edit == "trellis-shape":
+            shape = [draw(st.sampled_from((rows, 0, 1, 7, 8, 16, rows * 2))),
+                     draw(st.sampled_from((cols, 0, 1, 9, 8, 16))),
+                     draw(st.sampled_from((16, 32, 48, 64, 128, 24, 40, 56, 0, 17, 144, width)))]
+            put(module + ".trellis", "I16", draw(st.sampled_from((shape, shape[:2], shape + [1], [])))
+                if draw(st.integers(0, 3)) == 0 else shape)
+        elif edit == "trellis-dtype":
+            put(module + ".trellis", draw(st.sampled_from(("F16", "BF16", "I32", "U16", "U8", "F8_E4M3"))),
+                [rows, cols, width])
+        elif edit == "trellis-data":
+            put(module + ".trellis", "I16", [rows, cols, width],
+                draw(st.sampled_from((b"\0", b"\xff", b"\x55"))) * _nbytes("I16", [rows, cols, width]))
+        elif edit == "scale-shape":
+            put(module + scale, "F16", draw(st.sampled_from(([size + 16], [size - 1], [size, 1], [1, size], [], [0]))))
+        elif edit == "scale-dtype":
+            put(module + scale, draw(st.sampled_from(("F32", "BF16", "I16", "U8"))), [size])
+        elif edit == "scale-missing":
+            header.pop(module + scale, None)
+            tensors.pop(module + scale, None)
+        elif edit == "old-scales":  # the old sign bitfields: valid at [size / 16], else not
+            header.pop(module + scale, None)
+            tensors.pop(module + scale, None)
+            put(module + scale[:-1], draw(st.sampled_from(("I16", "I16", "F16"))),
+                [draw(st.sampled_from((size // 16, size // 16, size, 1)))])
+        elif edit == "scale-values":
+            value = draw(st.sampled_from((b"\x00\x7c", b"\x00\xfc", b"\x01\x7e", b"\x00\x00", b"\xff\x7b")))  # inf, -inf, nan, 0, max
+            put(module + scale, "F16", [size], value * size)
+        else:
+            codebook = draw(st.sampled_from(sorted(EXL3_MARKERS)))
+            value = EXL3_MARKERS[codebook]
+            if edit == "marker-value":
+                value = draw(st.sampled_from((0, -1, 1, EXL3_MARKERS["mcg" if codebook == "mul1" else "mul1"], 2**31 - 1)))
+            dtype, shape = ("I32", [])
+            if edit == "marker-dtype":
+                dtype, shape = draw(st.sampled_from((("I64", []), ("F32", []), ("I16", []), ("I32", [1]), ("I32", [2]))))
+            data = (value % 2**64).to_bytes(8, "little")[:_nbytes(dtype, shape)] if dtype != "F32" else struct.pack("<f", 1.0)
+            put(module + "." + codebook, dtype, shape, data.ljust(_nbytes(dtype, shape), b"\0"))
+            if edit == "marker-both":
+                other = "mcg" if codebook == "mul1" else "mul1"
+                put(module + "." + other, "I32", [], (EXL3_MARKERS[other] % 2**32).to_bytes(4, "little"))
+    return join_safetensors(header, tensors)
+
+
+MLX_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, -4, 2**31, 2**64, 4.0, 4.5, "4", True, None, [4], {})
+
+
+@st.composite
+def mlx_quantization_edit(draw: st.DrawFn, config: dict[str, Any], raw: bytes, faults: list[str]) -> dict[str, bytes]:
+    """An MLX checkpoint whose `quantization` block (defaults and per-module overrides) or whose scale tensors
+    tell another story than the codes: config.json, and sometimes model.safetensors."""
+    config = json.loads(json.dumps(config))
+    header, tensors = split_safetensors(raw)
+    modules = sorted(name.removesuffix(".scales") for name in tensors if name.endswith(".scales"))
+    files: dict[str, bytes] = {}
+    block = config.setdefault("quantization", {})
+    for _ in range(draw(st.sampled_from((1, 1, 2, 3)))):
+        edit = draw(st.sampled_from(("default", "override", "override-kind", "mode", "scales-shape", "scales-dtype",
+                                     "biases-missing")))
+        faults.append(f"mlx-{edit}")
+        module = draw(st.sampled_from(modules))
+        if edit == "default":
+            block[draw(st.sampled_from(("bits", "group_size")))] = draw(st.sampled_from(MLX_VALUES))
+        elif edit == "override":
+            override = block.setdefault(module, {}) if isinstance(block.get(module), dict) else {}
+            override[draw(st.sampled_from(("bits", "group_size")))] = draw(st.sampled_from(MLX_VALUES))
+            block[module] = override
+        elif edit == "override-kind":  # mlx-lm writes False for a module it left unquantized
+            block[draw(st.sampled_from((module, module + ".weight", "lm_head", "")))] = draw(
+                st.sampled_from((False, True, 8, "8", [], None, {"bits": 8, "group_size": 64})))
+        elif edit == "mode":
+            block["mode"] = draw(st.sampled_from(("affine", "nvfp4", "mxfp4", "x", 4, None)))
+        else:
+            name = module + (".biases" if edit == "biases-missing" else ".scales")
+            if name not in header:
+                continue
+            rows, groups = header[name]["shape"][:-1], header[name]["shape"][-1]
+            if edit == "biases-missing":
+                header.pop(name, None)
+                tensors.pop(name, None)
+            else:
+                dtype = draw(st.sampled_from(("BF16", "F16", "F32", "U8"))) if edit == "scales-dtype" else header[name]["dtype"]
+                shape = [*rows, draw(st.sampled_from((groups * 2, groups // 2, groups + 1, 1, 0)))] \
+                    if edit == "scales-shape" else [*rows, groups]
+                header[name] = {"dtype": dtype, "shape": shape}
+                tensors[name] = _random_bytes(draw, _nbytes(dtype, shape))
+            files["model.safetensors"] = join_safetensors(header, tensors)
+    files["config.json"] = encode_json(config)
+    return files
+
+
+LOCK_PATHS = ("/dev", "/dev/zero", "/proc/self", "/", "..", "../..", "~", "$HOME", ".", "", "model\x00",
+              "\ud800", "\udcff", "a\nb", "/etc", "x" * 5000, "model/", "./model", "model/../model")
+LOCK_FILE_NAMES = ("zero", "null", "fd/0", "stdin", "passwd", "../x", "/etc/passwd", ".", "a//b", "x\x00",
+                   "\ud800", "config.json/", "model.safetensors", "", "self/mem")
+
+
+@st.composite
+def lock_edit(draw: st.DrawFn, lock: dict[str, Any], keys: list[str], faults: list[str]) -> bytes:
+    """specpair.lock with hostile edits: any key the reader looks up, the directory it names, file names, sizes."""
+    document = json.loads(json.dumps(lock))
+    kind = draw(st.sampled_from(("document", "document", "path", "file-name", "size", "repos")))
+    repo = document["repos"][0]
+    if kind == "path":
+        faults.append("lock-path")
+        repo["path"] = draw(st.sampled_from(LOCK_PATHS))
+        if draw(st.booleans()):
+            repo["files"][0].update(path=draw(st.sampled_from(LOCK_FILE_NAMES)), size=draw(st.sampled_from((0, 1, 4096))))
+    elif kind == "file-name":
+        faults.append("lock-file-name")
+        repo["files"][draw(st.integers(0, len(repo["files"]) - 1))]["path"] = draw(st.sampled_from(LOCK_FILE_NAMES))
+    elif kind == "size":
+        faults.append("lock-size")
+        repo["files"][draw(st.integers(0, len(repo["files"]) - 1))]["size"] = draw(
+            st.sampled_from((0, -1, 2**63, 2**64, True, 1.5, "1", None)))
+    elif kind == "repos":
+        faults.append("lock-repos")
+        document["repos"] = draw(st.sampled_from(([], [repo] * 3, [repo, repo], [repo, {}], [None], {"0": repo})))
+    else:
+        containers = ((), ("repos", "0"), ("repos", "0", "selection"), ("repos", "0", "files", "0"))
+        paths = key_paths(document) + [(*c, k) for c in containers for k in keys]
+        return encode_json(draw(edited_document(document, paths, faults)), ascii_only=draw(st.booleans()))
+    return encode_json(document, ascii_only=draw(st.booleans()))

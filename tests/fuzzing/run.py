@@ -3,8 +3,8 @@
     /work/venv/bin/python tests/fuzzing/run.py --inputs 100000 --seed 1 --jobs 2
     /work/venv/bin/python tests/fuzzing/run.py --replay /tmp/specpair-crashes/gguf-structured-3.json
 
-Each (parser, mode) pair gets an equal share of the inputs and runs in a worker process with its own
-copy of the base checkpoints. Hypothesis generates the inputs (generate phase only: no shrinking, no
+Each (parser, mode) pair gets its parser's share of the inputs (Target.share: the parsers that run real
+conversions get fewer) and runs in worker processes, each with its own copy of the base checkpoints. Hypothesis generates the inputs (generate phase only: no shrinking, no
 example database), seeded so that a run is repeatable. A crash (an exception other than BadInput, or
 a broken property: slow, memory-hungry, or a bad error line) is counted, its input saved as JSON,
 and the run goes on.
@@ -16,6 +16,7 @@ import argparse
 import collections
 import datetime
 import json
+import math
 import multiprocessing
 import re
 import shutil
@@ -120,7 +121,7 @@ def replay(path: str) -> int:
     workspace = temporary_workspace()
     try:
         case = Case(saved["base"], {k: v.encode("latin-1") for k, v in saved["files"].items()}, saved["command"],
-                    tuple(saved["faults"]))
+                    tuple(saved["faults"]), tuple(tuple(op) for op in saved.get("layout", [])))
         outcome = exercise(workspace, case)
         print(f"no crash: {'accepted' if outcome.accepted else 'rejected: ' + str(outcome.problem)} "
               f"in {outcome.seconds:.3f} s")
@@ -151,8 +152,10 @@ def write_report(tallies: list[Tally], args: argparse.Namespace, wall_s: float) 
         "",
         (f"Per input: under {TIME_LIMIT_S:g} s of CPU time (and no hang: an alarm stops an input after {HANG_LIMIT_S:g} s), "
          f"peak resident memory growth under {MEMORY_BASE >> 20} MiB + "
-         f"{MEMORY_PER_INPUT_BYTE} x the input bytes, and either accepted or refused with one `BadInput` line that "
-         "names a file of the checkpoint. A crash is anything else."),
+         f"{MEMORY_PER_INPUT_BYTE} x the input bytes, nothing opened outside the checkpoint (nor a pickle or code file "
+         "of it), a conversion leaving its destination or nothing, and either accepted or refused with one `BadInput` "
+         "line that names a file of the checkpoint (convert: or a tensor of it; a lockfile: or the directory it names). "
+         "A crash is anything else."),
         "",
         "| parser | mode | inputs | accepted | rejected (BadInput) | crashes | slowest input (CPU) | peak memory growth |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
@@ -201,13 +204,16 @@ def main() -> int:
         return replay(args.replay)
     names = args.only.split(",") if args.only else list(TARGETS)
     pairs = [(name, mode) for name in names for mode in MODES]
-    per_pair = -(-args.inputs // len(pairs))
-    # Chunks of at most 2000 inputs keep each Hypothesis run small and spread the work over the workers.
-    chunks = -(-per_pair // 2000)
+    shares = sum(TARGETS[name].share for name, _ in pairs)
     crash_dir = tempfile.mkdtemp(prefix="specpair-crashes-")
     scratch = tempfile.mkdtemp(prefix="specpair-fuzz-")
-    tasks = [(name, mode, -(-per_pair // chunks), args.seed * 1_000_003 + i * 101 + k, crash_dir, scratch)
-             for i, (name, mode) in enumerate(pairs) for k in range(chunks)]
+    tasks = []
+    for i, (name, mode) in enumerate(pairs):
+        per_pair = math.ceil(args.inputs * TARGETS[name].share / shares)
+        # Chunks of at most 2000 inputs keep each Hypothesis run small and spread the work over the workers.
+        chunks = -(-per_pair // 2000)
+        tasks += [(name, mode, -(-per_pair // chunks), args.seed * 1_000_003 + i * 101 + k, crash_dir, scratch)
+                  for k in range(chunks)]
     start = time.perf_counter()
     merged: dict[tuple[str, str], Tally] = {}
     try:
