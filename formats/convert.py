@@ -376,7 +376,10 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
     if layout == "int":
         raise BadInput(m.name, f"integer tensor cannot be built by {', '.join(map(str, m.steps))}")
     target_codec = codec(layout, method)
-    stored = dict(target_codec.stored(m.shape))
+    try:
+        stored = dict(target_codec.stored(m.shape))
+    except BadInput as e:  # the codec knows the layout, not the tensor
+        raise BadInput(m.name, f"cannot be stored as {layout}: {e.problem} (--keep '{m.name}=bf16' keeps it)") from None
     nvfp4_bits = layouts <= {"nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf", "nvfp4-mlx"} and layout in (
         "nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf")
     if nvfp4_bits and not m.steps and len(weights) == 1:

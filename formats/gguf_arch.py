@@ -511,8 +511,9 @@ def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str
     hp["num_key_value_heads"] = _positive(hp, "num_key_value_heads", HEADER, hp["num_attention_heads"], arch=arch)
     hp["head_dim"] = _positive(hp, "head_dim", HEADER, hp["hidden_size"] // hp["num_attention_heads"], arch=arch)
     hp["rope_theta"] = _number(hp, "rope_theta", HEADER, arch) if "rope_theta" in hp else 10000.0  # llama.cpp's default
-    if "rope_dims" in hp:
-        hp["rope_dims"] = _positive(hp, "rope_dims", HEADER, arch=arch)
+    for key in ("rope_dims", *(key for _, key in SIZE_KEYS)):
+        if key in hp:  # one number each (llama.cpp reads per-layer arrays for archs not mapped here)
+            hp[key] = _positive(hp, key, HEADER, arch=arch)
     hp["rms_norm_eps"] = _number(hp, "rms_norm_eps", HEADER, arch)
     tokens = fields.get("tokenizer.ggml.tokens")
     embedding = tensors.get("token_embd.weight") or tensors.get("output.weight")
@@ -735,6 +736,15 @@ def _layout(arch: str, hp: dict[str, Any], hf: _Storage, gguf_fused: set[int]) -
     return layout
 
 
+# the named sizes tensor shapes are made of, and the hyper-parameter each is
+SIZE_KEYS = (
+    ("ff", "intermediate_size"), ("experts", "num_experts"), ("moe_ff", "moe_intermediate_size"),
+    ("shared_ff", "shared_expert_intermediate_size"), ("k_heads", "linear_num_key_heads"),
+    ("v_heads", "linear_num_value_heads"), ("k_head_dim", "linear_key_head_dim"), ("v_head_dim", "linear_value_head_dim"),
+    ("conv_kernel", "linear_conv_kernel_dim"), ("fc_inputs", "fc_inputs"), ("selector_rank", "selector_rank"),
+    ("conv_kernel_size", "conv_kernel_size"), ("conv_proj", "conv_proj"))
+
+
 def _sizes(arch: str, hp: dict[str, Any]) -> dict[str, int]:
     spec = ARCHS[arch]
     hidden, heads, head_dim = hp["hidden_size"], hp["num_attention_heads"], hp["head_dim"]
@@ -742,12 +752,7 @@ def _sizes(arch: str, hp: dict[str, Any]) -> dict[str, int]:
              "two": 2, "heads": heads, "kv_heads": hp["num_key_value_heads"],
              "q_rows": heads * head_dim * (2 if spec.gated_attention else 1), "attn_size": heads * head_dim,
              "kv_rows": hp["num_key_value_heads"] * head_dim}
-    sizes.update({name: hp[key] for name, key in (
-        ("ff", "intermediate_size"), ("experts", "num_experts"), ("moe_ff", "moe_intermediate_size"), ("shared_ff", "shared_expert_intermediate_size"),
-        ("k_heads", "linear_num_key_heads"), ("v_heads", "linear_num_value_heads"), ("k_head_dim", "linear_key_head_dim"),
-        ("v_head_dim", "linear_value_head_dim"), ("conv_kernel", "linear_conv_kernel_dim"), ("fc_inputs", "fc_inputs"),
-        ("selector_rank", "selector_rank"), ("conv_kernel_size", "conv_kernel_size"), ("conv_proj", "conv_proj"))
-        if key in hp})
+    sizes.update({name: hp[key] for name, key in SIZE_KEYS if key in hp})
     if spec.linear:
         sizes["keys"] = sizes["k_heads"] * sizes["k_head_dim"]
         sizes["value_dim"] = sizes["v_heads"] * sizes["v_head_dim"]

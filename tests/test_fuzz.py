@@ -256,6 +256,14 @@ FOUND_CONVERT_AND_LOCK: dict[str, tuple[str, str, Callable[[Workspace], dict[str
     "1-D EXL3 trellis": ("qwen3-exl3", "convert --dry-run --to bf16", lambda w: safetensors_with(
         w, "qwen3-exl3", drop=("model.layers.0.mlp.up_proj.trellis",),
         add={"model.layers.0.mlp.up_proj.trellis": ("I16", [64], b"\0" * 128)}), "is not [in/16, out/16, 16·bits]"),
+    # a per-layer array where _sizes wants one number: TypeError comparing it with the largest tensor
+    "GGUF feed_forward_length as an array": ("gguf-qwen3moe", "convert --dry-run --to bf16", lambda w: gguf_with(
+        w, "gguf-qwen3moe", qwen3moe__feed_forward_length=(9, encode_gguf_value(9, [16, 16], 5))),
+        "'qwen3moe.feed_forward_length' is [16, 16], not a positive integer"),
+    # a 3-D weight where EXL3 takes matrices only: the error named the layout "exl3-4bpw", not the tensor
+    "3-D tensor into EXL3": ("qwen3", "convert --dry-run --to exl3:4", lambda w: safetensors_with(
+        w, "qwen3", add={"fc.weight": ("F16", [2, 16, 16], b"\0" * 1024)}),
+        "fc.weight: cannot be stored as exl3-4bpw: holds matrices only; shape [2, 16, 16] is not one"),
     # verify hashed /dev/zero for ever (a FIFO would have blocked on open)
     "lock naming /dev/zero": ("lock", "verify", lock_with("/dev", [{"path": "zero", "size": 0, "sha256": ZERO_SHA}]),
                               "/dev/zero: is not a regular file: refused"),

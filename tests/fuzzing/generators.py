@@ -583,7 +583,8 @@ def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[s
             tensor = draw(st.sampled_from(parts.tensors))
             dims = tensor[1]
             at = draw(st.integers(0, len(dims) - 1))
-            dims[at] = draw(st.sampled_from((0, 1, 2, dims[at] - 1, dims[at] + 1, dims[at] * 2, dims[at] // 2, 2**32)))
+            # a u64 field: one below 0 wraps to 2^64 - 1, as a hostile writer would store it
+            dims[at] = draw(st.sampled_from((0, 1, 2, dims[at] - 1, dims[at] + 1, dims[at] * 2, dims[at] // 2, 2**32))) % (1 << 64)
             if len(dims) > 1 and draw(st.booleans()):
                 dims.reverse()
         elif edit == "tensor-name":
