@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Annotated
@@ -67,6 +68,9 @@ def convert(
     import torch
 
     where = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if where == "cpu":  # the workers share the cores: more torch threads than that only contend (16 cores, 2.2 GB
+        # to Q8_0: 8 workers x 16 threads 17.4 s, x 2 threads 13.1 s; 2 workers x 16 threads 15.3 s, x 8 11.9 s)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     human = not json_output and not quiet
     try:
         with _progress(plan, human and sys.stderr.isatty()) as on_tensor:
