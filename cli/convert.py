@@ -68,16 +68,19 @@ def convert(
     import torch
 
     where = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    human = not json_output and not quiet
+    threads = torch.get_num_threads()
     if where == "cpu":  # the workers share the cores: more torch threads than that only contend (16 cores, 2.2 GB
         # to Q8_0: 8 workers x 16 threads 17.4 s, x 2 threads 13.1 s; 2 workers x 16 threads 15.3 s, x 8 11.9 s)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    human = not json_output and not quiet
     try:
         with _progress(plan, human and sys.stderr.isatty()) as on_tensor:
             report = conv.execute(plan, destination, device=where, workers=workers, shard_bytes=shard_bytes,
                                   progress=on_tensor)
     except conv.ConvertFailed as e:
         fail(str(e), 1)
+    finally:
+        torch.set_num_threads(threads)  # as it was, for a caller in the same process
     if json_output:
         print_json({"schema": "specpair.convert/1", "plan": plan.to_json(), "report": report.to_json()})
     elif not quiet:

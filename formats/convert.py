@@ -785,10 +785,8 @@ def _remove(path: str) -> None:
 
 def _remove_quietly(path: str) -> None:
     """Remove the partial after a failure without hiding that failure behind a second one."""
-    try:
+    with contextlib.suppress(OSError):
         _remove(path)
-    except OSError:
-        pass
 
 
 def _io_problem(error: OSError, destination: str, partial: str) -> tuple[str, str]:

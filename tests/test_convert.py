@@ -7,6 +7,7 @@ would compute with: the source's float32 weights against the converted checkpoin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -291,6 +292,21 @@ def test_cli_dry_run_json_and_report(targets, tmp_path):
     assert 0.02 < report["rel_error"] < 0.03 and report["bytes"] == sum(t["bytes"] for t in report["tensors"])
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                      "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_cli_gives_each_cpu_worker_its_share_of_torch_threads(targets, tmp_path, monkeypatch):
+    """On the CPU the workers' torch ops share the cores (cores // workers threads), and the caller gets its
+    own thread count back afterwards."""
+    from specpair.cli import convert as convert_command
+
+    seen, execute = [], conv.execute
+    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    monkeypatch.setattr(conv, "execute", lambda *a, **k: (seen.append(torch.get_num_threads()), execute(*a, **k))[1])
+    before = torch.get_num_threads()
+    convert_command.convert(source=str(targets["qwen3"]), destination=str(tmp_path / "out"), to="bf16", target=None,
+                            keep=None, device="cpu", workers=3, max_shard_size="5GB", gguf_file=None, dry_run=False, json_output=False,
+                            quiet=True)
+    assert seen == [4] and torch.get_num_threads() == before and (tmp_path / "out" / "config.json").exists()
 
 
 @pytest.mark.parametrize("args, message", [
