@@ -33,7 +33,7 @@ import torch
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
 from specpair.formats import gguf, policy, quant_configs
-from specpair.formats.codecs import FLOAT_LAYOUTS, codec, repack, row_slice, stored_nbytes
+from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec, repack, row_slice, stored_nbytes
 from specpair.formats.gguf import GGUFHeader
 from specpair.formats.transforms import Step, TensorMap, identity
 from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_parts
@@ -149,7 +149,7 @@ class Source:
 
             rope = self.weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
             values = read_parts(rope, self.root, "gguf")[""].float().tolist() if rope is not None else None
-            with naming_the_file(self):
+            with naming_the_file(self.metadata_file):
                 self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
                                                     rope_freqs=values)
         return self._hf_plan
@@ -176,15 +176,15 @@ class Source:
 
 
 @contextlib.contextmanager
-def naming_the_file(source: Source) -> Iterator[None]:
-    """gguf_arch names what it reads "config.json" or "GGUF header": say which file of the source that is."""
+def naming_the_file(path: str) -> Iterator[None]:
+    """gguf_arch names what it reads "config.json" or "GGUF header": say which file (`path`) that is."""
     from specpair.formats import gguf_arch
 
     try:
         yield
     except BadInput as e:
         if e.where in (gguf_arch.CONFIG, gguf_arch.HEADER):
-            raise BadInput(source.metadata_file, e.problem) from None
+            raise BadInput(path, e.problem) from None
         raise
 
 
@@ -230,10 +230,8 @@ def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list
         return weights
     from specpair.formats import gguf_arch
 
-    try:
+    with naming_the_file(os.path.join(where, "config.json")):
         expected = gguf_arch.hf_shapes(config, {w.name: w.shape for w in weights})
-    except BadInput as e:
-        raise BadInput(os.path.join(where, "config.json"), e.problem) from None
     out = []
     for w in weights:
         shape = expected.get(w.name, w.shape)
@@ -246,8 +244,6 @@ def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list
 
 def _check_readable(weight: Weight, where: str) -> None:
     """A tensor whose dtype torch cannot hold, or a layout without a codec, is refused by name before planning."""
-    from specpair.formats.codecs import TORCH_DTYPES
-
     for key, info in weight.parts.items():
         if info.dtype not in TORCH_DTYPES:
             raise BadInput(os.path.join(where, info.file), f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, "
@@ -455,7 +451,7 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
             from specpair.formats import gguf_arch
 
             back = source.hf_plan()
-            with naming_the_file(source):
+            with naming_the_file(source.metadata_file):
                 forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
                                             target_config=donor.hf_config() if donor else None)
             notes = back.notes + forward.notes + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
@@ -471,7 +467,7 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
         if kv_scales:
             notes.append(f"dropped {len(kv_scales)} KV-cache scales (.k_scale/.v_scale): llama.cpp has no FP8 KV cache")
             hf_maps = [m for m in hf_maps if m not in kv_scales]
-        with naming_the_file(source):
+        with naming_the_file(source.metadata_file):
             forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
                                         target_config=donor.hf_config() if donor else None)
         return _compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
@@ -886,8 +882,6 @@ def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str
 
 
 def _allocate(dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
-    from specpair.formats.codecs import TORCH_DTYPES
-
     if dtype in TORCH_DTYPES:
         return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
     lead = math.prod(shape[:-1])  # GGUF blocks: rows of bytes
