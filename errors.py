@@ -1,12 +1,14 @@
-"""The one error type users see: bad input, reported in one line, exit code 2."""
+"""The errors users see, each reported in one line (or one JSON document under --json) with its exit code."""
 
 
 class BadInput(Exception):
-    """Input specpair refuses: unreadable or malformed file, unknown repo or revision.
+    """Input specpair refuses: unreadable or malformed file, unknown repo or revision. Exit code 2.
 
-    `where` names the file (or repo) and `problem` says what is wrong with it; the CLI prints
+    `where` names the file (or repo, or argument) and `problem` says what is wrong with it; the CLI prints
     `error: <where>: <problem>` and exits 2, never a traceback.
     """
+
+    exit_code = 2
 
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"{where}: {problem}")
@@ -14,4 +16,32 @@ class BadInput(Exception):
         self.problem = problem
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # raised in a worker process, re-raised here
-        return BadInput, (self.where, self.problem)
+        return type(self), (self.where, self.problem)
+
+
+class Incomplete(Exception):
+    """Work that started and did not complete (a write failed, the disk filled up, the Hub kept failing).
+    Exit code 1: running it again resumes or starts afresh. Not a BadInput: nothing that refuses input
+    catches it."""
+
+    exit_code = 1
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.where, self.problem)
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived during work that cleans up after itself (convert removes DST.specpair-partial);
+    the process then ends with 128 + the signal's number. A BaseException, so no error handler swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -25,7 +25,7 @@ class Shapes:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    vocab_size: int
+    vocab_size: int | None  # None: a weights-only drafter, whose vocabulary is its target's
     layer_types: list[str] = field(default_factory=list)  # "full" | "linear" | "sliding", one per layer
     intermediate_size: int | None = None
     num_experts: int | None = None
@@ -41,8 +41,8 @@ class Shapes:
     linear_conv_kernel: int | None = None
 
     @property
-    def rows(self) -> int:
-        """Embedding / lm_head rows: what a shared-embedding drafter must match."""
+    def rows(self) -> int | None:
+        """Embedding / lm_head rows: what a shared-embedding drafter must match (None: a weights-only drafter's)."""
         return self.embedding_rows or self.vocab_size
 
     def count(self, kind: str) -> int:

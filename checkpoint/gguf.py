@@ -46,7 +46,8 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
     tokenizer = from_gguf_fields(f, where)
     vocab = _int(f.get(f"{arch}.vocab_size")) or (embed.shape[0] if embed else None) or (
         len(f["tokenizer.ggml.tokens"]) if isinstance(f.get("tokenizer.ggml.tokens"), list) else None)
-    if vocab is None:
+    # A weights-only DFlash drafter (no tokenizer, no token_embd) uses its target's embedding and vocabulary.
+    if vocab is None and DRAFTER_ARCHS.get(arch) != "dflash":
         raise BadInput(where, f"GGUF gives no vocabulary size ({arch}.vocab_size, token_embd or tokenizer.ggml.tokens)")
     key_length = _int(f.get(f"{arch}.attention.key_length")) or hidden // heads
     shapes = Shapes(

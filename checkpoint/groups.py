@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import defaultdict
+from collections import Counter
+from itertools import repeat
+from operator import itemgetter
 
 from specpair.checkpoint import TensorGroup
-from specpair.formats import TensorInfo
+from specpair.formats import TensorInfo, TensorTable
+from specpair.formats.layouts import LAST_COMPONENTS, classify_table, module_layout, modules_of, plain_layout
 
 GROUP_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     (group, re.compile(pattern))
@@ -52,9 +55,103 @@ def _group_of_shape(name: str) -> str:
 
 def summarize(tensors: list[TensorInfo], layouts: dict[str, str], group_for=group_of) -> list[TensorGroup]:
     """Count tensors and bytes per (group, layout), in a stable order."""
-    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for t in tensors:
-        entry = totals[(group_for(t.name), layouts[t.name])]
-        entry[0] += 1
-        entry[1] += t.nbytes
+    table = TensorTable.of(tensors)
+    return summarize_table(table, [layouts[n] for n in table.names], group_for)
+
+
+def summarize_table(table: TensorTable, layouts: list[str], group_for=group_of,
+                    modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None) -> list[TensorGroup]:
+    """`summarize` over columns. With `modules` (formats.layouts.modules_of), a module's tensors share its group:
+    no name pattern tells a weight from its scales, so one look per module does."""
+    names = table.names
+    if modules is None:
+        groups = list(map(group_for, names))
+    else:
+        module_of, _, rows_of = modules
+        group_of_module = {module: group_for(names[rows[0]]) for module, rows in rows_of.items()}
+        groups = list(map(group_of_module.__getitem__, module_of))
+    totals: dict[tuple[str, str], list[int]] = {}
+    for key, nbytes in zip(zip(groups, layouts), table.nbytes):
+        entry = totals.get(key)
+        if entry is None:
+            totals[key] = [1, nbytes]
+        else:
+            entry[0] += 1
+            entry[1] += nbytes
     return [TensorGroup(g, layout, n, b) for (g, layout), (n, b) in sorted(totals.items())]
+
+
+DIGITS = bytes.maketrans(b"0123456789", b"##########")
+DIGIT_PATTERNS = ("d#t", "t#d")  # the only group patterns with a digit in them: those kinds go module by module
+SEPARATOR = "\x00"
+
+
+def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGroup]:
+    """Groups of safetensors tensors with their layouts (formats.layouts), in a few passes over the columns.
+
+    Modules whose names differ only in digits (layer and expert numbers) form a kind. When every module of a
+    kind has one tensor per suffix with the same dtype and last dimension, the kind's layout and group are
+    worked out once: a 35B MoE export that stores every expert apart has ~32,000 modules and ~200 kinds. Other
+    kinds, and MLX configs with per-module bits, are summarised module by module (`classify_table`)."""
+    mlx = mlx if isinstance(mlx, dict) else {}
+    if any(isinstance(value, dict) for value in mlx.values()):
+        modules = modules_of(table.names)
+        return summarize_table(table, classify_table(table, mlx, modules), modules=modules)
+    names, dtypes, nbytes = table.names, table.dtypes, table.nbytes
+    split = [(head, "." + tail) if dot and tail in LAST_COMPONENTS else (name, "")
+             for (head, dot, tail), name in zip(map(str.rpartition, names, repeat(".")), names)]
+    modules = list(map(itemgetter(0), split))
+    kinds = _kinds(modules)
+    lasts = [shape[-1] if shape else None for shape in table.shapes]
+    # (dtype, last dimension, bytes) fix a part's layout inputs and its size: one count per signature suffices
+    count = Counter(zip(kinds, map(itemgetter(1), split), dtypes, lasts, nbytes))
+    first = dict(zip(reversed(kinds), range(len(kinds) - 1, -1, -1)))  # the first row of each kind
+    modules_per_kind = Counter(dict(zip(modules, kinds)).values())
+    by_kind: dict[str, list[tuple]] = {}
+    for signature in count:
+        by_kind.setdefault(signature[0], []).append(signature)
+    affine = (_int(mlx.get("bits")), _int(mlx.get("group_size")))
+    totals: dict[tuple[str, str], list[int]] = {}
+
+    def add(group: str, layout: str, tensors: int, size: int) -> None:
+        entry = totals.setdefault((group, layout), [0, 0])
+        entry[0] += tensors
+        entry[1] += size
+
+    rest = set()
+    for kind, sigs in by_kind.items():
+        parts: dict[str, tuple[str, int | None]] = {}
+        per_suffix: Counter = Counter()
+        for signature in sigs:
+            _, suffix, dtype, last, _ = signature
+            per_suffix[suffix] += count[signature]
+            if parts.setdefault(suffix, (dtype, last)) != (dtype, last):
+                break
+        else:
+            if not any(d in kind for d in DIGIT_PATTERNS) and set(per_suffix.values()) == {modules_per_kind[kind]}:
+                label = module_layout(parts, *affine)
+                group = group_of(names[first[kind]])
+                for signature in sigs:
+                    add(group, label or plain_layout(signature[2]), count[signature], count[signature] * signature[4])
+                continue
+        rest.add(kind)
+    if rest:
+        rows = [k for k, kind in enumerate(kinds) if kind in rest]
+        subset = TensorTable(*([column[k] for k in rows] for column in table.columns()))
+        for g in summarize_table(subset, classify_table(subset, mlx), modules=modules_of(subset.names)):
+            add(g.group, g.layout, g.tensors, g.bytes)
+    return [TensorGroup(g, layout, n, b) for (g, layout), (n, b) in sorted(totals.items())]
+
+
+def _kinds(modules: list[str]) -> list[str]:
+    """Each module name with its digits as '#', in one bytes.translate over all of them (str.translate goes
+    character by character through a dict)."""
+    joined = SEPARATOR.join(modules)
+    kinds = joined.encode("utf-8", "surrogatepass").translate(DIGITS).decode("utf-8", "surrogatepass").split(SEPARATOR)
+    if len(kinds) != len(modules):  # a name holding the separator itself
+        return [m.encode("utf-8", "surrogatepass").translate(DIGITS).decode("utf-8", "surrogatepass") for m in modules]
+    return kinds
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -7,16 +7,17 @@ Qwen3.5/3.6 keep their language-model fields under `text_config`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import methodcaller
 from typing import Any
 
 from specpair.checkpoint import (
     MAX_LAYERS, Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps,
 )
-from specpair.checkpoint.groups import summarize
+from specpair.checkpoint.groups import summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo, brief
-from specpair.formats.layouts import classify
+from specpair.formats import TensorInfo, TensorTable, brief
 
 TARGET_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -58,7 +59,7 @@ class HFMetadata:
     generation_config: dict[str, Any] | None = None
     tokenizer: Tokenizer | None = None
     quant_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file name -> parsed JSON
-    tensors: list[TensorInfo] | None = None  # None: headers were not available
+    tensors: TensorTable | list[TensorInfo] | None = None  # None: headers were not available
     files: list[FileEntry] = field(default_factory=list)
 
 
@@ -69,24 +70,21 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     architecture = _first_architecture(config, where)
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
-    tensors = meta.tensors
-    by_name = {t.name: t for t in tensors or []}
+    tensors = TensorTable.of(meta.tensors) if isinstance(meta.tensors, list) else meta.tensors
 
     kind = _drafter_kind(config, architecture)
     family = TARGET_ARCHITECTURES.get(architecture or "") or MODEL_TYPES.get(model_type or "") or model_type
-    shapes = _shapes(config, text, where, by_name, drafter_head=kind is not None)
+    shapes = _shapes(config, text, where, tensors or TensorTable.empty(), drafter_head=kind is not None)
     quant = _quantization(config, meta.quant_files)
-    layouts = {}
-    if tensors is not None:
-        layouts = classify(tensors, config.get("quantization"))
+    groups = summarize_hf(tensors, config.get("quantization")) if tensors is not None else []
     mtp = _mtp(text, tensors)
-    drafter = _drafter(kind, config, where, by_name, meta.files) if kind else None
+    drafter = _drafter(kind, config, where, tensors or TensorTable.empty(), meta.files) if kind else None
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
         ref=ref, source=source, format="safetensors" if tensors is not None else "config-only",
         role=role, family=family, architecture=architecture, model_type=model_type,
         shapes=shapes, rope=_rope(text), drafter=drafter, mtp=mtp, tokenizer=meta.tokenizer,
-        groups=summarize(tensors, layouts) if tensors is not None else [],
+        groups=groups,
         quantization=quant, files=meta.files, revision=revision, notes=_notes(config, meta.files),
     )
 
@@ -112,7 +110,7 @@ def _drafter_kind(config: dict[str, Any], architecture: str | None) -> str | Non
     return None
 
 
-def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: dict[str, TensorInfo],
+def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, tensors: TensorTable,
             drafter_head: bool) -> Shapes:
     hidden = _required(text, "hidden_size", where)
     layers = _required(text, "num_hidden_layers", where)
@@ -125,11 +123,11 @@ def _shapes(config: dict[str, Any], text: dict[str, Any], where: str, by_name: d
     layer_types = _layer_types(text, layers, where)
     # Embedding rows; a drafter's own lm_head may cover only a reduced draft vocabulary (EAGLE-3).
     suffixes = ("embed_tokens.weight",) if drafter_head else ("embed_tokens.weight", "lm_head.weight")
-    rows = None
-    for name, t in sorted(by_name.items(), key=lambda item: "lm_head" in item[0]):
-        if name.endswith(suffixes) and not name.startswith("mtp.") and t.shape:
-            rows = t.shape[0]
-            break
+    names, tensor_shapes = tensors.names, tensors.shapes
+    heads_and_embeddings = [k for k in compress(range(len(names)), map(methodcaller("endswith", suffixes), names))
+                            if not names[k].startswith("mtp.")]
+    rows = next((tensor_shapes[k][0] for k in sorted(heads_and_embeddings, key=lambda k: "lm_head" in names[k])
+                 if tensor_shapes[k]), None)
     tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return Shapes(
         hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -190,19 +188,20 @@ def _rope(text: dict[str, Any]) -> Rope:
     )
 
 
-def _mtp(text: dict[str, Any], tensors: list[TensorInfo] | None) -> Mtp | None:
+def _mtp(text: dict[str, Any], tensors: TensorTable | None) -> Mtp | None:
     layers = _int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers"))
-    mtp = [t for t in tensors or [] if t.name.startswith("mtp.")]
+    names = tensors.names if tensors is not None else []
+    mtp = list(compress(range(len(names)), map(methodcaller("startswith", "mtp."), names)))
     if not layers:  # Qwen3-Next configs declare no MTP layer count, yet its repos ship mtp.* weights
-        layers = len({t.name.split(".")[2] for t in mtp if t.name.startswith("mtp.layers.")})
+        layers = len({names[k].split(".")[2] for k in mtp if names[k].startswith("mtp.layers.")})
     if not layers:
         return None
     if tensors is None:
         return Mtp(layers)
-    return Mtp(layers, len(mtp), sum(t.nbytes for t in mtp))
+    return Mtp(layers, len(mtp), sum(tensors.nbytes[k] for k in mtp))
 
 
-def _drafter(kind: str, config: dict[str, Any], where: str, by_name: dict[str, TensorInfo],
+def _drafter(kind: str, config: dict[str, Any], where: str, tensors: TensorTable,
              files: list[FileEntry]) -> Drafter:
     nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
     drafter = Drafter(kind=kind, config_keys=_dotted_keys(config))
@@ -238,11 +237,12 @@ def _drafter(kind: str, config: dict[str, Any], where: str, by_name: dict[str, T
             drafter.taps = Taps([i - 1 for i in ids], ids, source, "input of decoder layer k (output of layer k - 1)")
         drafter.draft_vocab_size = _int(config.get("draft_vocab_size"))
     drafter.target_hidden_size = _int(config.get("target_hidden_size"))
-    fc = by_name.get("fc.weight") or by_name.get("encoder.fc.weight")
+    names = set(tensors.names)
+    fc = tensors.row("fc.weight") or tensors.row("encoder.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
-    drafter.has_d2t = "d2t" in by_name
-    drafter.has_lm_head = "lm_head.weight" in by_name
-    drafter.has_embeddings = any(n.endswith("embed_tokens.weight") for n in by_name)
+    drafter.has_d2t = "d2t" in names
+    drafter.has_lm_head = "lm_head.weight" in names
+    drafter.has_embeddings = any(n.endswith("embed_tokens.weight") for n in names)
     drafter.mask_embedding_file = next((f.path for f in files if f.path.endswith("mask_embedding.pt")), None)
     return drafter
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
 
 from specpair import __version__
 
+HELP = "Pair a target LLM with a speculative-decoding drafter."
+
 app = typer.Typer(
     name="specpair",
-    help="Pair a target LLM with a speculative-decoding drafter: check, download, convert, run.",
+    help=HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -28,17 +32,44 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
-    """Pair a target LLM with a speculative-decoding drafter: check, download, convert, run."""
+    """Pair a target LLM with a speculative-decoding drafter."""
 
 
-from specpair.cli import catalog, check, convert, download, inspect, verify  # noqa: E402,F401  (each module registers its command on `app`)
+from specpair.cli import catalog, check, convert, download, inspect, run, verify  # noqa: E402,F401  (each module registers its command on `app`)
 
 
 def main() -> None:
-    from specpair.cli._output import fail
-    from specpair.errors import BadInput
+    """Run one command. Its errors are one line on stderr, or one JSON document on stdout under --json, with
+    the exit code they name; a reader that closes stdout early does not change the exit code."""
+    from typer import Abort
+    from typer._click.exceptions import ClickException  # typer 0.28 vendors click and raises its own classes
 
+    from specpair.cli._output import ClosedPipeSafe, report_error
+    from specpair.errors import BadInput, Incomplete, Interrupted
+
+    args = sys.argv[1:]
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    command = next((a for a in args if not a.startswith("-")), None)
+    original = sys.stdout
+    stdout = sys.stdout = ClosedPipeSafe(original)
     try:
-        app()
-    except BadInput as e:
-        fail(str(e))
+        code = app(standalone_mode=False)
+    except (BadInput, Incomplete) as e:
+        code = report_error(e.where, e.problem, e.exit_code, command, as_json)
+    except ClickException as e:  # usage errors: a missing argument, an unknown option
+        if as_json:
+            code = report_error(None, e.format_message(), e.exit_code, command, as_json=True)
+        else:
+            e.show()
+            code = e.exit_code
+    except Abort:
+        code = 130
+    except Interrupted as e:  # the work cleaned up after itself; worker threads still running are not waited for
+        report_error(None, f"interrupted by {e}: nothing was left behind", e.exit_code, command, as_json)
+        stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.exit_code)
+    finally:
+        stdout.flush()
+        sys.stdout = original
+    raise SystemExit(code if isinstance(code, int) else 0)

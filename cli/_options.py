@@ -14,3 +14,4 @@ GgufFileOpt = Annotated[
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="Do not contact the Hub: use the HF cache, then the built-in catalog.")
 ]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every row: all findings, all tensors.")]

@@ -7,7 +7,7 @@ from collections import defaultdict
 from specpair.checkpoint import Checkpoint
 from specpair.cli import app
 from specpair.cli._options import JsonOpt
-from specpair.cli._output import console, print_json
+from specpair.cli._output import console, print_json, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -18,21 +18,26 @@ Examples:
 @app.command(epilog=EXAMPLES)
 def catalog(json_output: JsonOpt = False) -> None:
     """List the built-in catalog: what `check` and `inspect` can answer with no network."""
-    from specpair.sources.catalog import SCHEMA, entries
+    from specpair.sources.catalog import SCHEMA, entries, is_reconstructed
 
     found = entries()
     if json_output:
-        print_json({"schema": SCHEMA, "entries": [c.to_json() for c in found]})
+        print_json({"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]})
         return
     from rich.table import Table
 
-    table = Table("repo", "revision", "role", "kind", "layouts", "GB", "provenance")
+    table = Table("repo", "revision", "role", "kind", "format", "layouts", "GB", "data")
+    for column in (table.columns[0], table.columns[1], table.columns[4]):
+        column.no_wrap = True  # repo ids, revisions and file names are copied from here: never folded or cut
     for c in found:
         kind = c.drafter.kind if c.drafter else c.family
-        short = (c.provenance or "unknown").partition(". ")[0]
-        table.add_row(c.ref, c.revision or "-", c.role, kind or "-", layout_summary(c),
-                      f"{c.total_bytes / 1e9:.1f}", short)
-    console().print(table)
+        files = ", ".join(f.path for f in c.files if f.path.endswith(".gguf"))
+        table.add_row(c.ref, c.revision or "-", c.role, kind or "-", files or c.format, layout_summary(c),
+                      f"{c.total_bytes / 1e9:.1f}", "reconstructed" if is_reconstructed(c) else "config copy")
+    out = console()
+    print_table(out, table)
+    print_prose(out, "data: reconstructed = rebuilt from published facts (model cards, tables, test fixtures), config "
+                     "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance.")
 
 
 def layout_summary(checkpoint: Checkpoint) -> str:

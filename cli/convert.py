@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
 import typer
 
 from specpair.cli import app
-from specpair.cli._options import GgufFileOpt, JsonOpt, QuietOpt
-from specpair.cli._output import console, fail, print_json
+from specpair.cli._options import GgufFileOpt, JsonOpt, QuietOpt, VerboseOpt
+from specpair.cli._output import console, print_json, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -43,6 +45,7 @@ def convert(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (every output tensor, its layout and why) and write nothing.")] = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Convert SOURCE into DESTINATION in another layout, tensor by tensor, with an error report."""
     from specpair.errors import BadInput
@@ -69,79 +72,189 @@ def convert(
 
     where = device or ("cuda" if torch.cuda.is_available() else "cpu")
     human = not json_output and not quiet
+    tiles = _exl3_tiles(plan)
+    if tiles and not quiet:
+        _say(_exl3_estimate(plan, tiles, where))
     threads = torch.get_num_threads()
     if where == "cpu":  # the workers share the cores: more torch threads than that only contend (16 cores, 2.2 GB
         # to Q8_0: 8 workers x 16 threads 17.4 s, x 2 threads 13.1 s; 2 workers x 16 threads 15.3 s, x 8 11.9 s)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     try:
-        with _progress(plan, human and sys.stderr.isatty()) as on_tensor:
+        with _progress(plan, tiles, "bar" if human and sys.stderr.isatty() else "lines" if not quiet else None) as on_tensor:
             report = conv.execute(plan, destination, device=where, workers=workers, shard_bytes=shard_bytes,
                                   progress=on_tensor)
-    except conv.ConvertFailed as e:
-        fail(str(e), 1)
     finally:
         torch.set_num_threads(threads)  # as it was, for a caller in the same process
     if json_output:
         print_json({"schema": "specpair.convert/1", "plan": plan.to_json(), "report": report.to_json()})
     elif not quiet:
-        _print_report(plan, report)
+        _print_report(plan, report, verbose)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"convert: {line}\n")
+    sys.stderr.flush()
+
+
+def _exl3_tiles(plan) -> int:
+    from specpair.formats import exl3
+
+    return sum(exl3.tiles_of(o.stored) for o in plan.outputs if o.mode == "float" and o.layout.startswith("exl3"))
+
+
+GPU_TILES_PER_S = 44_000  # the Triton search on one H200 (benchmarks/results/exl3_encode.md)
+
+
+def _exl3_estimate(plan, tiles: int, where: str) -> str:
+    """How long the EXL3 search takes here, from its rate measured on this device now."""
+    from specpair.formats import exl3
+
+    first = next(o for o in plan.outputs if o.mode == "float" and o.layout.startswith("exl3"))
+    bits = int(float(first.layout.removeprefix("exl3-").removesuffix("bpw")))
+    return exl3_estimate(tiles, exl3.measured_rate(bits, first.method or "mul1", where), where)
+
+
+def exl3_estimate(tiles: int, rate: float, where: str) -> str:
+    """The estimate line for `tiles` at `rate` tiles/s on `where`; on the CPU, past a minute, what a GPU would take."""
+    line = (f"EXL3 encodes {tiles:,} tiles of 256 weights at {rate:,.3g} tiles/s measured on {where} now: "
+            f"{_duration(tiles / rate)}")
+    if where == "cpu" and tiles / rate > 60:
+        line += (f"; a CUDA GPU would take {_duration(tiles / GPU_TILES_PER_S)} (an H200 encodes "
+                 f"~{GPU_TILES_PER_S:,} tiles/s): --device cuda on a machine with one")
+    return line
+
+
+def _duration(seconds: float) -> str:
+    """'about 12 s', 'about 4.2 h', 'under a second'."""
+    if seconds < 1:
+        return "under a second"
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 @contextlib.contextmanager
-def _progress(plan, enabled: bool) -> Iterator[Callable[[object, int], None]]:
-    """Tensors, bytes, rate and ETA on stderr when it is a terminal; nothing otherwise."""
-    if not enabled:
+def _progress(plan, tiles: int, mode: str | None) -> Iterator[Callable[[object, int], None]]:
+    """Progress on stderr: a bar with rate and ETA on a terminal; else one line per tenth of the work (and at the
+    start and end). EXL3 work is counted in tiles as the search finishes them, so the rate and ETA move within a
+    tensor; other work in bytes written."""
+    from specpair.formats import exl3
+
+    if mode is None:
         yield lambda output, nbytes: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+    if mode == "bar":
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
 
-    with Progress("converting", MofNCompleteColumn(), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
-        tensors = bar.add_task("tensors", total=len(plan.outputs), visible=False)
-        task = bar.add_task("bytes", total=plan.nbytes)
+        columns = ([BarColumn(), TaskProgressColumn(), "{task.completed:,.0f}/{task.total:,.0f} tiles",
+                    "{task.fields[rate]}", TimeRemainingColumn()] if tiles else
+                   [MofNCompleteColumn(), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()])
+        with Progress("converting", *columns, console=Console(stderr=True), transient=True) as bar:
+            started = time.perf_counter()
+            task = bar.add_task("work", total=tiles or plan.nbytes, rate="")
+            if tiles:
+                def on_tiles(n: int) -> None:
+                    bar.advance(task, n)
+                    done = bar.tasks[0].completed
+                    bar.update(task, rate=f"{done / max(time.perf_counter() - started, 1e-9):,.1f} tiles/s")
 
-        def advance(output: object, nbytes: int) -> None:
-            bar.advance(tensors)
-            bar.update(task, advance=nbytes, completed=None)
+                with exl3.counting_tiles(on_tiles):
+                    yield lambda output, nbytes: None
+            else:
+                yield lambda output, nbytes: bar.advance(task, nbytes)
+        return
+    lines = _Lines(plan, tiles)
+    _say(f"{len(plan.outputs)} tensors, {_size(plan.nbytes)} to write" + (f", {tiles:,} EXL3 tiles to encode" if tiles else ""))
+    if tiles:
+        with exl3.counting_tiles(lines.tiles):
+            yield lines.tensor
+    else:
+        yield lines.tensor
+    _say(f"all {len(plan.outputs)} tensors written in {time.perf_counter() - lines.started:.1f} s")
 
-        yield advance
+
+class _Lines:
+    """One stderr line at each further tenth of the work: done, rate, ETA."""
+
+    def __init__(self, plan, tiles: int) -> None:
+        self.total, self.unit = (tiles, "tiles") if tiles else (plan.nbytes, "bytes")
+        self.done = self.tensors = self.tenths = 0
+        self.count = len(plan.outputs)
+        self.started = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def tiles(self, n: int) -> None:
+        self._advance(n)
+
+    def tensor(self, output: object, nbytes: int) -> None:
+        with self.lock:
+            self.tensors += 1
+        if self.unit == "bytes":
+            self._advance(nbytes)
+
+    def _advance(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            tenths = min(10, self.done * 10 // max(self.total, 1))
+            if tenths <= self.tenths:
+                return
+            self.tenths = tenths
+            elapsed = time.perf_counter() - self.started
+            rate = self.done / max(elapsed, 1e-9)
+            left = (self.total - self.done) / rate if rate else 0.0
+            shown = f"{rate:,.1f} tiles/s" if self.unit == "tiles" else f"{rate / 1e6:,.1f} MB/s"
+            _say(f"{tenths * 10}% ({self.tensors} of {self.count} tensors), {shown}, {elapsed:.0f} s elapsed, "
+                 f"{_duration(left)} left")
 
 
 def _print_plan(plan) -> None:
     from rich.table import Table
 
     out = console()
-    table = Table(title=f"{plan.source.ref} -> {plan.target.spec}: {len(plan.outputs)} tensors, {_size(plan.nbytes)}")
+    print_prose(out, f"{plan.source.ref} -> {plan.target.spec}: {len(plan.outputs)} tensors, {_size(plan.nbytes)}")
+    table = Table()
     for column in ("tensor", "shape", "layout", "how", "why"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("tensor", "shape", "layout"))
     for o in plan.outputs:
         how = o.mode + (f" [{', '.join(map(str, o.map.steps))}]" if o.map.steps else "")
         table.add_row(o.map.name, "×".join(map(str, o.map.shape)), o.layout, how, o.reason)
-    out.print(table)
+    print_table(out, table)
     for note in plan.notes:
-        out.print(f"note: {note}")
+        print_prose(out, f"note: {note}")
 
 
-def _print_report(plan, report) -> None:
+def _print_report(plan, report, verbose: bool) -> None:
+    """Totals per model part, the 10 tensors with the largest error (every tensor with --verbose), then the
+    overall figure: one row per tensor is ~94,000 rows for a MoE that stores its experts apart."""
     from rich.table import Table
 
     out = console()
-    lossy = [t for t in report.tensors if t.mode == "float"]
-    table = Table(title="error report (float32 reference; exact paths omitted)")
-    for column in ("tensor", "layout", "rel. Frobenius", "max abs"):
-        table.add_column(column, justify="left" if column in ("tensor", "layout") else "right")
-    for t in sorted(lossy, key=lambda t: -t.rel_error):
-        table.add_row(t.name, t.layout, f"{t.rel_error:.5f}", f"{t.max_abs_error:.3g}")
-    if lossy:
-        out.print(table)
-    exact = len(report.tensors) - len(lossy)
+    groups = Table("part", "tensors", "lossy", "layouts", "size", "rel. Frobenius", "max abs",
+                   title="error by part (float32 reference)")
+    for g in report.groups():
+        groups.add_row(g["group"], f"{g['tensors']:,}", f"{g['lossy']:,}", ", ".join(g["layouts"]), _size(g["bytes"]),
+                       f"{g['rel_error']:.5f}", f"{g['max_abs_error']:.3g}")
+    print_table(out, groups)
+    rows = sorted(report.lossy, key=lambda t: -t.rel_error) if verbose else report.worst()
+    if rows:
+        title = "every lossy tensor" if verbose else f"the {len(rows)} tensors with the largest error (--verbose: all)"
+        table = Table("tensor", "layout", "rel. Frobenius", "max abs", title=title)
+        table.columns[0].no_wrap = True
+        for t in rows:
+            table.add_row(t.name, t.layout, f"{t.rel_error:.5f}", f"{t.max_abs_error:.3g}")
+        print_table(out, table)
+    exact = len(report.tensors) - len(report.lossy)
     rate = report.source_bytes / report.seconds / 1e9 if report.seconds else 0.0
-    out.print(f"wrote {report.destination}: {len(report.tensors)} tensors ({exact} exact), {_size(report.nbytes)} "
-              f"from {_size(report.source_bytes)} in {report.seconds:.1f} s ({rate:.2f} GB/s); "
-              f"overall relative error {report.rel_error:.5f}")
+    print_prose(out, f"wrote {report.destination}: {len(report.tensors):,} tensors ({exact:,} exact), "
+                     f"{_size(report.nbytes)} from {_size(report.source_bytes)} in {report.seconds:.1f} s "
+                     f"({rate:.2f} GB/s); overall relative error {report.rel_error:.5f} over the "
+                     f"{len(report.lossy):,} lossy tensors")
     for note in plan.notes:
-        out.print(f"note: {note}")
+        print_prose(out, f"note: {note}")
 
 
 UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}

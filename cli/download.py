@@ -12,7 +12,7 @@ import typer
 
 from specpair.cli import app
 from specpair.cli._options import JsonOpt
-from specpair.cli._output import console, fail, print_json
+from specpair.cli._output import console, print_json, print_table
 
 if TYPE_CHECKING:
     from specpair.sources.download import DiskNeed, FileState, RepoPlan, RepoResult
@@ -50,7 +50,8 @@ def download(
         help="Fetch only the small files `check` reads: *.json, *.jinja, *.txt, *.model, *.tiktoken, *.md.")] = False,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (files, sizes, what is on disk, free space) and fetch nothing.")] = False,
-    lock: Annotated[str, typer.Option("--lock", help="Where to write the lockfile.")] = "specpair.lock",
+    lock: Annotated[str | None, typer.Option(
+        "--lock", help="Where to write the lockfile (default: specpair.lock in --local-dir, else here).")] = None,
     no_lock: Annotated[bool, typer.Option(
         "--no-lock", help="Write no lockfile (branches and tags are then accepted).")] = False,
     require_sha: Annotated[bool | None, typer.Option(
@@ -60,11 +61,12 @@ def download(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the downloaded path(s).")] = False,
 ) -> None:
     """Download a repo, or a target and its drafter, each pinned to a commit; verify every file; write specpair.lock."""
+    from specpair.errors import BadInput
     from specpair.sources import download as dl
-    from specpair.sources.lockfile import write_lock
+    from specpair.sources.lockfile import LOCK_NAME, write_lock
 
-    if no_lock and lock != "specpair.lock":
-        fail("--lock and --no-lock contradict each other: keep one")
+    if no_lock and lock is not None:
+        raise BadInput("--lock", "--lock and --no-lock contradict each other: keep one")
     human = not (json_output or quiet)
     out = console() if human else None
 
@@ -72,26 +74,27 @@ def download(
         if out is not None and p.moving:
             out.print(f"{p.where} is commit {p.commit}", markup=False, highlight=False, soft_wrap=True)
 
-    try:
-        plans = dl.plan(repos, revision, include or [], exclude or [], local_dir, metadata_only,
-                        (not no_lock) if require_sha is None else require_sha, resolved)
-        states = [dl.survey(p) for p in plans]
-        needs = dl.disk_needs(plans, states)
-        if dry_run:
-            if json_output:
-                print_json(_plan_json(plans, states, needs))
-            elif not quiet:
-                _print_plan(plans, states, needs)
-            dl.check_space(needs)
-            return
+    plans = dl.plan(repos, revision, include or [], exclude or [], local_dir, metadata_only,
+                    (not no_lock) if require_sha is None else require_sha, resolved)
+    states = [dl.survey(p) for p in plans]
+    needs = dl.disk_needs(plans, states)
+    if dry_run:
+        if json_output:  # one document: the plan says what does not fit, and its exit code
+            document = _plan_json(plans, states, needs)
+            print_json(document)
+            raise typer.Exit(document["exit_code"])
+        if not quiet:
+            _print_plan(plans, states, needs)
         dl.check_space(needs)
-        dl.create_destinations(plans)
-        to_fetch = [s for plan_states in states for s in plan_states if not s.present]
-        total, done = sum(s.file.size for s in to_fetch), sum(s.partial for s in to_fetch)
-        with _progress(total, done, human and sys.stderr.isatty()) as on_bytes:
-            results = dl.fetch(plans, states, on_bytes)
-    except dl.DownloadFailed as e:
-        fail(str(e), 1)
+        return
+    dl.check_space(needs)
+    dl.create_destinations(plans)
+    to_fetch = [s for plan_states in states for s in plan_states if not s.present]
+    total, done = sum(s.file.size for s in to_fetch), sum(s.partial for s in to_fetch)
+    with _progress(total, done, human and sys.stderr.isatty()) as on_bytes:
+        results = dl.fetch(plans, states, on_bytes)
+    # Beside the files when they go to --local-dir, so that `specpair verify DIR` finds it.
+    lock = lock or os.path.join(local_dir or ".", LOCK_NAME)
     lock_path = None if no_lock else os.path.abspath(lock)
     if lock_path is not None:
         write_lock(lock_path, [r.locked() for r in results])
@@ -130,7 +133,8 @@ def _plan_json(plans: list[RepoPlan], states: list[list[FileState]], needs: list
                       for s in plan_states],
         })
     disk = [{"directory": n.directory, "needed": n.needed, "free": n.free, "fits": n.needed <= n.free} for n in needs]
-    return {"schema": "specpair.download/1", "dry_run": True, "repos": repos, "disk": disk}
+    return {"schema": "specpair.download/1", "dry_run": True, "repos": repos, "disk": disk,
+            "exit_code": 0 if all(d["fits"] for d in disk) else 2}
 
 
 def _result_json(results: list[RepoResult], lock_path: str | None) -> dict[str, Any]:
@@ -168,10 +172,11 @@ def _print_plan(plans: list[RepoPlan], states: list[list[FileState]], needs: lis
         out.print(f"[bold]{p.role}[/bold] {p.repo} @ {p.commit} → {escape(p.destination.directory)}",
                   highlight=False, soft_wrap=True)
         table = Table("file", "size", "on disk")
+        table.columns[0].no_wrap = True  # file names are copied from here
         for s in plan_states:
             on_disk = _on_disk(s) + (f" ({human_size(s.partial)} to resume from)" if s.partial else "")
             table.add_row(escape(s.file.path), human_size(s.file.size), on_disk)
-        out.print(table)
+        print_table(out, table)
     for n in needs:
         verdict = "[green]fits[/green]" if n.needed <= n.free else "[red]does not fit[/red]"
         out.print(f"{human_size(n.needed)} to fetch, {human_size(n.free)} free on the filesystem of "

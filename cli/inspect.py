@@ -8,7 +8,7 @@ import typer
 
 from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, OfflineOpt
-from specpair.cli._output import console, print_json
+from specpair.cli._output import console, print_json, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -35,9 +35,6 @@ def inspect(
 
     out = console()
     s, r, d = checkpoint.shapes, checkpoint.rope, checkpoint.drafter
-    facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold")
-    facts.add_column()
     rows = [
         ("checkpoint", f"{checkpoint.ref} ({checkpoint.source}, {checkpoint.format})"),
         ("revision", checkpoint.revision or "unknown"),
@@ -45,7 +42,8 @@ def inspect(
         ("family", f"{checkpoint.family} ({checkpoint.architecture or checkpoint.model_type})"),
         ("shapes", f"hidden {s.hidden_size}, {s.num_layers} layers, heads {s.num_heads}/{s.num_kv_heads}, head_dim {s.head_dim}"),
         ("layer types", _layer_summary(s.layer_types)),
-        ("vocabulary", f"vocab_size {s.vocab_size}, embedding rows {s.embedding_rows or 'unknown'}"),
+        ("vocabulary", f"vocab_size {s.vocab_size}, embedding rows {s.embedding_rows or 'unknown'}" if s.vocab_size
+         else "none of its own: its target's (no tokenizer, no token_embd)"),
         ("rope", f"theta {r.theta}, {r.rope_type or 'default'}, max positions {r.max_position_embeddings}"
                  + (f", sliding window {r.sliding_window}" if r.sliding_window else "")),
     ]
@@ -67,14 +65,15 @@ def inspect(
         rows.append(("note", note))
     if checkpoint.provenance:
         rows.append(("provenance", checkpoint.provenance))
-    for key, value in rows:
-        facts.add_row(key, value)
-    out.print(facts)
+    from rich.markup import escape
+
+    for key, value in rows:  # lines, not a table: a provenance paragraph would pad every row to its width
+        print_prose(out, f"[bold]{key:<13}[/bold]{escape(value)}")
     if checkpoint.groups:
         groups = Table("group", "layout", "tensors", "GB")
         for g in checkpoint.groups:
             groups.add_row(g.group, g.layout, str(g.tensors), f"{g.bytes / 1e9:.3f}")
-        out.print(groups)
+        print_table(out, groups)
 
 
 def _layer_summary(layer_types: list[str]) -> str:

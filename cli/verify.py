@@ -8,7 +8,7 @@ import typer
 
 from specpair.cli import app
 from specpair.cli._options import JsonOpt, QuietOpt
-from specpair.cli._output import console, print_json
+from specpair.cli._output import console, print_json, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -55,11 +55,12 @@ def verify(
             out.print(f"[bold]{r.role}[/bold] {r.repo} @ {r.commit}  {escape(r.directory)}", highlight=False,
                       soft_wrap=True)
             table = Table("file", "size", "status")
+            table.columns[0].no_wrap = True  # file names are copied from here
             for c in repo_checks:
                 found = f" ({c.found_size} bytes)" if c.status == "size_differs" else ""
                 status = c.status.replace("_", " ") + found
                 table.add_row(escape(c.path), str(c.size), f"[{STATUS_STYLE[c.status]}]{status}[/]")
-            out.print(table)
+            print_table(out, table)
         summary = f"{len(differ)} of {len(checks)} files differ from the lock" if differ else \
             f"all {len(checks)} files match the lock"
         out.print(summary, style="red" if differ else "green")

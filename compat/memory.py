@@ -50,13 +50,58 @@ class Estimate:
     state: float  # recurrent (GDN) state, all sequences
     draft_kv: float
 
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The memory a pair needs and whether it fits, in GB rounded to 0.1: every sum and comparison is made on
+    the rounded numbers, so what the message shows and what it concludes cannot disagree."""
+
+    context: int
+    concurrency: int
+    parts: dict[str, float]  # target_weights, draft_weights, kv, recurrent_state, draft_kv
+    overhead_per_gpu: float
+    tensor_parallel: int  # the size the launch line uses: --gpus, capped at what the stack can split
+    max_tensor_parallel: int
+    per_gpu: float  # what one GPU holds at `tensor_parallel`
+    gpu: str | None = None
+    usable_per_gpu: float | None = None
+    smallest_fitting_tensor_parallel: int | None = None
+    fits: bool | None = None  # None: no GPU to size for
+
     @property
     def total(self) -> float:
-        return self.target_weights + self.draft_weights + self.kv + self.state + self.draft_kv
+        return round(sum(self.parts.values()), 1)
 
-    def per_gpu(self, tp: int, draft_sharded: bool) -> float:
-        draft = self.draft_weights + self.draft_kv
-        return (self.target_weights + self.kv + self.state) / tp + (draft / tp if draft_sharded else draft) + OVERHEAD_PER_GPU
+    def to_json(self) -> dict:
+        return {"context": self.context, "concurrency": self.concurrency, "unit": "GB", "parts": self.parts,
+                "total": self.total, "overhead_per_gpu": self.overhead_per_gpu, "gpu": self.gpu,
+                "usable_per_gpu": self.usable_per_gpu, "tensor_parallel": self.tensor_parallel,
+                "max_tensor_parallel": self.max_tensor_parallel, "per_gpu": self.per_gpu,
+                "smallest_fitting_tensor_parallel": self.smallest_fitting_tensor_parallel, "fits": self.fits}
+
+
+def gb(value: float) -> float:
+    """Bytes to GB, rounded as every memory figure is shown."""
+    return round(value / GB, 1)
+
+
+def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int, max_tp: int) -> MemoryPlan:
+    parts = {"target_weights": gb(e.target_weights), "draft_weights": gb(e.draft_weights), "kv": gb(e.kv),
+             "recurrent_state": gb(e.state), "draft_kv": gb(e.draft_kv)}
+    overhead = gb(OVERHEAD_PER_GPU)
+
+    def per_gpu(tp: int) -> float:
+        target = parts["target_weights"] + parts["kv"] + parts["recurrent_state"]
+        draft = parts["draft_weights"] + parts["draft_kv"]
+        return round(target / tp + (draft / tp if tp > 1 else draft) + overhead, 1)
+
+    tp = min(gpus, max_tp)
+    if gpu is None:
+        return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp))
+    usable = gb(gpu.memory * USABLE_FRACTION)
+    smallest = next((n for n in TP_SIZES if n <= max_tp and per_gpu(n) <= usable), None)
+    return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp), gpu.name, usable, smallest,
+                      smallest is not None and smallest <= gpus)
 
 
 def local_gpu() -> Gpu | None:

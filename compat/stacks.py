@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specpair import runtime
 from specpair.checkpoint import TARGET_FAMILIES, Checkpoint
 from specpair.compat.pair import Pair
 
@@ -115,9 +117,42 @@ def _gguf_path(c: Checkpoint) -> str:
 
 
 def _exllamav3(p: Pair) -> str:
-    draft = "" if p.kind == "mtp" else f", draft_model=Model.from_config(Config.from_directory({p.draft.ref!r}))"
-    return (f"exllamav3 Generator(model=Model.from_config(Config.from_directory({p.target.ref!r})){draft}, "
-            f"num_draft_tokens={p.block_size - 1})  # draft cache the same size as the target cache")
+    """ExLlamaV3 has no server of its own: its model_init arguments (-m, -dm or -mtp, -cs, -ndt; the draft cache
+    gets the target cache's size) and Generator, in a `python -c` over local directories. Hub checkpoints are
+    downloaded first, each into its own folder."""
+    checkpoints = [p.target] if p.kind == "mtp" else [p.target, p.draft]
+    steps, paths = [], []
+    remote = [c for c in checkpoints if c.source != "local"]
+    if remote:
+        pinned = all(COMMIT.match(c.ref.partition("@")[2].lower()) for c in remote)
+        command = ["specpair", "download", *(c.ref for c in remote), "--local-dir",
+                   EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}"]
+        steps.append(shlex.join(command + ([] if pinned else ["--no-require-sha"])))
+    for c in checkpoints:
+        paths.append(c.ref if c.source == "local" else f"{EXLLAMAV3_DIR}/{_repo_name(c.ref)}")
+    args = ["-m", paths[0], "-cs", str(p.context), "-ndt", str(p.block_size - 1)]
+    args += ["-mtp"] if p.kind == "mtp" else ["-dm", paths[1]]
+    code = "; ".join([
+        "import argparse",
+        "from exllamav3 import Generator, model_init",
+        "parser = argparse.ArgumentParser()",
+        "model_init.add_args(parser, cache=True, add_draft_model_args=True)",
+        f"args = parser.parse_args({json.dumps(args)})",
+        "model, config, cache, tokenizer, draft_model, draft_config, draft_cache = model_init.init(args)",
+        "generator = Generator(model=model, cache=cache, tokenizer=tokenizer, draft_model=draft_model, "
+        "draft_cache=draft_cache, num_draft_tokens=args.num_draft_tokens)",
+        'print(generator.generate(prompt="Hello", max_new_tokens=128))',
+    ])
+    steps.append(shlex.join(["python", "-c", code]))
+    return " && ".join(steps)
+
+
+EXLLAMAV3_DIR = "models"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _repo_name(ref: str) -> str:
+    return ref.partition("@")[0].rsplit("/", 1)[-1]
 
 
 def _tensorfold(p: Pair) -> str:
@@ -135,9 +170,8 @@ def _tensorfold(p: Pair) -> str:
 
 def _specpair(p: Pair) -> str:
     args = ["specpair", "run", p.target.ref]
-    if p.kind != "mtp":
-        args.append(p.draft.ref)
-    args += ["--block", str(p.block_size)]
+    args += ["--mtp"] if p.kind == "mtp" else [p.draft.ref]
+    args += ["--block-size", str(p.block_size)]
     return shlex.join(args)
 
 
@@ -147,11 +181,12 @@ STACKS: dict[str, Stack] = {
     s.name: s
     for s in [
         Stack(
-            name="specpair", kinds=("dflash", "dflash2", "mtp", "draft_model"),
-            archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
+            name="specpair", kinds=runtime.AVAILABLE.drafter_kinds,
+            archs={"dflash": DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
+                   "dflash2": ("DFlash2DraftModel",), "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")},
             file_format="any", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             draft_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
-            families=TARGET_FAMILIES, tensor_parallel_drafts=(), launch=_specpair,
+            families=runtime.AVAILABLE.families, tensor_parallel_drafts=(), launch=_specpair,
         ),
         Stack(
             name="sglang", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),

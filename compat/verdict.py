@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Deployment, Pair
+from specpair.compat.memory import MemoryPlan
 from specpair.compat.rules import Finding, evaluate
+from specpair.compat.rules.hardware import memory_plan
 from specpair.compat.stacks import STACKS
 from specpair.errors import BadInput
 
@@ -19,14 +21,19 @@ class Verdict:
     status: str  # ok | warn | fail
     reasons: list[Finding] = field(default_factory=list)
     launch: str | None = None
-    fix: str | None = None
+    fix: str | None = None  # the commands that clear every error of this stack, when there are such
+    blocked_by: list[str] = field(default_factory=list)  # errors no specpair command clears
+    memory: MemoryPlan | None = None
 
     def to_json(self) -> dict:
         return {
             "status": self.status,
-            "reasons": [{"rule": f.rule, "severity": f.severity, "message": f.message} for f in self.reasons],
+            "reasons": [{"rule": f.rule, "severity": f.severity, "message": f.message, "values": f.values}
+                        for f in self.reasons],
             "launch": self.launch,
             "fix": self.fix,
+            "blocked_by": self.blocked_by,
+            "memory": self.memory.to_json() if self.memory else None,
         }
 
 
@@ -50,10 +57,19 @@ def judge(target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, 
         findings = [f for _, f in found]
         severities = {f.severity for f in findings}
         status = "fail" if "error" in severities else "warn" if "warn" in severities else "ok"
-        fixes = dict.fromkeys(fix for r, f in found if f.severity == "error" and r.fix and (fix := r.fix(pair, stack)))
-        fix = " && ".join(fixes) or None
+        # A rule's fix clears that rule's findings; it is offered only when, all applied, no error is left.
+        fixes: dict[str, None] = {}
+        blocked: dict[str, None] = {}
+        for r, f in found:
+            if f.severity == "error":
+                fix = r.fix(pair, stack) if r.fix else None
+                if fix:
+                    fixes[fix] = None
+                else:
+                    blocked[r.id] = None
+        fix = " && ".join(fixes) if fixes and not blocked else None
         launch = STACKS[stack].launch(pair) if status != "fail" else None
-        verdicts[stack] = Verdict(stack, status, findings, launch, fix)
+        verdicts[stack] = Verdict(stack, status, findings, launch, fix, list(blocked), memory_plan(pair, stack))
     return pair, verdicts
 
 

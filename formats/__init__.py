@@ -27,6 +27,50 @@ class TensorInfo:
     offset: int = 0  # where its data starts in `file` (absolute); 0 where only the header was read remotely
 
 
+@dataclass
+class TensorTable:
+    """Tensors of one or more headers as parallel columns, for code that summarises ~10^5 tensors (a checkpoint
+    that stores every expert apart) without building an object per tensor. Row k is one tensor."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    nbytes: list[int]
+    files: list[str]
+    offsets: list[int]  # where each tensor's data starts in its file (absolute; 0 where only known remotely)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def empty(cls) -> TensorTable:
+        return cls([], [], [], [], [], [])
+
+    @classmethod
+    def of(cls, tensors: list[TensorInfo]) -> TensorTable:
+        return cls([t.name for t in tensors], [t.dtype for t in tensors], [list(t.shape) for t in tensors],
+                   [t.nbytes for t in tensors], [t.file for t in tensors], [t.offset for t in tensors])
+
+    def extend(self, other: TensorTable) -> None:
+        for mine, theirs in zip(self.columns(), other.columns()):
+            mine.extend(theirs)
+
+    def columns(self) -> tuple[list, ...]:
+        return self.names, self.dtypes, self.shapes, self.nbytes, self.files, self.offsets
+
+    def infos(self) -> list[TensorInfo]:
+        return [TensorInfo(n, d, tuple(s), b, f, o) for n, d, s, b, f, o in zip(*self.columns())]
+
+    def row(self, name: str) -> TensorInfo | None:
+        """The one tensor of this name (a linear scan: for the few lookups a summary needs)."""
+        try:
+            k = self.names.index(name)
+        except ValueError:
+            return None
+        return TensorInfo(self.names[k], self.dtypes[k], tuple(self.shapes[k]), self.nbytes[k], self.files[k],
+                          self.offsets[k])
+
+
 ReadRange = Callable[[int, int], bytes]
 """read(offset, length) -> bytes: a local file or an HTTP range request."""
 

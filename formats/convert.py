@@ -21,6 +21,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,11 +33,11 @@ import orjson
 import torch
 
 from specpair.checkpoint import Checkpoint
-from specpair.errors import BadInput
+from specpair.errors import BadInput, Incomplete, Interrupted
 from specpair.formats import gguf, policy, quant_configs
 from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec, repack, row_slice, stored_nbytes
 from specpair.formats.gguf import GGUFHeader
-from specpair.formats.transforms import Step, TensorMap, identity
+from specpair.formats.transforms import Step, TensorMap, compose, identity
 from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_parts
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -135,6 +137,7 @@ class Source:
     header: GGUFHeader | None = None  # the GGUF header (GGUF sources)
     files: list[str] = field(default_factory=list)  # every file of an HF directory (relative)
     reader: Any = None  # the sources.local.LocalFiles view of `root`: every small file is read through it
+    target_vocab: int | None = None  # a weights-only drafter GGUF's vocabulary: its target's (--target)
     _hf_plan: Any = field(default=None, repr=False)
 
     def read(self, name: str) -> bytes | None:
@@ -151,7 +154,7 @@ class Source:
             values = read_parts(rope, self.root, "gguf")[""].float().tolist() if rope is not None else None
             with naming_the_file(self.metadata_file):
                 self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
-                                                    rope_freqs=values)
+                                                    rope_freqs=values, target_vocab=self.target_vocab)
         return self._hf_plan
 
     @property
@@ -328,6 +331,8 @@ def plan(source: Source, target: Target, keep: list[policy.KeepRule] | None = No
          donor: Source | None = None) -> Plan:
     """Every output tensor of converting `source` to `target`, from headers alone. `donor` is the target model
     of a drafter: its tokenizer goes into a drafter's GGUF, its config decides the drafter's rope sections."""
+    if donor is not None and source.checkpoint.shapes.vocab_size is None:
+        source.target_vocab = donor.checkpoint.shapes.rows
     maps, notes, config, arch, fields = _name_maps(source, target, donor)
     float_layout = _float_layout(source, target)
     ckpt = source.checkpoint
@@ -455,7 +460,7 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
                 forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
                                             target_config=donor.hf_config() if donor else None)
             notes = back.notes + forward.notes + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
-            return _compose(back.tensors, forward.tensors), notes, None, forward.arch, forward.fields
+            return compose(back.tensors, forward.tensors), notes, None, forward.arch, forward.fields
         fields = [(k, v, t) for k, v, t in _source_fields(source.header) if not k.startswith(("tokenizer.", "general."))]
         return [identity(n, s) for n, s in shapes.items()], [], None, arch, fields
     hf_maps, notes = _to_hf(source, family, shapes)
@@ -470,12 +475,12 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
         with naming_the_file(source.metadata_file):
             forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
                                         target_config=donor.hf_config() if donor else None)
-        return _compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
+        return compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
     if to == "mlx" and src != "mlx":
         from specpair.formats.mlx_names import to_mlx
 
         maps, mlx_notes = to_mlx(family, {m.name: m.shape for m in hf_maps}, source.checkpoint.shapes.tie_word_embeddings)
-        return _compose(hf_maps, maps), notes + mlx_notes, config, None, []
+        return compose(hf_maps, maps), notes + mlx_notes, config, None, []
     maps = [identity(n, s) for n, s in shapes.items()] if to == src else hf_maps
     if target.family != "float" and to == "hf":
         maps = _unstack_fused_experts(maps)
@@ -518,51 +523,6 @@ def _unstack_fused_experts(maps: list[TensorMap]) -> list[TensorMap]:
                 out.append(TensorMap(prefix + "gate_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (0, half)))))
                 out.append(TensorMap(prefix + "up_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (half, rows)))))
     return out
-
-
-def _compose(first: list[TensorMap], second: list[TensorMap]) -> list[TensorMap]:
-    """`second` (over the names `first` produces) as maps over `first`'s sources."""
-    by_name = {m.name: m for m in first}
-    out = []
-    for m in second:
-        inner = [by_name[s] for s in m.sources]
-        if all(not i.steps and len(i.sources) == 1 for i in inner):
-            composed = TensorMap(m.name, m.shape, tuple(i.sources[0] for i in inner), m.steps)
-        elif len(inner) == 1:
-            composed = TensorMap(m.name, m.shape, inner[0].sources, inner[0].steps + m.steps)
-        elif _restacks(inner, m):  # stack(select(0)(x), select(1)(x), ...) is x
-            composed = TensorMap(m.name, m.shape, inner[0].sources, inner[0].steps[:-1] + m.steps[1:])
-        else:
-            raise BadInput(m.name, "cannot be built in one pass between these namings; convert to bf16 first")
-        out.append(_simplify(composed))
-    return out
-
-
-def _restacks(inner: list[TensorMap], m: TensorMap) -> bool:
-    return (bool(m.steps) and m.steps[0].op == "stack" and len({i.sources for i in inner}) == 1
-            and len(inner[0].sources) == 1
-            and all(i.steps and i.steps[-1] == Step("select", (e,)) and i.steps[:-1] == inner[0].steps[:-1]
-                    for e, i in enumerate(inner)))
-
-
-INVERSE_PAIRS = {("transpose", "transpose"), ("add", "add")}
-
-
-def _simplify(m: TensorMap) -> TensorMap:
-    """Drop adjacent steps that undo each other (norm -1 then +1, a transpose and its inverse)."""
-    steps: list[Step] = []
-    for step in m.steps:
-        if steps and (steps[-1].op, step.op) in INVERSE_PAIRS and _undoes(steps[-1], step):
-            steps.pop()
-            continue
-        steps.append(step)
-    return TensorMap(m.name, m.shape, m.sources, tuple(steps))
-
-
-def _undoes(a: Step, b: Step) -> bool:
-    if a.op == "add":
-        return a.args[0] + b.args[0] == 0
-    return sorted(a.args) == sorted(b.args)
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -620,15 +580,31 @@ def _gguf_general(source: Source, target: Target) -> list[tuple[str, object, obj
         fields += [(k, v, t) for k, v, t in _source_fields(source.header)
                    if k.startswith("general.") and k not in GGUF_GENERAL_REWRITTEN]
     if not any(k == "general.name" for k, _, _ in fields):
-        fields.append(("general.name", os.path.basename(os.path.normpath(source.ref)).removesuffix(".gguf"), GGUFValueType.STRING))
+        fields.append(("general.name", model_name(source), GGUFValueType.STRING))
     fields.append(("general.file_type", int(LlamaFileType[GGUF_FILE_TYPES[target.layout]]), GGUFValueType.UINT32))
     fields.append(("general.quantization_version", 2, GGUFValueType.UINT32))
     return fields
 
 
+HF_CACHE_SNAPSHOT = re.compile(r"(^|/)models--[^/]+--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+
+
+def model_name(source: Source) -> str:
+    """The source model's name, for general.name: the config's `_name_or_path`, the repo of an HF cache snapshot,
+    the repo a Hub reference names, else the source's own file or folder name."""
+    recorded = (source.config or {}).get("_name_or_path")
+    if isinstance(recorded, str) and recorded.strip("/"):
+        return recorded.rstrip("/").rsplit("/", 1)[-1]
+    snapshot = HF_CACHE_SNAPSHOT.search(os.path.abspath(source.root))
+    if snapshot:
+        return snapshot["name"]
+    return os.path.basename(os.path.normpath(source.ref.partition("@")[0])).removesuffix(".gguf")
+
+
 def _gguf_tokenizer(source: Source, donor: Source | None, p: Plan) -> list[tuple[str, object, object]]:
     """The tokenizer keys: kept from a GGUF source, built from tokenizer.json, or copied from the --target."""
-    has_tokenizer = source.header is not None or "tokenizer.json" in source.files
+    has_tokenizer = ("tokenizer.ggml.tokens" in source.header.fields if source.header is not None
+                     else "tokenizer.json" in source.files)
     giver = source if has_tokenizer else donor
     if giver is None:
         raise BadInput(source.ref, "has no tokenizer.json, and llama.cpp needs a tokenizer in the GGUF; name the "
@@ -675,6 +651,9 @@ class TensorReport:
     norm_sq: float  # ‖in‖²
 
 
+WORST_SHOWN = 10  # tensors the human report lists by default
+
+
 @dataclass
 class Report:
     destination: str
@@ -687,36 +666,82 @@ class Report:
         return sum(t.nbytes for t in self.tensors)
 
     @property
+    def lossy(self) -> list[TensorReport]:
+        """Tensors whose values changed: every quantization and every cast that rounds (to bf16 as much as to
+        Q4_K); exact paths, and float casts that lose nothing, are not among them."""
+        return [t for t in self.tensors if t.mode == "float" and t.error_sq > 0]
+
+    @property
     def rel_error(self) -> float:
         """Relative Frobenius error over every lossy tensor together."""
-        lossy = [t for t in self.tensors if t.mode == "float" and t.layout not in FLOAT_LAYOUTS]
-        norm = sum(t.norm_sq for t in lossy)
-        return (sum(t.error_sq for t in lossy) / norm) ** 0.5 if norm else 0.0
+        return _relative(self.lossy)
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Totals per model part (checkpoint.groups' names: experts, attention, norm, ...), largest first."""
+        from specpair.checkpoint.groups import group_of
+
+        by_group: dict[str, list[TensorReport]] = {}
+        for t in self.tensors:
+            by_group.setdefault(group_of(t.name), []).append(t)
+        rows = [{"group": group, "tensors": len(ts), "lossy": sum(t.mode == "float" and t.error_sq > 0 for t in ts),
+                 "bytes": sum(t.nbytes for t in ts), "rel_error": _relative([t for t in ts if t.error_sq > 0]),
+                 "max_abs_error": max(t.max_abs_error for t in ts), "layouts": sorted({t.layout for t in ts})}
+                for group, ts in by_group.items()]
+        return sorted(rows, key=lambda r: -r["bytes"])
+
+    def worst(self, count: int = WORST_SHOWN) -> list[TensorReport]:
+        return sorted(self.lossy, key=lambda t: -t.rel_error)[:count]
 
     def to_json(self) -> dict[str, Any]:
         return {"destination": self.destination, "seconds": round(self.seconds, 3), "bytes": self.nbytes,
                 "source_bytes": self.source_bytes, "rel_error": self.rel_error,
                 "max_abs_error": max((t.max_abs_error for t in self.tensors), default=0.0),
+                "lossy_tensors": len(self.lossy), "groups": self.groups(),
                 "tensors": [{"name": t.name, "layout": t.layout, "mode": t.mode, "bytes": t.nbytes,
                              "rel_error": t.rel_error, "max_abs_error": t.max_abs_error} for t in self.tensors]}
+
+
+def _relative(tensors: list[TensorReport]) -> float:
+    norm = sum(t.norm_sq for t in tensors)
+    return (sum(t.error_sq for t in tensors) / norm) ** 0.5 if norm else 0.0
 
 
 PARTIAL_SUFFIX = ".specpair-partial"
 
 
-class ConvertFailed(Exception):
+class ConvertFailed(Incomplete):
     """A conversion that did not complete (a write failed, the disk filled up): exit 1. Nothing is left
     behind, so running it again starts afresh."""
 
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}")
-        self.where = where
-        self.problem = problem
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Interrupted in the main thread while a conversion runs, so its cleanup runs (by
+    default SIGTERM ends the process where it stands, leaving DST.specpair-partial behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def execute(p: Plan, destination: str, *, device: str = "cpu", workers: int = 2, shard_bytes: int | None = None,
             progress: Callable[[Output, int], None] | None = None) -> Report:
     """Write the plan's checkpoint at `destination` (a directory, or a .gguf file), streaming."""
+    with _signals_interrupt():
+        return _execute(p, destination, device, workers, shard_bytes, progress)
+
+
+def _execute(p: Plan, destination: str, device: str, workers: int, shard_bytes: int | None,
+             progress: Callable[[Output, int], None] | None) -> Report:
     if os.path.lexists(destination):
         raise BadInput(destination, "already exists; remove it or choose another destination")
     partial = destination.rstrip("/") + PARTIAL_SUFFIX
@@ -797,8 +822,11 @@ def _io_problem(error: OSError, destination: str, partial: str) -> tuple[str, st
 
 
 def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dict[str, torch.Tensor], TensorReport]]:
-    """Outputs in plan order, `workers` converting at once; at most 2·workers tensors held at a time."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    """Outputs in plan order, `workers` converting at once; at most 2·workers tensors held at a time. When the
+    caller stops (an error, an interrupt) the queued tensors are dropped and nothing waits for the running ones:
+    they write nothing, and the cleanup must not wait minutes for an EXL3 search to end."""
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         pending: list[Future] = []
         for output in p.outputs:
             pending.append(pool.submit(_convert_one, p.source, output, device))
@@ -806,6 +834,10 @@ def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dic
                 yield pending.pop(0).result()
         for future in pending:
             yield future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _convert_one(source: Source, output: Output, device: str) -> tuple[Output, dict[str, torch.Tensor], TensorReport]:

@@ -25,8 +25,10 @@ half-integer rates is not done yet.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -308,7 +310,45 @@ def viterbi(tiles: Tensor, bits: int, codebook: str) -> Tensor:
         edge = _trace(back, costs.argmin(-1), bits, range(TILE_LEN // 2 - 1, -1, -1))[0]
         _, back = forward(batch, cb, bits, 0, edge)
         states.append(_trace(back, edge, bits, range(TILE_LEN - 1, -1, -1))[1])
+        for count in _tile_counters:
+            count(len(batch))
     return torch.cat(states)
+
+
+_tile_counters: list[Callable[[int], None]] = []  # told the tiles each search batch finished (convert's rate and ETA)
+
+
+@contextlib.contextmanager
+def counting_tiles(count: Callable[[int], None]) -> Iterator[None]:
+    """Call `count(tiles)` as searches finish batches of tiles, from whichever thread runs them, while inside."""
+    _tile_counters.append(count)
+    try:
+        yield
+    finally:
+        _tile_counters.remove(count)
+
+
+def tiles_of(stored: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """Tiles (256 weights each) the search encodes for a weight stored as `stored` (stored_shapes' parts)."""
+    rows, cols, _ = stored[".trellis"][1]
+    return rows * cols
+
+
+def measured_rate(bits: int, codebook: str, device: str) -> float:
+    """Tiles per second the search encodes on `device` now: one CPU step's worth of random tiles (CPU_TILES) timed,
+    or on CUDA a batch of 4096 after one that pays Triton's compile."""
+    import time
+
+    count = CPU_TILES if device == "cpu" else 4096
+    tiles = torch.randn(count, TILE_LEN, generator=torch.Generator().manual_seed(0)).to(device)
+    if device != "cpu":
+        viterbi(tiles, bits, codebook)
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    viterbi(tiles, bits, codebook)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return count / (time.perf_counter() - started)
 
 
 def _trace(back: Tensor, edge: Tensor, bits: int, positions: range) -> tuple[Tensor, Tensor]:

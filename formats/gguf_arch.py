@@ -293,9 +293,10 @@ def hf_shapes(config: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> di
 
 
 def from_gguf(fields: dict[str, object], tensors: dict[str, tuple[int, ...]], *,
-              rope_freqs: Sequence[float] | None = None) -> HFPlan:
+              rope_freqs: Sequence[float] | None = None, target_vocab: int | None = None) -> HFPlan:
     """Plan the config.json and HF tensors of a GGUF. `rope_freqs` are the values of `rope_freqs.weight`
-    when the GGUF has one: llama.cpp keeps Llama 3 rope scaling as that tensor's data, not as keys."""
+    when the GGUF has one: llama.cpp keeps Llama 3 rope scaling as that tensor's data, not as keys.
+    `target_vocab` is the vocabulary of a weights-only drafter GGUF (no tokenizer, no token_embd): its target's."""
     stored_arch = fields.get("general.architecture")
     if not isinstance(stored_arch, str):
         raise BadInput(HEADER, "missing general.architecture")
@@ -307,7 +308,7 @@ def from_gguf(fields: dict[str, object], tensors: dict[str, tuple[int, ...]], *,
     stored_names: dict[str, str] = {}
     if stored_arch == FORK_ARCH:
         fields, tensors, stored_names = _upstream_fork(fields, tensors, notes)
-    hp = _hparams_from_fields(arch, fields, tensors)
+    hp = _hparams_from_fields(arch, fields, tensors, target_vocab)
     _check_counts(arch, hp, tensors, HEADER)
     _check_sizes(arch, hp, tensors, HEADER)
     if "rope_freqs.weight" in tensors:
@@ -500,9 +501,10 @@ def _dflash_from_config(hp: dict[str, Any], config: dict[str, Any], target_confi
             notes.append(f"'{unmapped}' dropped: llama.cpp's dflash arch has no key for it")
 
 
-def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str, tuple[int, ...]],
+                         target_vocab: int | None = None) -> dict[str, Any]:
     spec = ARCHS[arch]
-    hp: dict[str, Any] = {name: fields[f"{arch}.{key}"] for group, key, name, _ in HPARAMS
+    hp: dict[str, Any] = {name: _as_written(fields[f"{arch}.{key}"], vtype) for group, key, name, vtype in HPARAMS
                           if group in spec.groups and f"{arch}.{key}" in fields}
     for key in ("block_count", "hidden_size", "num_attention_heads"):
         hp[key] = _positive(hp, key, HEADER, arch=arch)
@@ -518,7 +520,7 @@ def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str
     tokens = fields.get("tokenizer.ggml.tokens")
     embedding = tensors.get("token_embd.weight") or tensors.get("output.weight")
     vocab = (hp.get("vocab_size") or (embedding[0] if embedding else None)
-             or (len(tokens) if isinstance(tokens, list) else None))
+             or (len(tokens) if isinstance(tokens, list) else None) or (target_vocab if spec.drafter else None))
     if not _is_int(vocab):
         raise BadInput(HEADER, f"no vocabulary size ({arch}.vocab_size, token_embd.weight or tokenizer.ggml.tokens)")
     hp["vocab_size"] = vocab
@@ -994,6 +996,16 @@ def _check_sizes(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, ..
         if name not in ("vocab", "experts") and size > largest:
             raise BadInput(where, f"the hyper-parameters give a tensor dimension {name} of {size}, more values than "
                                   f"the checkpoint's largest tensor holds ({largest})")
+
+
+def _as_written(value: object, vtype: GGUFValueType) -> object:
+    """A float32 field as its writer wrote it in decimal (1e-05, not 9.999999747378752e-06): the shortest
+    decimal that rounds to the same float32."""
+    if vtype == F32 and isinstance(value, float):
+        import numpy as np
+
+        return float(str(np.float32(value)))
+    return value
 
 
 def _ggml_ne(shape: Sequence[int]) -> tuple[int, ...]:

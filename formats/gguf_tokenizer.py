@@ -1,6 +1,7 @@
 """The tokenizer both ways between Hugging Face files (tokenizer.json and its configs) and GGUF `tokenizer.*` keys.
 
-Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`: Qwen3, Qwen3.5/3.6, SmolLM2, Llama 3) is converted.
+Byte-level BPE (`tokenizer.ggml.model = "gpt2"`: Qwen3, Qwen3.5/3.6, SmolLM2, Llama 3) converts both ways;
+SentencePiece (`"llama"`: Llama 2, Mistral, TinyLlama) converts GGUF -> HF only, as transformers reads it.
 HF -> GGUF writes what llama.cpp's converter writes (conversion/base.py get_vocab_base and _set_vocab_gpt2,
 gguf-py SpecialVocab): tokens in id order padded with "[PAD{i}]" rows of type UNUSED, added tokens CONTROL
 when special or shaped like one, USER_DEFINED otherwise, merges as "a b", special ids and the chat template.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from gguf.constants import GGUFValueType, TokenType
@@ -65,13 +66,17 @@ class PreTokenizer:
     add_bos: bool = False
     clean_spaces: bool = False
     aliases: tuple[str, ...] = ()  # other names llama.cpp gives exactly the same behaviour
+    # The regex transformers' GGUF loader splits with for the name (GGUF_PRE_TOKENIZER_SPLITS); None: GPT-2's own.
+    transformers_split: str | None = None
 
 
 PRE_TOKENIZERS = (
-    PreTokenizer("qwen2", _split(QWEN2_SPLIT), (NFC, None), aliases=("deepseek-r1-qwen",)),  # Qwen2, Qwen3
-    PreTokenizer("qwen35", _split(QWEN35_SPLIT), (NFC, None)),  # Qwen3.5 / 3.6: marks (\p{M}) stay with letters
+    PreTokenizer("qwen2", _split(QWEN2_SPLIT), (NFC, None), aliases=("deepseek-r1-qwen",),
+                 transformers_split=QWEN2_SPLIT),  # Qwen2, Qwen3
+    PreTokenizer("qwen35", _split(QWEN35_SPLIT), (NFC, None),
+                 transformers_split=QWEN35_SPLIT),  # Qwen3.5 / 3.6: marks (\p{M}) stay with letters
     PreTokenizer("llama-bpe", _split(LLAMA3_SPLIT), ignore_merges=True, add_bos=True, clean_spaces=True,
-                 aliases=("llama3", "llama-v3")),  # Llama 3.x: digits in threes
+                 aliases=("llama3", "llama-v3"), transformers_split=LLAMA3_SPLIT),  # Llama 3.x: digits in threes
     PreTokenizer("smollm", {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
                                                                   GPT2_BYTE_LEVEL]}),  # SmolLM / SmolLM2
     PreTokenizer("gpt-2", GPT2_BYTE_LEVEL, clean_spaces=True),  # GPT-2's own regex inside ByteLevel
@@ -181,12 +186,22 @@ def gguf_tokenizer_fields(tokenizer_json: bytes, tokenizer_config: dict | None, 
     return GGUFTokenizer(fields, pre.name, tuple(notes))
 
 
-def hf_tokenizer_files(fields: dict[str, object], where: str) -> dict[str, bytes]:
+def hf_tokenizer_files(fields: dict[str, object], where: str,
+                       reader: Literal["llama.cpp", "transformers"] = "llama.cpp") -> dict[str, bytes]:
     """tokenizer.json, tokenizer_config.json, generation_config.json and chat_template.jinja (transformers 5's
-    layout) from a GGUF's `tokenizer.*` keys, by file name; llama.cpp's "[PAD{i}]" filler rows are left out."""
-    if fields.get(GGML + "model") != "gpt2":
-        raise BadInput(where, f"{GGML}model {brief(fields.get(GGML + 'model'))}: only byte-level BPE ('gpt2') converts "
-                              "to tokenizer.json (SentencePiece 'llama' and others are not supported)")
+    layout) from a GGUF's `tokenizer.*` keys, by file name.
+
+    `reader` is whose reading of a byte-level ('gpt2') vocabulary the files reproduce: llama.cpp's (convert's;
+    "[PAD{i}]" filler rows left out) or transformers' `AutoTokenizer.from_pretrained(dir, gguf_file=...)` (the
+    runtime's; see _as_transformers_reads). A SentencePiece ('llama') vocabulary is always read as transformers
+    reads it: a BPE over the pieces, which llama.cpp's score-driven merging does not promise to equal.
+    """
+    model = fields.get(GGML + "model")
+    if model == "llama" or (model == "gpt2" and reader == "transformers"):
+        return _as_transformers_reads(fields, model, where)
+    if model != "gpt2":
+        raise BadInput(where, f"{GGML}model {brief(model)}: only byte-level BPE ('gpt2') and SentencePiece "
+                              "('llama') convert to tokenizer.json")
     parsed = from_gguf_fields(fields, where)  # checks tokens and merges are strings, types as many as tokens
     if parsed is None:
         raise BadInput(where, f"{GGML}model is 'gpt2' but the file has no {GGML}tokens")
@@ -246,6 +261,156 @@ def hf_tokenizer_files(fields: dict[str, object], where: str) -> dict[str, bytes
     if template is not None:
         files["chat_template.jinja"] = template.encode()
     return files
+
+
+# What transformers 5's GGUF loader builds (integrations/gguf/gguf_tokenizer_mapping.py): GPT2Tokenizer's pipeline for
+# 'gpt2', LlamaTokenizer's for 'llama' (models/*/tokenization_*.py), serialized as tokenizers writes them.
+METASPACE = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+SENTENCEPIECE_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+BYTE_LEVEL_MODEL = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                    "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+SENTENCEPIECE_MODEL = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                       "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False}
+# Architectures whose SentencePiece vocabulary transformers rebuilds its own way (respelled spaces, merges by
+# position, another pipeline: GGUF_SENTENCEPIECE_BUILDERS); not reproduced here.
+OWN_SENTENCEPIECE_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "phi3"})
+
+
+def _as_transformers_reads(fields: dict[str, object], model: str, where: str) -> dict[str, bytes]:
+    """The tokenizer files of what transformers builds from the GGUF, so that loading them anywhere gives its ids.
+
+    Where transformers and llama.cpp part (the runtime follows transformers): every row is kept, "[PAD{i}]" filler
+    too; no normalizer (Qwen's NFC is dropped); a 'gpt2' vocabulary splits with the name's regex where transformers
+    knows one (qwen2, qwen35, llama-bpe) and with GPT-2's ByteLevel regex otherwise (smollm's Digits and 'default''s
+    splits are dropped), and applies every merge (llama-bpe's ignore_merges is dropped); BOS is added only when
+    add_bos_token says so, except that a 'llama' vocabulary without the key adds it; a 'llama' vocabulary always
+    prefixes a space to the text (add_space_prefix is ignored) and gets its merges, when the file has none, from the
+    scores (generate_merges); a CONTROL token with a character outside GPT-2's byte alphabet stays unsplit text.
+    One departure: a bos/eos/unk/pad token outside that alphabet keeps its GGUF id (transformers would append it
+    as a new id the model has no row for).
+    """
+    tokens = fields.get(GGML + "tokens")
+    if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)):
+        raise BadInput(where, f"{GGML}model is {model!r} but {GGML}tokens is not a list of strings")
+    if len(tokens) > MAX_TOKENS:
+        raise BadInput(where, f"{GGML}tokens lists {len(tokens)} tokens, more than {MAX_TOKENS}")
+    types = fields.get(GGML + "token_type") or [int(TokenType.NORMAL)] * len(tokens)
+    if not (isinstance(types, list) and len(types) == len(tokens)):
+        raise BadInput(where, f"{GGML}token_type does not match {GGML}tokens")
+    if not all(type(t) is int and t in _TOKEN_TYPES for t in types):
+        raise BadInput(where, f"{GGML}token_type holds a value that is not a token type (0..6)")
+    merges = fields.get(GGML + "merges")
+    if merges is not None and not (isinstance(merges, list) and all(isinstance(m, str) for m in merges)):
+        raise BadInput(where, f"{GGML}merges is not a list of strings")
+    if model == "gpt2":
+        name = fields.get(GGML + "pre", "default")
+        pre = _BY_NAME.get(name) if isinstance(name, str) else None
+        if pre is None:
+            raise BadInput(where, f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here "
+                                  f"(known: {', '.join(sorted(_BY_NAME))})")
+        # A token with a character outside the byte alphabet is stored as its UTF-8 bytes spelled in it.
+        vocab_tokens = [t if set(t) <= _BYTE_ALPHABET else _byte_level(t) for t in tokens]
+        split = {"type": "Split", "pattern": {"Regex": pre.transformers_split}, "behavior": "Isolated", "invert": False}
+        pre_tokenizer = GPT2_BYTE_LEVEL if pre.transformers_split is None else {
+            "type": "Sequence", "pretokenizers": [split, {**BYTE_LEVEL, "trim_offsets": True}]}
+        decoder, bpe = BYTE_LEVEL_DECODER, BYTE_LEVEL_MODEL
+    else:
+        architecture = fields.get("general.architecture")
+        if isinstance(architecture, str) and architecture in OWN_SENTENCEPIECE_ARCHS:
+            raise BadInput(where, f"general.architecture {architecture!r}: transformers builds this SentencePiece "
+                                  "vocabulary its own way, which is not reproduced here")
+        vocab_tokens, pre_tokenizer, decoder, bpe = tokens, METASPACE, SENTENCEPIECE_DECODER, SENTENCEPIECE_MODEL
+    ids = _unique_ids(vocab_tokens, where, f"{GGML}tokens")
+    if merges is None:
+        if model == "gpt2":
+            raise BadInput(where, f"{GGML}model is 'gpt2' but the file has no {GGML}merges")
+        scores = fields.get(GGML + "scores")
+        if not (isinstance(scores, list) and len(scores) == len(tokens)
+                and all(type(v) in (int, float) for v in scores)):
+            raise BadInput(where, f"{GGML}model is 'llama' with no {GGML}merges, and {GGML}scores is not one number "
+                                  "per token")
+        pairs = _merges_from_scores(ids, dict(zip(tokens, scores)))
+    else:
+        _check_merges(merges, ids, where, f"{GGML}merges")
+        pairs = [m.split(" ", 1) for m in merges]
+
+    special = {key: _gguf_id(fields, key, len(tokens), where)
+               for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
+                           "eot_token_id", "eom_token_id")}
+    bos, eos = special["bos_token_id"], special["eos_token_id"]
+    # transformers turns add_bos_token off, silently, when there is no BOS token to add.
+    add_bos = _gguf_flag(fields, "add_bos_token", model == "llama", where) and bos is not None
+    add_eos = _gguf_flag(fields, "add_eos_token", False, where) and eos is not None
+    template = fields.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise BadInput(where, "tokenizer.chat_template is not a string")
+
+    named = {special[gguf_key] for _, gguf_key in _SPECIAL_KEYS} - {None}
+    added = {}  # id -> (content, special), in the order transformers adds them
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == TokenType.CONTROL and (model == "llama" or set(token) <= _BYTE_ALPHABET):
+            added[i] = (token, True)
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == TokenType.USER_DEFINED and i not in added and token in ids:
+            added[ids[token]] = (token, False)
+    for i in sorted(named - set(added)):
+        added[i] = (tokens[i], True)
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": is_special}
+                         for i, (content, is_special) in sorted(added.items())],
+        "normalizer": None, "pre_tokenizer": pre_tokenizer,
+        "post_processor": _template_processing(tokens, bos if add_bos else None, eos if add_eos else None),
+        "decoder": decoder, "model": {**bpe, "vocab": ids, "merges": pairs},
+    }
+    config: dict[str, object] = {"add_bos_token": add_bos, "add_eos_token": add_eos, "backend": "tokenizers"}
+    for config_key, gguf_key in _SPECIAL_KEYS:
+        token_id = special[gguf_key]
+        config[config_key] = tokens[token_id] if token_id is not None else None
+    config |= {"clean_up_tokenization_spaces": False, "tokenizer_class": "TokenizersBackend"}
+    stops = [i for i in dict.fromkeys((eos, special["eot_token_id"], special["eom_token_id"])) if i is not None]
+    generation = {"bos_token_id": bos, "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
+                  "pad_token_id": special["padding_token_id"]}
+    files = {
+        "tokenizer.json": orjson.dumps(tokenizer, option=orjson.OPT_INDENT_2),
+        "tokenizer_config.json": orjson.dumps(config, option=orjson.OPT_INDENT_2),
+        "generation_config.json": orjson.dumps({k: v for k, v in generation.items() if v is not None},
+                                               option=orjson.OPT_INDENT_2),
+    }
+    if template is not None:
+        files["chat_template.jinja"] = template.encode()
+    return files
+
+
+def _merges_from_scores(ids: dict[str, int], scores: dict[str, float]) -> list[list[str]]:
+    """transformers' generate_merges(vocab, vocab_scores): every split of a piece into two pieces, best score first
+    (ties: shorter left, then shorter right, then the order found; within a piece by the ids of its halves)."""
+    found = []
+    for piece, score in scores.items():
+        halves = [(piece[:k], piece[k:], score) for k in range(1, len(piece)) if piece[:k] in ids and piece[k:] in ids]
+        found.extend(sorted(halves, key=lambda h: (ids[h[0]], ids[h[1]])))
+    found.sort(key=lambda h: (h[2], len(h[0]), len(h[1])), reverse=True)
+    return [[left, right] for left, right, _ in found]
+
+
+def _byte_level(text: str) -> str:
+    """GPT-2's spelling of text's UTF-8 bytes (transformers' bytes_to_unicode)."""
+    return "".join(_BYTE_SPELLING[b] for b in text.encode())
+
+
+def _byte_spelling() -> list[str]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    spelling = {b: chr(b) for b in printable}
+    spelling |= {b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in spelling)}
+    return [spelling[b] for b in range(256)]
+
+
+_BYTE_SPELLING = _byte_spelling()
+_BYTE_ALPHABET = frozenset(_BYTE_SPELLING)
 
 
 def _types_in(node: object) -> list[object]:

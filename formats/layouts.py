@@ -8,9 +8,7 @@ exl3-{bits}bpw | gguf-{TYPE} | int.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from specpair.formats import TensorInfo
+from specpair.formats import TensorInfo, TensorTable
 
 FLOAT_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64"}
 FP8_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
@@ -28,58 +26,94 @@ AFFINE_BITS = (1, 2, 3, 4, 5, 6, 8)  # formats/affine.py, without importing torc
 AFFINE_GROUPS = (32, 64, 128)
 
 
+SUFFIXES = frozenset(COMPANION_SUFFIXES + WEIGHT_SUFFIXES)  # each is one name component
+
+
 def split_module(name: str) -> tuple[str, str]:
     """'a.b.weight_scale' -> ('a.b', '.weight_scale'); names without a known suffix are their own module."""
-    for suffix in COMPANION_SUFFIXES + WEIGHT_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)], suffix
+    module, dot, last = name.rpartition(".")
+    if dot and "." + last in SUFFIXES:
+        return module, "." + last
     return name, ""
+
+
+LAST_COMPONENTS = frozenset(suffix[1:] for suffix in SUFFIXES)
+
+
+def modules_of(names: list[str]) -> tuple[list[str], list[str], dict[str, list[int]]]:
+    """(each name's module, each name's suffix, module -> its rows), modules in first-appearance order: what
+    `split_module` gives name by name, in a few passes over the columns."""
+    split = [name.rpartition(".") for name in names]
+    suffixes = ["." + last if dot and last in LAST_COMPONENTS else "" for _, dot, last in split]
+    modules = [module if suffix else name for (module, _, _), suffix, name in zip(split, suffixes, names)]
+    rows_of: dict[str, list[int]] = {}
+    for k, module in enumerate(modules):
+        rows = rows_of.get(module)
+        if rows is None:
+            rows_of[module] = [k]
+        else:
+            rows.append(k)
+    return modules, suffixes, rows_of
 
 
 def classify(tensors: list[TensorInfo], mlx: dict | None = None) -> dict[str, str]:
     """Layout label for every tensor name; `mlx` is an MLX config's `quantization` block when it has one
     (default bits and group size, and per-module overrides)."""
+    table = TensorTable.of(tensors)
+    return dict(zip(table.names, classify_table(table, mlx)))
+
+
+def classify_table(table: TensorTable, mlx: dict | None = None,
+                   modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None) -> list[str]:
+    """`classify` over columns: the label of each row. A module's label depends only on its parts' suffixes,
+    dtypes and last dimensions, so it is worked out once per distinct combination, not once per module."""
     mlx = mlx if isinstance(mlx, dict) else {}
-    modules: dict[str, dict[str, TensorInfo]] = defaultdict(dict)
-    for t in tensors:
-        module, suffix = split_module(t.name)
-        modules[module][suffix] = t
-    labels = {}
-    for module, parts in modules.items():
-        params = mlx.get(module) if isinstance(mlx.get(module), dict) else mlx
-        label = _module_layout(parts, _int(params.get("bits")), _int(params.get("group_size")))
-        for t in parts.values():
-            labels[t.name] = label if label else _plain(t)
-    return labels
+    module_of, suffixes, rows_of = modules or modules_of(table.names)
+    parts_of_row = list(zip(suffixes, table.dtypes, [shape[-1] if shape else None for shape in table.shapes]))
+    default = (_int(mlx.get("bits")), _int(mlx.get("group_size")))
+    known: dict[tuple, str | None] = {}
+    label_of: dict[str, str | None] = {}
+    for module, rows in rows_of.items():
+        params = mlx.get(module) if mlx else None
+        affine = (_int(params.get("bits")), _int(params.get("group_size"))) if isinstance(params, dict) else default
+        key = (affine, *map(parts_of_row.__getitem__, rows))
+        label = known.get(key, False)
+        if label is False:
+            label = known[key] = module_layout({suffix: (dtype, last) for suffix, dtype, last in key[1:]}, *affine)
+        label_of[module] = label
+    return [label_of[module] or plain_layout(dtype) for module, dtype in zip(module_of, table.dtypes)]
 
 
 def gguf_layout(ggml_type: str) -> str:
     return GGUF_LAYOUTS.get(ggml_type, f"gguf-{ggml_type}")
 
 
-def _module_layout(parts: dict[str, TensorInfo], affine_bits: int | None, affine_group: int | None) -> str | None:
-    if ".trellis" in parts and parts[".trellis"].shape:  # a header may give a scalar shape
-        bits = parts[".trellis"].shape[-1] / 16
+Part = tuple[str, int | None]  # (dtype, last dimension; None for a scalar)
+
+
+def module_layout(parts: dict[str, Part], affine_bits: int | None, affine_group: int | None) -> str | None:
+    if ".trellis" in parts and parts[".trellis"][1] is not None:
+        bits = parts[".trellis"][1] / 16
         return f"exl3-{bits:g}bpw"
     if ".weight_packed" in parts:
         scale = parts.get(".weight_scale")
-        return "nvfp4-ct" if scale is not None and scale.dtype in FP8_DTYPES else "int4-ct"
+        return "nvfp4-ct" if scale is not None and scale[0] in FP8_DTYPES else "int4-ct"
     weight = parts.get(".weight")
     if weight is None:
         return None
-    if weight.dtype == "U8" and ".weight_scale" in parts and parts[".weight_scale"].dtype in FP8_DTYPES:
+    dtype = weight[0]
+    if dtype == "U8" and ".weight_scale" in parts and parts[".weight_scale"][0] in FP8_DTYPES:
         return "nvfp4-modelopt"
-    if weight.dtype == "U32" and ".scales" in parts and weight.shape and parts[".scales"].shape:
-        return _mlx_layout(weight, parts[".scales"], ".biases" in parts, affine_bits, affine_group)
-    if weight.dtype in FP8_DTYPES:
+    if dtype == "U32" and ".scales" in parts and weight[1] is not None and parts[".scales"][1] is not None:
+        return _mlx_layout(weight[1], parts[".scales"][1], ".biases" in parts, affine_bits, affine_group)
+    if dtype in FP8_DTYPES:
         return "fp8-block" if ".weight_scale_inv" in parts else "fp8-tensor"
-    if weight.dtype == "I8" and ".weight_scale" in parts:
+    if dtype == "I8" and ".weight_scale" in parts:
         return "int8"
     return None
 
 
-def _mlx_layout(weight: TensorInfo, scales: TensorInfo, has_biases: bool, bits: int | None, group: int | None) -> str:
-    words, groups = weight.shape[-1], scales.shape[-1]
+def _mlx_layout(words: int, groups: int, has_biases: bool, bits: int | None, group: int | None) -> str:
     if not has_biases:  # nvfp4 (group 16) or mxfp4 (group 32): 4-bit codes, 8 per word, 8-bit scales
         return "nvfp4-mlx" if groups and words * 8 == groups * 16 else "mxfp4-mlx"
     if groups == 0:
@@ -93,10 +127,10 @@ def _mlx_layout(weight: TensorInfo, scales: TensorInfo, has_biases: bool, bits: 
     return "affine"
 
 
-def _plain(t: TensorInfo) -> str:
-    if t.dtype in FLOAT_DTYPES:
-        return FLOAT_DTYPES[t.dtype]
-    if t.dtype in FP8_DTYPES:
+def plain_layout(dtype: str) -> str:
+    if dtype in FLOAT_DTYPES:
+        return FLOAT_DTYPES[dtype]
+    if dtype in FP8_DTYPES:
         return "fp8-tensor"
     return "int"
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specpair.errors import BadInput
+
 Args = tuple[int | float | tuple[int, ...], ...]
 
 
@@ -145,3 +147,68 @@ OPS: dict[str, Op] = {
     "log_neg": Op("value", _log_neg),  # ssm_a -> A_log
     "values": Op("value", _values, many=True),  # takes no sources
 }
+
+
+# ------------------------------------------------------------------------------------------------ composition
+
+TRAILING_OPS = ("rows", "take_rows", "take_cols", "add", "neg_exp", "log_neg")  # work on the last axes only
+
+
+def compose(first: list[TensorMap], second: list[TensorMap]) -> list[TensorMap]:
+    """`second` (over the names `first` produces) as maps over `first`'s sources."""
+    by_name = {m.name: m for m in first}
+    out = []
+    for m in second:
+        inner = [by_name[s] for s in m.sources]
+        if all(not i.steps and len(i.sources) == 1 for i in inner):
+            composed = TensorMap(m.name, m.shape, tuple(i.sources[0] for i in inner), m.steps)
+        elif len(inner) == 1:
+            composed = TensorMap(m.name, m.shape, inner[0].sources, inner[0].steps + m.steps)
+        elif (restacked := _restacked(inner, m)) is not None:
+            composed = restacked
+        else:
+            raise BadInput(m.name, "cannot be built in one pass between these namings; convert to bf16 first")
+        out.append(simplify(composed))
+    return out
+
+
+def _restacked(inner: list[TensorMap], m: TensorMap) -> TensorMap | None:
+    """stack(tail(select(e)(prefix(x))) for e in 0..E-1) is tail(prefix(x)) when tail works on trailing axes."""
+    if not (m.steps and m.steps[0].op == "stack" and len({i.sources for i in inner}) == 1):
+        return None
+    first = inner[0].steps
+    at = next((k for k, s in enumerate(first) if s.op == "select"), None)
+    if at is None:
+        return None
+    prefix, tail = first[:at], first[at + 1:]
+    for e, i in enumerate(inner):
+        if i.steps != (*prefix, Step("select", (e,)), *tail):
+            return None
+    if any(s.op not in TRAILING_OPS for s in tail):
+        return None
+    return TensorMap(m.name, m.shape, inner[0].sources, (*prefix, *tail, *m.steps[1:]))
+
+
+INVERSE_PAIRS = {("transpose", "transpose"), ("add", "add")}
+
+
+def simplify(m: TensorMap) -> TensorMap:
+    """Drop adjacent steps that undo each other (norm -1 then +1, a transpose and its inverse) and merge
+    consecutive row gathers into one."""
+    steps: list[Step] = []
+    for step in m.steps:
+        if steps and (steps[-1].op, step.op) in INVERSE_PAIRS and _undoes(steps[-1], step):
+            steps.pop()
+            continue
+        if steps and steps[-1].op == step.op == "take_rows":
+            outer = steps.pop().args[0]
+            steps.append(Step("take_rows", (tuple(outer[i] for i in step.args[0]),)))
+            continue
+        steps.append(step)
+    return TensorMap(m.name, m.shape, m.sources, tuple(steps))
+
+
+def _undoes(a: Step, b: Step) -> bool:
+    if a.op == "add":
+        return a.args[0] + b.args[0] == 0
+    return sorted(a.args) == sorted(b.args)

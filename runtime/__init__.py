@@ -1,7 +1,36 @@
-"""specpair's own speculative-decoding runtime (PyTorch + Triton), built from the same readers as `check`.
+"""specpair's own runtime (PyTorch + Triton), built from the same readers as `check`, in gpt-fast's shape.
 
-It is not in this release: `specpair run` and the model files arrive with the runtime issues. `check`
-reads `AVAILABLE` so that its `specpair` verdict says so instead of promising a command that is missing.
+    from specpair.sources.model import open_model
+    from specpair.runtime.loading import load, plan_load
+    model = load(plan_load(open_model("./Qwen3.6-35B-A3B"), "cuda"))      # runtime/model.py: Transformer
+    cache = model.new_cache(batch=4, context=4096)                          # runtime/cache.py: static buffers
+    out = model.forward(tokens, positions, cache, taps=(1, 10), hidden=True, verify=True)
+    cache.commit(accepted)                                                  # keep a prefix 0..T of each row
+
+- models/<family>.py: what a decoder layer of each family is made of (llama, qwen3, qwen3_moe, qwen3_next,
+  qwen3_5, qwen3_5_moe); blocks.py: the blocks (norms, attention, Gated DeltaNet, MLP, MoE); rope.py;
+- model.py: the one step function (decode, verify, prefill chunks), taps and the final normed hidden,
+  `embed` and `head` on their own;
+- cache.py: KV and GDN state for a fixed batch and context, rollback of a verify step to any prefix;
+- loading.py: a `Model` onto a device, streamed, quantized weights kept packed where the kernels read them;
+- sampling.py, generate.py: the sampler and the generation loop of `specpair run TARGET`;
+- kernels/: matmul (dense and packed), norms, attention, the GDN recurrence; batch-invariant;
+- drafters/<kind>.py: DFlash and DFlash2, EAGLE-3, the MTP head, plain draft models; acceptance.py: the
+  verify rules; speculative.py: the speculative loop of `specpair run TARGET DRAFT`.
+
+`check` reads `AVAILABLE` for its `specpair` stack verdict: which target families and drafter kinds this runtime
+runs (from any layout the model layer reads). It is data here, so that `check` needs no torch; the runtime
+tests hold it equal to runtime/models and runtime/drafters.
 """
 
-AVAILABLE = False
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Runs:
+    families: tuple[str, ...]  # runtime/models FAMILIES: targets, and draft models
+    drafter_kinds: tuple[str, ...]  # runtime/drafters/loading.py LOADERS
+
+
+AVAILABLE = Runs(families=("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
+                 drafter_kinds=("dflash", "dflash2", "eagle3", "mtp", "draft_model"))

@@ -25,8 +25,9 @@ def file_name(repo: str) -> str:
     return repo.lower().replace("/", "__") + ".json"
 
 
-def lookup(repo: str, revision: str | None, ref: str) -> Checkpoint | None:
-    """The catalog's Checkpoint of `repo` at `revision` (None: the default entry), or None if not known."""
+def lookup(repo: str, revision: str | None, ref: str, gguf_file: str | None = None) -> Checkpoint | None:
+    """The catalog's Checkpoint of `repo` at `revision` (None: the default entry), or None if not known; with
+    `gguf_file`, the entry of that file of the repo."""
     if not REPO_ID.match(repo):
         return None
     stored = _read(file_name(repo))
@@ -35,6 +36,8 @@ def lookup(repo: str, revision: str | None, ref: str) -> Checkpoint | None:
     # A branch or tag (not hex) cannot be resolved offline: the newest recorded entry stands in for it.
     branch = revision is not None and not HEX.match(revision.lower())
     for data in stored["entries"]:  # default (newest) first
+        if gguf_file is not None and gguf_file not in (f.get("path") for f in data.get("files", [])):
+            continue
         if revision is None or branch or same_revision(revision, data.get("revision")):
             checkpoint = Checkpoint.from_json(data)
             checkpoint.ref = ref
@@ -55,6 +58,12 @@ def entries() -> list[Checkpoint]:
         if item.name.endswith(".json"):
             found += [Checkpoint.from_json(data) for data in json.loads(item.read_text("utf-8"))["entries"]]
     return found
+
+
+def is_reconstructed(checkpoint: Checkpoint) -> bool:
+    """Whether an entry was rebuilt from published facts rather than parsed from a copy of its config: the catalog
+    builder starts every such provenance with this word."""
+    return (checkpoint.provenance or "").startswith("Reconstructed")
 
 
 def same_revision(asked: str, recorded: str | None) -> bool:

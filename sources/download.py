@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpair.checkpoint import FileEntry
-from specpair.errors import BadInput
+from specpair.errors import BadInput, Incomplete
 from specpair.sources import REPO_ID
 from specpair.sources.hub import (
     REQUEST_TIMEOUT_S,
@@ -63,13 +63,8 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 GIT_BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
 
 
-class DownloadFailed(Exception):
+class DownloadFailed(Incomplete):
     """A transfer that did not end with a verified file: exit 1. What arrived intact stays for a resume."""
-
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}")
-        self.where = where
-        self.problem = problem
 
 
 class _Retry(Exception):

@@ -27,7 +27,7 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo, gguf, safetensors
+from specpair.formats import TensorInfo, TensorTable, gguf, safetensors
 from specpair.sources import MAX_CONFIG_BYTES, read_checkpoint
 from specpair.sources.local import LocalFiles
 
@@ -97,7 +97,7 @@ class HubFiles:
         self.revision = revision
         self.where = f"{repo}@{revision}" if revision else repo
         self._entries = {e.path: e for e in entries}
-        self._tensors: list[TensorInfo] | None = None  # what this run read, for the offline record
+        self._tensors: TensorTable | None = None  # what this run read, for the offline record
         self._ggufs: dict[str, gguf.GGUFHeader] = {}
 
     @classmethod
@@ -147,12 +147,17 @@ class HubFiles:
             return f.read()
 
     def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
+        return self.safetensors_table(shards).infos()
+
+    def safetensors_table(self, shards: list[str]) -> TensorTable:
         if len(shards) == 1:
             found = [self._shard_header(shards[0])]
         else:
             with ThreadPoolExecutor(min(SHARD_WORKERS, len(shards))) as pool:
                 found = list(pool.map(self._shard_header, shards))
-        self._tensors = [t for shard_tensors in found for t in shard_tensors]
+        self._tensors = TensorTable.empty()
+        for table in found:
+            self._tensors.extend(table)
         return self._tensors
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
@@ -185,13 +190,14 @@ class HubFiles:
         record = {
             "schema": RECORD_SCHEMA, "repo": self.repo, "commit": self.commit,
             "files": [dataclasses.asdict(e) for e in self._entries.values()],
-            "safetensors": None if self._tensors is None else [_tensor_to_json(t) for t in self._tensors],
+            "safetensors": None if self._tensors is None else [
+                [n, d, s, b, f] for n, d, s, b, f in zip(*self._tensors.columns()[:5])],
             "gguf": ggufs,
         }
         with contextlib.suppress(OSError):  # the record only saves work: a read-only or full disk must not fail
             write_atomic(path, json.dumps(record).encode("utf-8"))
 
-    def _shard_header(self, shard: str) -> list[TensorInfo]:
+    def _shard_header(self, shard: str) -> TensorTable:
         size = self._size(shard)
         prefix = self._read_range(shard, 0, min(SAFETENSORS_FIRST_READ, size))
 
@@ -200,8 +206,7 @@ class HubFiles:
                 return prefix[offset:offset + length]
             return self._read_range(shard, offset, length)
 
-        tensors, _ = safetensors.read_header(read, size, f"{self.where}/{shard}")
-        return [dataclasses.replace(t, file=shard) for t in tensors]
+        return safetensors.read_table(read, size, f"{self.where}/{shard}", shard)[0]
 
     def _size(self, path: str) -> int:
         entry = self._entries.get(path)
@@ -296,7 +301,10 @@ class CachedFiles:
         else:
             entries = self._local.list() if os.path.isdir(self.snapshot) else []
         names = {e.path for e in entries}
-        # Shards an index names are part of the checkpoint even when only the index was downloaded.
+        # Shards an index names are part of the checkpoint even when only the index was downloaded (and only
+        # then is it read here: beside its shards it is ~10 MB of JSON saying what their headers say).
+        if any(n.endswith(".safetensors") and "/" not in n for n in names):
+            return entries
         for index in [n for n in names if n.endswith(".safetensors.index.json") and "/" not in n]:
             raw = self._local.read(index, MAX_CONFIG_BYTES) or b"{}"
             with contextlib.suppress(ValueError, AttributeError, RecursionError):  # the reader refuses it later
@@ -313,12 +321,16 @@ class CachedFiles:
         return raw
 
     def safetensors_headers(self, shards: list[str]) -> list[TensorInfo] | None:
+        table = self.safetensors_table(shards)
+        return None if table is None else table.infos()
+
+    def safetensors_table(self, shards: list[str]) -> TensorTable | None:
         """Headers from the record, else from cached shard files; None (config only) when neither has them."""
         if self._record is not None and self._record.get("safetensors") is not None:
-            return self._guard(lambda: [_tensor_from_json(t) for t in self._record["safetensors"]])
+            return self._guard(lambda: TensorTable.of([_tensor_from_json(t) for t in self._record["safetensors"]]))
         if not all(os.path.isfile(os.path.join(self.snapshot, s)) for s in shards):
             return None
-        return self._local.safetensors_headers(shards)
+        return self._local.safetensors_table(shards)
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         where = f"{self.where}/{path}"
@@ -347,7 +359,7 @@ def _open_offline(repo: str, revision: str | None, ref: str, gguf_file: str | No
     if checkpoint is None:
         from specpair.sources.catalog import lookup
 
-        checkpoint = lookup(repo, revision, ref)
+        checkpoint = lookup(repo, revision, ref, gguf_file)
     if checkpoint is None:
         why = f" (the Hub at {settings.endpoint} is unreachable: {unreachable})" if unreachable else ""
         raise BadInput(ref, f"not reachable offline: not in the HF cache nor in the built-in catalog{why}")

@@ -10,13 +10,12 @@ the user's own choice and is followed wherever it points.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import stat
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo, gguf, safetensors
+from specpair.formats import TensorInfo, TensorTable, gguf, safetensors
 from specpair.sources import read_checkpoint
 
 
@@ -56,11 +55,13 @@ class LocalFiles:
             raise BadInput(full, f"cannot read ({e.strerror})") from None
 
     def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
-        tensors = []
+        return self.safetensors_table(shards).infos()
+
+    def safetensors_table(self, shards: list[str]) -> TensorTable:
+        table = TensorTable.empty()
         for shard in shards:
-            found, _ = safetensors.read_local(self.inside(shard))
-            tensors += [dataclasses.replace(t, file=shard) for t in found]
-        return tensors
+            table.extend(safetensors.read_local_table(self.inside(shard), shard)[0])
+        return table
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         return gguf.read_local(self.inside(path))
@@ -90,9 +91,14 @@ def _boundary(root: str) -> str:
 
 
 def open_local(path: str, ref: str, gguf_file: str | None) -> Checkpoint:
+    from specpair.sources.metadata_cache import cached
+
     if os.path.isdir(path):
-        return read_checkpoint(LocalFiles(path), ref, "local", gguf_file)
+        files = LocalFiles(path)
+        listed = [e.path for e in files.list()]
+        return cached(path, listed, gguf_file, ref, lambda: read_checkpoint(files, ref, "local", gguf_file))
     if path.endswith(".gguf"):
         directory, name = os.path.split(os.path.abspath(path))
-        return read_checkpoint(LocalFiles(directory, only=name), ref, "local", name)
+        files = LocalFiles(directory, only=name)
+        return cached(directory, [name], name, ref, lambda: read_checkpoint(files, ref, "local", name), named_file=True)
     raise BadInput(path, "is neither a checkpoint directory nor a .gguf file")

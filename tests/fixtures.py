@@ -1,7 +1,7 @@
 """Builders of tiny but realistic checkpoints: every target family, every drafter kind, HF and GGUF.
 
 Each builder writes one checkpoint (an HF-layout directory or one .gguf file) and returns its path.
-Configs keep the key sets and nesting of the published files (shared/real-configs, spec/*.md) with
+Configs keep the key sets and nesting of the published files (catalog/sources/real-configs) with
 the sizes scaled down; tensors carry the real names, dtypes and shape relations and are filled with
 small deterministic random values (or left as a sparse hole with `sparse=True`, so a header can
 describe hundreds of GB that cost no disk).
@@ -1127,8 +1127,10 @@ def build_gguf_dflash(
     dflash2: DFlash2 | None = None,
     qtype: str = "F32",
     sparse: bool = False,
+    tokenizer: bool = True,
 ) -> Path:
-    """A DFlash drafter as GGUF. `target_layer_ids` are HF ids (defaults as build_dflash).
+    """A DFlash drafter as GGUF. `target_layer_ids` are HF ids (defaults as build_dflash). `tokenizer=False`
+    writes a weights-only file, as fork converters do: no tokenizer keys (its vocabulary is its target's).
 
     arch "dflash" is upstream llama.cpp: `dflash.target_layers` = ids + 1, mask in
     `tokenizer.ggml.mask_token_id`, tensors fc / enc.output_norm (DFlash-2 keys and conv/selector
@@ -1196,7 +1198,8 @@ def build_gguf_dflash(
         plan.add("selector_hidden.weight", dflash2.selector_rank, hidden)
         plan.add("selector_predecessor.weight", vocab_size, dflash2.selector_rank)
         plan.add("selector_successor.weight", vocab_size, dflash2.selector_rank)
-    _gguf_tokenizer(writer, vocab, vocab_size)
+    if tokenizer:
+        _gguf_tokenizer(writer, vocab, vocab_size)
     return _write_gguf(writer, path, plan, qtype, sparse)
 
 
@@ -1285,5 +1288,53 @@ __all__ = [
     "build_dflash", "build_draft_model", "build_eagle3", "build_gguf_dflash", "build_gguf_target", "build_target",
     "dflash_target_layer_ids", "dflash_tensors", "hybrid_layer_types", "quantize", "random_tensor_bytes", "target_config",
     "target_tensors", "tokenizer_json", "trap_pickle", "vocabulary", "write_json", "write_safetensors", "write_tensors",
-    "write_tokenizer",
+    "write_tokenizer", "TINY_VOCAB", "tiny_model", "save",
 ]
+
+
+# ------------------------------------------------------------------------------------------------ tiny real models
+
+TINY_VOCAB = 512
+
+
+def tiny_model(family: str, hidden: int = 64, init: float = 0.08) -> Any:
+    """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
+    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    import torch
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, initializer_range=init)
+    hybrid = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  linear_conv_kernel_dim=4)  # value heads != key heads: the V-head reorder is exercised
+    moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    mrope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2],
+             "mrope_interleaved": True}
+    model = {
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**common, intermediate_size=128, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024})),
+        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**common, intermediate_size=128)),
+        "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe)),
+        "qwen3_next": lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**common, **hybrid, **moe, intermediate_size=64,
+                                                                   shared_expert_intermediate_size=32)),
+        "qwen3_5": lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**common, "head_dim": 64}, **hybrid,
+                                                                intermediate_size=128, rope_parameters=mrope)),
+        "qwen3_5_moe": lambda: Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
+            **{**common, "head_dim": 64}, **hybrid, **moe, shared_expert_intermediate_size=32, rope_parameters=mrope)),
+    }[family]().eval()
+    with torch.no_grad():  # off their inits, so +1 norms, -exp(A_log) and dt_bias are exercised
+        for name, p in model.named_parameters():
+            if p.ndim == 1 or name.endswith(("A_log", "dt_bias")):
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def save(model: Any, directory: Path, flavour: str) -> Path:
+    model.save_pretrained(directory)
+    write_tokenizer(directory, flavour)
+    return directory

@@ -5,8 +5,13 @@ test can SIGKILL `specpair download` or `specpair convert` at any moment of its 
     python tests/forkserver.py      # then one JSON request per line on stdin, one JSON answer per line on stdout
 
 request: {"argv": ["convert", ...], "cwd": DIR, "env": {...}, "output": PREFIX,
-          "kill_after_s": seconds or null, "file_size_limit": bytes or null}
-answer:  {"status": exit code, or -9 when the SIGKILL ended it, "seconds": wall time from fork to exit}
+          "kill_after_s": seconds or null, "file_size_limit": bytes or null,
+          "kill_when": {"glob": PATTERN under cwd, "min_bytes": N} or null, "signal": "SIGKILL" (default) | "SIGTERM" | ...}
+answer:  {"status": exit code, or -9 when the SIGKILL ended it, "seconds": wall time from fork to exit,
+          "killed_by": "timer" | "file" | null}
+
+`kill_when` signals the child once a file matching PATTERN holds at least N bytes (looked at every 2 ms): a kill
+placed by what the command has written, not by when (with `kill_after_s` as the limit on waiting for it).
 
 The child runs `specpair.cli.main()` on argv in `cwd` with exactly `env`, stdin from /dev/null and its stdout
 and stderr in PREFIX.out / PREFIX.err; an exception that escapes main() is printed as Python prints it
@@ -19,6 +24,7 @@ os.kill(SIGKILL) on a pidfd timer: nothing in the child sees it coming. Linux on
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -63,14 +69,40 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     for fd in streams:
         os.close(fd)
     exited = os.pidfd_open(pid)
+    killed_by = None
     try:
-        ready, _, _ = select.select([exited], [], [], request.get("kill_after_s"))
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
+        watch, limit = request.get("kill_when"), request.get("kill_after_s")
+        while True:
+            wait = limit if watch is None else WATCH_INTERVAL_S
+            if limit is not None:
+                wait = max(0.0, min(wait, start + limit - time.monotonic()))
+            ready, _, _ = select.select([exited], [], [], wait)
+            if ready:
+                break
+            if watch is not None and _holds(request["cwd"], watch["glob"], watch["min_bytes"]):
+                killed_by = "file"
+            elif limit is not None and time.monotonic() >= start + limit:
+                killed_by = "timer"
+            if killed_by:
+                os.kill(pid, signal.Signals[request.get("signal") or "SIGKILL"])
+                break
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(exited)
-    return {"status": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - start}
+    return {"status": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - start, "killed_by": killed_by}
+
+
+WATCH_INTERVAL_S = 0.002
+
+
+def _holds(cwd: str, pattern: str, min_bytes: int) -> bool:
+    for path in glob.glob(os.path.join(cwd, pattern), recursive=True):
+        try:
+            if os.path.getsize(path) >= min_bytes:
+                return True
+        except OSError:  # renamed or removed between the listing and the look
+            pass
+    return False
 
 
 def _child(request: dict[str, Any], streams: list[int]) -> None:

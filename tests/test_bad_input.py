@@ -67,14 +67,28 @@ def with_config(edit: Callable[[dict], object] | bytes, drafter: bool = False) -
 
 
 def with_index(edit: Callable[[dict], object]) -> Case:
+    """A two-shard target whose shards are not named as a huggingface_hub series (model-0000k-of-0000n), so that
+    its index decides what is read, with the index edited."""
     def make(tmp: Path) -> tuple[Path, Path]:
         root = build_target(tmp / "model", "qwen3", layers=1, shards=2)
         index = root / "model.safetensors.index.json"
         document = json.loads(index.read_text())
+        renames = {shard: f"part-{k}.safetensors" for k, shard in enumerate(sorted(set(document["weight_map"].values())))}
+        for old, new in renames.items():
+            (root / old).rename(root / new)
+        document["weight_map"] = {name: renames[shard] for name, shard in document["weight_map"].items()}
         edit(document)
         index.write_text(json.dumps(document))
         return root, index
     return make
+
+
+def series_missing_a_shard(tmp: Path) -> tuple[Path, Path]:
+    """model-00002-of-00002.safetensors gone from a two-shard series (an interrupted download): named without
+    reading the index."""
+    root = build_target(tmp / "model", "qwen3", layers=1, shards=2)
+    (root / "model-00002-of-00002.safetensors").unlink()
+    return root, root
 
 
 def gguf_file(raw: bytes | Callable[[bytes], bytes]) -> Case:
@@ -157,9 +171,11 @@ CASES: dict[str, Case] = {
     "dflash taps not integers": with_config(lambda c: c["dflash_config"].update(target_layer_ids=[1.5, 5]), drafter=True),
     "dflash block_size a string": with_config(lambda c: c["dflash_config"].update(block_size="16"), drafter=True),
     # shard index
-    "index names a missing shard": with_index(lambda d: d["weight_map"].update({NORM: "model-00009-of-00009.safetensors"})),
-    "index maps a tensor to the wrong shard": with_index(lambda d: d["weight_map"].update({NORM: "model-00001-of-00002.safetensors"})),
-    "index weight_map not an object": with_index(lambda d: d.update(weight_map=["model-00001-of-00002.safetensors"])),
+    "index names a missing shard": with_index(lambda d: d["weight_map"].update({NORM: "part-9.safetensors"})),
+    "index maps a tensor to the wrong shard": with_index(lambda d: d["weight_map"].update(
+        {NORM: next(s for s in d["weight_map"].values() if s != d["weight_map"][NORM])})),
+    "index weight_map not an object": with_index(lambda d: d.update(weight_map=["part-0.safetensors"])),
+    "shard series with a shard missing": lambda tmp: series_missing_a_shard(tmp),
     # GGUF
     "gguf bad magic": gguf_file(lambda raw: b"GGML" + raw[4:]),
     "gguf unsupported version": gguf_file(lambda raw: raw[:4] + struct.pack("<I", 7) + raw[8:]),

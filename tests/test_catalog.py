@@ -118,23 +118,82 @@ def test_every_entry_round_trips_through_checkpoint_json() -> None:
             assert Checkpoint.from_json(data).to_json() == data, (name, data["revision"])
 
 
+GGUF_REPOS = {"unsloth/Qwen3.6-35B-A3B-GGUF", "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF",
+              "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF"}
+
+
 def test_entries_carry_source_provenance_and_derived_sizes() -> None:
     found = entries()
-    assert len(found) == sum(len(s["entries"]) for s in stored_files().values()) == 24
+    assert len(found) == sum(len(s["entries"]) for s in stored_files().values()) == 33
     for c in found:
-        assert c.source == "catalog" and c.format == "safetensors" and c.groups, c.ref
+        assert c.source == "catalog" and c.groups, c.ref
+        assert c.format == ("gguf" if c.ref in GGUF_REPOS else "safetensors"), c.ref
         assert "not read from tensor headers" in c.provenance, c.ref
         if c.role == "drafter":
-            assert c.tokenizer is None and "Assumed, not sourced:" in c.provenance
+            assert "Assumed, not sourced:" in c.provenance
+            # DFlash drafters ship no tokenizer; an upstream-converted GGUF carries its target's
+            assert (c.tokenizer is not None) == (c.ref == "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF"), c.ref
         else:
             assert c.tokenizer.source == "catalog" and c.tokenizer.fingerprint is None
     pinned = {(c.ref, c.revision) for c in found if c.revision}
-    assert pinned == {(DFLASH_35B, "c69b185"), (DFLASH_35B, "42d3b34"), ("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6")}
+    assert pinned == {(DFLASH_35B, "c69b185"), (DFLASH_35B, "42d3b34"), ("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6"),
+                      ("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6"),
+                      ("unsloth/Qwen3.6-35B-A3B-GGUF", "a483e9e6cbd595906af30beda3187c2663a1118c")}
+
+
+def test_the_pairs_users_arrive_with_are_in_the_catalog() -> None:
+    catalog = by_repo()
+    incoai = catalog[("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6")]
+    assert (incoai.architecture, incoai.drafter.block_size, incoai.shapes.num_layers) == ("DFlash2DraftModel", 8, 6)
+    assert incoai.shapes.count("sliding") == 6 and incoai.total_bytes / 1e9 == pytest.approx(1.0, abs=0.1)  # "~1 GB BF16"
+    coral = catalog[("coral-bricks-ai/qwen35-122b-dflash2-drafter", None)]
+    assert (coral.drafter.block_size, coral.drafter.mask_token_id, coral.rope.sliding_window) == (12, 248077, 8192)
+    assert coral.drafter.taps.layers == [1, 7, 14, 20, 26, 32, 39, 45]
+    assert coral.total_bytes / 2 / 1e9 == pytest.approx(0.93, rel=0.02)  # "~930 M parameters", "~1.86 GB"
+    fp8 = catalog[("Qwen/Qwen3.5-122B-A10B-FP8", None)]
+    assert {g.group for g in fp8.groups if g.layout == "fp8-block"} >= {"experts", "attention", "linear_attention"}
+    assert fp8.layouts_of("router", "embedding", "lm_head", "norm") == {"bf16"}
+    gguf = catalog[("unsloth/Qwen3.6-35B-A3B-GGUF", "a483e9e6cbd595906af30beda3187c2663a1118c")]
+    assert (gguf.architecture, [f.path for f in gguf.files]) == ("qwen35moe", ["Qwen3.6-35B-A3B-UD-Q4_K_M.gguf"])
+    assert gguf.total_bytes / 22_134_528_992 == pytest.approx(1, abs=0.02) and gguf.mtp is None
+    upstream = catalog[("williamliao/Qwen3.6-35B-A3B-DFlash-GGUF", None)]
+    assert (upstream.architecture, upstream.drafter.block_size, len(upstream.drafter.taps.layers)) == ("dflash", 16, 8)
+    assert upstream.shapes.num_layers == 6 and upstream.total_bytes / 421_060_896 == pytest.approx(1, abs=0.05)
+    fork = catalog[("Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF", None)]
+    assert (fork.architecture, fork.tokenizer, fork.shapes.vocab_size) == ("dflash-draft", None, None)
+    exl3 = catalog[("UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw", None)]
+    assert exl3.layouts_of("experts") == {"exl3-4bpw"} and exl3.quantization.method == "exl3"
+    draft = catalog[("UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw", None)]
+    assert draft.layouts_of("attention") == {"exl3-3bpw"} and draft.layouts_of("mlp") == {"exl3-2bpw"}
+    modal = catalog[("modal-labs/Qwen3.6-35B-A3B-DFlash", None)]
+    assert modal.drafter.taps.layers == catalog[(DFLASH_35B, "c69b185")].drafter.taps.layers
+
+
+def test_recipes_pair_up_as_published() -> None:
+    """The catalog's recipe pairs give the verdicts their recipes report: llama.cpp runs unsloth + williamliao and
+    refuses the fork GGUF with a conversion fix; SGLang runs the NVFP4 target with incoai's DFlash2; ExLlamaV3 the
+    EXL3 pair."""
+    def verdicts(target: str, draft: str, stack: str) -> tuple[str, list[str], str | None]:
+        from specpair.compat.pair import Deployment
+        from specpair.compat.verdict import judge
+        from specpair.sources.catalog import lookup
+
+        t, d = lookup(target, None, target), lookup(draft, None, draft)
+        v = judge(t, d, Deployment(), [stack])[1][stack]
+        return v.status, [f.rule for f in v.reasons if f.severity == "error"], v.fix
+
+    assert verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")[:2] == ("warn", [])
+    status, failed, fix = verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")
+    assert (status, failed) == ("fail", ["drafter.arch"]) and "--to gguf:Q8_0" in fix
+    assert verdicts("nvidia/Qwen3.6-35B-A3B-NVFP4", "incoai/Qwen3.6-35B-A3B-DFlash2", "sglang")[:2] == ("warn", [])
+    assert verdicts("Qwen/Qwen3.5-122B-A10B-FP8", "coral-bricks-ai/qwen35-122b-dflash2-drafter", "sglang")[:2] == ("warn", [])
+    assert verdicts("UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw", "UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw",
+                    "exllamav3")[1] == []
 
 
 def test_every_published_target_config_copy_is_in_the_catalog() -> None:
-    shared = load_builder().DEFAULT_SHARED / "real-configs"
-    copies = {p.name.split(".json")[0].replace("__", "/") for p in shared.glob("*.json") if ".hf_quant" not in p.name}
+    configs = load_builder().REAL_CONFIGS
+    copies = {p.name.split(".json")[0].replace("__", "/") for p in configs.glob("*.json") if ".hf_quant" not in p.name}
     repos = {c.ref for c in entries()}
     assert copies <= repos
     assert {"Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-27B"} <= repos
@@ -142,7 +201,7 @@ def test_every_published_target_config_copy_is_in_the_catalog() -> None:
 
 def test_checked_in_json_is_what_the_build_script_generates() -> None:
     builder = load_builder()
-    generated = builder.render(builder.DEFAULT_SHARED)
+    generated = builder.render()
     assert generated == {p.name: p.read_text("utf-8") for p in CATALOG_DIR.glob("*.json")}
 
 
@@ -286,3 +345,20 @@ def test_cli_catalog_table() -> None:
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if "nvidia/Qwen3.6-35B-A3B-NVFP4" in line)
     assert "1355db6" in row and "nvfp4-modelopt 79%, bf16 16%, fp8-tensor 5%" in row and "23.4" in row
+
+
+def test_cli_catalog_says_which_entries_are_reconstructed() -> None:
+    from specpair.sources.catalog import is_reconstructed
+
+    lines = run_cli("catalog").stdout.splitlines()
+    listed = json.loads(run_cli("catalog", "--json").stdout)["entries"]
+    for entry in listed:
+        row = next(line for line in lines if f" {entry['ref']} " in line and (entry["revision"] or "-") in line)
+        expected = "reconstructed" if entry["reconstructed"] else "config copy"
+        assert expected in row and entry["reconstructed"] == is_reconstructed(Checkpoint.from_json(
+            {k: v for k, v in entry.items() if k != "reconstructed"})), entry["ref"]
+    assert {e["ref"] for e in listed if not e["reconstructed"]} == {
+        "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B",
+        "Qwen/Qwen3-30B-A3B-FP8", "Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-Next-80B-A3B-Thinking", "Qwen/Qwen3.5-27B",
+        "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-122B-A10B", "Qwen/Qwen3.5-397B-A17B", "nvidia/Qwen3.5-122B-A10B-NVFP4",
+        "nvidia/Qwen3.6-27B-NVFP4", "nvidia/Qwen3.6-35B-A3B-NVFP4"}

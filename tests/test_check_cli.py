@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_CONFIGS = ROOT.parent / "shared" / "real-configs"
+REAL_CONFIGS = ROOT / "catalog" / "sources" / "real-configs"
 STACKS = ["specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"]
 
 
@@ -35,9 +35,9 @@ def test_default_catalog_pair_runs_on_sglang_and_vllm():
     assert list(report["verdicts"]) == STACKS
     for stack in ("sglang", "vllm"):
         verdict = report["verdicts"][stack]
-        assert verdict["status"] == "warn" and verdict["fix"] is None
-        assert set(verdict) == {"status", "reasons", "launch", "fix"}
-        assert all(set(r) == {"rule", "severity", "message"} for r in verdict["reasons"])
+        assert verdict["status"] == "warn" and verdict["fix"] is None and verdict["blocked_by"] == []
+        assert set(verdict) == {"status", "reasons", "launch", "fix", "blocked_by", "memory"}
+        assert all(set(r) == {"rule", "severity", "message", "values"} for r in verdict["reasons"])
     assert "--speculative-num-draft-tokens 16" in report["verdicts"]["sglang"]["launch"]
     assert '"num_speculative_tokens":15' in report["verdicts"]["vllm"]["launch"]
     assert report["verdicts"]["llama.cpp"]["status"] == "fail"
@@ -70,7 +70,9 @@ def test_legacy_revision_is_selected_by_commit_prefix():
     assert report["draft"]["revision"] == "42d3b34"
     assert report["draft"]["drafter"]["mask_token_id"] == 248070
     pinned = [r["message"] for r in report["verdicts"]["vllm"]["reasons"] if r["rule"] == "revision.pinned"]
-    assert pinned and not any(m.startswith("z-lab/") for m in pinned)  # only the unpinned target is flagged
+    assert pinned[0].startswith("Qwen/Qwen3.6-35B-A3B is not pinned to a commit")
+    # an abbreviation selects the entry but is no pin: the Hub can grow a second commit with the same prefix
+    assert pinned[1].startswith("z-lab/Qwen3.6-35B-A3B-DFlash@42d3b34 names the abbreviated commit 42d3b34")
 
 
 def test_mtp_of_the_target_itself():
@@ -176,3 +178,162 @@ def test_llama_cpp_pair_of_gguf_files_gets_a_launch_line(tmp_path: Path):
     assert code == 0 and verdict["status"] != "fail", verdict["reasons"]
     assert f"-m {target}" in verdict["launch"] and f"-md {draft}" in verdict["launch"]
     assert "--spec-type draft-dflash" in verdict["launch"]
+
+
+# --- what a new user hits (issue 12) ------------------------------------------------------------------
+
+def test_stack_names_are_case_insensitive():
+    report, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--stack", "SGLang", "--stack", "vLLM")
+    assert list(report["verdicts"]) == ["sglang", "vllm"]
+
+
+def test_bad_input_under_json_is_a_json_document_on_stdout():
+    for args in (["check", "nobody/nothing-here", "--offline", "--json"],
+                 ["check", "Qwen/Qwen3-8B", "--stack", "tgi", "--offline", "--json"],
+                 ["check", "--json"],  # a usage error: the missing TARGET
+                 ["verify", "/no/such/lock", "--json"]):
+        done = run(*args)
+        assert done.returncode == 2 and done.stderr == "", (args, done.stderr)
+        document = json.loads(done.stdout)
+        assert document["schema"] == "specpair.error/1" and document["exit_code"] == 2
+        assert set(document["error"]) == {"file", "problem"} and document["error"]["problem"], document
+    nobody = json.loads(run("check", "nobody/nothing-here", "--offline", "--json").stdout)["error"]
+    assert nobody["file"] == "nobody/nothing-here" and "not reachable offline" in nobody["problem"]
+
+
+def _closed_stdout(*args: str) -> subprocess.CompletedProcess:
+    """specpair with a stdout whose reader is gone before it starts, as after `| head -1` returned."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write to `write` now fails with EPIPE
+    try:
+        return subprocess.run([sys.executable, "-m", "specpair", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_is_not_a_failure_of_the_work(tmp_path: Path):
+    for args, code in ((["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline"], 0),
+                       (["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--offline", "--json"], 1),
+                       (["catalog"], 0)):
+        done = _closed_stdout(*args)
+        assert (done.returncode, done.stderr) == (code, ""), (args, done.stderr)
+    from fixtures import build_target
+
+    source = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
+    done = _closed_stdout("convert", str(source), str(tmp_path / "out"), "--to", "bf16", "--device", "cpu")
+    assert done.returncode == 0 and (tmp_path / "out" / "config.json").exists()
+    assert all(line.startswith("convert: ") for line in done.stderr.splitlines()), done.stderr  # progress only
+
+
+def test_piped_output_keeps_every_command_on_one_line():
+    args = ["Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline", "--gpu", "h200"]
+    report, _ = check_json(*args)
+    done = run("check", *args)  # stdout is a pipe: no terminal width to wrap to
+    lines = done.stdout.splitlines()
+    for stack, verdict in report["verdicts"].items():
+        for command in filter(None, (verdict["launch"], verdict["fix"])):
+            assert f"  {stack}: {command}" in lines, (stack, command)
+    for reason in report["verdicts"]["sglang"]["reasons"]:
+        if reason["severity"] != "info":
+            assert any(line.endswith(reason["message"]) for line in lines), reason["message"]
+
+
+def test_catalog_never_cuts_or_folds_repo_ids_even_narrow():
+    import os
+
+    ids = [e["ref"] for e in json.loads(run("catalog", "--json").stdout)["entries"]]
+    for columns in ("60", "120"):
+        table = run("catalog", env={**os.environ, "COLUMNS": columns}).stdout
+        assert all(f" {repo} " in table for repo in ids), columns
+        assert "…" not in table
+
+
+def test_human_output_shows_errors_and_warnings_and_counts_the_rest():
+    args = ["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline"]
+    report, _ = check_json(*args[1:])
+    infos = {r["message"] for v in report["verdicts"].values() for r in v["reasons"] if r["severity"] == "info"}
+    shown, verbose = run(*args).stdout, run(*args, "--verbose").stdout
+    assert infos and not any(m in shown for m in infos) and all(m in verbose for m in infos)
+    assert f"and {len(infos)} info note(s): --verbose shows them" in shown
+
+
+def test_target_without_an_mtp_head_is_told_so_with_no_conversion_fix():
+    report, code = check_json("Qwen/Qwen3-8B")
+    assert code == 1 and report["drafter_kind"] == "mtp"
+    for stack, verdict in report["verdicts"].items():
+        assert verdict["fix"] is None and "mtp.present" in verdict["blocked_by"], stack
+        assert verdict["memory"] is None and not any(r["rule"].startswith("memory.") for r in verdict["reasons"])
+    human = run("check", "Qwen/Qwen3-8B", "--offline").stdout
+    assert "draft   none: Qwen/Qwen3-8B has no MTP head (give a DRAFT)" in human
+    assert "0 layer(s)" not in human and "draft 0.0" not in human and "specpair convert" not in human
+
+
+def test_fixes_are_offered_only_when_they_clear_every_error_of_the_stack():
+    report, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--gpus", "2")
+    tensorfold, exllamav3 = report["verdicts"]["tensorfold"], report["verdicts"]["exllamav3"]
+    assert tensorfold["fix"] is None and "format.target" in errors(report, "tensorfold")
+    assert {"base.num_target_layers_strict", "drafter.tensor_parallel"} <= set(tensorfold["blocked_by"])
+    assert exllamav3["fix"] is None and exllamav3["blocked_by"] == ["drafter.tensor_parallel"]
+    llama = report["verdicts"]["llama.cpp"]  # only format errors, which conversion clears
+    assert llama["blocked_by"] == [] and llama["fix"].count("specpair convert") == 2
+
+
+def test_memory_numbers_and_verdict_agree_with_the_same_rounding():
+    """The A100 80GB (72.0 GB usable) case: what the message shows decides, sum and comparison on the shown numbers."""
+    import re
+
+    report, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--gpu", "a100", "--stack", "vllm")
+    verdict = report["verdicts"]["vllm"]
+    memory = verdict["memory"]
+    (fit,) = [r for r in verdict["reasons"] if r["rule"] == "memory.fit"]
+    shown = re.search(r"needs ([\d.]+) GB on one GPU \((.*) = ([\d.]+) GB, plus ([\d.]+) GB runtime overhead", fit["message"])
+    usable = re.search(r"have ([\d.]+) GB usable each, so it does not fit", fit["message"])
+    parts = [float(x) for x in re.findall(r"([\d.]+)(?: \(|$| )", shown[2].replace(" + ", " "))]
+    assert round(sum(parts), 1) == float(shown[3]) == memory["total"]
+    assert float(shown[1]) == round(float(shown[3]) + float(shown[4]), 1) == memory["per_gpu"]
+    assert float(shown[1]) > float(usable[1]) == memory["usable_per_gpu"] == 72.0 and memory["fits"] is False
+    assert memory["smallest_fitting_tensor_parallel"] == 2 and memory["unit"] == "GB"
+    roomy, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--gpu", "h200", "--stack", "vllm")
+    assert roomy["verdicts"]["vllm"]["memory"]["fits"] is True
+
+
+def test_exllamav3_launch_is_a_command_to_paste(tmp_path: Path):
+    import shlex
+
+    target, draft = _padded_pair(tmp_path)
+    report, _ = check_json(str(target), str(draft), "--stack", "exllamav3")
+    words = shlex.split(report["verdicts"]["exllamav3"]["launch"])
+    assert words[:2] == ["python", "-c"] and len(words) == 3
+    compile(words[2], "<launch>", "exec")  # Python that parses
+    assert f'"-m", "{target}"' in words[2] and f'"-dm", "{draft}"' in words[2] and '"-ndt", "15"' in words[2]
+    hub, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--stack", "exllamav3")
+    steps = hub["verdicts"]["exllamav3"]["launch"].split(" && ")
+    assert steps[0] == ("specpair download Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --local-dir models "
+                        "--no-require-sha")
+    assert '"-m", "models/Qwen3.6-35B-A3B"' in steps[1] and '"-dm", "models/Qwen3.6-35B-A3B-DFlash"' in steps[1]
+
+
+def test_weights_only_fork_gguf_drafter_is_judged_and_its_fix_runs(tmp_path: Path):
+    """A `dflash-draft` GGUF with neither tokenizer nor token_embd: a normal drafter with its target's vocabulary;
+    llama.cpp fails on the fork arch, and the fix it names converts it to upstream `dflash`, which passes."""
+    import shlex
+
+    from fixtures import build_gguf_dflash, build_gguf_target
+
+    target = build_gguf_target(tmp_path / "target.gguf", "qwen35moe", layers=8, nextn=1)
+    draft = build_gguf_dflash(tmp_path / "draft.gguf", "dflash-draft", tokenizer=False)
+    report, code = check_json(str(target), str(draft), "--stack", "llama.cpp")
+    verdict = report["verdicts"]["llama.cpp"]
+    assert code == 1 and report["draft"]["shapes"]["vocab_size"] is None
+    assert errors(report, "llama.cpp") == {"drafter.arch"} and verdict["blocked_by"] == []
+    assert verdict["fix"].startswith(f"specpair convert {draft} ") and f"--target {target}" in verdict["fix"]
+    converted = subprocess.run([sys.executable, "-m", *shlex.split(verdict["fix"]), "--quiet"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=300)
+    assert converted.returncode == 0, converted.stderr
+    output = tmp_path / shlex.split(verdict["fix"])[3]
+    after, code = check_json(str(target), str(output), "--stack", "llama.cpp")
+    assert code == 0 and not errors(after, "llama.cpp") and after["draft"]["architecture"] == "dflash"
+    assert after["draft"]["tokenizer"]["length"] > 0  # the target's tokenizer went into the drafter's GGUF

@@ -483,3 +483,74 @@ def test_exl3_both_ways(tmp_path):
     (out / "config.json").write_text(json.dumps(broken))
     with pytest.raises(BadInput, match=r"gate_proj.trellis: holds a padded \[128, 128\] weight.*\[192, 64\]"):
         conv.open_source(str(out))
+
+
+# --- feedback (issue 12) -----------------------------------------------------------------------------
+
+def test_report_is_summarised_and_its_overall_error_counts_every_lossy_cast(tmp_path):
+    """GGUF F32 to bf16: every matrix rounds to bf16. The overall figure is theirs (it read 0.00000 above rows of
+    0.0014 when bf16 casts were left out of it); people get per-part totals and the 10 worst tensors, --verbose or
+    --json every row."""
+    from fixtures import build_gguf_target
+
+    source = build_gguf_target(tmp_path / "model.gguf", "llama", layers=4, hidden=64, intermediate=128)
+    out = tmp_path / "bf16"
+    done = run("convert", str(source), str(out), "--to", "bf16", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)["report"]
+    lossy = [t for t in report["tensors"] if t["rel_error"] > 0]
+    assert len(lossy) > 10 and report["lossy_tensors"] == len(lossy)
+    assert min(t["rel_error"] for t in lossy) <= report["rel_error"] <= max(t["rel_error"] for t in lossy)
+    assert 1e-4 < report["rel_error"] < 1e-2  # bf16's rounding of N(0, 0.02) values
+    assert sum(g["tensors"] for g in report["groups"]) == len(report["tensors"])
+    human = run("convert", str(source), str(tmp_path / "bf16-h"), "--to", "bf16").stdout
+    verbose = run("convert", str(source), str(tmp_path / "bf16-v"), "--to", "bf16", "--verbose").stdout
+    rows = lambda text: sum(any(line.startswith(f"│ {t['name']} ") for t in lossy) for line in text.splitlines())
+    assert rows(human) == 10 and rows(verbose) == len(lossy)
+    assert f"overall relative error {report['rel_error']:.5f} over the {len(lossy)} lossy tensors" in human
+    assert "error by part" in human and "attention" in human
+
+
+def test_gguf_gets_the_source_models_name_and_eps_comes_back_as_written(tmp_path):
+    from fixtures import build_gguf_target
+
+    from specpair.formats.gguf import read_local
+
+    snapshot = tmp_path / "hub" / "models--Org--Real-Model" / "snapshots" / ("a" * 40)
+    source = build_target(snapshot, "qwen3", layers=1, hidden=64, intermediate=128)
+    assert run("convert", str(source), str(tmp_path / "from-cache.gguf"), "--to", "gguf:F16", "-q").returncode == 0
+    assert read_local(str(tmp_path / "from-cache.gguf")).fields["general.name"] == "Real-Model"
+    named = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
+    config = json.loads((named / "config.json").read_text())
+    (named / "config.json").write_text(json.dumps({**config, "_name_or_path": "Org/Named-Model"}))
+    assert run("convert", str(named), str(tmp_path / "dest-name.gguf"), "--to", "gguf:F16", "-q").returncode == 0
+    assert read_local(str(tmp_path / "dest-name.gguf")).fields["general.name"] == "Named-Model"
+    gguf = build_gguf_target(tmp_path / "eps.gguf", "llama", layers=1, hidden=64, intermediate=128)
+    assert run("convert", str(gguf), str(tmp_path / "eps-hf"), "--to", "bf16", "-q").returncode == 0
+    written = json.loads((tmp_path / "eps-hf" / "config.json").read_text())["rms_norm_eps"]
+    assert written in (1e-5, 1e-6) and repr(written) in ("1e-05", "1e-06")  # not 9.999999747378752e-06
+
+
+def test_exl3_work_is_estimated_before_it_starts_and_reported_as_it_goes(tmp_path):
+    """stderr is not a terminal here: a line with the measured rate and the time it will take, then a line at each
+    tenth of the tiles (the rate and ETA move within a tensor), then the end."""
+    source = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
+    keep = ["--keep", "*mlp*=bf16", "--keep", "*self_attn.[kvo]*=bf16", "--keep", "lm_head.weight=bf16"]
+    done = run("convert", str(source), str(tmp_path / "out"), "--to", "exl3:2", "--device", "cpu", "--json", *keep)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("convert: EXL3 encodes 64 tiles of 256 weights at ") and "measured on cpu now" in lines[0]
+    assert lines[1].startswith("convert: 14 tensors, ") and lines[1].endswith("64 EXL3 tiles to encode")
+    tenths = [int(line.split()[1].rstrip("%")) for line in lines[2:-1]]
+    assert tenths == sorted(set(tenths)) and tenths[-1] == 100 and all("tiles/s" in line for line in lines[2:-1])
+    assert lines[-1].startswith("convert: all 14 tensors written in ")
+    assert json.loads(done.stdout)["report"]["lossy_tensors"] == 1
+
+
+def test_exl3_estimate_says_when_a_gpu_would_help():
+    from specpair.cli.convert import exl3_estimate
+
+    slow = exl3_estimate(527_360, 35.0, "cpu")
+    assert slow.startswith("EXL3 encodes 527,360 tiles of 256 weights at 35 tiles/s measured on cpu now: about 4.2 h")
+    assert "a CUDA GPU would take about 12 s" in slow and "--device cuda" in slow
+    assert "GPU" not in exl3_estimate(640, 35.0, "cpu") and "GPU" not in exl3_estimate(527_360, 44_000.0, "cuda")

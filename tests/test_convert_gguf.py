@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import build_dflash, build_gguf_dflash, build_target, smollm2_gguf, vocabulary, write_tokenizer
+from fixtures import TINY_VOCAB as VOCAB
+from fixtures import build_dflash, build_gguf_dflash, build_target, save, smollm2_gguf, tiny_model, vocabulary
 from llama_cpp import Llama
 
 from specpair.formats import convert as conv
 from specpair.formats.weights import read_parts
 from specpair.sources import open_checkpoint
 
-VOCAB = 512
 TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, 480, 37)]
 
 
@@ -26,47 +26,6 @@ def convert(source: Path, destination: Path, to: str, donor: Path | None = None)
     p = conv.plan(conv.open_source(str(source)), conv.parse_target(to), [],
                   conv.open_source(str(donor)) if donor else None)
     return conv.execute(p, str(destination))
-
-
-def tiny_model(family: str, hidden: int = 64, init: float = 0.08):
-    """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
-    from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-    from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, initializer_range=init)
-    hybrid = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                  linear_conv_kernel_dim=4)  # value heads != key heads: the V-head reorder is exercised
-    moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
-    mrope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2],
-             "mrope_interleaved": True}
-    model = {
-        "llama": lambda: LlamaForCausalLM(LlamaConfig(**common, intermediate_size=128, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 1024})),
-        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**common, intermediate_size=128)),
-        "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe)),
-        "qwen3_next": lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**common, **hybrid, **moe, intermediate_size=64,
-                                                                   shared_expert_intermediate_size=32)),
-        "qwen3_5": lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**common, "head_dim": 64}, **hybrid,
-                                                                intermediate_size=128, rope_parameters=mrope)),
-        "qwen3_5_moe": lambda: Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
-            **{**common, "head_dim": 64}, **hybrid, **moe, shared_expert_intermediate_size=32, rope_parameters=mrope)),
-    }[family]().eval()
-    with torch.no_grad():  # off their inits, so +1 norms, -exp(A_log) and dt_bias are exercised
-        for name, p in model.named_parameters():
-            if p.ndim == 1 or name.endswith(("A_log", "dt_bias")):
-                p.add_(torch.randn_like(p) * 0.3)
-    return model
-
-
-def save(model, directory: Path, flavour: str) -> Path:
-    model.save_pretrained(directory)
-    write_tokenizer(directory, flavour)
-    return directory
 
 
 def transformers_logits(directory: Path) -> np.ndarray:

@@ -57,6 +57,7 @@ class Ran:
     seconds: float
     out: str
     err: str
+    killed_by: str | None = None  # "timer" | "file": what set off the SIGKILL
 
 
 class ForkServer:
@@ -71,18 +72,19 @@ class ForkServer:
                                         stdout=subprocess.PIPE, text=True, env=env)
 
     def run(self, argv: list[str], *, cwd: Path, env: dict[str, str], kill_after_s: float | None = None,
-            file_size_limit: int | None = None) -> Ran:
+            file_size_limit: int | None = None, kill_when: dict | None = None, signal: str | None = None) -> Ran:
         self.count += 1
         prefix = self.scratch / f"run-{self.count}"
         request = {"argv": argv, "cwd": str(cwd), "env": env, "output": str(prefix), "kill_after_s": kill_after_s,
-                   "file_size_limit": file_size_limit}
+                   "file_size_limit": file_size_limit, "kill_when": kill_when, "signal": signal}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         assert line, "the fork server died"
         answer = json.loads(line)
         out, err = (Path(f"{prefix}{suffix}") for suffix in (".out", ".err"))
-        ran = Ran(answer["status"], answer["seconds"], out.read_text(errors="replace"), err.read_text(errors="replace"))
+        ran = Ran(answer["status"], answer["seconds"], out.read_text(errors="replace"), err.read_text(errors="replace"),
+                  answer["killed_by"])
         out.unlink()
         err.unlink()
         return ran
@@ -349,7 +351,7 @@ def download_left(trial: Path, layout: str, pair: dict[str, dict[str, bytes]], c
                     continue
                 assert path in files and entry.read_bytes() == files[path], f"{entry}: not the Hub's file under a final name"
                 seen.final.add(path)
-    lock = trial / "specpair.lock"
+    lock = lock_of(trial, layout)
     if lock.exists():  # written last, in one rename: complete, and only once every file is final
         locked = {r.repo: {(f.path, f.size, f.sha256) for f in r.files} for r in read_lock(str(lock))}
         assert locked == {repo: {(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()}
@@ -358,9 +360,14 @@ def download_left(trial: Path, layout: str, pair: dict[str, dict[str, bytes]], c
     return left
 
 
-def download_landing(left: dict[str, Left], trial: Path, pair: dict[str, dict[str, bytes]]) -> str:
+def lock_of(trial: Path, layout: str) -> Path:
+    """Where the download writes its lock: beside the files of a --local-dir download, else in the working directory."""
+    return trial / "models" / "specpair.lock" if layout == "local-dir" else trial / "specpair.lock"
+
+
+def download_landing(left: dict[str, Left], trial: Path, pair: dict[str, dict[str, bytes]], layout: str) -> str:
     final = sum(len(s.final) for s in left.values())
-    if (trial / "specpair.lock").exists():
+    if lock_of(trial, layout).exists():
         return "after the lockfile: complete"
     if final == sum(len(files) for files in pair.values()):
         return "every file verified, before the lockfile"
@@ -402,7 +409,7 @@ def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: 
                 if ran.status == -9:
                     tally.kills += 1
                     tally.fractions.append(delay / duration)
-                    tally.landed[download_landing(left, trial, hub_pair)] += 1
+                    tally.landed[download_landing(left, trial, hub_pair, layout)] += 1
                 else:
                     tally.finished_first += 1
             final = server.run(argv + options, cwd=trial, env=env)
@@ -419,13 +426,12 @@ def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: 
                         resumed["bytes"] += kept
                         resumed["files"] += bool(kept)
             assert all(s.final == set(hub_pair[r]) for r, s in download_left(trial, layout, hub_pair, commits).items())
-            verified = server.run(["verify", "specpair.lock"], cwd=trial, env=env)
+            verified = server.run(["verify", str(lock_of(trial, layout))], cwd=trial, env=env)
             assert verified.status == 0, verified.out + verified.err
             tally.reruns["completed and verified"] += 1
             assert {repo: {p: hashlib.sha256(d).hexdigest() for p, d in fake_hub.repos[repo].files.items()}
                     for repo in hub_pair} == source_bytes
     assert sum(t.kills for t in tallies.values()) >= KILLS
-    assert resumed["files"] > 0  # some kills left partials that the re-run resumed from
     if DOCUMENT:
         lines = [f"`specpair download` of a target and its drafter (13 files, 1.8 MB) from the fake Hub, weights "
                  f"sent at 64 KiB per {CHUNK_DELAY_S * 1000:g} ms, {commit_note()}; T = median uninterrupted run, "
@@ -439,6 +445,62 @@ def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: 
                       "final name had the Hub's bytes, every partial a prefix of its file, the lockfile absent or "
                       "complete; every re-run: exit 0 and `specpair verify` clean."]
         write_report("crash-download", lines)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_sigterm_and_ctrl_c_leave_no_partial_behind(server: ForkServer, tmp_path: Path, signal_name: str) -> None:
+    """Signalled once its partial holds a written shard (an EXL3 search still running): the conversion removes
+    DST.specpair-partial and exits 128 + the signal's number, with one line saying so. Only SIGKILL may leave it."""
+    source = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
+    source_files = tree(source)
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    argv = ["convert", str(source), "out", "--to", "exl3:2", "--device", "cpu", "--quiet", "--keep", "*mlp*=bf16",
+            "--keep", "lm_head.weight=bf16"]
+    ran = server.run(argv, cwd=trial, env=plain_env(), kill_after_s=600, signal=signal_name,
+                     kill_when={"glob": "out" + PARTIAL + "/*.safetensors", "min_bytes": 1})
+    number = int(getattr(__import__("signal"), signal_name))
+    assert (ran.status, ran.killed_by) == (128 + number, "file"), ran.err
+    assert one_line(ran.err) == f"error: interrupted by {signal_name}: nothing was left behind\n"
+    assert list(trial.iterdir()) == [] and tree(source) == source_files
+
+
+PARTIALS = {"hf-cache": "hf/hub/models--org--target/blobs/*.incomplete",
+            "local-dir": "models/target/.cache/specpair/download/*.incomplete"}
+
+
+@pytest.mark.parametrize("layout", ["hf-cache", "local-dir"])
+@pytest.mark.parametrize("eighths", [1, 4, 7])
+def test_download_killed_mid_file_resumes_from_the_bytes_it_kept(server: ForkServer, fake_hub: FakeHub, hub_pair,
+                                                                  tmp_path: Path, layout: str, eighths: int) -> None:
+    """The kill is placed by bytes, not by time: the fake Hub holds the target's weights at a byte offset, and the
+    child is killed once its partial file holds half of that. The re-run then resumes from exactly what the partial
+    keeps, and verifies."""
+    commits = {repo: fake_hub.repos[repo].commit for repo in hub_pair}
+    argv = ["download", *(f"{repo}@{commit}" for repo, commit in commits.items()), "--json"]
+    options = ["--local-dir", "models"] if layout == "local-dir" else []
+    weights = next(p for p in hub_pair["org/target"] if p.endswith(LFS_SUFFIXES))
+    offset = len(hub_pair["org/target"][weights]) * eighths // 8
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    env = plain_env(HF_ENDPOINT=fake_hub.url, HF_HOME=str(trial / "hf"))
+    held = Fault(chunk_delay_s=CHUNK_DELAY_S, stall_at=offset, stall_s=30)
+    fake_hub.faults[("org/target", weights)], kept_fault = held, fake_hub.faults[("org/target", weights)]
+    try:
+        killed = server.run(argv + options, cwd=trial, env=env, kill_after_s=60,
+                            kill_when={"glob": PARTIALS[layout], "min_bytes": offset // 2})
+    finally:
+        fake_hub.faults[("org/target", weights)] = kept_fault
+    assert (killed.status, killed.killed_by) == (-9, "file"), killed.err
+    left = download_left(trial, layout, hub_pair, commits)
+    kept = left["org/target"].partial[weights]
+    assert offset // 2 <= kept <= offset and not lock_of(trial, layout).exists()
+    final = server.run(argv + options, cwd=trial, env=env)
+    assert final.status == 0, final.err
+    report = {f["path"]: f for r in json.loads(final.out)["repos"] if r["repo"] == "org/target" for f in r["files"]}
+    total = len(hub_pair["org/target"][weights])
+    assert (report[weights]["bytes_resumed"], report[weights]["bytes_transferred"]) == (kept, total - kept)
+    assert server.run(["verify", str(lock_of(trial, layout))], cwd=trial, env=env).status == 0
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -65,9 +65,10 @@ def pair_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
-    """The files of a checkpoint directory, leaving out the download bookkeeping under .cache/."""
+    """The files of a checkpoint directory, leaving out the download bookkeeping (.cache/, and the specpair.lock a
+    --local-dir download of one repo writes into its directory)."""
     found = {str(p.relative_to(directory)): p for p in sorted(directory.rglob("*")) if p.is_file()}
-    return {name: p.read_bytes() for name, p in found.items() if not name.startswith(".cache/")}
+    return {name: p.read_bytes() for name, p in found.items() if not name.startswith(".cache/") and name != "specpair.lock"}
 
 
 @pytest.fixture
@@ -260,7 +261,7 @@ def test_interrupted_download_resumes_with_only_the_missing_bytes(fake_hub: Fake
     assert f"{repo_id}@{repo.commit}/{WEIGHTS}: gave up after {download.RETRIES} retries without progress" in err
     assert f"{CUT} of {len(weights)} bytes are kept in {partial}: run again to resume" in err
     assert not final.exists() and partial.stat().st_size == CUT and partial.read_bytes() == weights[:CUT]
-    assert not (tmp_path / "specpair.lock").exists()
+    assert not (tmp_path / "specpair.lock").exists() and not (tmp_path / "model" / "specpair.lock").exists()
     resumes = [wanted for path, wanted in file_gets(fake_hub, repo_id) if path == WEIGHTS]
     assert resumes[0] is None and set(resumes[1:]) == {f"bytes={CUT}-"} and len(resumes) == download.RETRIES + 1
 
@@ -279,7 +280,8 @@ def test_interrupted_download_resumes_with_only_the_missing_bytes(fake_hub: Fake
     assert {"present"} == {f["status"] for name, f in by_path.items() if name != WEIGHTS}
     assert final.read_bytes() == weights and not partial.exists()
     assert files_of(Path(entry["path"])) == files
-    assert specpair("verify", "specpair.lock").code == 0
+    # the lock lies beside what was downloaded: in --local-dir, else in the working directory
+    assert specpair("verify", str(tmp_path / "model") if layout == "local-dir" else "specpair.lock").code == 0
 
 
 def test_local_dir_files_are_current_for_hf_download(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
@@ -448,7 +450,7 @@ def test_not_enough_disk_space_is_refused_before_any_byte(fake_hub: FakeHub, cac
     plan = specpair("download", f"org/big@{repo.commit}", "--dry-run", "--json")
     err = one_line_error(specpair("download", f"org/big@{repo.commit}"), 2)
 
-    assert plan.code == 2 and "not enough free disk space" in plan.err
+    assert plan.code == 2 and plan.err == "" and plan.json()["exit_code"] == 2  # under --json, one document
     disk = plan.json()["disk"]
     assert disk == [{"directory": str(cache / "models--org--big"), "needed": needed, "free": needed - 1, "fits": False}]
     assert f"{cache / 'models--org--big'}: not enough free disk space" in err

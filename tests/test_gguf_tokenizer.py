@@ -472,7 +472,7 @@ def bad_token_type(fields: dict[str, object]) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(("change", "problem"), [
-    (replaced(tokenizer__ggml__model="llama"), "only byte-level BPE"),
+    (replaced(tokenizer__ggml__model="t5"), "only byte-level BPE"),
     (replaced(tokenizer__ggml__model=None), "only byte-level BPE"),
     (replaced(tokenizer__ggml__token_type=[1, 1, 3]), "tokenizer.ggml.token_type does not match"),
     (bad_token_type, "tokenizer.ggml.token_type holds a value that is not a token type"),

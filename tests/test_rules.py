@@ -166,7 +166,7 @@ def _modelopt_target_quantized_head() -> Checkpoint:
 
 
 def _big(c: Checkpoint) -> None:
-    c.groups = [TensorGroup("experts", "bf16", 100, 70 * GB)]
+    c.groups = [TensorGroup("experts", "bf16", 100, 71 * GB)]
 
 
 def _note(note: str) -> Callable[[Checkpoint], None]:
@@ -189,7 +189,8 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "drafter.layer_types": (T, lambda: dflash_draft(layer_types=["full_attention"]), "sglang", {}),
     "dflash2.params": (T, lambda: dflash2_draft(conv_group_size=48), "sglang", {}),
     "drafter.tensor_parallel": (T, dflash_draft, "exllamav3", {"gpus": 2}),
-    "runtime.available": (T, dflash_draft, "specpair", {}),
+    "runtime.runs": (T, dflash_draft, "specpair", {}),
+    "runtime.draft_family": (T, lambda: with_(draft_model(), lambda c: setattr(c, "family", "gemma3")), "specpair", {}),
     "taps.range": (T, lambda: dflash_draft([1, 3, 9]), "vllm", {}),
     "taps.unique": (T, lambda: dflash_draft([1, 3, 3]), "exllamav3", {}),
     "taps.fc_width": (T, lambda: with_(dflash_draft(), _set_drafter(fc_shape=[HIDDEN, 2 * HIDDEN])), "sglang", {}),
@@ -267,7 +268,7 @@ def test_good_dflash_pair_is_ok(stack: str):
 
 def test_good_pair_silences_every_pair_rule():
     """Rules that fire only on a defect stay silent on a well-matched DFlash pair, on every stack."""
-    always = {"runtime.available", "taps.convention", "memory.plan", "mask.padded_row", "family.supported",
+    always = {"runtime.runs", "taps.convention", "memory.plan", "mask.padded_row", "family.supported",
               "vllm.runner", "vllm.token_budget",
               "format.target", "format.draft", "rope.schema", "base.num_target_layers_strict", "vocab.rows_equal"}
     for stack in ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"):
@@ -357,3 +358,59 @@ def test_quantized_only_stack_takes_float_norms_but_not_float_weights():
     assert "bf16 weights" in message
     (message,) = findings(_modelopt_target(), dflash_draft(), "exllamav3")["format.target"]
     assert "nvfp4-modelopt" in message and "fp8-tensor" in message
+
+
+COMMIT = "c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f"
+
+
+def _on_hub(ref: str) -> Callable[[Checkpoint], None]:
+    def change(c: Checkpoint) -> None:
+        c.source, c.ref, c.revision = "hub", ref, COMMIT  # the commit the Hub resolved the reference to
+    return change
+
+
+def test_pinned_means_a_full_40_hex_commit():
+    def pinned(draft_ref: str, target_ref: str = "Qwen/target@" + COMMIT) -> list[str]:
+        target = with_(qwen3_target(), _on_hub(target_ref))
+        return findings(target, with_(dflash_draft(), _on_hub(draft_ref)), "vllm").get("revision.pinned", [])
+
+    assert pinned(f"z-lab/drafter@{COMMIT}") == []
+    (branch,) = pinned("z-lab/drafter@main")
+    assert branch.startswith(f"z-lab/drafter@main names the branch or tag 'main', not a commit (it points to {COMMIT} now)")
+    assert branch.endswith(f"Pin it as z-lab/drafter@{COMMIT}.") and "drafter configs change between revisions" in branch
+    (abbreviated,) = pinned("z-lab/drafter@c69b185")
+    assert "names the abbreviated commit c69b185, not a full 40-hex one" in abbreviated
+    (bare,) = pinned("z-lab/drafter")
+    assert f"is not pinned to a commit (main points to {COMMIT} now)" in bare
+    (target,) = pinned(f"z-lab/drafter@{COMMIT}", "Qwen/target@main")
+    assert target.startswith("Qwen/target@main names the branch or tag 'main'")
+    assert "drafter" not in target and "z-lab" not in target  # a target's reason is its own
+
+
+def test_a_fix_is_offered_only_when_it_clears_every_error():
+    # llama.cpp refuses both checkpoints' formats only: converting both clears every error
+    _, verdicts = judge(qwen3_target(), dflash_draft(), Deployment(), ["llama.cpp"])
+    assert verdicts["llama.cpp"].fix.count("specpair convert") == 2 and verdicts["llama.cpp"].blocked_by == []
+    # TensorFold: converting the target to affine4 leaves its strict layer-count check standing
+    draft = dflash_draft(num_target_layers=LAYERS + 1)
+    _, verdicts = judge(qwen35_target(), draft, Deployment(), ["tensorfold"])
+    v = verdicts["tensorfold"]
+    assert "format.target" in {f.rule for f in v.reasons} and v.fix is None
+    assert "base.num_target_layers_strict" in v.blocked_by
+
+
+@pytest.mark.parametrize("gigabytes", [x / 10 for x in range(680, 720, 3)])
+def test_memory_message_and_verdict_agree_at_every_size(gigabytes: float):
+    """Around the A100's 72.0 GB usable: memory.fit fires exactly when the per-GPU figure it shows exceeds the
+    usable figure it shows, and memory.plan's figures fit."""
+    target = with_(qwen3_target(), lambda c: setattr(c, "groups", [TensorGroup("experts", "bf16", 1, int(gigabytes * GB))]))
+    _, verdicts = judge(target, dflash_draft(), Deployment(gpu=GPUS["a100"]), ["vllm"])
+    v = verdicts["vllm"]
+    fit = [f for f in v.reasons if f.rule == "memory.fit"]
+    assert bool(fit) == (v.memory.per_gpu > v.memory.usable_per_gpu) == (v.memory.fits is False)
+    if fit:
+        assert fit[0].values["per_gpu"] > fit[0].values["usable"] == 72.0
+        assert f"needs {v.memory.per_gpu:.1f} GB on one GPU" in fit[0].message
+    else:
+        (plan,) = [f for f in v.reasons if f.rule == "memory.plan"]
+        assert f"{v.memory.per_gpu:.1f} GB on one GPU fits the 72.0 GB usable" in plan.message

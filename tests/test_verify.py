@@ -24,6 +24,25 @@ def downloaded(fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Pa
     return lock, lock.parent / json.loads(lock.read_text())["repos"][0]["path"]
 
 
+def test_verify_dir_right_after_download_local_dir(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
+                                                   tmp_path: Path) -> None:
+    """The lock goes where the files went: `verify DIR` checks what `download ... --local-dir DIR` just wrote."""
+    target = fake_hub.add("org/dir-target", files_of(pair_dirs[0]))
+    draft = fake_hub.add("org/dir-draft", files_of(pair_dirs[1]))
+    single = fake_hub.add("org/dir-single", files_of(pair_dirs[1]))
+
+    pair = specpair("download", f"org/dir-target@{target.commit}", f"org/dir-draft@{draft.commit}", "--local-dir", "models")
+    one = specpair("download", f"org/dir-single@{single.commit}", "--local-dir", "single")
+
+    assert pair.code == one.code == 0, pair.err + one.err
+    assert not (tmp_path / "specpair.lock").exists()
+    for directory in ("models", "single"):
+        result = specpair("verify", directory, "--json")
+        assert result.code == 0, result.err
+        assert {f["status"] for r in result.json()["repos"] for f in r["files"]} == {"ok"}
+    assert {r["repo"] for r in specpair("verify", "models", "--json").json()["repos"]} == {"org/dir-target", "org/dir-draft"}
+
+
 def test_untouched_download_verifies(downloaded: tuple[Path, Path], specpair, pair_dirs) -> None:
     lock, target_dir = downloaded
 

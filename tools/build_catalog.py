@@ -1,10 +1,10 @@
-"""Regenerate the built-in catalog (catalog/*.json) from the facts in ../shared. Dev tool, not packaged.
+"""Regenerate the built-in catalog (catalog/*.json) from catalog/sources/ and the facts below. Dev tool, not packaged.
 
-    python tools/build_catalog.py [--shared DIR]
+    python tools/build_catalog.py
 
 Targets: specpair's own config parser (`checkpoint.hf.build`) runs on the config.json copies in
-shared/real-configs. Drafters: the same parser runs on config dicts reconstructed here from the tables
-in shared/spec/dflash.md (no verbatim drafter config.json was found). No tensor header of these repos
+catalog/sources/real-configs. Drafters: the same parser runs on config dicts reconstructed here from
+published tables and model cards (no verbatim drafter config.json was found). No tensor header of these repos
 was read, so the tensor list is derived from config shapes by per-family parameter formulas, stored
 in the layout the checkpoint's quantization config implies, and handed to the parser as if it were
 a header: groups, MTP size and embedding rows then come out of the same code as for a real repo.
@@ -31,7 +31,7 @@ from specpair.formats import TensorInfo
 from specpair.sources.catalog import SCHEMA, file_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SHARED = REPO_ROOT.parent / "shared"
+REAL_CONFIGS = REPO_ROOT / "catalog" / "sources" / "real-configs"
 CATALOG_DIR = REPO_ROOT / "catalog"
 DERIVED = "derived from config shapes"  # TensorInfo.file of every derived tensor
 
@@ -240,6 +240,18 @@ def nvfp4(p: Param, activation_scale: bool) -> list[TensorInfo]:
     return tensors
 
 
+def exl3(p: Param, bits: float) -> list[TensorInfo]:
+    """EXL3 (ExLlamaV3's trellis): the parts its codec stores for a weight of this shape (formats/exl3.py)."""
+    from specpair.formats.codecs import codec, stored_nbytes
+
+    module = p.name.removesuffix(".weight")
+    return [TensorInfo(module + suffix, dtype, shape, stored_nbytes(dtype, shape), DERIVED)
+            for suffix, (dtype, shape) in codec(f"exl3-{bits:g}bpw").stored(p.shape).items()]
+
+
+EXL3_KEPT = re.compile(r".*(mlp\.gate|shared_expert_gate)$|model\.visual\.")  # routers and the vision tower stay BF16
+
+
 MODELOPT_STORAGE: dict[str, Storage] = {
     "FP8": fp8_tensor,
     "NVFP4": partial(nvfp4, activation_scale=True),
@@ -269,6 +281,21 @@ def quantization_scheme(config: dict[str, Any], quant_files: dict[str, Any]) -> 
             return MODELOPT_STORAGE[algo] if algo else bf16
 
         return modelopt
+    exl3_config = quant_files.get("quantization_config.json")
+    if exl3_config is not None:
+        # Tensors are stored at whole bits: a fractional average (2.5) is a mix, here attention and fc one bit above
+        bits = exl3_config["bits"]
+        low, high = partial(exl3, bits=math.floor(bits)), partial(exl3, bits=math.ceil(bits))
+        head = partial(exl3, bits=exl3_config["head_bits"])
+
+        def exl3_storage(module: str) -> Storage:
+            if module == "lm_head":
+                return head
+            if EXL3_KEPT.match(module):
+                return bf16
+            return high if "self_attn" in module or module.endswith("fc") else low
+
+        return exl3_storage
     qc = config.get("quantization_config")
     if not qc:
         return lambda module: bf16
@@ -304,7 +331,7 @@ def derived_tensors(ck: Checkpoint, config: dict[str, Any], quant_files: dict[st
 @dataclass(frozen=True)
 class Target:
     repo: str
-    config_copy: str  # stem of the files in shared/real-configs
+    config_copy: str  # stem of the files in catalog/sources/real-configs
     revision: str | None = None
     reconstructed_from_quantized: bool = False  # BF16 repo rebuilt from a quantized copy's config
     note: str = ""  # more provenance
@@ -419,6 +446,120 @@ DRAFTERS = [
             assumed=["layer_types (all full attention)", "rope_theta 1e6 (the Qwen3-32B target's)",
                      "the generic keys, as a z-lab drafter has them",
                      "target_layer_ids and block_size inside dflash_config", TARGET_CONTEXT]),
+    Drafter("incoai/Qwen3.6-35B-A3B-DFlash2", "Qwen/Qwen3.6-35B-A3B", "DFlash2DraftModel",
+            layers=6, heads=32, kv_heads=8, intermediate=6144, sliding_layers=6, window=4096,
+            taps=[1, 6, 11, 16, 22, 27, 32, 37], mask_token_id=248077, block_size=8, is_causal=False,
+            extra=DFLASH2_SELECTOR, revision="51ef7b6923ad6c14cb1bb41c37a9041446496ab6",
+            revision_source="the revision SGLang's DFlash recipe for nvidia/Qwen3.6-35B-A3B-NVFP4 (@1355db6a) and "
+                            "a GB10 measurement log name",
+            sources="an SGLang deploy script and recipe (\"6 sliding-window layers, block size 8, ~1 GB BF16\"; "
+                    "tensorfold.md §3.4) and a boot log giving its draft KV per token as 6 layers x 8 KV heads x 128; "
+                    "TensorFold quantizes it to affine-4 at load; hidden size 2048 from the target, which every stack "
+                    "requires a DFlash drafter to match",
+            assumed=["32 query heads and intermediate_size 6144 (as z-lab's 35B-A3B drafter)",
+                     "taps [1, 6, 11, 16, 22, 27, 32, 37] and mask id 248077 (z-lab's 35B-A3B layout)",
+                     "sliding window 4096", "conv_kernel_size 2, conv_group_size 16, selector_rank 256, selector_top_k "
+                     "16 (every DFlash2 checkpoint seen, dflash.md §1.2)", TARGET_CONTEXT]),
+    Drafter("coral-bricks-ai/qwen35-122b-dflash2-drafter", "Qwen/Qwen3.5-122B-A10B", "DFlash2DraftModel",
+            layers=6, heads=32, kv_heads=8, intermediate=9216, sliding_layers=6, window=8192,
+            taps=[1, 7, 14, 20, 26, 32, 39, 45], mask_token_id=248077, block_size=12, is_causal=False,
+            extra=DFLASH2_SELECTOR,
+            sources="its model card: a DFlash2 drafter for Qwen/Qwen3.5-122B-A10B-FP8, block 12, 6 layers, taps "
+                    "[1, 7, 14, 20, 26, 32, 39, 45], sliding window 8192, mask 248077, one BF16 safetensors file of "
+                    "~1.86 GB (~930 M parameters), served by SGLang with --tp-size 2 --speculative-algorithm DFLASH "
+                    "--speculative-dflash-block-size 12 --speculative-draft-model-quantization unquant (dflash.md "
+                    "§1.3: not confirmed from a config.json)",
+            assumed=["32:8 heads and intermediate_size 9216 (as z-lab's 122B drafter; with them the parameter count "
+                     "comes to the card's ~930 M)", "every layer sliding",
+                     "conv_kernel_size 2, conv_group_size 16, selector_rank 256, selector_top_k 16", TARGET_CONTEXT]),
+    Drafter("modal-labs/Qwen3.6-35B-A3B-DFlash", "Qwen/Qwen3.6-35B-A3B", "DFlashDraftModel",
+            layers=6, heads=32, kv_heads=8, intermediate=6144, sliding_layers=5, window=4096,
+            taps=[1, 6, 11, 16, 22, 27, 32, 37], mask_token_id=248077, block_size=16, num_target_layers=41,
+            auto_map=True,
+            sources="its model card (a joint Z-Lab and Modal retrain mirrored as z-lab/Qwen3.6-35B-A3B-DFlash, "
+                    "safetensors only, no GGUF) and loader tests quoting its 6 layers and taps "
+                    "[1, 6, 11, 16, 22, 27, 32, 37]",
+            assumed=["the rest of the layout equal to z-lab/Qwen3.6-35B-A3B-DFlash at c69b185", FULL_LAYER_LAST,
+                     TARGET_CONTEXT]),
+]
+
+
+@dataclass(frozen=True)
+class QuantizedCopy:
+    """A published quantization of a catalog checkpoint whose own config was not seen: the base config with the
+    quantization its card describes."""
+
+    repo: str
+    base: str  # catalog repo whose config it quantizes
+    scheme: str  # "fp8-block" (Qwen's 128x128 FP8) | "exl3" (ExLlamaV3)
+    sources: str
+    assumed: list[str]
+    bits: float = 4.0  # exl3
+    head_bits: int = 6  # exl3
+    revision: str | None = None
+
+
+QUANTIZED_COPIES = [
+    QuantizedCopy("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen/Qwen3.5-122B-A10B", "fp8-block",
+                  sources="targets.md §2.3: Qwen's official FP8 exports are quant_method fp8, e4m3, dynamic "
+                          "activations, 128x128 weight blocks with BF16 weight_scale_inv, embeddings, lm_head, norms, "
+                          "routers, shared_expert_gate, conv1d, in_proj_a/b, A_log and dt_bias left in BF16",
+                  assumed=["routed experts stored one by one", "the vision tower and the MTP head in BF16"]),
+    QuantizedCopy("UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw", "Qwen/Qwen3.6-35B-A3B", "exl3", bits=4.0,
+                  sources="TensorFold's tested EXL3 pack for Qwen3.6 MoE (tensorfold.md §2.1) and published "
+                          "benchmarks of it beside nvidia/Qwen3.6-35B-A3B-NVFP4",
+                  assumed=["4.00 bpw for every quantized linear, lm_head at ExLlamaV3's default 6 bits",
+                           "routers, the vision tower, embeddings and norms unquantized", "experts stored one by one"]),
+    QuantizedCopy("UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw", "z-lab/Qwen3.6-35B-A3B-DFlash", "exl3",
+                  bits=2.5, head_bits=6,
+                  sources="its repo name (an EXL3 repack of z-lab's Qwen3.6-35B-A3B DFlash drafter, listed among "
+                          "drafters for other runtimes than llama.cpp); ExLlamaV3 loads EXL3-quantized DFlash "
+                          "drafters (dflash.md §7.4)",
+                  assumed=["z-lab/Qwen3.6-35B-A3B-DFlash's June layout (c69b185)", "the 2.50 bpw average as 3-bit "
+                           "attention and fc, 2-bit MLP (ExLlamaV3 stores whole bits per tensor)"]),
+]
+
+
+@dataclass(frozen=True)
+class GgufFile:
+    """One GGUF file of a published repo, reconstructed from the catalog checkpoint it converts: tensor names and
+    hyper-parameters from specpair's HF -> GGUF map (formats/gguf_arch.py), ggml types per llama.cpp's rule."""
+
+    repo: str
+    file: str
+    base: str  # catalog repo of the HF checkpoint it converts
+    qtype: str  # "Q4_K_M" | "Q8_0"
+    sources: str
+    assumed: list[str]
+    fork: bool = False  # the `dflash-draft` schema of llama.cpp forks instead of upstream `dflash`
+    tokenizer: bool = True  # carries its (target's) tokenizer
+    size: int | None = None  # the published file size, bytes
+    revision: str | None = None
+
+
+GGUF_FILES = [
+    GgufFile("unsloth/Qwen3.6-35B-A3B-GGUF", "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf", "Qwen/Qwen3.6-35B-A3B", "Q4_K_M",
+             size=22_134_528_992, revision="a483e9e6cbd595906af30beda3187c2663a1118c",
+             sources="targets.md §2.3 (arch qwen35moe, tensor names, value transforms) and third-party download "
+                     "manifests (file size 22,134,528,992 bytes, sha256 ac0e2c11..., repo revision a483e9e6); the "
+                     "MTP head ships in the separate unsloth/Qwen3.6-35B-A3B-MTP-GGUF (22.66 GB)",
+             assumed=["ggml types per llama.cpp's Q4_K_M rule (Q6_K for output and half of attn_v/ffn_down, Q4_K "
+                      "otherwise, F32 for norms and 1-D tensors); Unsloth's dynamic mix differs per tensor",
+                      "no MTP layer, no vision tower (mmproj is a separate file)"]),
+    GgufFile("williamliao/Qwen3.6-35B-A3B-DFlash-GGUF", "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf",
+             "z-lab/Qwen3.6-35B-A3B-DFlash", "Q8_0", size=421_060_896,
+             sources="field reports of the pair that runs on llama.cpp (target unsloth/Qwen3.6-35B-A3B-GGUF "
+                     "UD-Q4_K_M): arch dflash, block 16, 8 taps, 6 layers, vocabulary 248320, Q8_0 421 MB; download "
+                     "manifests give the file name and 421,060,896 bytes",
+             assumed=["a conversion of z-lab/Qwen3.6-35B-A3B-DFlash at c69b185 by upstream's converter with the "
+                      "target's tokenizer", "Q8_0 for every matrix, F32 for norms"]),
+    GgufFile("Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF", "qwen36-35b-a3b-dflash-Q8_0.gguf", "z-lab/Qwen3.6-35B-A3B-DFlash",
+             "Q8_0", fork=True, tokenizer=False,
+             sources="field reports: a quantization of z-lab's Qwen3.6-35B-A3B DFlash drafter in the dflash-draft "
+                     "fork schema (dflash_fc.weight, dflash_hidden_norm.weight), which upstream llama.cpp rejects; "
+                     "~0.42 GB at Q8_0",
+             assumed=["the fork's keys dflash-draft.dflash.{block_size, mask_token_id, target_layer_ids, "
+                      "n_target_features} with HF tap ids", "no tokenizer (weights only)", "Q8_0 for every matrix"]),
 ]
 
 
@@ -479,7 +620,7 @@ def build_target(t: Target, real_configs: Path) -> Checkpoint:
     else:
         copies = "config.json and hf_quant_config.json copies" if quant_files else "config.json copy"
         pinned = f"revision {t.revision} per TensorFold" if t.revision else "revision not recorded"
-        origin = f"Config copy ({AIC}), {pinned}. Parsed from the {copies} in shared/real-configs."
+        origin = f"Config copy ({AIC}), {pinned}. Parsed from the {copies} in catalog/sources/real-configs."
     checkpoint = build_checkpoint(t.repo, config, quant_files, t.revision)
     sentences = [origin, t.note, size_sentence(checkpoint, config, quant_files), TOKENIZER_SENTENCE]
     checkpoint.provenance = " ".join(s for s in sentences if s)
@@ -525,15 +666,131 @@ def build_drafter(d: Drafter, target: Checkpoint) -> Checkpoint:
     return checkpoint
 
 
-def render(shared: Path) -> dict[str, str]:
+def base_configs(real_configs: Path, targets: dict[str, Checkpoint]) -> dict[str, tuple[dict[str, Any], int | None]]:
+    """Repo -> (the config the catalog built it from, the hidden size of the target a drafter taps)."""
+    configs: dict[str, tuple[dict[str, Any], int | None]] = {}
+    for t in TARGETS:
+        config = json.loads((real_configs / f"{t.config_copy}.json").read_text("utf-8"))
+        configs[t.repo] = ({k: v for k, v in config.items() if k != "quantization_config"}, None)
+    for d in DRAFTERS:
+        if d.revision in (None, "c69b185"):  # a repo's default entry
+            configs.setdefault(d.repo, (drafter_config(d, targets[d.target]), targets[d.target].shapes.hidden_size))
+    return configs
+
+
+def not_converted_by_qwen_fp8(config: dict[str, Any]) -> list[str]:
+    """modules_to_not_convert as Qwen's FP8 exports list them (targets.md §2.3), layer by layer."""
+    text = config.get("text_config", config)
+    modules = ["lm_head", "model.visual", "mtp"]
+    for i, kind in enumerate(text["layer_types"]):
+        p = f"model.language_model.layers.{i}."
+        modules += [p + "input_layernorm", p + "post_attention_layernorm", p + "mlp.gate", p + "mlp.shared_expert_gate"]
+        if kind == "linear_attention":
+            modules += [p + "linear_attn.in_proj_a", p + "linear_attn.in_proj_b"]
+    return modules
+
+
+def build_quantized_copy(q: QuantizedCopy, configs: dict[str, tuple[dict[str, Any], int | None]]) -> Checkpoint:
+    config, target_hidden = configs[q.base]
+    config, quant_files = json.loads(json.dumps(config)), {}
+    if q.scheme == "fp8-block":
+        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [128, 128],
+                                         "modules_to_not_convert": not_converted_by_qwen_fp8(config)}
+    else:
+        from specpair.formats import exl3
+
+        quant_files["quantization_config.json"] = exl3.quantization_config(q.bits, q.head_bits, "mul1")
+    checkpoint = build_checkpoint(q.repo, config, quant_files, q.revision, target_hidden)
+    revision = f"revision {q.revision}" if q.revision else "revision not recorded"
+    checkpoint.provenance = (f"Reconstructed from published facts, {revision}. No config.json of this repo was seen: "
+                             f"{q.base}'s catalog config with the quantization of {q.sources}. Assumed, not sourced: "
+                             f"{'; '.join(q.assumed)}. Sizes derived from config shapes, not read from tensor headers.")
+    return checkpoint
+
+
+GGUF_TYPE_CODES = {"Q4_K_M": 15, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+
+
+def ggml_type(name: str, shape: tuple[int, ...], qtype: str, layers: int) -> str:
+    """llama.cpp's per-tensor choice for a file type (llama_tensor_get_type, simplified): 1-D tensors and norms F32;
+    Q4_K_M gives output and the 'more bits' half of attn_v / ffn_down Q6_K, the rest Q4_K."""
+    if len(shape) < 2 or name.endswith(("_norm.weight", "norm.weight")) or "ssm_" in name or "gate_inp" in name:
+        return "F32"
+    if qtype == "Q8_0":
+        return "Q8_0"
+    block = int(name.split(".")[1]) if name.startswith("blk.") else None
+    more_bits = block is not None and (block < layers // 8 or block >= 7 * layers // 8 or (block - layers // 8) % 3 == 2)
+    if name == "output.weight" or (more_bits and any(k in name for k in ("attn_v.", "ffn_down"))):
+        return "Q6_K"
+    return "Q4_K"
+
+
+FORK_TENSORS = {"fc.weight": "dflash_fc.weight", "enc.output_norm.weight": "dflash_hidden_norm.weight"}
+
+
+def build_gguf_file(g: GgufFile, catalog: dict[str, Checkpoint],
+                    configs: dict[str, tuple[dict[str, Any], int | None]]) -> Checkpoint:
+    """Plan the GGUF of the base checkpoint with specpair's own HF -> GGUF map and read it back as a header."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from specpair.checkpoint import gguf as gguf_builder
+    from specpair.formats import gguf_arch
+    from specpair.formats.gguf import GGUFHeader
+
+    base, (config, target_hidden) = catalog[g.base], configs[g.base]
+    derived = derived_tensors(base, config, {}, target_hidden)
+    shapes = {t.name: t.shape for t in derived if not t.name.startswith(("model.visual.", "mtp."))}
+    target = next((d.target for d in DRAFTERS if d.repo == g.base), None)  # a drafter's target sets its rope
+    plan = gguf_arch.to_gguf(config, shapes, mtp=False, target_config=configs[target][0] if target else None)
+    fields: dict[str, object] = {key: value for key, value, _ in plan.fields}
+    arch = plan.arch
+    tensors = []
+    for m in plan.tensors:
+        kind = ggml_type(m.name, m.shape, g.qtype, base.shapes.num_layers)
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        name = FORK_TENSORS.get(m.name, m.name) if g.fork else m.name
+        tensors.append(TensorInfo(name, kind, tuple(m.shape), math.prod(m.shape) // block * size, DERIVED))
+    if g.fork:  # the fork's schema: its own arch prefix, HF tap ids, the mask id among its keys
+        d = base.drafter
+        fields = {key.replace("dflash.", "dflash-draft.", 1): value for key, value in fields.items()
+                  if key.startswith("dflash.") and key not in ("dflash.target_layers", "dflash.block_size")}
+        fields |= {"dflash-draft.dflash.block_size": d.block_size, "dflash-draft.dflash.mask_token_id": d.mask_token_id,
+                   "dflash-draft.dflash.target_layer_ids": list(d.taps.layers),
+                   "dflash-draft.dflash.n_target_features": len(d.taps.layers) * target_hidden}
+        arch = "dflash-draft"
+    fields |= {"general.architecture": arch, "general.name": g.base.split("/")[1],
+               "general.file_type": GGUF_TYPE_CODES[g.qtype]}
+    header = GGUFHeader(g.file, 3, fields, tensors, g.size)
+    checkpoint = gguf_builder.build(header, g.repo, "catalog", g.revision)
+    if g.tokenizer:  # the target's tokenizer, whose token list is not stored in the catalog
+        checkpoint.tokenizer = Tokenizer(source="catalog", **QWEN3_5_TOKENIZER)
+        checkpoint.shapes.vocab_size = checkpoint.shapes.vocab_size or configs[g.base][0].get("vocab_size")
+    revision = f"revision {g.revision}" if g.revision else "revision not recorded"
+    size = (f"the published file is {g.size:,} bytes, the derived tensors {checkpoint.total_bytes:,}" if g.size
+            else "no file size recorded")
+    checkpoint.provenance = (f"Reconstructed from published facts, {revision}. No header of {g.file} was read: "
+                             f"{g.base}'s catalog checkpoint planned as GGUF by specpair's HF -> GGUF map, from "
+                             f"{g.sources}. Assumed, not sourced: {'; '.join(g.assumed)}. Sizes derived from config "
+                             f"shapes, not read from tensor headers ({size}).")
+    return checkpoint
+
+
+def render(real_configs: Path = REAL_CONFIGS) -> dict[str, str]:
     """File name -> JSON text of every catalog file, each repo's default (newest) entry first."""
     by_repo: dict[str, list[Checkpoint]] = {}
     targets = {}
     for t in TARGETS:
-        targets[t.repo] = build_target(t, shared / "real-configs")
+        targets[t.repo] = build_target(t, real_configs)
         by_repo.setdefault(t.repo, []).append(targets[t.repo])
     for d in DRAFTERS:
         by_repo.setdefault(d.repo, []).append(build_drafter(d, targets[d.target]))
+    configs = base_configs(real_configs, targets)
+    catalog = {repo: entries[0] for repo, entries in by_repo.items()}
+    for q in QUANTIZED_COPIES:
+        by_repo.setdefault(q.repo, []).append(build_quantized_copy(q, configs))
+    for g in GGUF_FILES:
+        by_repo.setdefault(g.repo, []).append(build_gguf_file(g, catalog, configs))
     return {
         file_name(repo): json.dumps({"schema": SCHEMA, "repo": repo, "entries": [c.to_json() for c in entries]},
                                     indent=1, ensure_ascii=False) + "\n"
@@ -542,10 +799,8 @@ def render(shared: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=DEFAULT_SHARED, help="the shared/ folder (default: %(default)s)")
-    args = parser.parse_args()
-    files = render(args.shared)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    files = render()
     for stale in CATALOG_DIR.glob("*.json"):
         if stale.name not in files:
             stale.unlink()

@@ -49,6 +49,7 @@ class Finding:
     rule: str
     severity: str
     message: str
+    values: Values  # the check's values the message was rendered from: its numbers as fields for --json
 
 
 RULES: list[Rule] = []
@@ -75,7 +76,7 @@ def evaluate(pair: Pair, stack: str) -> list[tuple[Rule, Finding]]:
             continue
         for values in r.check(pair, stack):
             named = {"target": pair.target.ref, "draft": pair.draft_name, "stack": stack, **values}
-            found.append((r, Finding(r.id, r.severity, r.render(named))))
+            found.append((r, Finding(r.id, r.severity, r.render(named), values)))
     found.sort(key=lambda item: SEVERITIES.index(item[0].severity))
     return found
 

@@ -196,16 +196,26 @@ def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "runtime.available", "error", ("specpair",), ALL_KINDS,
-    title="specpair's own runtime (`specpair run`) is part of this release.",
-    message="`specpair run` is not in specpair {version} yet: its PyTorch + Triton runtime lands in a later release; serve {target} with {draft} on another stack meanwhile.",
-    example={"version": "0.1.0"},
+    "runtime.runs", "info", ("specpair",), ALL_KINDS,
+    title="What specpair's own runtime runs: target families x drafter kinds, from every layout the model layer reads.",
+    message="specpair's runtime runs {families} targets with {kinds} drafters, from BF16/F16/F32, FP8, NVFP4, MLX affine, EXL3 and GGUF weights (dequantized, or packed where a CUDA kernel reads them); `specpair run` verifies {draft} against {target} token for token.",
+    example={"families": "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe",
+             "kinds": "DFlash, DFlash2, EAGLE-3, MTP, draft-model"},
 )
-def _runtime(p: Pair, stack: str) -> Iterable[Values]:
-    if not runtime.AVAILABLE:
-        from specpair import __version__
+def _runs(p: Pair, stack: str) -> Iterable[Values]:
+    yield {"families": ", ".join(runtime.AVAILABLE.families),
+           "kinds": ", ".join(KIND_NAMES[k] for k in runtime.AVAILABLE.drafter_kinds)}
 
-        yield {"version": __version__}
+
+@rule(
+    "runtime.draft_family", "error", ("specpair",), ("draft_model",),
+    title="specpair's runtime has a model file for the draft model's family.",
+    message="{draft} is a {family} model, which specpair's runtime does not build (it runs {known} draft models).",
+    example={"family": "gemma3", "known": "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe"},
+)
+def _draft_family(p: Pair, stack: str) -> Iterable[Values]:
+    if p.draft.family not in runtime.AVAILABLE.families:
+        yield {"family": p.draft.family, "known": ", ".join(runtime.AVAILABLE.families)}
 
 
 @rule(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.compat.memory import GB, TP_SIZES, USABLE_FRACTION, estimate
+from specpair.compat.memory import TP_SIZES, MemoryPlan, estimate, plan
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, ALL_STACKS, Values, rule
 from specpair.compat.stacks import STACKS
@@ -56,71 +56,77 @@ def _kernels(p: Pair, stack: str) -> Iterable[Values]:
         yield {"gpu": gpu.name, "sm": _sm(gpu.capability), "layout": "FP8", "native": "FP8 tensor cores (Ada/Hopper)"}
 
 
-def _plan(p: Pair, stack: str) -> tuple[object, int | None, int]:
-    """(estimate, smallest tensor-parallel size that fits or None, largest size this stack allows)."""
-    e = estimate(p.target, p.draft, p.kind, p.context, p.deployment.concurrency)
-    gpu = p.deployment.gpu
+def memory_plan(p: Pair, stack: str) -> MemoryPlan | None:
+    """The pair's memory on this stack at the deployment asked for; None when there is nothing to size (no
+    tensor headers, or an MTP pair whose target has no MTP head)."""
+    if not p.target.groups or (p.kind == "mtp" and (p.target.mtp is None or p.target.mtp.tensors == 0)):
+        return None
     max_tp = max(TP_SIZES) if p.kind in STACKS[stack].tensor_parallel_drafts else 1
     if stack == "tensorfold":
         max_tp = 2 if p.kind == "dflash2" else 1
-    fits = None
-    if gpu is not None:
-        budget = gpu.memory * USABLE_FRACTION
-        fits = next((tp for tp in TP_SIZES if tp <= max_tp and e.per_gpu(tp, draft_sharded=tp > 1) <= budget), None)
-    return e, fits, max_tp
+    e = estimate(p.target, p.draft, p.kind, p.context, p.deployment.concurrency)
+    return plan(e, p.context, p.deployment.concurrency, p.deployment.gpu, p.deployment.gpus, max_tp)
 
 
-def _breakdown(e) -> str:
-    return (f"target {e.target_weights / GB:.1f} GB + draft {e.draft_weights / GB:.1f} GB + KV {e.kv / GB:.1f} GB"
-            f" + recurrent state {e.state / GB:.2f} GB + draft KV {e.draft_kv / GB:.2f} GB = {e.total / GB:.1f} GB")
+def _breakdown(p: Pair, m: MemoryPlan) -> str:
+    """'target 70.2 + draft 0.8 + KV 0.7 + recurrent state 0.1 + draft KV 0.2 = 72.0 GB' (rounded parts, their sum)."""
+    parts = m.parts
+    if p.kind == "mtp":
+        terms = [f"target {parts['target_weights']:.1f} (its MTP head included)", f"KV {parts['kv']:.1f}",
+                 f"recurrent state {parts['recurrent_state']:.1f}", f"MTP KV {parts['draft_kv']:.1f}"]
+    else:
+        terms = [f"target {parts['target_weights']:.1f}", f"draft {parts['draft_weights']:.1f}", f"KV {parts['kv']:.1f}",
+                 f"recurrent state {parts['recurrent_state']:.1f}", f"draft KV {parts['draft_kv']:.1f}"]
+    return " + ".join(terms) + f" = {m.total:.1f} GB"
+
+
+def _on(m: MemoryPlan) -> str:
+    return "on one GPU" if m.tensor_parallel == 1 else f"per GPU at tensor parallelism {m.tensor_parallel}"
 
 
 @rule(
     "memory.fit", "error", ALL_STACKS, ALL_KINDS,
     title="Target + draft weights, KV cache, recurrent state and draft KV fit the GPUs given (--gpu, --gpus, --context).",
-    message="{target} with {draft} needs {breakdown} at {context} tokens x {concurrency} sequence(s); that does not fit {gpus} x {gpu} ({usable:.0f} GB usable each) on {stack}{needed}.",
-    example={"breakdown": "target 69.3 GB + draft 0.9 GB + KV 0.7 GB + recurrent state 0.06 GB + draft KV 0.02 GB = 71.0 GB",
-             "context": 32768, "concurrency": 1, "gpus": 1, "gpu": "RTX 4090", "usable": 21.6,
-             "needed": "; it needs tensor parallelism 4"},
+    message="{target} with {draft} needs {per_gpu:.1f} GB {on} ({breakdown}, plus {overhead:.1f} GB runtime overhead per GPU) at {context} tokens x {concurrency} sequence(s); the {gpus} x {gpu} given have {usable:.1f} GB usable each, so it does not fit on {stack}{needed}.",
+    example={"per_gpu": 73.9, "on": "on one GPU",
+             "breakdown": "target 70.2 + draft 0.8 + KV 0.7 + recurrent state 0.1 + draft KV 0.2 = 72.0 GB",
+             "overhead": 2.0, "context": 32768, "concurrency": 1, "gpus": 1, "gpu": "A100 80GB", "usable": 72.0,
+             "needed": "; it needs tensor parallelism 2 (pass --gpus 2)"},
 )
 def _memory_fit(p: Pair, stack: str) -> Iterable[Values]:
-    gpu = p.deployment.gpu
-    if gpu is None or not p.target.groups:
+    m = memory_plan(p, stack)
+    if m is None or m.fits is not False:
         return
-    e, fits, max_tp = _plan(p, stack)
-    if fits is not None and fits <= p.deployment.gpus:
-        return
-    if fits is not None:
-        needed = f"; it needs tensor parallelism {fits} (pass --gpus {fits})"
-    elif max_tp == 1:
+    if m.smallest_fitting_tensor_parallel is not None:
+        needed = (f"; it needs tensor parallelism {m.smallest_fitting_tensor_parallel} "
+                  f"(pass --gpus {m.smallest_fitting_tensor_parallel})")
+    elif m.max_tensor_parallel == 1:
         needed = f"; {stack} cannot split this pair across GPUs"
     else:
-        needed = f"; not even at tensor parallelism {max_tp}"
-    yield {"breakdown": _breakdown(e), "context": p.context, "concurrency": p.deployment.concurrency,
-           "gpus": p.deployment.gpus, "gpu": gpu.name, "usable": gpu.memory * USABLE_FRACTION / GB, "needed": needed}
+        needed = f"; not even at tensor parallelism {m.max_tensor_parallel}"
+    yield {"per_gpu": m.per_gpu, "on": _on(m), "breakdown": _breakdown(p, m), "overhead": m.overhead_per_gpu,
+           "context": m.context, "concurrency": m.concurrency, "gpus": p.deployment.gpus, "gpu": m.gpu,
+           "usable": m.usable_per_gpu, "needed": needed}
 
 
 @rule(
     "memory.plan", "info", ALL_STACKS, ALL_KINDS,
     title="The memory estimate and the tensor parallelism that fits.",
-    message="Memory at {context} tokens x {concurrency} sequence(s): {breakdown}; {verdict}.",
-    example={"context": 32768, "concurrency": 1,
-             "breakdown": "target 20.8 GB + draft 0.9 GB + KV 0.7 GB + recurrent state 0.06 GB + draft KV 0.02 GB = 22.5 GB",
-             "verdict": "fits one H200 (126.9 GB usable)"},
+    message="Memory at {context} tokens x {concurrency} sequence(s): {breakdown}, plus {overhead:.1f} GB runtime overhead per GPU; {verdict}.",
+    example={"context": 32768, "concurrency": 1, "overhead": 2.0,
+             "breakdown": "target 20.8 + draft 0.9 + KV 0.7 + recurrent state 0.1 + draft KV 0.0 = 22.5 GB",
+             "verdict": "24.5 GB on one GPU fits the 126.9 GB usable on an H200"},
 )
 def _memory_plan(p: Pair, stack: str) -> Iterable[Values]:
-    if not p.target.groups:
+    m = memory_plan(p, stack)
+    if m is None or m.fits is False:  # memory.fit reports it
         return
-    e, fits, _ = _plan(p, stack)
-    gpu = p.deployment.gpu
-    if gpu is None:
-        verdict = "pass --gpu (h100, h200, b200, gb10, rtx4090, ...) to check the fit"
-    elif fits is None or fits > p.deployment.gpus:
-        return  # memory.fit reports it
+    if m.fits is None:
+        verdict = f"{m.per_gpu:.1f} GB {_on(m)}; pass --gpu (h100, h200, b200, gb10, rtx4090, ...) to check the fit"
     else:
-        usable = gpu.memory * USABLE_FRACTION / GB
-        verdict = f"fits one {gpu.name} ({usable:.1f} GB usable)" if fits == 1 else f"fits at tensor parallelism {fits} on {gpu.name} ({usable:.1f} GB usable each)"
-    yield {"context": p.context, "concurrency": p.deployment.concurrency, "breakdown": _breakdown(e), "verdict": verdict}
+        verdict = f"{m.per_gpu:.1f} GB {_on(m)} fits the {m.usable_per_gpu:.1f} GB usable on each {m.gpu}"
+    yield {"context": m.context, "concurrency": m.concurrency, "breakdown": _breakdown(p, m),
+           "overhead": m.overhead_per_gpu, "verdict": verdict}
 
 
 @rule(

@@ -17,7 +17,7 @@ def _evidence(p: Pair) -> list[str]:
     if p.draft.shapes.hidden_size != t.hidden_size:
         found.append(f"hidden size {p.draft.shapes.hidden_size} (target {t.hidden_size})")
     tokens = p.target.tokenizer.length if p.target.tokenizer else None
-    if p.draft.shapes.vocab_size < (tokens or t.rows):
+    if p.draft.shapes.vocab_size is not None and p.draft.shapes.vocab_size < (tokens or t.rows):
         found.append(f"vocabulary {p.draft.shapes.vocab_size} rows (target {t.rows})")
     taps = p.taps
     if d and d.fc_shape and len(d.fc_shape) == 2 and taps and taps.layers and d.fc_shape[1] % len(taps.layers) == 0:

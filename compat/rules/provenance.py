@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
@@ -19,19 +20,51 @@ def _notes(p: Pair, prefix: str) -> Iterable[tuple[Checkpoint, str]]:
                 yield checkpoint, note
 
 
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+HEX = re.compile(r"^[0-9a-f]{7,39}$")
+WHY_PIN = {
+    "drafter": "drafter configs change between revisions of one repo (z-lab's Qwen3.6-35B-A3B-DFlash changed its "
+               "layers, taps and mask id), and stacks have let a draft fall back to the target's revision (sglang#5255)",
+    "target": "a branch can move to other weights or another config after this check, and what is served is "
+              "then not what was checked",
+}
+RESOLVED_SOURCES = ("hub", "hf-cache")  # where `revision` is the commit a branch points to now
+
+
+def pin_state(checkpoint: Checkpoint) -> tuple[str, str] | None:
+    """(what the reference names, how to pin it) for a Hub checkpoint not pinned to a 40-hex commit; None when it is."""
+    repo, at, asked = checkpoint.ref.partition("@")
+    if checkpoint.source not in REMOTE_SOURCES or COMMIT.match(asked.lower()):
+        return None
+    known = checkpoint.revision if checkpoint.source in RESOLVED_SOURCES and checkpoint.revision else None
+    if not at:
+        state = "is not pinned to a commit" + (f" (main points to {known} now)" if known else "")
+    elif HEX.match(asked.lower()):
+        state = f"names the abbreviated commit {asked}, not a full 40-hex one" + (f" ({known})" if known else "")
+    else:
+        state = f"names the branch or tag {asked!r}, not a commit" + (f" (it points to {known} now)" if known else "")
+    if checkpoint.source == "catalog" and checkpoint.revision:
+        state += f" (the built-in catalog describes revision {checkpoint.revision})"
+        if COMMIT.match(checkpoint.revision):
+            known = checkpoint.revision
+    return state, f"{repo}@{known or '<40-hex commit>'}"
+
+
 @rule(
     "revision.pinned", "warn", ALL_STACKS, ALL_KINDS,
-    title="Hub checkpoints are pinned to a commit, target and drafter each (drafter configs changed between revisions of the same repo).",
-    message="{name} is not pinned to a commit{resolved}: z-lab changed layers, taps and the mask id between revisions of the same drafter repo, and stacks have let a draft fall back to the target's revision (sglang#5255). Pin it as {pinned}.",
-    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash", "resolved": " (resolved to c69b185)",
-             "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185"},
+    title="Hub checkpoints are pinned to a 40-hex commit, target and drafter each (a branch, tag or abbreviation is not a pin).",
+    message="{name} {state}: {why}. Pin it as {pinned}.",
+    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash@main",
+             "state": "names the branch or tag 'main', not a commit (it points to c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f now)",
+             "why": WHY_PIN["drafter"], "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f"},
 )
 def _pinned(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:
-        if checkpoint.source in REMOTE_SOURCES and "@" not in checkpoint.ref:
-            revision = checkpoint.revision
-            yield {"name": checkpoint.ref, "resolved": f" (resolved to {revision})" if revision else "",
-                   "pinned": f"{checkpoint.ref}@{revision or '<commit>'}"}
+        found = pin_state(checkpoint)
+        if found is not None:
+            state, pinned = found
+            why = WHY_PIN["drafter" if checkpoint.role == "drafter" else "target"]
+            yield {"name": checkpoint.ref, "state": state, "why": why, "pinned": pinned}
 
 
 @rule(

@@ -62,9 +62,10 @@ def _pretokenizer(p: Pair, stack: str) -> Iterable[Values]:
 
 
 def _rows(p: Pair) -> tuple[int, int, int | None]:
-    """(draft rows, target rows, target tokenizer length) — DFlash/EAGLE-3 read the target's table."""
+    """(draft rows, target rows, target tokenizer length) — DFlash/EAGLE-3 read the target's table; a weights-only
+    drafter, with no vocabulary of its own, is judged with its target's."""
     draft_rows = p.draft.shapes.rows if p.kind == "draft_model" else p.draft.shapes.vocab_size
-    return draft_rows, p.target.shapes.rows, _target_tokens(p)
+    return draft_rows or p.target.shapes.rows, p.target.shapes.rows, _target_tokens(p)
 
 
 def _padding_only(p: Pair) -> bool:

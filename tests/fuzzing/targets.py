@@ -97,7 +97,8 @@ class Base:
 
 BASES: dict[str, Base] = {
     "qwen3": Base(lambda d: build_target(d, "qwen3", layers=1)),
-    "qwen3-sharded": Base(lambda d: build_target(d, "qwen3", layers=1, shards=2)),
+    # shards not named as a huggingface_hub series, so that the index decides what is read
+    "qwen3-sharded": Base(lambda d: _custom_shard_names(build_target(d, "qwen3", layers=1, shards=2))),
     "llama": Base(lambda d: build_target(d, "llama", layers=8)),
     "qwen3.5-moe-nvfp4": Base(lambda d: build_target(d, "qwen3_5_moe", layers=8, quant="nvfp4-modelopt")),
     "qwen3-fp8": Base(lambda d: build_target(d, "qwen3", layers=1, quant="fp8-block")),
@@ -436,9 +437,9 @@ QUANT_CONTAINERS: tuple[KeyPath, ...] = (
     ("quantization",),
 )
 HOSTILE_SHARD_NAMES = (
-    "../../etc/passwd", "/etc/passwd", "..", ".", "", "./model-00001-of-00002.safetensors",
-    "Model-00001-of-00002.safetensors", "MODEL-00002-OF-00002.SAFETENSORS", "model-00001-of-00002.safetensors/",
-    "sub/../model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors\x00", "tokenizer.json",
+    "../../etc/passwd", "/etc/passwd", "..", ".", "", "./part-0.safetensors",
+    "Part-0.safetensors", "PART-1.SAFETENSORS", "part-0.safetensors/",
+    "sub/../part-0.safetensors", "part-0.safetensors\x00", "tokenizer.json",
     "config.json", "a\nb.safetensors",
 )
 
@@ -596,6 +597,17 @@ EVIL_CODE = "modeling_evil.py"
 def _sparse_giant(workspace: Workspace, directory: Path, name: str) -> None:
     head = {".safetensors": struct.pack("<Q", 2**63), ".gguf": b"GGUF" + struct.pack("<IQQ", 3, 2**40, 2**26)}
     sparse(directory / name, GIB, head.get(Path(name).suffix, b"{"))
+
+
+def _custom_shard_names(root: Path) -> Path:
+    index = root / "model.safetensors.index.json"
+    document = json.loads(index.read_text())
+    renames = {shard: f"part-{k}.safetensors" for k, shard in enumerate(sorted(set(document["weight_map"].values())))}
+    for old, new in renames.items():
+        (root / old).rename(root / new)
+    document["weight_map"] = {name: renames[shard] for name, shard in document["weight_map"].items()}
+    index.write_text(json.dumps(document))
+    return root
 
 
 def _replace(directory: Path, name: str, make: Callable[[Path], None]) -> None:

@@ -1,0 +1,327 @@
+"""The typed model config: every hyper-parameter a model constructor needs, for every family and drafter kind.
+
+One parser, `parse_config`, reads an HF config.json (flat, or with the LM under `text_config`); MLX and EXL3
+checkpoints carry the same config.json, and a GGUF header is first turned into one by `gguf_arch.from_gguf`,
+so every source is read by the same code with the same defaults (the family table's).
+Values follow transformers' conventions: norm weights as stored in HF checkpoints (the `1 + w` of
+zero-centred norms is the model's business, flagged by `zero_centred_norms`), taps as "output of decoder
+layer k", rope scaling under transformers' key names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpair.checkpoint.families import DFLASH2_KEYS, DRAFTER_BY_ARCHITECTURE, FAMILIES, family_of
+from specpair.errors import BadInput
+from specpair.formats import brief
+
+MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
+LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear", "sliding_attention": "sliding"}
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What wires a drafter to its target (DFlash, DFlash2, EAGLE-3)."""
+
+    kind: str  # dflash | dflash2 | eagle3
+    target_layer_ids: tuple[int, ...] = ()  # taps: the output of target decoder layer k, in fc input order
+    block_size: int | None = None
+    mask_token_id: int | None = None
+    is_causal: bool | None = None  # None: full layers bidirectional in-block, sliding layers causal
+    num_target_layers: int | None = None  # what it was trained against (informational)
+    target_hidden_size: int | None = None  # fc input per tap, when it differs from hidden_size
+    conv_kernel_size: int | None = None  # DFlash2 grouped dynamic conv
+    conv_group_size: int | None = None
+    selector_rank: int | None = None  # DFlash2 candidate selector
+    selector_top_k: int | None = None
+    output_multiplier: float | None = None  # logits *= this
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    input_embedding_scale: float | None = None  # block embeddings *= this
+    draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary (d2t maps draft ids to target ids)
+    norm_before_residual: bool = False  # EAGLE-3 (speculators' key)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # FAMILIES key: the architecture of the decoder blocks
+    architecture: str | None
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]  # "full" | "linear" (Gated DeltaNet) | "sliding", one per layer
+    rms_norm_eps: float
+    max_position_embeddings: int | None
+    intermediate_size: int | None = None
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = True
+    zero_centred_norms: bool = False
+    attn_output_gate: bool = False
+    sliding_window: int | None = None
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    rope_scaling: dict[str, Any] | None = None  # rope_type + its parameters, transformers' names; None: default
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel: int | None = None
+    mtp_layers: int = 0
+    mtp_use_dedicated_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    drafter: DrafterConfig | None = field(default=None)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has routed experts (mlp_only_layers / decoder_sparse_step make dense ones)."""
+        return (self.num_experts is not None and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def linear_conv_dim(self) -> int:
+        keys = self.linear_num_key_heads * self.linear_key_head_dim
+        return 2 * keys + self.linear_num_value_heads * self.linear_value_head_dim
+
+
+def parse_config(config: dict[str, Any], where: str, generation_config: dict[str, Any] | None = None) -> ModelConfig:
+    """The ModelConfig of an HF config.json (`where` names it in errors); `generation_config` adds stop ids."""
+    if not isinstance(config, dict):
+        raise BadInput(where, "config is not a JSON object")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    architecture = _architecture(config, where)
+    kind = drafter_kind(config, architecture)
+    model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
+    family = family_of(architecture, model_type)
+    if kind is not None:
+        family = FAMILIES[DRAFTER_BY_ARCHITECTURE[architecture].family] if architecture in DRAFTER_BY_ARCHITECTURE \
+            else family or FAMILIES["qwen3"]
+    if family is None:
+        known = ", ".join(a for f in FAMILIES.values() for a in f.hf_architectures)
+        raise BadInput(where, f"architecture {brief(architecture)} (model_type {brief(model_type)}) is not a family "
+                              f"specpair models (known: {known})")
+    hidden = positive(text, "hidden_size", where)
+    layers = positive(text, "num_hidden_layers", where)
+    if layers > MAX_LAYERS:
+        raise BadInput(where, f"'num_hidden_layers' is {layers}, more than any model has ({MAX_LAYERS})")
+    heads = positive(text, "num_attention_heads", where)
+    rope = _rope(text)
+    theta = number(rope, "rope_theta", where, family.rope_theta)
+    partial = number(rope, "partial_rotary_factor", where, family.partial_rotary)
+    if not 0 < partial <= 1:
+        raise BadInput(where, f"'partial_rotary_factor' is {partial}, not in (0, 1]")
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    scaling = None
+    if rope_type != "default":
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor", "mrope_section",
+                                                                 "mrope_interleaved", "type")}
+        scaling["rope_type"] = rope_type
+    section = rope.get("mrope_section")
+    if section is not None and not (isinstance(section, list) and all(as_int(s) is not None for s in section)):
+        raise BadInput(where, f"'mrope_section' is {brief(section)}, not a list of integers")
+    linear = family.linear_attention is not None
+    layer_types = _layer_types(text, layers, linear, where)
+    # serving stacks window the sliding_attention layers whatever use_sliding_window says
+    sliding = text.get("sliding_window") if "sliding" in layer_types else None
+    generation = generation_config or {}
+    eos = _ids(generation.get("eos_token_id")) or _ids(text.get("eos_token_id", config.get("eos_token_id")))
+    tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return ModelConfig(
+        family=family.name, architecture=architecture,
+        vocab_size=positive(text, "vocab_size", where), hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=positive(text, "num_key_value_heads", where, heads),
+        head_dim=positive(text, "head_dim", where, hidden // heads),
+        layer_types=layer_types, rms_norm_eps=number(text, "rms_norm_eps", where, 1e-6),
+        max_position_embeddings=optional_positive(text, "max_position_embeddings", where),
+        intermediate_size=optional_positive(text, "intermediate_size", where),
+        hidden_act=str(text.get("hidden_act", "silu")), tie_word_embeddings=bool(tie),
+        attention_bias=bool(text.get("attention_bias", False)), mlp_bias=bool(text.get("mlp_bias", False)),
+        qk_norm=family.qk_norm, zero_centred_norms=family.zero_centred_norms,
+        attn_output_gate=bool(text.get("attn_output_gate", family.gated_attention)),
+        sliding_window=optional_positive({"sliding_window": sliding}, "sliding_window", where),
+        rope_theta=theta, partial_rotary_factor=partial, rope_scaling=scaling,
+        mrope_section=tuple(int(s) for s in section) if section else None,
+        mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
+        num_experts=optional_positive(text, "num_experts", where) or optional_positive(text, "num_local_experts", where),
+        experts_per_token=optional_positive(text, "num_experts_per_tok", where),
+        moe_intermediate_size=optional_positive(text, "moe_intermediate_size", where),
+        shared_expert_intermediate_size=optional_positive(text, "shared_expert_intermediate_size", where),
+        norm_topk_prob=bool(text.get("norm_topk_prob", family.norm_topk_prob)),
+        decoder_sparse_step=positive(text, "decoder_sparse_step", where, 1),
+        mlp_only_layers=tuple(_int_list(text.get("mlp_only_layers") or [], where, "mlp_only_layers")),
+        linear_num_key_heads=optional_positive(text, "linear_num_key_heads", where) if linear else None,
+        linear_num_value_heads=optional_positive(text, "linear_num_value_heads", where) if linear else None,
+        linear_key_head_dim=optional_positive(text, "linear_key_head_dim", where) if linear else None,
+        linear_value_head_dim=optional_positive(text, "linear_value_head_dim", where) if linear else None,
+        linear_conv_kernel=optional_positive(text, "linear_conv_kernel_dim", where) if linear else None,
+        mtp_layers=_count(text, family.mtp_key, where) if family.mtp_key else 0,
+        mtp_use_dedicated_embeddings=bool(text.get("mtp_use_dedicated_embeddings", False)),
+        bos_token_id=as_int(generation.get("bos_token_id", text.get("bos_token_id", config.get("bos_token_id")))),
+        eos_token_ids=tuple(eos),
+        pad_token_id=as_int(generation.get("pad_token_id", text.get("pad_token_id", config.get("pad_token_id")))),
+        drafter=_drafter(kind, config, where) if kind else None,
+    )
+
+
+def drafter_kind(config: dict[str, Any], architecture: str | None) -> str | None:
+    """dflash | dflash2 | eagle3 from the architecture, else from the drafter keys a config carries."""
+    if architecture in DRAFTER_BY_ARCHITECTURE:
+        return DRAFTER_BY_ARCHITECTURE[architecture].name
+    dflash = config.get("dflash_config")
+    if isinstance(dflash, dict) or "target_layer_ids" in config:
+        keys = dflash if isinstance(dflash, dict) else config
+        return "dflash2" if any(k in keys for k in DFLASH2_KEYS) else "dflash"
+    if isinstance(config.get("eagle_config"), dict) or "draft_vocab_size" in config:
+        return "eagle3"  # EAGLE-3 heads that declare their base architecture (e.g. LlamaForCausalLM)
+    return None
+
+
+def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
+    nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+
+    def key(name: str) -> Any:
+        return nested.get(name, config.get(name))
+
+    if kind == "eagle3":
+        eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
+        # vLLM: aux id j is the residual stream entering layer j, the output of layer j - 1
+        taps = tuple(i - 1 for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids")) if aux is not None else ()
+        return DrafterConfig(kind, taps, target_hidden_size=optional_positive(config, "target_hidden_size", where),
+                             draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
+                             norm_before_residual=bool(config.get("norm_before_residual", False)))
+    taps = key("target_layer_ids")
+    causal = config.get("is_causal", nested.get("causal"))
+    return DrafterConfig(
+        kind, tuple(_int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
+        block_size=optional_positive({"b": key("block_size")}, "b", where),
+        mask_token_id=as_int(key("mask_token_id")), is_causal=causal if isinstance(causal, bool) else None,
+        num_target_layers=as_int(key("num_target_layers")),
+        target_hidden_size=optional_positive(config, "target_hidden_size", where),
+        **{k: optional_positive({k: key(k)}, k, where) for k in DFLASH2_KEYS},
+        output_multiplier=_optional_number(key("output_multiplier")),
+        final_logit_softcapping=_optional_number(key("final_logit_softcapping")),
+        input_embedding_scale=_optional_number(key("input_embedding_scale")),
+        draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
+    )
+
+
+def _architecture(config: dict[str, Any], where: str) -> str | None:
+    archs = config.get("architectures")
+    if archs is None:
+        return None
+    if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise BadInput(where, f"'architectures' is {brief(archs)}, not a list of strings")
+    return archs[0]
+
+
+def _rope(text: dict[str, Any]) -> dict[str, Any]:
+    """rope_parameters (transformers 5), else the legacy rope_scaling + top-level keys, as one dict."""
+    params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else text.get("rope_scaling")
+    rope = dict(params) if isinstance(params, dict) else {}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if rope.get(key) is None and text.get(key) is not None:
+            rope[key] = text[key]
+    return rope
+
+
+def _layer_types(text: dict[str, Any], layers: int, linear: bool, where: str) -> tuple[str, ...]:
+    given = text.get("layer_types")
+    if given is not None:
+        if not (isinstance(given, list) and len(given) == layers and all(t in LAYER_TYPES for t in given)):
+            raise BadInput(where, f"'layer_types' is {brief(given)}, not {layers} of {', '.join(LAYER_TYPES)}")
+        return tuple(LAYER_TYPES[t] for t in given)
+    if linear:  # Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet
+        interval = positive(text, "full_attention_interval", where, 4)
+        return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
+    if text.get("use_sliding_window") and as_int(text.get("sliding_window")):
+        first_sliding = as_int(text.get("max_window_layers")) or 0
+        return tuple("sliding" if i >= first_sliding else "full" for i in range(layers))
+    return ("full",) * layers
+
+
+def _count(holder: dict[str, Any], key: str, where: str) -> int:
+    value = holder.get(key)
+    if value is None:
+        return 0
+    count = as_int(value)
+    if count is None or count < 0:
+        raise BadInput(where, f"'{key}' is {brief(value)}, not a count")
+    return count
+
+
+def _ids(value: object) -> list[int]:
+    if as_int(value) is not None:
+        return [int(value)]
+    if isinstance(value, list):
+        return [int(v) for v in value if as_int(v) is not None]
+    return []
+
+
+def _int_list(value: object, where: str, key: str) -> list[int]:
+    if not (isinstance(value, list) and all(as_int(v) is not None for v in value)):
+        raise BadInput(where, f"'{key}' is {brief(value)}, not a list of integers")
+    return [int(v) for v in value]
+
+
+def _optional_number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# One set of rules for numbers in untrusted configs: integers may be written as 4 or 4.0, never as true.
+
+def as_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if float(value).is_integer() else None
+
+
+def positive(holder: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = holder.get(key)
+    if value is None:
+        if default is None:
+            raise BadInput(where, f"missing required key '{key}'")
+        return default
+    number_ = as_int(value)
+    if number_ is None or number_ <= 0:
+        raise BadInput(where, f"'{key}' is {brief(value)}, not a positive integer")
+    return number_
+
+
+def optional_positive(holder: dict[str, Any], key: str, where: str) -> int | None:
+    return positive(holder, key, where) if holder.get(key) is not None else None
+
+
+def number(holder: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = holder.get(key)
+    if value is None:
+        if default is None:
+            raise BadInput(where, f"missing required key '{key}'")
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise BadInput(where, f"'{key}' is {brief(value)}, not a positive number")
+    return float(value)

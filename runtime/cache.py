@@ -1,0 +1,161 @@
+"""The static cache: every buffer a step reads or writes, preallocated for a fixed batch and context.
+
+Row b of every buffer is sequence b of the batch; positions are explicit (a step passes them), so a token at
+position p always sits in KV row p, sliding layers included (their window is where attention starts reading,
+kv_start = p - window + 1, not a ring buffer: a position is never wrapped, rollback never unwraps).
+  - full and sliding attention layers: k, v [batch, context, kv_heads, head_dim] in the model dtype;
+  - Gated DeltaNet layers: the conv window [batch, K-1, C] (the last K-1 pre-conv projections, model dtype)
+    and the recurrent state [batch, Hv, dk, dv] float32, plus a snapshot buffer of the same shape.
+
+Rollback. A step run with `verify=True` is provisional: `commit(accepted)` then keeps, per sequence, the first
+accepted[b] of its T tokens, 0 and T included, and leaves KV, conv windows and states exactly (bitwise) as
+if the step had only had those tokens. KV needs nothing but zeroing the rejected rows (positions, not a
+length, decide what attention reads; zeroing makes the cache a function of the kept tokens alone). The conv
+window after a kept tokens is columns a .. a+K-2 of [old window | step projections], which the step keeps.
+For the recurrent state there are two designs (runtime.md §2):
+  (a) per-position slots, as vLLM does: the step writes the state after every token, [B, T, Hv, dk, dv], and
+      commit picks slot a-1 (plus the state before the step, for a = 0);
+  (b) snapshot-and-replay, chosen here: the step copies the state before it runs into the snapshot buffer and
+      keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit restores the snapshot for the
+      sequences that rejected tokens and reruns the recurrence alone over their kept tokens (no projection, no
+      other layer: the inputs are kept), one call per GDN layer and distinct kept count.
+Why (b): memory, and traffic that does not grow with T or the batch. At Qwen3.6-35B-A3B's shape (30 GDN layers,
+32 value heads of 128 x 128 fp32: 60 MiB of state per sequence) and a verify block of 16, (a) adds 1020 MiB per
+sequence (17 states a layer) and writes 960 MiB of it on every verify step, whatever is accepted (~0.25 ms of the
+H200's bandwidth per sequence, 4x that at batch 4); (b) adds 77 MiB per sequence (the snapshot, and 16.5 MiB of
+kept inputs) and moves 120 MiB per step (the snapshot copy), plus 120 MiB and one short kernel per layer when
+a sequence rejected part of its block. Its costs: the replay reruns the kept tokens' recurrence, and commit
+reads the accepted counts on the host (the speculative loop reads them anyway). Measured on the CPU at half
+the shape (30 layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence
+is compute-bound; benchmarks/gdn_rollback.py, benchmarks/results/gdn_rollback.md), against a verify step that
+cannot roll back (155-170 ms; two runs, ~15 % noise on this shared machine): (a) +4..44 % at every accepted
+count; (b) within the noise of the baseline when 0, 1 or all 16 are kept, +48..65 % at 8 and +100..113 % at 15
+(the replayed tokens). benchmarks/runtime_gpu.py measures both at the real shape on the GPU, where the
+recurrence is cheap and the slot writes are not. Both are exact: the recurrence is sequential, so T tokens are
+T one-token updates in one order, and a replay of a kept prefix recomputes the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.runtime.kernels import gdn
+
+
+@dataclass
+class GDNInputs:
+    """What a verify step keeps of one Gated DeltaNet layer to replay a prefix of it."""
+
+    columns: Tensor  # [B, K-1+T, C] the conv window before the step, then the step's projections
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor
+    beta: Tensor
+
+
+@dataclass
+class Pending:
+    """A verify step awaiting commit."""
+
+    positions: Tensor  # [B, T]
+    gdn: dict[int, GDNInputs] = field(default_factory=dict)
+
+
+class Cache:
+    def __init__(self, config: ModelConfig, batch: int, context: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        self.batch, self.context = batch, context
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
+        self.conv: dict[int, Tensor] = {}
+        self.state: dict[int, Tensor] = {}
+        self.snapshot: dict[int, Tensor] = {}
+        for i, kind in enumerate(config.layer_types):
+            if kind == "linear":
+                hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+                self.conv[i] = torch.zeros(batch, config.linear_conv_kernel - 1, config.linear_conv_dim, dtype=dtype,
+                                           device=device)
+                self.state[i] = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=device)
+                self.snapshot[i] = torch.zeros_like(self.state[i])
+            else:
+                shape = (batch, context, config.num_kv_heads, config.head_dim)
+                self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
+                self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
+        self.pending: Pending | None = None
+
+    @property
+    def nbytes(self) -> int:
+        buffers = [*self.k.values(), *self.v.values(), *self.conv.values(), *self.state.values(),
+                   *self.snapshot.values()]
+        return sum(t.nbytes for t in buffers)
+
+    # -------------------------------------------------------------------------------------- used by a step
+
+    def begin(self, positions: Tensor, verify: bool) -> None:
+        if self.pending is not None:
+            raise RuntimeError("the last verify step was not committed: call commit(accepted) first")
+        if positions.shape[0] > self.batch:
+            raise ValueError(f"a step of {positions.shape[0]} sequences on a cache for {self.batch}")
+        if verify:
+            self.pending = Pending(positions)
+
+    def write_kv(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v [B, T, kv_heads, head_dim] at their positions; the layer's caches for rows 0..B-1."""
+        batch = positions.shape[0]
+        rows = torch.arange(batch, device=positions.device)[:, None].expand_as(positions)
+        k_cache, v_cache = self.k[layer][:batch], self.v[layer][:batch]
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+        return k_cache, v_cache
+
+    def gdn_state(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
+        """The conv window and recurrent state of rows 0..batch-1 (views: the step updates them in place);
+        a verify step first copies the state into the snapshot."""
+        state = self.state[layer][:batch]
+        if self.pending is not None:
+            self.snapshot[layer][:batch].copy_(state)
+        return self.conv[layer][:batch], state
+
+    def record_gdn(self, layer: int, columns: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor,
+                   beta: Tensor) -> None:
+        self.pending.gdn[layer] = GDNInputs(columns, q, k, v, g, beta)
+
+    # -------------------------------------------------------------------------------------- after a verify step
+
+    def commit(self, accepted: Tensor) -> None:
+        """Keep the first accepted[b] tokens of the last verify step for each sequence b (0 <= accepted[b] <= T)."""
+        step = self.pending
+        if step is None:
+            raise RuntimeError("commit() follows a forward(..., verify=True) step")
+        self.pending = None
+        batch, steps = step.positions.shape
+        accepted = accepted.to(step.positions.device, torch.int64)
+        if accepted.shape != (batch,) or bool(((accepted < 0) | (accepted > steps)).any()):
+            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {accepted.tolist()}")
+        rejected = torch.arange(steps, device=accepted.device)[None, :] >= accepted[:, None]
+        rows = torch.arange(batch, device=accepted.device)[:, None].expand(batch, steps)[rejected]
+        cols = step.positions[rejected]
+        for layer in self.k:
+            self.k[layer][rows, cols] = 0
+            self.v[layer][rows, cols] = 0
+        counts = accepted.tolist()
+        for layer, inputs in step.gdn.items():
+            self._roll_back_gdn(layer, inputs, accepted, counts, steps)
+
+    def _roll_back_gdn(self, layer: int, x: GDNInputs, accepted: Tensor, counts: list[int], steps: int) -> None:
+        batch, taps = len(counts), x.columns.shape[1] - steps
+        index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
+        self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
+        state, snapshot = self.state[layer], self.snapshot[layer]
+        for kept in sorted(set(counts) - {steps}):
+            rows = torch.tensor([b for b, c in enumerate(counts) if c == kept], device=accepted.device)
+            restored = snapshot[rows]
+            if kept:
+                gdn.gdn_recurrent(x.q[rows, :kept], x.k[rows, :kept], x.v[rows, :kept], x.g[rows, :kept],
+                                  x.beta[rows, :kept], restored)
+            state[rows] = restored

@@ -1,0 +1,111 @@
+"""Drafters: what proposes the tokens a target verifies, one module per kind.
+
+Every drafter speaks the same three calls to the speculative loop (runtime/speculative.py):
+
+    drafter.start(batch, context)      # preallocate its caches
+    drafter.observe(committed)         # after every target step: the rows the target kept, with their features
+    drafter.propose(anchors, positions, drafts, drafting) -> Proposal
+
+Positions are the target's. The anchor of sequence b is the last token chosen and not yet run through the
+target, at `positions[b]`; a proposal is `drafts` tokens for positions[b] + 1 .. positions[b] + drafts.
+`Committed` describes one target step (a prefill chunk or a verify block): its rows t = 0..T-1 at positions
+p, the token x_p each row ran and the token x_{p+1} that follows it, and how many leading rows of each
+sequence the target kept; only kept rows are committed history. A drafter's caches hold each position at
+its absolute index, and a row beyond what was kept is overwritten before any later query can read it (each
+drafter's docstring says why), so no drafter needs a rollback of its own.
+
+Drafts never change the output (the target verifies them), only how many tokens a round commits: a wrong
+proposal costs speed, never exactness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.runtime.sampling import Sampling, gumbel, keyed_sample, uniform
+
+
+@dataclass
+class Committed:
+    tokens: Tensor  # [B, T] x_p, the token each row ran
+    positions: Tensor  # [B, T] p
+    following: Tensor  # [B, T] x_{p+1} (valid on kept rows)
+    kept: Tensor  # [B] leading rows of each sequence the target kept
+    taps: Tensor | None  # [B, T, n_taps * H] target residual streams after the drafter's tap layers
+    hidden: Tensor | None  # [B, T, H] the target's final normed hidden
+
+
+@dataclass
+class Proposal:
+    tokens: Tensor  # [B, k]
+    q_ids: Tensor | None = None  # [B, k, K] the sparse draft distribution each token was drawn from;
+    q_probs: Tensor | None = None  # None: one-hot at tokens (the drafter's argmax)
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How a drafter turns its logits into tokens: its argmax (greedy), or a keyed draw from its sampling
+    distribution, with the target's own noise (`stream` = sampling.TOKEN_STREAM: the drafter guesses the target's
+    draw, acceptance.by_choice) or noise of its own (acceptance.rejection)."""
+
+    sampling: Sampling
+    sampled: bool
+    stream: int
+
+    def pick(self, logits: Tensor, positions: Tensor) -> Proposal:
+        """logits [B, k, V] for the tokens at positions [B, k]."""
+        if not self.sampled:
+            return Proposal(logits.argmax(dim=-1))
+        probs = self.sampling.probabilities(logits)
+        tokens = keyed_sample(probs, gumbel(self.sampling.seed, self.stream, positions, logits.shape[-1]))
+        ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(probs)
+        return Proposal(tokens, ids, probs)
+
+    def pick_among(self, scores: Tensor, candidates: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
+        """One token per row among its candidates [B, K] scored [B, K] (DFlash2's selector): (index [B], the
+        K-candidate distribution [B, K] or None when greedy)."""
+        if not self.sampled:
+            return scores.argmax(dim=-1), None
+        q = torch.softmax(scores.float() / self.sampling.temperature, dim=-1)
+        noise = -torch.log(-torch.log(uniform(self.sampling.seed, self.stream, positions, candidates)))
+        return keyed_sample(q, noise), q
+
+
+class KVCache:
+    """A drafter's own attention cache: per layer K and V [batch, context, kv_heads, head_dim], position p at
+    index p (a ModelConfig gives the layer count and shapes)."""
+
+    def __init__(self, config: ModelConfig, batch: int, context: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (batch, context, config.num_kv_heads, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.context = context
+
+    def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        batch = positions.shape[0]
+        rows = torch.arange(batch, device=positions.device)[:, None].expand_as(positions)
+        k_cache, v_cache = self.k[layer][:batch], self.v[layer][:batch]
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+        return k_cache, v_cache
+
+
+class Drafter(Protocol):
+    kind: str
+    block_size: int  # tokens verified per round by default: the anchor and block_size - 1 drafts
+    taps: tuple[int, ...]  # target layers whose outputs `observe` needs
+    hidden: bool  # whether `observe` needs the target's final normed hidden
+    max_positions: int | None  # the drafter's trained context (max_position_embeddings)
+    samples: bool  # at a temperature it draws from its q (DFlash2, draft models); else it drafts its argmax
+    resident_bytes: int  # its weights on the device
+
+    def start(self, batch: int, context: int) -> None: ...
+
+    def observe(self, committed: Committed) -> None: ...
+
+    def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal: ...

@@ -1,0 +1,223 @@
+"""DFlash and DFlash2 drafters (dflash.md §3): one forward over a block of mask tokens drafts a whole round.
+
+Context. For every committed position p the target's taps (the residual stream after layers
+target_layer_ids, concatenated) become c_p = hidden_norm(fc(taps_p)), and each draft layer l stores
+K_l[p] = rope_p(k_norm(W_k c_p)), V_l[p] = W_v c_p in the drafter's own static cache, once, when p is committed
+(`observe`); c_p feeds every layer's k/v projection directly, never a layer's input.
+
+Block. A round at anchor position s runs [anchor, mask x (B - 1)] at positions s .. s+B-1: the target's raw
+embedding rows (times input_embedding_scale) through the draft layers (pre-norm Qwen3 blocks; DFlash2 adds its
+convolutions, dflash2.py), each query attending to the context before s and to the block, whose K/V are written
+at their positions for this forward only. Within the block, `is_causal` applies to every layer when the config
+sets it; otherwise full-attention layers are bidirectional and sliding ones causal (z-lab's rule). A sliding
+layer's query at p sees keys p - W < k (and k < p + W when bidirectional), as z-lab, SGLang and vLLM mask them.
+MuseGlimmer assistants follow transformers, their reference: bidirectional on every layer, and a window that
+reaches |p - k| <= W. Rows 1..B-1 are read out through the
+target's head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's
+argmax, DFlash2 walks its candidate selector.
+
+Cache hygiene without rollback: block K/V at s..s+B-1 and the context of rejected verify rows (at positions at
+or after the next anchor s') are all overwritten by the next round's block, which covers s'..s'+B-1, before its
+attention reads them; nothing at or beyond s'+B is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.errors import BadInput
+from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, _bias, project
+from specpair.runtime.drafters import Committed, Drafting, KVCache, Proposal
+from specpair.runtime.drafters.dflash2 import CandidateSelector, DynamicConv
+from specpair.runtime.drafters.weights import load_weights
+from specpair.runtime.kernels import attention
+from specpair.runtime.model import Transformer
+from specpair.runtime.rope import Rope
+from specpair.sources.model import Model
+
+BIDIRECTIONAL_ARCHITECTURES = ("MuseGlimmerAssistantModel", "DFlashMuseGlimmerAssistantModel")
+
+
+@dataclass
+class DFlashLayer:
+    layer: int
+    input_norm: Norm
+    post_norm: Norm
+    q_proj: Weight
+    k_proj: Weight
+    v_proj: Weight
+    o_proj: Weight
+    biases: tuple[Tensor | None, ...]
+    q_norm: Norm
+    k_norm: Norm
+    mlp: MLP
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    reach: int | None  # sliding layers: the farthest a key may sit from its query, |q - k| <= reach
+    attention_conv: DynamicConv | None
+    mlp_conv: DynamicConv | None
+
+    @classmethod
+    def build(cls, config: ModelConfig, i: int, fetch: Fetch, causal: bool | None, inclusive: bool) -> DFlashLayer:
+        """causal: every layer's in-block causality, or None for z-lab's rule (sliding causal, full not);
+        inclusive: a window of W reaches W positions away (transformers' bidirectional mask), not W - 1."""
+        p, hidden = f"layers.{i}.", config.hidden_size
+        heads, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+        shapes = {"q_proj": (heads * d, hidden), "k_proj": (kv * d, hidden), "v_proj": (kv * d, hidden),
+                  "o_proj": (hidden, heads * d)}
+        weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
+        biases = tuple(_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items())
+        sliding = config.layer_types[i] == "sliding"
+        dflash2 = config.drafter.kind == "dflash2"
+        return cls(i, Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
+                   Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch), *weights, biases,
+                   Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
+                   Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
+                   MLP.build(config, p + "mlp.", config.intermediate_size, fetch), heads, kv, d,
+                   sliding if causal is None else causal,
+                   (config.sliding_window - (0 if inclusive else 1)) if sliding else None,
+                   DynamicConv.build(config, p + "attention_conv.", fetch) if dflash2 else None,
+                   DynamicConv.build(config, p + "mlp_conv.", fetch) if dflash2 else None)
+
+    def context_kv(self, c: Tensor, cos: Tensor, sin: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
+        B, T, _ = c.shape
+        k = self.k_norm(project(c, self.k_proj, self.biases[1]).view(B, T, self.kv_heads, self.head_dim))
+        v = project(c, self.v_proj, self.biases[2]).view(B, T, self.kv_heads, self.head_dim)
+        return rope.rotate(k, cos, sin), v
+
+    def __call__(self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope,
+                 cache: KVCache) -> Tensor:
+        B, T, _ = h.shape
+        x = self.input_norm(h)
+        if self.attention_conv is not None:
+            x, finish = self.attention_conv.prepare(x)
+        bq, bk, bv, bo = self.biases
+        q = self.q_norm(project(x, self.q_proj, bq).view(B, T, self.heads, self.head_dim))
+        k = self.k_norm(project(x, self.k_proj, bk).view(B, T, self.kv_heads, self.head_dim))
+        v = project(x, self.v_proj, bv).view(B, T, self.kv_heads, self.head_dim)
+        q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        k_cache, v_cache = cache.write(self.layer, positions, k, v)
+        end = positions + 1 if self.causal else block_end[:, None].expand_as(positions)
+        start = torch.zeros_like(positions)
+        if self.reach is not None:
+            start = (positions - self.reach).clamp(min=0)
+            if not self.causal:
+                end = torch.minimum(end, positions + self.reach + 1)
+        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim ** -0.5)
+        y = project(o.reshape(B, T, -1), self.o_proj, bo)
+        if self.attention_conv is not None:
+            y = self.attention_conv.finish(y, finish)
+        h = h + y
+        x = self.post_norm(h)
+        if self.mlp_conv is not None:
+            x, finish = self.mlp_conv.prepare(x)
+        y = self.mlp(x)
+        if self.mlp_conv is not None:
+            y = self.mlp_conv.finish(y, finish)
+        return h + y
+
+
+class DFlash:
+    hidden = False
+
+    def __init__(self, config: ModelConfig, target: Transformer, fc: Weight, hidden_norm: Norm,
+                 layers: list[DFlashLayer], norm: Norm, selector: CandidateSelector | None) -> None:
+        d = config.drafter
+        self.kind, self.config, self.target = d.kind, config, target
+        self.fc, self.hidden_norm, self.layers, self.norm, self.selector = fc, hidden_norm, layers, norm, selector
+        self.taps = d.target_layer_ids
+        self.block_size = d.block_size or 16
+        self.mask_token_id = d.mask_token_id
+        self.embedding_scale = d.input_embedding_scale
+        self.multiplier, self.softcap = d.output_multiplier, d.final_logit_softcapping
+        self.max_positions = config.max_position_embeddings
+        self.samples = selector is not None
+        self.rope = Rope(config, target.device)
+        self.cache: KVCache | None = None
+
+    @classmethod
+    def load(cls, model: Model, target: Transformer, bits: int | None = None) -> DFlash:
+        config = model.config
+        check_pair(model, target)
+        d = config.drafter
+        muse = config.architecture in BIDIRECTIONAL_ARCHITECTURES
+        causal = False if d.is_causal is None and muse else d.is_causal
+
+        def build(fetch: Fetch) -> DFlash:
+            fc = fetch("fc.weight", (config.hidden_size, len(d.target_layer_ids) * target.config.hidden_size),
+                       matmul=True)
+            layers = [DFlashLayer.build(config, i, fetch, causal, muse) for i in range(config.num_layers)]
+            selector = CandidateSelector.build(config, fetch) if d.kind == "dflash2" else None
+            return cls(config, target, fc, Norm.build(config, "hidden_norm.weight", config.hidden_size, fetch), layers,
+                       Norm.build(config, "norm.weight", config.hidden_size, fetch), selector)
+
+        return load_weights(model, build, target.device, target.dtype, bits)
+
+    def start(self, batch: int, context: int) -> None:
+        self.cache = KVCache(self.config, batch, context, self.target.dtype, self.target.device)
+
+    def observe(self, committed: Committed) -> None:
+        c = self.hidden_norm(project(committed.taps, self.fc))
+        cos, sin = self.rope.tables(committed.positions)
+        for layer in self.layers:
+            k, v = layer.context_kv(c, cos, sin, self.rope)
+            self.cache.write(layer.layer, committed.positions, k, v)
+
+    def block(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor]:
+        """The normed output rows [B, size, H] of the block [anchor, mask x (size - 1)] at positions .. + size,
+        and the block's positions [B, size]."""
+        batch = anchors.shape[0]
+        ids = torch.full((batch, size), self.mask_token_id, dtype=torch.int64, device=anchors.device)
+        ids[:, 0] = anchors
+        block_positions = positions[:, None] + torch.arange(size, device=anchors.device)
+        h = self.target.embed(ids)
+        if self.embedding_scale is not None:
+            h = h * self.embedding_scale
+        cos, sin = self.rope.tables(block_positions)
+        end = positions + size
+        for layer in self.layers:
+            h = layer(h, block_positions, end, cos, sin, self.rope, self.cache)
+        return self.norm(h), block_positions
+
+    def logits(self, out: Tensor) -> Tensor:
+        logits = self.target.head(out)
+        if self.multiplier is not None:
+            logits = logits * self.multiplier
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
+        out, block_positions = self.block(anchors, positions, drafts + 1)
+        logits = self.logits(out[:, 1:])
+        if self.selector is not None:
+            return self.selector.walk(out[:, 1:], logits, anchors, block_positions[:, 1:], drafting)
+        return drafting.pick(logits, block_positions[:, 1:])
+
+
+def check_pair(model: Model, target: Transformer) -> None:
+    """What the forward pass relies on, checked before any weight is read: taps the target has, a block
+    embedding and readout in the target's width, a mask token inside its embedding rows."""
+    d, config, t = model.config.drafter, model.config, target.config
+    if not d.target_layer_ids:
+        raise BadInput(model.ref, "has no dflash_config.target_layer_ids: which target layers feed it is unknown")
+    if max(d.target_layer_ids) >= t.num_layers or min(d.target_layer_ids) < 0:
+        raise BadInput(model.ref, f"taps target layers {list(d.target_layer_ids)}, but the target has layers "
+                                  f"0..{t.num_layers - 1}")
+    if config.hidden_size != t.hidden_size:
+        raise BadInput(model.ref, f"hidden_size {config.hidden_size} differs from the target's {t.hidden_size}: its "
+                                  "block reads the target's embedding and its output the target's head")
+    if d.mask_token_id is None or not 0 <= d.mask_token_id < t.vocab_size:
+        raise BadInput(model.ref, f"mask_token_id {d.mask_token_id} is not a row of the target's embedding "
+                                  f"(0..{t.vocab_size - 1})")
+    if d.kind == "dflash2" and None in (d.conv_kernel_size, d.conv_group_size, d.selector_rank, d.selector_top_k):
+        raise BadInput(model.ref, "is a DFlash2 drafter without all of conv_kernel_size, conv_group_size, "
+                                  "selector_rank and selector_top_k")
+    if "sliding" in config.layer_types and not config.sliding_window:
+        raise BadInput(model.ref, "has sliding_attention layers but no sliding_window")

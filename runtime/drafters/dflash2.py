@@ -1,0 +1,99 @@
+"""DFlash2's two additions to a DFlash layer stack (dflash.md §3.4; z-lab's GroupedDynamicCausalConv and
+CandidateSelector): a grouped dynamic causal convolution around each attention and MLP, and a candidate
+selector that walks the block left to right over the top-K tokens of each row.
+
+Convolution. `kernel_projection` maps a row x to 2·K·G coefficients (G = hidden / conv_group_size groups of
+channels sharing one): half for the side before the sublayer (`prepare`), half for after it (`finish`), both
+from the same pre-sublayer x. Each side is out[t, c] = sum_{j < K} (base[side, j, c] + dynamic[t, j, c // gs])
+· z[t - j, c] over the rows of the block only (row t - j < 0 reads zeros), so a row's in-block position is its
+index in the block the runtime drafts, whatever block size the drafter was trained with (SGLang's
+`set_block_size`, vLLM's 1 + N).
+
+Selector. With U_j the top-K logits of row j (ids C_j) and h_j = hidden_projection(out_j), the score of
+candidate b after the previous token a is U_j(b) + <predecessor[a] · h_j, successor[C_j(b)]>; the walk starts
+from the anchor and takes the best candidate (greedy) or draws one from softmax(scores / T) (sampled: that
+K-candidate distribution is the q of the verify rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.runtime.blocks import Fetch, Weight, project
+from specpair.runtime.drafters import Drafting, Proposal
+
+
+@dataclass
+class DynamicConv:
+    base: Tensor  # [2, K, H] float32
+    projection: Weight  # [2 * K * G, H]
+    group_size: int
+
+    @classmethod
+    def build(cls, config: ModelConfig, prefix: str, fetch: Fetch) -> DynamicConv:
+        d, hidden = config.drafter, config.hidden_size
+        taps, groups = d.conv_kernel_size, hidden // d.conv_group_size
+        return cls(fetch(prefix + "base_kernel", (2, taps, hidden), fp32=True),
+                   fetch(prefix + "kernel_projection.weight", (2 * taps * groups, hidden), matmul=True),
+                   d.conv_group_size)
+
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, T, H] (one block per sequence) -> (the convolved x, the coefficients `finish` takes)."""
+        taps = self.base.shape[1]
+        dynamic = project(x, self.projection).float().view(*x.shape[:2], 2, taps, -1)
+        return self._convolve(x, dynamic[:, :, 0], self.base[0]), dynamic[:, :, 1]
+
+    def finish(self, y: Tensor, dynamic: Tensor) -> Tensor:
+        return self._convolve(y, dynamic, self.base[1])
+
+    def _convolve(self, z: Tensor, dynamic: Tensor, base: Tensor) -> Tensor:
+        """sum over taps j of (base[j] + dynamic[:, :, j] per group) * z shifted down j rows, in float32."""
+        values = z.float()
+        out = torch.zeros_like(values)
+        for j in range(base.shape[0]):
+            shifted = values if j == 0 else F.pad(values[:, :-j], (0, 0, j, 0))
+            out = out + base[j] * shifted
+            out = out + dynamic[:, :, j].repeat_interleave(self.group_size, dim=-1) * shifted
+        return out.to(z.dtype)
+
+
+@dataclass
+class CandidateSelector:
+    projection: Weight  # [R, H]
+    predecessors: Tensor  # [V, R]
+    successors: Tensor  # [V, R]
+    top_k: int
+
+    @classmethod
+    def build(cls, config: ModelConfig, fetch: Fetch) -> CandidateSelector:
+        d, vocab = config.drafter, config.vocab_size
+        rank = d.selector_rank
+        p = "candidate_selector."
+        return cls(fetch(p + "hidden_projection.weight", (rank, config.hidden_size), matmul=True),
+                   fetch(p + "predecessor_codebook", (vocab, rank), fp32=True),
+                   fetch(p + "successor_codebook", (vocab, rank), fp32=True), d.selector_top_k)
+
+    def walk(self, out: Tensor, logits: Tensor, anchors: Tensor, positions: Tensor, drafting: Drafting) -> Proposal:
+        """out [B, k, H] the drafter's normed rows after the anchor, logits [B, k, V] their (scaled) logits,
+        positions [B, k] where their tokens go."""
+        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1)
+        hidden = project(out, self.projection).float()
+        previous, tokens, q_rows = anchors, [], []
+        for j in range(logits.shape[1]):
+            context = self.predecessors[previous] * hidden[:, j]  # [B, R]
+            scores = unary[:, j] + (context[:, None, :] * self.successors[candidates[:, j]]).sum(dim=-1)
+            index, q = drafting.pick_among(scores, candidates[:, j], positions[:, j])
+            previous = candidates[:, j].gather(1, index[:, None])[:, 0]
+            tokens.append(previous)
+            q_rows.append(q)
+        if not tokens:
+            return Proposal(anchors[:, None][:, :0])
+        chosen = torch.stack(tokens, dim=1)
+        if q_rows[0] is None:
+            return Proposal(chosen)
+        return Proposal(chosen, candidates, torch.stack(q_rows, dim=1))

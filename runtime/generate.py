@@ -1,0 +1,117 @@
+"""The generation loop without a drafter: chunked prefill, then one token per step for every sequence.
+
+Prompts of different lengths share a batch: a prefill chunk gives every sequence T tokens, the shorter ones
+padded, and commits each sequence's real count (the cache's rollback drops the padding exactly), so every
+sequence ends the prefill in the state of a prefill of its own prompt. Decode steps then run each sequence
+at its own position. With batch-invariant kernels a prompt's tokens are the same bits alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.model import Transformer
+from specpair.runtime.sampling import Sampling
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Generated:
+    tokens: list[int]  # generated ids (the prompt excluded), a final stop id included
+    stopped: bool  # ended on a stop id, not at max_tokens
+
+
+@dataclass
+class Timing:
+    prefill_s: float
+    decode_s: float
+    prompt_tokens: int
+    generated_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over the whole generation, prefill included (gpt-fast's figure)."""
+        total = self.prefill_s + self.decode_s
+        return self.generated_tokens / total if total else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first per second of decoding."""
+        return (self.generated_tokens - 1) / self.decode_s if self.decode_s else None
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else None
+
+
+def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling,
+             stop_ids: Sequence[int] = (), *, chunk: int = PREFILL_CHUNK,
+             on_token: Callable[[int, int], None] | None = None) -> tuple[list[Generated], Timing]:
+    """Up to `max_tokens` new tokens per prompt (each prompt at least one token); `on_token(row, id)` sees each
+    token as it is chosen."""
+    if max_tokens < 1 or not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs max_tokens >= 1 and non-empty prompts")
+    device, batch = model.device, len(prompts)
+    lengths = [len(p) for p in prompts]
+    cache = model.new_cache(batch, max(lengths) + max_tokens)
+    stops = set(stop_ids)
+    start = time.perf_counter()
+    last = prefill(model, cache, prompts, chunk)
+    positions = torch.tensor(lengths, device=device)  # where the token each sequence chooses next goes
+    token = sampling.choose(model.head(last), positions)
+    _sync(device)
+    prefill_s = time.perf_counter() - start
+    out = [Generated([], False) for _ in prompts]
+    start = time.perf_counter()
+    for step in range(max_tokens):
+        chosen = token.tolist()
+        for b, t in enumerate(chosen):
+            if not out[b].stopped:
+                out[b].tokens.append(t)
+                out[b].stopped = t in stops
+                if on_token:
+                    on_token(b, t)
+        if step == max_tokens - 1 or all(g.stopped for g in out):
+            break
+        logits = model.forward(token[:, None], positions[:, None], cache).logits[:, 0]
+        token = sampling.choose(logits, positions + 1)
+        positions = positions + 1
+    _sync(device)
+    decode_s = time.perf_counter() - start
+    return out, Timing(prefill_s, decode_s, sum(lengths), sum(len(g.tokens) for g in out))
+
+
+def prefill(model: Transformer, cache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> Tensor:
+    """Run the prompts into the cache in chunks of up to `chunk` tokens per sequence; the final normed hidden
+    state of each prompt's last token, [B, H]."""
+    device, batch = model.device, len(prompts)
+    lengths = [len(p) for p in prompts]
+    done = [0] * batch
+    last: list[Tensor | None] = [None] * batch
+    while any(d < n for d, n in zip(done, lengths)):
+        steps = min(chunk, max(n - d for d, n in zip(done, lengths)))
+        kept = [min(steps, n - d) for d, n in zip(done, lengths)]
+        # padding repeats a valid id at positions past the prompt (kept inside the cache): committed away below
+        tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
+        positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
+        padded = any(k < steps for k in kept)
+        out = model.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), cache,
+                            hidden=True, logits=False, verify=padded)
+        if padded:
+            cache.commit(torch.tensor(kept, device=device))
+        for b, k in enumerate(kept):
+            if k and done[b] + k == lengths[b]:
+                last[b] = out.hidden[b, k - 1]
+            done[b] += k
+    return torch.stack(last)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,192 @@
+"""Attention of a few query rows over a static KV cache indexed by absolute position.
+
+q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D]; query head h reads KV head h // (Hq // Hkv) (transformers'
+repeat_kv). Query (b, t) attends to cache positions kv_start[b, t] <= p < kv_end[b, t] of sequence b: causal
+decode and verify (kv_end = pos + 1), sliding windows (kv_start = pos + 1 - W) and DFlash's bidirectional
+blocks (kv_end = block end) are all this one rule. An empty range gives zeros. Softmax in float32; output in
+q's dtype.
+
+Batch invariance: a query's result depends on its own row, its own range and the cache alone. The Triton
+kernel walks the cache in blocks at absolute positions (BLOCK_N), each row masking what lies outside its
+range, so a row that shares a tile with others sees its own blocks in the same order with the same masks;
+blocks outside its range leave its running max, sum and accumulator bit for bit unchanged. The cache is cut
+into splits of SPLIT positions, also at absolute positions, whose count depends on S alone; a second kernel
+merges each row's own splits in order. Rows of a call are grouped (t, query head of one KV head) into tiles of
+BLOCK_M, a fixed size. Cache entries between a sequence's smallest kv_start and largest kv_end in one call are
+read (and multiplied by zero where masked), so they must be finite: written entries, or zeros.
+The GPU path rounds the probabilities to the cache dtype for the product with V, as transformers' eager
+attention and flash attention do; the reference keeps them in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.kernels.cpu_rows import rows_mm
+from specpair.runtime.kernels.triton_common import dot, dot_in_float32, require_triton, rounded, tl, triton
+
+BLOCK_M = 16  # query rows per tile
+BLOCK_N = 64  # cache positions per block
+SPLIT = 1024  # cache positions per split: the merge reads only the splits a row's range touches
+SCRATCH_BYTES = 1 << 28  # float32 partials of one launch; longer calls go in chunks of query rows
+
+
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float) -> Tensor:
+    if q.is_cuda:
+        return attention_triton(q, k_cache, v_cache, kv_start, kv_end, scale)
+    return attention_reference(q, k_cache, v_cache, kv_start, kv_end, scale)
+
+
+def attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor,
+                        scale: float) -> Tensor:
+    batch, tokens, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = q_heads // kv_heads
+    out = torch.zeros(batch, tokens, q_heads, head_dim, dtype=q.dtype)
+    for b in range(batch):
+        for t in range(tokens):
+            start, end = int(kv_start[b, t]), int(kv_end[b, t])
+            if end <= start:
+                continue
+            for h in range(kv_heads):
+                # the [group, L] shape of each step depends on the model and this row's range alone, and the
+                # cache slices are copied, so neither depends on which cache tensor (or batch) holds them
+                queries = q[b, t, h * group:(h + 1) * group]
+                scores = rows_mm(queries, k_cache[b, start:end, h].clone().T) * scale
+                probs = torch.softmax(scores, dim=-1)
+                out[b, t, h * group:(h + 1) * group] = rows_mm(probs, v_cache[b, start:end, h].clone())
+    return out
+
+
+def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor,
+                     scale: float) -> Tensor:
+    require_triton("attention")
+    batch, tokens, q_heads, head_dim = q.shape
+    cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    if (q_heads % kv_heads or k_cache.shape != v_cache.shape or k_cache.shape[0] != batch
+            or k_cache.shape[3] != head_dim):
+        raise ValueError(f"attention: q {list(q.shape)} does not fit caches {list(k_cache.shape)}, "
+                         f"{list(v_cache.shape)}")
+    out = torch.empty(batch, tokens, q_heads, head_dim, dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    starts = kv_start.to(torch.int32).contiguous()
+    ends = kv_end.to(torch.int32).contiguous()
+    splits = triton.cdiv(cache_len, SPLIT)
+    block_d = triton.next_power_of_2(head_dim)
+    f32 = dot_in_float32(q.dtype, k_cache.dtype, v_cache.dtype)
+    # query rows per launch: a whole number of tokens, bounded so the partials fit SCRATCH_BYTES
+    per_token = batch * q_heads * splits * (head_dim + 2) * 4
+    chunk = tokens if splits == 1 else max(1, min(tokens, SCRATCH_BYTES // per_token))
+    partial = m = l = out  # unused when there is one split
+    if splits > 1:
+        rows = batch * kv_heads * chunk * group
+        partial = torch.empty(rows, splits, head_dim, dtype=torch.float32, device=q.device)
+        m = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
+        l = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
+    for t0 in range(0, tokens, chunk):
+        t1 = min(tokens, t0 + chunk)
+        grid = (batch * kv_heads, triton.cdiv((t1 - t0) * group, BLOCK_M), splits)
+        _attention_kernel[grid](
+            q, k_cache, v_cache, starts, ends, out, partial, m, l,
+            t0, t1 - t0, tokens, kv_heads, group, head_dim, cache_len, scale,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+            SPLITS=splits, SPLIT_LEN=SPLIT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, F32=f32)
+        if splits > 1:
+            _merge_kernel[(batch * kv_heads * (t1 - t0) * group,)](
+                starts, ends, out, partial, m, l, t0, t1 - t0, tokens, kv_heads, group, head_dim,
+                *out.stride(), SPLITS=splits, SPLIT_LEN=SPLIT, BLOCK_D=block_d)
+    return out
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["t0", "chunk", "tokens"], do_not_specialize_on_alignment=["q_ptr", "out_ptr"])
+    def _attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, end_ptr, out_ptr, partial_ptr, m_ptr, l_ptr,
+                          t0, chunk, tokens, kv_heads, group, head_dim, cache_len, scale,
+                          sqb, sqt, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sot, soh, sod,
+                          SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr):
+        bh = tl.program_id(0)
+        b = bh // kv_heads
+        kv_head = bh % kv_heads
+        split = tl.program_id(2)
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # (token in chunk, head in group)
+        valid = rows < chunk * group
+        t = t0 + rows // group
+        head = kv_head * group + rows % group
+        d = tl.arange(0, BLOCK_D)
+        d_in = d < head_dim
+        q = tl.load(q_ptr + b.to(tl.int64) * sqb + t[:, None] * sqt + head[:, None] * sqh + d[None, :] * sqd,
+                    mask=valid[:, None] & d_in[None, :], other=0.0).to(tl.float32)
+        start = tl.load(start_ptr + b * tokens + t, mask=valid, other=0)
+        end = tl.load(end_ptr + b * tokens + t, mask=valid, other=0)
+        row_lo = tl.maximum(start, split * SPLIT_LEN)
+        row_hi = tl.minimum(tl.minimum(end, (split + 1) * SPLIT_LEN), cache_len)
+        some = valid & (row_lo < row_hi)
+        tile_lo = tl.min(tl.where(some, row_lo, cache_len), axis=0)
+        tile_hi = tl.max(tl.where(some, row_hi, 0), axis=0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = k_ptr + b.to(tl.int64) * skb + kv_head * skh
+        v_base = v_ptr + b.to(tl.int64) * svb + kv_head * svh
+        for block in range((tile_lo // BLOCK_N) * BLOCK_N, tile_hi, BLOCK_N):
+            pos = block + tl.arange(0, BLOCK_N)
+            loaded = ((pos >= tile_lo) & (pos < tile_hi))[:, None] & d_in[None, :]
+            k = tl.load(k_base + pos[:, None].to(tl.int64) * sks + d[None, :] * skd, mask=loaded, other=0.0)
+            v = tl.load(v_base + pos[:, None].to(tl.int64) * svs + d[None, :] * svd, mask=loaded, other=0.0)
+            scores = dot(q, tl.trans(k.to(tl.float32)), F32) * scale
+            inside = (pos[None, :] >= row_lo[:, None]) & (pos[None, :] < row_hi[:, None])
+            scores = tl.where(inside, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + dot(p, v.to(tl.float32), F32)
+            m_i = m_new
+
+        if SPLITS == 1:
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty range: acc is 0
+            tl.store(out_ptr + b.to(tl.int64) * sob + t[:, None] * sot + head[:, None] * soh + d[None, :] * sod,
+                     rounded(o, out_ptr.dtype.element_ty), mask=valid[:, None] & d_in[None, :])
+        else:
+            row = (bh * chunk * group + rows).to(tl.int64)
+            tl.store(partial_ptr + (row[:, None] * SPLITS + split) * head_dim + d[None, :], acc,
+                     mask=some[:, None] & d_in[None, :])
+            tl.store(m_ptr + row * SPLITS + split, m_i, mask=some)
+            tl.store(l_ptr + row * SPLITS + split, l_i, mask=some)
+
+    @triton.jit(do_not_specialize=["t0", "chunk", "tokens"], do_not_specialize_on_alignment=["out_ptr"])
+    def _merge_kernel(start_ptr, end_ptr, out_ptr, partial_ptr, m_ptr, l_ptr, t0, chunk, tokens, kv_heads,
+                      group, head_dim, sob, sot, soh, sod,
+                      SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+        row = tl.program_id(0)  # (b, kv head, token in chunk, head in group), as the first kernel numbers them
+        bh = row // (chunk * group)
+        in_tile = row % (chunk * group)
+        b = bh // kv_heads
+        t = t0 + in_tile // group
+        head = (bh % kv_heads) * group + in_tile % group
+        start = tl.load(start_ptr + b * tokens + t)
+        end = tl.load(end_ptr + b * tokens + t)
+        first = start // SPLIT_LEN
+        last = tl.where(end > start, (end - 1) // SPLIT_LEN + 1, first)
+        d = tl.arange(0, BLOCK_D)
+        d_in = d < head_dim
+        base = row.to(tl.int64) * SPLITS
+        m_max = float("-inf")
+        for s in range(first, last):  # the splits this row's range touches, in order
+            m_max = tl.maximum(m_max, tl.load(m_ptr + base + s))
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        total = 0.0
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s in range(first, last):
+            weight = tl.exp(tl.load(m_ptr + base + s) - m_safe)
+            total += tl.load(l_ptr + base + s) * weight
+            acc += tl.load(partial_ptr + (base + s) * head_dim + d, mask=d_in, other=0.0) * weight
+        o = acc / tl.where(total > 0, total, 1.0)  # an empty range: acc is 0
+        tl.store(out_ptr + b.to(tl.int64) * sob + t * sot + head * soh + d * sod,
+                 rounded(o, out_ptr.dtype.element_ty), mask=d_in)

@@ -1,0 +1,103 @@
+"""RMS norms over the last dimension, as transformers' Llama / Qwen3 / Qwen3.5 / Qwen3-Next compute them.
+
+- `rms_norm(x, w, eps, zero_centred=True)`: Qwen3.5 / Qwen3-Next (Gemma-style): everything in float32,
+  `x̂ · (1 + w)`, one rounding to x's dtype at the end.
+- `rms_norm(x, w, eps, zero_centred=False)`: Llama / Qwen3: x̂ is rounded to x's dtype *before* the weight
+  multiplies it (`w * x̂.to(dtype)`), then the product is rounded to x's dtype. transformers returns the
+  promoted dtype of (w, x) here; with w in x's dtype, as models load, that is x's dtype and the bits agree.
+- `gated_rms_norm(x, gate, w, eps)`: Gated DeltaNet's output norm (`RMSNormGated`), plain w:
+  `(w * x̂.to(dtype)) * silu(float32(gate))`, rounded to x's dtype; the middle product is rounded to the
+  promoted dtype of (w, x), as transformers' dtype promotion does.
+x̂ = x · rsqrt(mean(x²) + eps), with x widened to float32. Rows are independent: one row per Triton program,
+one row per reference step, so no row's bits depend on the others.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
+    if x.is_cuda:
+        return rms_norm_triton(x, weight, eps, zero_centred)
+    return rms_norm_reference(x, weight, eps, zero_centred)
+
+
+def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if x.is_cuda:
+        return gated_rms_norm_triton(x, gate, weight, eps)
+    return gated_rms_norm_reference(x, gate, weight, eps)
+
+
+def _normed(row: Tensor, eps: float) -> Tensor:
+    h = row.to(torch.float32, copy=True)  # a fresh buffer: the reduction never sees another row's alignment
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(rows)
+    gain = 1.0 + weight.float() if zero_centred else weight
+    for i in range(rows.shape[0]):
+        normed = _normed(rows[i], eps)
+        out[i] = normed * gain if zero_centred else gain * normed.to(x.dtype)
+    return out.reshape(x.shape)
+
+
+def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    gates = gate.reshape(rows.shape)
+    out = torch.empty_like(rows)
+    for i in range(rows.shape[0]):
+        out[i] = (weight * _normed(rows[i], eps).to(x.dtype)) * torch.nn.functional.silu(gates[i].float())
+    return out.reshape(x.shape)
+
+
+def _launch(x: Tensor, gate: Tensor | None, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
+    require_triton("rms_norm")
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).contiguous()
+    out = torch.empty_like(rows)
+    gates = rows if gate is None else gate.reshape(rows.shape).contiguous()
+    middle = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
+    if rows.shape[0]:
+        _rms_norm_kernel[(rows.shape[0],)](
+            rows, gates, weight.contiguous(), out, width, eps,
+            ZERO_CENTRED=zero_centred, GATED=gate is not None, MIDDLE=middle,
+            BLOCK=triton.next_power_of_2(width))
+    return out.reshape(x.shape)
+
+
+def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
+    return _launch(x, None, weight, eps, zero_centred)
+
+
+def gated_rms_norm_triton(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return _launch(x, gate, weight, eps, zero_centred=False)
+
+
+if triton is not None:
+    _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+    @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
+    def _rms_norm_kernel(x_ptr, gate_ptr, w_ptr, out_ptr, width, eps, ZERO_CENTRED: tl.constexpr,
+                         GATED: tl.constexpr, MIDDLE: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < width
+        x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        normed = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / width + eps)
+        dtype = out_ptr.dtype.element_ty
+        if ZERO_CENTRED:
+            y = normed * (1.0 + w)
+        else:
+            y = w * rounded(normed, dtype).to(tl.float32)
+            if GATED:
+                y = rounded(y, MIDDLE).to(tl.float32)
+                gate = tl.load(gate_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+                y = y * (gate / (1.0 + tl.exp(-gate)))
+        tl.store(out_ptr + row * width + cols, rounded(y, dtype), mask=inside)

@@ -1,0 +1,74 @@
+"""What every Triton kernel here shares: the import guard, whether kernels run in Triton's interpreter, and
+the store that rounds to the output dtype.
+
+Triton decides at decoration time whether a kernel is compiled or interpreted (TRITON_INTERPRET=1), so
+`INTERPRETED` is read when this module is imported, beside the kernels it describes. The interpreter computes
+bf16 wrongly (its float32 -> bf16 cast truncates, and bf16 arithmetic goes through numpy), so kernels load
+bf16, widen to float32 at once, compute in float32 and round only at the store, through `rounded`, which
+rounds to nearest even in integer arithmetic: the same bits as the GPU's conversion, in both modes.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton on this platform: the torch references still run
+    triton = None
+    tl = None
+
+from specpair.errors import BadInput
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def require_triton(what: str) -> None:
+    if triton is None:
+        raise BadInput(what, "needs Triton for CUDA tensors, and it is not installed")
+
+
+def dot_in_float32(*dtypes) -> bool:
+    """Whether tl.dot must take float32 operands (IEEE products) rather than bf16 ones: in the interpreter
+    (whose bf16 is wrong), and whenever an operand is not exactly a bf16 value."""
+    import torch
+
+    return INTERPRETED or any(dtype != torch.bfloat16 for dtype in dtypes)
+
+
+def device_function(fn):
+    """@triton.jit for the functions kernels call. Under the interpreter, a plain function: the interpreter
+    re-patches triton.language on every call of a jitted helper (some 5 ms each, most of a small kernel's
+    run), and the kernel's own launch has patched it already."""
+    return fn if INTERPRETED else triton.jit(fn)
+
+
+if triton is not None:
+    _INTERPRETED = tl.constexpr(INTERPRETED)
+
+    @device_function
+    def rounded(x, dtype: tl.constexpr):
+        """float32 `x` as `dtype`, rounded to nearest even (NaN stays NaN)."""
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            bits = tl.where(x != x, 0x7FC0, bits)
+            return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            return x.to(dtype)
+
+    @device_function
+    def dot(a, b, F32: tl.constexpr):
+        """a @ b with float32 accumulation; operands are exact bf16 values unless F32 (see dot_in_float32).
+
+        The interpreter's tl.dot is numpy's BLAS matmul, which treats rows differently by their position in
+        the tile (a row's bits change when it moves from slot 0 to slot 8); the GPU's tensor cores treat every
+        row alike. So the interpreter sums the products itself, in the same order for every element.
+        """
+        if _INTERPRETED:
+            return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        elif F32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))

@@ -1,0 +1,134 @@
+"""From a `Model` (sources/model.py) to a runtime `Transformer` on a device.
+
+`plan_load` checks, from headers alone, that the runtime can run this checkpoint (family, layer types, rope,
+activation; every weight a layer needs is there with the shape the config gives it) and says what loading
+will cost: stored bytes to read and resident bytes on the device. `load` then streams the weights in file
+order, each stored byte read once, each weight moved to the device as it is decoded (host memory holds the
+sources of the weights still to come, never the model). Weights that only feed a matmul stay `Packed` where
+the kernels multiply that layout directly (on CUDA by default); everything else is dequantized at load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.errors import BadInput
+from specpair.formats import nvfp4
+from specpair.formats.codecs import FLOAT_LAYOUTS
+from specpair.formats.packed import Packed
+from specpair.runtime.kernels import linear
+from specpair.runtime.model import Transformer
+from specpair.runtime.models import FAMILIES
+from specpair.runtime.rope import ROPE_TYPES, rope_type
+from specpair.sources.model import Model
+
+ACTIVATIONS = ("silu", "swish")
+UNUSED = ("mtp.",)  # weights a target carries for a drafter, its MTP head: the MTP drafter loads them itself
+
+
+@dataclass(frozen=True)
+class Need:
+    shape: tuple[int, ...]
+    matmul: bool
+    fp32: bool
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    model: Model
+    needs: dict[str, Need]  # canonical name -> how the model uses it
+    packed: frozenset[str]  # names kept in their stored layout
+    dtype: torch.dtype
+    device: torch.device
+    stored_bytes: int  # read from the files
+    resident: dict[str, int]  # name -> bytes held on the device once loaded (a packed weight: its stored parts)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident.values())
+
+
+def plan_load(model: Model, device: str | torch.device, dtype: torch.dtype | None = None,
+              packed: bool | None = None) -> LoadPlan:
+    """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
+    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default."""
+    device = torch.device(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    packed = device.type == "cuda" if packed is None else packed
+    config = supported(model)
+    needs: dict[str, Need] = {}
+
+    def record(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
+        if name not in model.maps:
+            raise BadInput(model.ref, f"has no weight {name!r}, which a {config.family} model needs")
+        if tuple(model.shape(name)) != tuple(shape):
+            raise BadInput(model.ref, f"weight {name!r} is {list(model.shape(name))}, where its config makes it "
+                                      f"{list(shape)}")
+        needs[name] = Need(tuple(shape), matmul, fp32)
+        return torch.empty(shape, device="meta")
+
+    Transformer.build(config, FAMILIES[config.family].decoder_layer, record, dtype, torch.device("meta"))
+    unused = [n for n in model.names if n not in needs and not n.startswith(UNUSED)
+              and not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if unused:
+        raise BadInput(model.ref, f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
+                                  + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""))
+    kept = frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n)))
+    sources = {s for name in needs for s in model.maps[name].sources}  # a fused source feeds two weights
+    stored = sum(part.nbytes for s in sources for part in model.weights[s].parts.values())
+    resident = {n: _stored_bytes(model, n) if n in kept else
+                math.prod(need.shape) * (4 if need.fp32 else dtype.itemsize) for n, need in needs.items()}
+    return LoadPlan(model, needs, kept, dtype, device, stored, resident)
+
+
+def _packable(layout: str) -> bool:
+    """A quantized layout the matmul kernels read as stored (other NVFP4 flavours are repacked as bits)."""
+    return layout not in FLOAT_LAYOUTS and (layout in linear.LAYOUTS or layout in nvfp4.FLAVOURS)
+
+
+def _stored_bytes(model: Model, name: str) -> int:
+    return sum(part.nbytes for s in model.maps[name].sources for part in model.weights[s].parts.values())
+
+
+def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Transformer:
+    """Stream the planned weights onto the device and build the model; `progress` gets stored bytes as read."""
+    model, config = plan.model, plan.model.config
+    loaded: dict[str, torch.Tensor] = {}
+    for name, value in model.stream(plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32,
+                                    device=plan.device, progress=progress):
+        if isinstance(value, Packed):
+            loaded[name] = linear.to_kernel_layout(value)
+        else:
+            loaded[name] = value if plan.needs[name].fp32 else value.to(plan.dtype)
+
+    def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
+        return loaded[name]
+
+    return Transformer.build(config, FAMILIES[config.family].decoder_layer, take, plan.dtype, plan.device)
+
+
+def supported(model: Model) -> ModelConfig:
+    """The model's config, when the runtime runs its family, layer types, rope and activation."""
+    config = model.config
+    if config.drafter is not None:
+        raise BadInput(model.ref, f"is a {config.drafter.kind} drafter, not a target model: `specpair run` takes "
+                                  "the target")
+    family = FAMILIES.get(config.family)
+    if family is None:
+        raise BadInput(model.ref, f"family {config.family!r} has no runtime model (runtime/models: "
+                                  f"{', '.join(FAMILIES)})")
+    odd = sorted(set(config.layer_types) - set(family.layer_types))
+    if odd:
+        raise BadInput(model.ref, f"has {', '.join(odd)} layers, which the {config.family} runtime does not build "
+                                  f"(it builds {', '.join(family.layer_types)})")
+    if rope_type(config) not in ROPE_TYPES:
+        raise BadInput(model.ref, f"rope type {rope_type(config)!r} is not one the runtime computes "
+                                  f"({', '.join(ROPE_TYPES)})")
+    if config.hidden_act not in ACTIVATIONS:
+        raise BadInput(model.ref, f"hidden_act {config.hidden_act!r} is not one the runtime computes (silu)")
+    return config

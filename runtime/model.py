@@ -1,0 +1,92 @@
+"""The target model: embedding, decoder layers (one family file says which blocks), final norm, head — and the
+one step function every use goes through.
+
+    out = model.forward(tokens, positions, cache, taps=(1, 10), hidden=True, verify=True)
+    cache.commit(accepted)
+
+`forward` runs T tokens for each of B sequences: decode (T = 1), a verify block (T = block size), a prefill
+chunk. tokens and positions are [B, T]; sequences may be at different positions (row b of the cache is
+sequence b; a step over B rows uses rows 0..B-1); position p of sequence b attends to its positions <= p
+(within the window on sliding layers). It returns a `StepOutput`:
+  - logits [B, T, V] (model dtype), unless `logits=False` (then apply `head` to the rows you need);
+  - taps [B, T, len(taps) * H]: the residual stream after each listed decoder layer (k = "output of decoder
+    layer k", before the final norm; transformers' hidden_states[k + 1]), concatenated in the order given;
+  - hidden [B, T, H] with `hidden=True`: the final normed hidden state, what the head and MTP read.
+Taps and hidden cost nothing when not asked. With `verify=True` the step is provisional until
+`cache.commit(accepted)` (runtime/cache.py: KV and Gated DeltaNet state rolled back to any prefix 0..T).
+`embed(tokens)` and `head(hidden)` are the model's own embedding lookup and lm_head (the tied embedding
+where there is no lm_head), callable on their own (DFlash drafts through them).
+
+Every op is batch-invariant (runtime/blocks.py): a row's logits have the same bits whether it runs alone,
+beside other sequences, or inside a verify block, which is what lets a speculative run demand bit-equality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
+from specpair.runtime.cache import Cache
+from specpair.runtime.rope import Rope
+
+
+@dataclass
+class StepOutput:
+    logits: Tensor | None  # [B, T, V]
+    taps: Tensor | None  # [B, T, len(taps) * H]
+    hidden: Tensor | None  # [B, T, H], final normed
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, embed_tokens: Tensor, layers: list[DecoderLayer], norm: Norm,
+                 lm_head: Weight, rope: Rope, dtype: torch.dtype, device: torch.device) -> None:
+        self.config, self.embed_tokens, self.layers, self.norm = config, embed_tokens, layers, norm
+        self.lm_head, self.rope, self.dtype, self.device = lm_head, rope, dtype, device
+
+    @classmethod
+    def build(cls, config: ModelConfig, decoder_layer: Callable[..., DecoderLayer], fetch: Fetch, dtype: torch.dtype,
+              device: torch.device) -> Transformer:
+        """The model from `fetch` (blocks.py), with `decoder_layer(config, i, fetch, rope)` from a family file."""
+        rope = Rope(config, device)
+        shape = (config.vocab_size, config.hidden_size)
+        embed = fetch("embed_tokens.weight", shape)
+        layers = [decoder_layer(config, i, fetch, rope) for i in range(config.num_layers)]
+        norm = Norm.build(config, "norm.weight", config.hidden_size, fetch)
+        head = embed if config.tie_word_embeddings else fetch("lm_head.weight", shape, matmul=True)
+        return cls(config, embed, layers, norm, head, rope, dtype, device)
+
+    def new_cache(self, batch: int, context: int) -> Cache:
+        return Cache(self.config, batch, context, self.dtype, self.device)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """[B, T] ids -> [B, T, H] (no scaling: none of these families scales its embedding)."""
+        return self.embed_tokens[tokens]
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """Final normed hidden [..., H] -> logits [..., V]."""
+        return project(hidden, self.lm_head)
+
+    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, *, taps: Sequence[int] = (),
+                hidden: bool = False, logits: bool = True, verify: bool = False) -> StepOutput:
+        if tokens.shape != positions.shape or tokens.ndim != 2:
+            raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, T]")
+        wanted = {k: None for k in taps}
+        if any(not 0 <= k < len(self.layers) for k in wanted):
+            raise ValueError(f"taps {list(taps)} are not all layers of 0..{len(self.layers) - 1}")
+        cache.begin(positions, verify)
+        cos, sin = self.rope.tables(positions)
+        step = Step(positions, cos, sin, cache, verify)
+        h = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, step)
+            if i in wanted:
+                wanted[i] = h
+        normed = self.norm(h)
+        return StepOutput(self.head(normed) if logits else None,
+                          torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,
+                          normed if hidden else None)

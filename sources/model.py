@@ -1,0 +1,398 @@
+"""`open_model`: one checkpoint, whatever its file format, layout and naming, as a typed config and canonical
+logical weights — what the runtime and the converter are written against.
+
+Opening reads headers and small files only. Every canonical weight (checkpoint/names.py) is a `TensorMap`
+over the source's stored weights: HF names directly, MLX names through formats/mlx_names.py, GGUF names
+through formats/gguf_arch.py, then to canonical names; the maps carry every value transform (a GGUF's
+1 + w norms, -exp(A_log), tiled value heads, llama's interleaved rope rows), so `load` gives the same
+float tensor from every source, within each layout's error. `load_packed` keeps quantized blocks as
+stored wherever moving stored rows is exact (stacking experts, splitting fused gate/up rows, head reorders
+of row-wise layouts) and carries what is not (a column order) as data. `stream` reads each stored byte once,
+in file order, holding only the sources of the weights still to come.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig, parse_config
+from specpair.checkpoint.names import canonical_maps
+from specpair.errors import BadInput
+from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec
+from specpair.formats.gguf import GGUFHeader
+from specpair.formats.packed import Packed
+from specpair.formats.transforms import TensorMap, compose, identity
+from specpair.formats.weights import Weight, gguf_weights, hf_weights
+
+MAX_SMALL_FILE = 256 * 1024 * 1024
+
+
+@dataclass
+class Model:
+    ref: str  # what the user typed
+    root: str  # the directory holding the files
+    file_format: str  # "safetensors" | "gguf"
+    naming: str  # how the source names tensors: "hf" | "mlx" | "gguf"
+    config: ModelConfig
+    hf_config: dict[str, Any]  # config.json (made from the header for a GGUF)
+    weights: dict[str, Weight]  # stored weights by source name, in file order
+    maps: dict[str, TensorMap]  # canonical name -> how it is made from `weights`
+    files: list[str] = field(default_factory=list)  # files of an HF directory (relative), or the GGUF file
+    header: GGUFHeader | None = None
+    notes: list[str] = field(default_factory=list)
+    reader: Any = None  # sources.local.LocalFiles over `root`
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.maps)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._map(name).shape
+
+    def layout(self, name: str) -> str:
+        """The stored layout of a weight's sources ("bf16", "nvfp4-modelopt", "gguf-Q4_K", ...)."""
+        layouts = {self.weights[s].layout for s in self._map(name).sources}
+        return layouts.pop() if len(layouts) == 1 else "mixed"
+
+    def load(self, name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Tensor:
+        """The canonical float tensor, every transform applied (decoded in float32 on `device`)."""
+        m = self._map(name)
+        return self._float(m, [self._read(s) for s in m.sources], device).to(dtype)
+
+    def load_packed(self, name: str, device: str | torch.device = "cpu") -> Packed | None:
+        """The weight in its stored layout, when it is quantized and the map moves only whole stored rows
+        (None: float, or no exact packed form; `load` it instead)."""
+        m = self._map(name)
+        return self._packed(m, [self._read(s) for s in m.sources], device)
+
+    def stream(self, names: Iterable[str] | None = None, *, packed: Callable[[str], bool] | bool = False,
+               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, Tensor | Packed]]:
+        """(name, tensor) for `names` (default: all), in file order, each stored byte read once. Weights for
+        which `packed` says so come as `Packed` where they have an exact packed form. `progress` gets the
+        bytes of each stored part as it is read."""
+        wanted = [self._map(n) for n in (names if names is not None else self.maps)]
+        order = {name: i for i, name in enumerate(self.weights)}
+        wanted.sort(key=lambda m: min(order[s] for s in m.sources))
+        users: dict[str, int] = {}
+        for m in wanted:
+            for s in m.sources:
+                users[s] = users.get(s, 0) + 1
+        held: dict[str, dict[str, Tensor]] = {}
+        for m in wanted:
+            for s in m.sources:
+                if s not in held:
+                    held[s] = self._read(s)
+                    if progress:
+                        progress(sum(t.nbytes for t in held[s].values()))
+            stored = [held[s] for s in m.sources]
+            as_packed = packed(m.name) if callable(packed) else packed
+            value = self._packed(m, stored, device) if as_packed else None
+            yield m.name, value if value is not None else self._float(m, stored, device).to(dtype)
+            for s in m.sources:
+                users[s] -= 1
+                if not users[s]:
+                    del held[s]
+
+    def tokenizer(self):
+        """The working tokenizer (checkpoint/text_tokenizer.py) of this checkpoint."""
+        from specpair.checkpoint.text_tokenizer import TextTokenizer
+
+        if self.header is not None:
+            return TextTokenizer.from_gguf(self.header.fields, self.header.path)
+        raw = self._small("tokenizer.json")
+        if raw is None:
+            raise BadInput(self.root, "has no tokenizer.json (a drafter takes its target's tokenizer)")
+        template = self._small("chat_template.jinja")
+        return TextTokenizer.from_files(raw, self._json("tokenizer_config.json"), self._json("generation_config.json"),
+                                        template.decode("utf-8", "replace") if template is not None else None,
+                                        os.path.join(self.root, "tokenizer.json"))
+
+    # ---------------------------------------------------------------------------------------------------
+
+    def _map(self, name: str) -> TensorMap:
+        m = self.maps.get(name)
+        if m is None:
+            raise BadInput(self.ref, f"has no weight {name!r}")
+        return m
+
+    def _read(self, source: str) -> dict[str, Tensor]:
+        from specpair.formats.weights import read_parts
+
+        return read_parts(self.weights[source], self.root, self.file_format)
+
+    def _float(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Tensor:
+        floats = []
+        for s, parts in zip(m.sources, stored):
+            w = self.weights[s]
+            if w.layout == "int":
+                floats.append(parts[""].to(device))
+            else:
+                floats.append(codec(w.layout).decode({k: v.to(device) for k, v in parts.items()}, w.shape, w.name))
+        return m.apply(floats)
+
+    def _packed(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Packed | None:
+        layouts = {self.weights[s].layout for s in m.sources}
+        if len(layouts) != 1:
+            return None
+        layout = layouts.pop()
+        if layout in FLOAT_LAYOUTS or layout == "int":
+            return None
+        moved = move_stored_rows(m, stored, [self.weights[s].shape for s in m.sources], layout)
+        if moved is None:
+            return None
+        parts, col_order = moved
+        return Packed(m.name, layout, m.shape, parts, col_order).to(device)
+
+    def _small(self, name: str) -> bytes | None:
+        return self.reader.read(name, MAX_SMALL_FILE) if name in self.files else None
+
+    def _json(self, name: str) -> dict[str, Any] | None:
+        from specpair.sources import read_json
+
+        return read_json(self.reader, name) if name in self.files else None
+
+
+# ------------------------------------------------------------------------------------------------ packed rows
+
+ROW_OPS = ("stack", "select", "rows", "take_rows", "cat_rows")
+TILE = 128  # fp8-block scale tiles
+
+
+def move_stored_rows(m: TensorMap, stored: list[dict[str, Tensor]], shapes: list[tuple[int, ...]],
+                     layout: str) -> tuple[dict[str, Tensor], Tensor | None] | None:
+    """Apply a map's steps to the stored parts of a quantized layout where that is exact: whole rows of
+    row-wise parts (codes and scales of one row stay together), per-tensor scalars carried along (stacked
+    into [E] for experts), fp8-block scale tiles when rows move by whole tiles. A final column gather becomes
+    a column order. None where no exact form exists."""
+    steps = list(m.steps)
+    col_order = None
+    if steps and steps[-1].op == "take_cols":
+        col_order = torch.tensor(steps.pop().args[0], dtype=torch.long)
+    if any(s.op not in ROW_OPS for s in steps):
+        return None
+    if not steps:
+        if len(stored) != 1:
+            return None
+        return dict(stored[0]), col_order
+    kinds = [_part_kinds(parts, shape, layout) for parts, shape in zip(stored, shapes)]
+    if any(k is None for k in kinds) or len({tuple(sorted(k)) for k in kinds}) != 1:
+        return None
+    first, *rest = steps
+    if first.op in ("stack", "cat_rows"):
+        parts = _combine(first.op, stored, kinds, shapes)
+        rows = sum(s[-2] for s in shapes) if first.op == "cat_rows" else shapes[0][-2]
+    elif len(stored) == 1:
+        parts, rows = dict(stored[0]), shapes[0][-2]
+        rest = steps
+    else:
+        return None
+    if parts is None:
+        return None
+    kind = kinds[0]
+    stacked = first.op == "stack"
+    for step in rest:
+        if step.op == "select":
+            if not stacked and not all(kind[k] == "rows" for k in parts):
+                return None
+            parts = {k: v[step.args[0]] for k, v in parts.items()}
+            stacked = False
+        elif step.op in ("rows", "take_rows"):
+            index = tuple(range(*step.args)) if step.op == "rows" else step.args[0]
+            parts = _gather_rows(parts, kind, index, rows)
+            if parts is None:
+                return None
+            rows = len(index)
+        else:
+            return None
+    return parts, col_order
+
+
+def _part_kinds(parts: dict[str, Tensor], shape: tuple[int, ...], layout: str) -> dict[str, str] | None:
+    """Per part: "rows" (one stored row per weight row), "scalar" (per tensor), "tiles" (fp8-block scales)."""
+    rows = math.prod(shape[:-1])
+    kinds = {}
+    for key, part in parts.items():
+        if layout == "fp8-block" and key == ".weight_scale_inv":
+            kinds[key] = "tiles"
+        elif part.numel() == 1:
+            kinds[key] = "scalar"
+        elif part.ndim > 1 and math.prod(part.shape[:-1]) == rows:
+            kinds[key] = "rows"
+        else:
+            return None
+    return kinds
+
+
+def _combine(op: str, stored: list[dict[str, Tensor]], kinds: list[dict[str, str]],
+             shapes: list[tuple[int, ...]]) -> dict[str, Tensor] | None:
+    out = {}
+    for key, kind in kinds[0].items():
+        values = [parts[key] for parts in stored]
+        if op == "stack":
+            out[key] = torch.stack([v.reshape(()) if kind == "scalar" else v for v in values])
+        elif kind == "rows":
+            out[key] = torch.cat(values, dim=-2)
+        elif kind == "scalar" and all(torch.equal(v.reshape(()), values[0].reshape(())) for v in values):
+            out[key] = values[0]
+        elif kind == "tiles" and all(s[-2] % TILE == 0 for s in shapes[:-1]):
+            out[key] = torch.cat(values, dim=-2)
+        else:
+            return None
+    return out
+
+
+def _gather_rows(parts: dict[str, Tensor], kind: dict[str, str], index: tuple[int, ...],
+                 rows: int) -> dict[str, Tensor] | None:
+    out = {}
+    for key, part in parts.items():
+        if kind[key] == "scalar":
+            out[key] = part
+        elif kind[key] == "rows":
+            out[key] = part.index_select(-2, torch.tensor(index, dtype=torch.long))
+        else:  # tiles: only a run of whole tiles (the last one may be partial)
+            start, count = index[0], len(index)
+            if index != tuple(range(start, start + count)) or start % TILE or (count % TILE and start + count != rows):
+                return None
+            out[key] = part[..., start // TILE:-(-(start + count) // TILE), :]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ opening
+
+
+def open_model(ref: str, gguf_file: str | None = None) -> Model:
+    """A local checkpoint directory or .gguf file, or a Hub repo already in the HF cache. Headers only."""
+    from specpair.sources.local import LocalFiles
+
+    path = local_path(ref)
+    if path.endswith(".gguf") or gguf_file:
+        return _open_gguf(ref, os.path.abspath(path if not gguf_file else os.path.join(path, gguf_file)))
+    files = LocalFiles(path)
+    names = sorted(e.path for e in files.list())
+    if "config.json" not in names:
+        ggufs = [n for n in names if n.endswith(".gguf")]
+        if len(ggufs) == 1:
+            return _open_gguf(ref, os.path.join(os.path.abspath(path), ggufs[0]))
+        raise BadInput(files.where, f"has no config.json and {len(ggufs)} GGUF files" +
+                       (f"; choose one with --gguf-file ({', '.join(ggufs[:6])})" if ggufs else ""))
+    return _open_hf(ref, path, files, names)
+
+
+def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
+    from specpair.formats.mlx_names import from_mlx, is_mlx_layout
+    from specpair.sources import _safetensors_shards, read_json
+
+    hf_config = read_json(files, "config.json", required=True)
+    where = os.path.join(files.where, "config.json")
+    config = parse_config(hf_config, where, read_json(files, "generation_config.json") if
+                          "generation_config.json" in names else None)
+    shards, _ = _safetensors_shards(files, set(names))
+    if not shards:
+        raise BadInput(files.where, "has no .safetensors weights (a metadata-only copy?)")
+    tensors = files.safetensors_headers(shards)
+    weights = unpadded(hf_weights(tensors, hf_config.get("quantization")), hf_config, files.where)
+    for w in weights:
+        check_readable(w, files.where)
+    shapes = {w.name: w.shape for w in weights}
+    if is_mlx_layout(config.family, list(shapes)):
+        naming, to_hf = "mlx", from_mlx(config.family, shapes)
+    else:
+        naming, to_hf = "hf", [identity(n, s) for n, s in shapes.items()]
+    maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}))
+    return Model(ref, path, "safetensors", naming, config, hf_config, {w.name: w for w in weights},
+                 {m.name: m for m in maps}, files=names, reader=files)
+
+
+def _open_gguf(ref: str, path: str) -> Model:
+    from specpair.formats import gguf_arch
+    from specpair.formats.weights import read_parts
+    from specpair.sources.local import LocalFiles
+
+    directory, name = os.path.split(path)
+    files = LocalFiles(directory, only=name)
+    header = files.gguf_header(name)
+    weights = {w.name: w for w in gguf_weights(header)}
+    rope = weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
+    values = read_parts(rope, directory, "gguf")[""].float().tolist() if rope is not None else None
+    with naming_the_file(path):
+        plan = gguf_arch.from_gguf(header.fields, {n: w.shape for n, w in weights.items()}, rope_freqs=values)
+    config = parse_config(plan.config, path)
+    maps = compose(plan.tensors, canonical_maps(config, {m.name: m.shape for m in plan.tensors}))
+    return Model(ref, directory, "gguf", "gguf", config, plan.config, weights, {m.name: m for m in maps},
+                 files=[name], header=header, notes=list(plan.notes), reader=files)
+
+
+@contextlib.contextmanager
+def naming_the_file(path: str) -> Iterator[None]:
+    """gguf_arch names what it reads "config.json" or "GGUF header": say which file (`path`) that is."""
+    from specpair.formats import gguf_arch
+
+    try:
+        yield
+    except BadInput as e:
+        if e.where in (gguf_arch.CONFIG, gguf_arch.HEADER):
+            raise BadInput(path, e.problem) from None
+        raise
+
+
+def unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list[Weight]:
+    """EXL3 pads both dims to 128: the real shapes come from the model the config describes."""
+    import dataclasses
+
+    if not any(w.layout.startswith("exl3") for w in weights):
+        return weights
+    from specpair.formats import gguf_arch
+
+    with naming_the_file(os.path.join(where, "config.json")):
+        expected = gguf_arch.hf_shapes(config, {w.name: w.shape for w in weights})
+    out = []
+    for w in weights:
+        shape = expected.get(w.name, w.shape)
+        if w.layout.startswith("exl3") and tuple(-(-d // 128) * 128 for d in shape) != w.shape:
+            raise BadInput(f"{where}/{w.module}.trellis", f"holds a padded {list(w.shape)} weight, which does not "
+                                                          f"fit the {list(shape)} the config gives it")
+        out.append(dataclasses.replace(w, shape=shape) if w.layout.startswith("exl3") else w)
+    return out
+
+
+def check_readable(weight: Weight, where: str) -> None:
+    """A tensor whose dtype torch cannot hold, or a layout without a codec, is refused by name up front."""
+    for key, info in weight.parts.items():
+        if info.dtype not in TORCH_DTYPES:
+            raise BadInput(os.path.join(where, info.file), f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, "
+                                                           "which specpair cannot read")
+    if weight.layout != "int":
+        try:
+            codec(weight.layout)
+        except BadInput:
+            raise BadInput(os.path.join(where, weight.parts[next(iter(weight.parts))].file),
+                           f"weight {weight.name!r} is stored as {weight.layout}, which specpair cannot read") from None
+
+
+def local_path(ref: str) -> str:
+    """A path as typed, or the snapshot of a Hub repo `org/name[@revision]` in the HF cache."""
+    path = os.path.expanduser(ref)
+    if os.path.exists(path):
+        return path
+    from specpair.sources import REPO_ID
+
+    repo, _, revision = ref.partition("@")
+    if REPO_ID.match(repo):
+        from specpair.sources.hub import CachedFiles, settings_from_env
+
+        cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
+        if cached is not None:
+            return cached.snapshot
+        raise BadInput(ref, "is not in the Hugging Face cache; fetch it first with `specpair download "
+                            f"{ref}` (specpair reads weights from local files only)")
+    raise BadInput(ref, "no such file or directory")
+

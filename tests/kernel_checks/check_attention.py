@@ -1,0 +1,111 @@
+"""runtime/kernels/attention.py: the reference and the Triton kernel (interpreted) against float64 masked
+softmax attention, for causal verify rows, sliding windows, DFlash's bidirectional blocks and empty ranges,
+with GQA; with one split of the cache and with several (the merge kernel), in one launch and in chunks of
+query rows; both batch-invariant (a query alone, a sequence alone) and blind to what lies outside the ranges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpair.runtime.kernels import attention
+
+BATCH, TOKENS, Q_HEADS, KV_HEADS, CACHE = 3, 5, 4, 2, 300
+
+
+def cache(head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(head_dim)
+    return (torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype),
+            torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype))
+
+
+def ranges(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] int32 kv_start, kv_end: each sequence at its own depth, one of them crossing a block of 64."""
+    first = torch.tensor([3, 60, 250])[:, None]
+    pos = first + torch.arange(TOKENS)[None, :]
+    start = torch.zeros_like(pos)
+    end = pos + 1
+    if kind == "window":
+        start = (pos + 1 - 16).clamp_min(0)
+    elif kind == "block":  # every row of a drafted block sees the whole block
+        end = torch.full_like(pos, 0) + (first + TOKENS)
+    elif kind == "empty":
+        start[:, 2] = end[:, 2]
+    return start.int(), end.int()
+
+
+def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+          scale: float) -> torch.Tensor:
+    group = Q_HEADS // KV_HEADS
+    keys = k.double().repeat_interleave(group, 2).transpose(1, 2)  # [B, Hq, S, D]
+    values = v.double().repeat_interleave(group, 2).transpose(1, 2)
+    scores = q.double().transpose(1, 2) @ keys.transpose(2, 3) * scale  # [B, Hq, T, S]
+    p = torch.arange(CACHE)
+    inside = (p[None, None, :] >= start[:, :, None]) & (p[None, None, :] < end[:, :, None])  # [B, T, S]
+    scores = scores.masked_fill(~inside[:, None], float("-inf"))
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)  # an empty range: zeros
+    return (probs @ values).transpose(1, 2)
+
+
+FUNCTIONS = {"triton": attention.attention_triton, "reference": attention.attention_reference}
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "block", "empty"])
+@pytest.mark.parametrize("split", [1024, 128], ids=["one-split", "three-splits"])
+def test_attention(kind: str, split: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "SPLIT", split)
+    head_dim = 32
+    k, v = cache(head_dim, torch.float32)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, head_dim)
+    start, end = ranges(kind)
+    scale = head_dim ** -0.5
+    want = exact(q, k, v, start, end, scale)
+    for name, fn in FUNCTIONS.items():
+        got = fn(q, k, v, start, end, scale)
+        assert not got.isnan().any(), name
+        assert ((got.double() - want).abs() <= 1e-5).all(), name
+        for b, t in ((0, 0), (2, TOKENS - 1), (1, 2)):  # a query alone (decode) vs in its verify block and batch
+            alone = fn(q[b:b + 1, t:t + 1].clone(), k[b:b + 1].clone(), v[b:b + 1].clone(),
+                       start[b:b + 1, t:t + 1].clone(), end[b:b + 1, t:t + 1].clone(), scale)
+            assert torch.equal(alone[0, 0], got[b, t]), name
+        sequence = fn(q[1:2].clone(), k[1:2].clone(), v[1:2].clone(), start[1:2].clone(), end[1:2].clone(), scale)
+        assert torch.equal(sequence[0], got[1]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
+    head_dim = 24
+    k, v = cache(head_dim, dtype)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, head_dim).to(dtype)
+    start, end = ranges("causal")
+    want = exact(q, k, v, start, end, head_dim ** -0.5)
+    got = attention.attention_triton(q, k, v, start, end, head_dim ** -0.5)
+    assert got.dtype == dtype and not got.isnan().any()
+    rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0
+    assert ((got.double() - want).abs() <= 1e-5 + rounding * want.abs()).all()
+
+
+def test_cache_outside_the_ranges_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN before each sequence's smallest kv_start and from its largest kv_end on: the same bits."""
+    monkeypatch.setattr(attention, "SPLIT", 128)
+    k, v = cache(32, torch.float32)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, 32)
+    start, end = ranges("window")
+    clean = {name: fn(q, k, v, start, end, 0.2) for name, fn in FUNCTIONS.items()}
+    for b in range(BATCH):
+        for c in (k, v):
+            c[b, :int(start[b].min())] = float("nan")
+            c[b, int(end[b].max()):] = float("nan")
+    for name, fn in FUNCTIONS.items():
+        assert torch.equal(fn(q, k, v, start, end, 0.2), clean[name]), name
+
+
+def test_query_rows_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scratch budget of one token per launch: launches of one token each give the bits of one launch."""
+    monkeypatch.setattr(attention, "SPLIT", 128)
+    k, v = cache(32, torch.float32)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, 32)
+    start, end = ranges("causal")
+    whole = attention.attention_triton(q, k, v, start, end, 0.2)
+    monkeypatch.setattr(attention, "SCRATCH_BYTES", 1)
+    assert torch.equal(attention.attention_triton(q, k, v, start, end, 0.2), whole)

