@@ -45,9 +45,20 @@ VOCAB, TOKENS = 248320, 248077
 # nvidia/Qwen3.5-122B-A10B-NVFP4's pattern: only routed experts in NVFP4 (targets.md §2.3).
 ROUTED_EXPERTS_NVFP4 = {
     "producer": {"name": "modelopt", "version": "0.44.0"},
-    "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
-                     "exclude_modules": ["lm_head", "*linear_attn*", "*self_attn*", "*shared_expert*", "*mlp.gate",
-                                         "model.visual*", "mtp*"]},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "kv_cache_quant_algo": "FP8",
+        "group_size": 16,
+        "exclude_modules": [
+            "lm_head",
+            "*linear_attn*",
+            "*self_attn*",
+            "*shared_expert*",
+            "*mlp.gate",
+            "model.visual*",
+            "mtp*",
+        ],
+    },
 }
 
 
@@ -105,30 +116,53 @@ def write_tokenizer(root: Path) -> None:
     vocab = {f"\u0120tok{i}": i for i in range(248044)}
     added = [{"id": 248044 + i, "content": f"<|special_{i}|>", "special": True} for i in range(TOKENS - 248044)]
     merges = [f"\u0120t ok{i}" for i in range(247587)]
-    tokenizer = {"version": "1.0", "added_tokens": added, "normalizer": {"type": "NFC"},
-                 "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
-                 "model": {"type": "BPE", "vocab": vocab, "merges": merges}}
+    tokenizer = {
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "ByteLevel"},
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+    }
     (root / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|special_2|>", "pad_token": "<|special_0|>"}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|special_2|>", "pad_token": "<|special_0|>"})
+    )
     (root / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044], "pad_token_id": 248044}))
 
 
 def write_draft(root: Path, hidden: int, target_layers: int, taps: list[int], ffn: int) -> None:
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
-              "num_hidden_layers": 6, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-              "intermediate_size": ffn, "vocab_size": VOCAB, "max_position_embeddings": 262144,
-              "num_target_layers": target_layers + 1, "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-              "sliding_window": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000000},
-              "dflash_config": {"target_layer_ids": taps, "mask_token_id": TOKENS, "block_size": 16}}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": ffn,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 262144,
+        "num_target_layers": target_layers + 1,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "sliding_window": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000},
+        "dflash_config": {"target_layer_ids": taps, "mask_token_id": TOKENS, "block_size": 16},
+    }
     root.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps(config))
     Tensor = builder().TensorInfo
     shapes = {"fc.weight": [hidden, len(taps) * hidden], "hidden_norm.weight": [hidden], "norm.weight": [hidden]}
     for i in range(6):
-        for name, shape in (("self_attn.q_proj", [4096, hidden]), ("self_attn.k_proj", [1024, hidden]),
-                            ("self_attn.v_proj", [1024, hidden]), ("self_attn.o_proj", [hidden, 4096]),
-                            ("mlp.gate_proj", [ffn, hidden]), ("mlp.up_proj", [ffn, hidden]),
-                            ("mlp.down_proj", [hidden, ffn])):
+        for name, shape in (
+            ("self_attn.q_proj", [4096, hidden]),
+            ("self_attn.k_proj", [1024, hidden]),
+            ("self_attn.v_proj", [1024, hidden]),
+            ("self_attn.o_proj", [hidden, 4096]),
+            ("mlp.gate_proj", [ffn, hidden]),
+            ("mlp.up_proj", [ffn, hidden]),
+            ("mlp.down_proj", [hidden, ffn]),
+        ):
             shapes[f"layers.{i}.{name}.weight"] = shape
         for name in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
             shapes[f"layers.{i}.{name}.weight"] = [128 if "_norm" in name and "self_attn" in name else hidden]
@@ -196,14 +230,24 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="a folder holding an earlier specpair checkout as `specpair`")
     args = parser.parse_args()
     python = sys.executable
-    pairs = [("nvidia/Qwen3.6-35B-A3B-NVFP4 + DFlash",
-              json.loads((REAL_CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()),
-              json.loads((REAL_CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text()),
-              (2048, 40, [1, 6, 11, 16, 22, 27, 32, 37], 6144))]
+    pairs = [
+        (
+            "nvidia/Qwen3.6-35B-A3B-NVFP4 + DFlash",
+            json.loads((REAL_CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()),
+            json.loads((REAL_CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text()),
+            (2048, 40, [1, 6, 11, 16, 22, 27, 32, 37], 6144),
+        )
+    ]
     if not args.skip_512:
         config = json.loads((REAL_CONFIGS / "Qwen__Qwen3.5-397B-A17B.json").read_text())
-        pairs.append(("Qwen3.5-397B-A17B-class NVFP4 (512 experts) + DFlash", config, ROUTED_EXPERTS_NVFP4,
-                      (4096, 60, [1, 9, 17, 25, 33, 41, 49, 57], 12288)))
+        pairs.append(
+            (
+                "Qwen3.5-397B-A17B-class NVFP4 (512 experts) + DFlash",
+                config,
+                ROUTED_EXPERTS_NVFP4,
+                (4096, 60, [1, 9, 17, 25, 33, 41, 49, 57], 12288),
+            )
+        )
     subprocess.run([python, "-m", "specpair", "--help"], env=environment(), capture_output=True, check=True)  # .pyc
     bare = median_seconds([python, "-c", "pass"], args.runs)
     torch = median_seconds([python, "-c", "import torch"], args.runs)
@@ -229,23 +273,34 @@ def main() -> None:
             if args.before:
                 old_env = environment(PYTHONPATH=str(args.before))
                 done = subprocess.run(check, capture_output=True, env=old_env)
-                before = median_seconds(check, args.runs, old_env, fresh_cache=True) if done.returncode in (0, 1) else \
-                    done.stderr.decode().strip().splitlines()[-1]
+                before = (
+                    median_seconds(check, args.runs, old_env, fresh_cache=True)
+                    if done.returncode in (0, 1)
+                    else done.stderr.decode().strip().splitlines()[-1]
+                )
             print(f"{name}: {count} tensors, {sizes(target)}")
             if isinstance(before, float):
-                print(f"  the --before checkout, check --json  {before:6.3f} s   (this one: {before / cold:.1f}x faster cold, "
-                      f"{before / cached:.1f}x cached)")
+                print(
+                    f"  the --before checkout, check --json  {before:6.3f} s   (this one: {before / cold:.1f}x faster cold, "
+                    f"{before / cached:.1f}x cached)"
+                )
             elif before is not None:
                 print(f"  the --before checkout refuses it: {before}")
             print(f"  parse floor (orjson.loads of configs, headers, tokenizer)  {floor:6.3f} s")
-            print(f"  specpair check --json, cold    {cold:6.3f} s   = {cold / floor:.2f}x the parse floor, "
-                  f"{cold / torch:.2f}x the torch import, {cold / 0.5:.2f}x the 0.5 s goal")
-            print(f"  specpair check --json, cached  {cached:6.3f} s   = {cached / torch:.2f}x the torch import, "
-                  f"{cached / 0.3:.2f}x the 0.3 s goal")
+            print(
+                f"  specpair check --json, cold    {cold:6.3f} s   = {cold / floor:.2f}x the parse floor, "
+                f"{cold / torch:.2f}x the torch import, {cold / 0.5:.2f}x the 0.5 s goal"
+            )
+            print(
+                f"  specpair check --json, cached  {cached:6.3f} s   = {cached / torch:.2f}x the torch import, "
+                f"{cached / 0.3:.2f}x the 0.3 s goal"
+            )
             print(f"  specpair check (tables), cached {tables:5.3f} s")
     if len(per_tensor) == 2:
         (n1, t1), (n2, t2) = per_tensor
-        print(f"scaling: {n2 / n1:.2f}x the tensors, {(t2 - bare) / (t1 - bare):.2f}x the cold time past interpreter start")
+        print(
+            f"scaling: {n2 / n1:.2f}x the tensors, {(t2 - bare) / (t1 - bare):.2f}x the cold time past interpreter start"
+        )
 
 
 if __name__ == "__main__":

@@ -27,19 +27,33 @@ from pathlib import Path
 
 import torch
 
+from specpair.checkpoint.gguf_tokenizer import hf_tokenizer_files
 from specpair.formats.gguf import read_local
-from specpair.formats.gguf_tokenizer import hf_tokenizer_files
 from specpair.formats.safetensors import Writer
 
 VOCAB = 49152  # SmolLM2's
 
 
 def llama_config(hidden: int, layers: int, intermediate: int) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-            "num_hidden_layers": layers, "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 256,
-            "head_dim": 64, "intermediate_size": intermediate, "vocab_size": VOCAB, "max_position_embeddings": 8192,
-            "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": False, "hidden_act": "silu",
-            "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": hidden // 64,
+        "num_key_value_heads": hidden // 256,
+        "head_dim": 64,
+        "intermediate_size": intermediate,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
 
 
 HIDDEN, INTERMEDIATE = 2048, 5632
@@ -54,11 +68,17 @@ def generate(directory: Path, layers: int, tokenizer: dict[str, bytes]) -> int:
     shapes = {"model.embed_tokens.weight": (VOCAB, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-                   p + "self_attn.q_proj.weight": (heads * 64, hidden), p + "self_attn.k_proj.weight": (kv * 64, hidden),
-                   p + "self_attn.v_proj.weight": (kv * 64, hidden), p + "self_attn.o_proj.weight": (hidden, heads * 64),
-                   p + "mlp.gate_proj.weight": (intermediate, hidden), p + "mlp.up_proj.weight": (intermediate, hidden),
-                   p + "mlp.down_proj.weight": (hidden, intermediate)}
+        shapes |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (heads * 64, hidden),
+            p + "self_attn.k_proj.weight": (kv * 64, hidden),
+            p + "self_attn.v_proj.weight": (kv * 64, hidden),
+            p + "self_attn.o_proj.weight": (hidden, heads * 64),
+            p + "mlp.gate_proj.weight": (intermediate, hidden),
+            p + "mlp.up_proj.weight": (intermediate, hidden),
+            p + "mlp.down_proj.weight": (hidden, intermediate),
+        }
     shapes |= {"model.norm.weight": (hidden,), "lm_head.weight": (VOCAB, hidden)}
     directory.mkdir(parents=True)
     writer = Writer(str(directory), [(n, "BF16", s) for n, s in shapes.items()], shard_bytes=1 << 30)
@@ -116,8 +136,13 @@ def same_tensors(a: Path, b: Path) -> tuple[int, int]:
     from specpair.formats.gguf import read_tensor
 
     theirs, ours = ({t.name: t for t in read_local(str(p)).tensors} for p in (a, b))
-    same = sum(1 for name, t in theirs.items() if name in ours and (t.dtype, t.shape) == (ours[name].dtype, ours[name].shape)
-               and torch.equal(read_tensor(str(a), t), read_tensor(str(b), ours[name])))
+    same = sum(
+        1
+        for name, t in theirs.items()
+        if name in ours
+        and (t.dtype, t.shape) == (ours[name].dtype, ours[name].shape)
+        and torch.equal(read_tensor(str(a), t), read_tensor(str(b), ours[name]))
+    )
     return same, len(theirs)
 
 
@@ -134,20 +159,27 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=2.2, help="size of the generated BF16 checkpoint")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--to", default="gguf:Q8_0,gguf:Q4_K,gguf:NVFP4",
-                        help="comma-separated --to specs, each optionally @cpu or @cuda (default: --device)")
+    parser.add_argument(
+        "--to",
+        default="gguf:Q8_0,gguf:Q4_K,gguf:NVFP4",
+        help="comma-separated --to specs, each optionally @cpu or @cuda (default: --device)",
+    )
     parser.add_argument("--tokenizer", type=Path, help="a GGUF, or a directory of tokenizer files (SmolLM2's)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="convert-speed-"))
     tokenizer = tokenizer_files(args.tokenizer)
     layers = max(4, round((args.gb * 1e9 - 2 * 2 * VOCAB * HIDDEN) / LAYER_BYTES))
-    sizes = {"full": generate(work / "bf16", layers, tokenizer),
-             "quarter": generate(work / "bf16-quarter", layers // 4, tokenizer)}
+    sizes = {
+        "full": generate(work / "bf16", layers, tokenizer),
+        "quarter": generate(work / "bf16-quarter", layers // 4, tokenizer),
+    }
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    print(f"convert throughput: {sizes['full'] / 1e9:.2f} GB BF16 Llama checkpoint, {layers} layers (and "
-          f"{sizes['quarter'] / 1e9:.2f} GB, {layers // 4} layers), {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, GPU {gpu}, workers {args.workers}, torch {torch.__version__}\n")
+    print(
+        f"convert throughput: {sizes['full'] / 1e9:.2f} GB BF16 Llama checkpoint, {layers} layers (and "
+        f"{sizes['quarter'] / 1e9:.2f} GB, {layers // 4} layers), {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, GPU {gpu}, workers {args.workers}, torch {torch.__version__}\n"
+    )
     print("| conversion | device | input | GB/s (BF16 in) | vs llama.cpp q8_0 | seconds | peak RSS | output |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     baseline_rate = None
@@ -157,15 +189,31 @@ def main() -> None:
         seconds, rss = timed(command)
         rate = sizes[source] / seconds / 1e9
         baseline_rate = baseline_rate or rate
-        print(f"| {label} | {device} | {sizes[source] / 1e9:.2f} GB | {rate:.3f} | {rate / baseline_rate:.2f}x | "
-              f"{seconds:.1f} | {rss / 1e9:.2f} GB | {size_of(output) / 1e9:.2f} GB |", flush=True)
+        print(
+            f"| {label} | {device} | {sizes[source] / 1e9:.2f} GB | {rate:.3f} | {rate / baseline_rate:.2f}x | "
+            f"{seconds:.1f} | {rss / 1e9:.2f} GB | {size_of(output) / 1e9:.2f} GB |",
+            flush=True,
+        )
         if not keep:
             remove(output)
 
     baseline = work / "llama-cpp-q8_0.gguf"
-    run("llama.cpp convert_hf_to_gguf.py --outtype q8_0", "cpu, 1 thread", "full",
-        [sys.executable, str(args.llama_cpp / "convert_hf_to_gguf.py"), str(work / "bf16"), "--outfile", str(baseline),
-         "--outtype", "q8_0"], baseline, keep=True)
+    run(
+        "llama.cpp convert_hf_to_gguf.py --outtype q8_0",
+        "cpu, 1 thread",
+        "full",
+        [
+            sys.executable,
+            str(args.llama_cpp / "convert_hf_to_gguf.py"),
+            str(work / "bf16"),
+            "--outfile",
+            str(baseline),
+            "--outtype",
+            "q8_0",
+        ],
+        baseline,
+        keep=True,
+    )
     identical = None
     for entry in args.to.split(","):
         spec, _, device = entry.partition("@")
@@ -173,9 +221,28 @@ def main() -> None:
         for source in ("full", "quarter"):
             out = work / (f"specpair-{spec.replace(':', '-')}-{source}" + (".gguf" if spec.startswith("gguf:") else ""))
             q8 = spec.lower() == "gguf:q8_0" and source == "full" and identical is None
-            run(f"specpair convert --to {spec}", device, source,
-                [sys.executable, "-m", "specpair", "convert", str(work / ("bf16" if source == "full" else "bf16-quarter")),
-                 str(out), "--to", spec, "--device", device, "--workers", str(args.workers), "-q"], out, keep=q8)
+            run(
+                f"specpair convert --to {spec}",
+                device,
+                source,
+                [
+                    sys.executable,
+                    "-m",
+                    "specpair",
+                    "convert",
+                    str(work / ("bf16" if source == "full" else "bf16-quarter")),
+                    str(out),
+                    "--to",
+                    spec,
+                    "--device",
+                    device,
+                    "--workers",
+                    str(args.workers),
+                    "-q",
+                ],
+                out,
+                keep=q8,
+            )
             if q8:
                 identical = same_tensors(baseline, out)
                 out.unlink()

@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from hubserver import FakeHub
+from hubserver import FakeHub  # noqa: E402 (tests/ is put on the path first)
 
 HF_BASELINE = """
 import sys
@@ -52,8 +52,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
-    files = {f"model-{i + 1:05d}-of-{args.files:05d}.safetensors": os.urandom(args.mb * 10**6)
-             for i in range(args.files)}
+    files = {
+        f"model-{i + 1:05d}-of-{args.files:05d}.safetensors": os.urandom(args.mb * 10**6) for i in range(args.files)
+    }
     total = sum(len(data) for data in files.values())
     hub = FakeHub().start()
     repo = hub.add("bench/model", files)
@@ -65,32 +66,52 @@ def main() -> None:
     try:
         for run in range(args.runs):
             cache = os.path.join(work, f"specpair-{run}")
-            timings["specpair download"].append(timed(
-                [sys.executable, "-m", "specpair", "download", f"bench/model@{repo.commit}", "--quiet",
-                 "--lock", os.path.join(work, "specpair.lock")],
-                {**env, "HF_HUB_CACHE": cache}, work))
+            timings["specpair download"].append(
+                timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "specpair",
+                        "download",
+                        f"bench/model@{repo.commit}",
+                        "--quiet",
+                        "--lock",
+                        os.path.join(work, "specpair.lock"),
+                    ],
+                    {**env, "HF_HUB_CACHE": cache},
+                    work,
+                )
+            )
             verify_s.append(timed([sys.executable, "-m", "specpair", "verify", work, "--quiet"], env, work))
             shutil.rmtree(cache)
             cache = os.path.join(work, f"hf-{run}")
-            timings["hf_hub_download"].append(timed(
-                [sys.executable, "-c", HF_BASELINE, "bench/model", repo.commit, cache, hub.url, *files],
-                env, work))
+            timings["hf_hub_download"].append(
+                timed(
+                    [sys.executable, "-c", HF_BASELINE, "bench/model", repo.commit, cache, hub.url, *files], env, work
+                )
+            )
             shutil.rmtree(cache)
     finally:
         hub.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{args.files} files x {args.mb} MB = {total / 1e6:.0f} MB from {hub.url}, {args.runs} runs, "
-          f"{os.cpu_count()} cores; median wall time of a fresh process:")
+    print(
+        f"{args.files} files x {args.mb} MB = {total / 1e6:.0f} MB from {hub.url}, {args.runs} runs, "
+        f"{os.cpu_count()} cores; median wall time of a fresh process:"
+    )
     medians = {}
     for name, values in timings.items():
         medians[name] = statistics.median(values)
-        print(f"  {name:18} {medians[name]:7.2f} s  {total / 1e6 / medians[name]:8.0f} MB/s  "
-              f"(runs: {', '.join(f'{v:.2f}' for v in values)})")
+        print(
+            f"  {name:18} {medians[name]:7.2f} s  {total / 1e6 / medians[name]:8.0f} MB/s  "
+            f"(runs: {', '.join(f'{v:.2f}' for v in values)})"
+        )
     ratio = medians["hf_hub_download"] / medians["specpair download"]
     print(f"  specpair download runs at {ratio:.2f}x the speed of hf_hub_download, verification included")
-    print(f"  specpair verify    {statistics.median(verify_s):7.2f} s  {total / 1e6 / statistics.median(verify_s):8.0f} MB/s"
-          f"  (re-hash of the same files, process start included)")
+    print(
+        f"  specpair verify    {statistics.median(verify_s):7.2f} s  {total / 1e6 / statistics.median(verify_s):8.0f} MB/s"
+        f"  (re-hash of the same files, process start included)"
+    )
 
 
 if __name__ == "__main__":

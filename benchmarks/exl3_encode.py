@@ -37,7 +37,8 @@ def numpy_viterbi(tile: np.ndarray, bits: int, cb: np.ndarray) -> np.ndarray:
         for step in range(exl3.TILE_LEN):
             position = (step + roll) % exl3.TILE_LEN
             candidates = costs.reshape(branches, sources, 1) + ((cb - tile[position]) ** 2).reshape(
-                branches, sources, branches)
+                branches, sources, branches
+            )
             back[position] = candidates.argmin(0).reshape(edges)
             costs = candidates.min(0).reshape(edges)
         return costs, back
@@ -99,10 +100,12 @@ def calibrate(tiles: int, codebooks: tuple[str, ...], device: str) -> None:
         cb = exl3.codebook_values(codebook).to(device).float()
         best_by_bits = []
         for bits in exl3.BITS:
+
             def error(rms: float, bits: int = bits, codebook: str = codebook, cb: torch.Tensor = cb) -> float:
                 x = unit * rms
                 states = exl3.viterbi(x, bits, codebook)
                 return (torch.linalg.norm(cb[states] - x) / torch.linalg.norm(x)).item()
+
             grid = {rms: error(rms) for rms in np.arange(0.4, 1.75, 0.15)}
             center = min(grid, key=grid.get)
             grid.update({rms: error(rms) for rms in (center - 0.075, center + 0.075)})
@@ -121,8 +124,11 @@ def main() -> None:
     parser.add_argument("--cuda-rows", type=int, default=4096, help="end-to-end quantize of a [rows, rows] matrix")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--calibrate-tiles", type=int, default=16)
-    parser.add_argument("--cpu-done", type=Path, help="touch this file once the CPU timings are taken (a caller "
-                                                      "may load the CPU after that)")
+    parser.add_argument(
+        "--cpu-done",
+        type=Path,
+        help="touch this file once the CPU timings are taken (a caller may load the CPU after that)",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if args.calibrate:
@@ -133,15 +139,22 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     cb = exl3.codebook_values(codebook).double().numpy()
     tiles = torch.randn(max(args.cpu_tiles, BASELINE_TILES), exl3.TILE_LEN, generator=generator)
-    baseline = seconds(lambda: [numpy_viterbi(t, bits, cb) for t in tiles[:BASELINE_TILES].double().numpy()],
-                       repeats=1) / BASELINE_TILES
+    baseline = (
+        seconds(lambda: [numpy_viterbi(t, bits, cb) for t in tiles[:BASELINE_TILES].double().numpy()], repeats=1)
+        / BASELINE_TILES
+    )
     rows = [("numpy Viterbi, one tile at a time, 1 core (baseline)", 1 / baseline, 1.0)]
     threads = torch.get_num_threads()
     for count in sorted({1, threads}):
         torch.set_num_threads(count)
-        cpu = seconds(lambda: exl3.viterbi(tiles[:args.cpu_tiles], bits, codebook), repeats=1) / args.cpu_tiles
-        rows.append((f"ours, torch on the CPU ({count} thread{'s' * (count > 1)}, {args.cpu_tiles} tiles)", 1 / cpu,
-                     baseline / cpu))
+        cpu = seconds(lambda: exl3.viterbi(tiles[: args.cpu_tiles], bits, codebook), repeats=1) / args.cpu_tiles
+        rows.append(
+            (
+                f"ours, torch on the CPU ({count} thread{'s' * (count > 1)}, {args.cpu_tiles} tiles)",
+                1 / cpu,
+                baseline / cpu,
+            )
+        )
     torch.set_num_threads(threads)
     if args.cpu_done:
         args.cpu_done.touch()
@@ -155,20 +168,27 @@ def main() -> None:
         w = torch.randn(args.cuda_rows, args.cuda_rows, generator=generator).cuda()
         exl3.quantize(w[:128, :128], bits, codebook)  # 64 tiles: the same specialization as the whole
         whole = seconds(lambda: exl3.quantize(w, bits, codebook), repeats=1, cuda=True)
-        matrix_tiles = args.cuda_rows ** 2 // exl3.TILE_LEN
-        rows.append((f"ours, quantize() of a {args.cuda_rows}x{args.cuda_rows} matrix on CUDA, end to end",
-                     matrix_tiles / whole, baseline * matrix_tiles / whole))
+        matrix_tiles = args.cuda_rows**2 // exl3.TILE_LEN
+        rows.append(
+            (
+                f"ours, quantize() of a {args.cuda_rows}x{args.cuda_rows} matrix on CUDA, end to end",
+                matrix_tiles / whole,
+                baseline * matrix_tiles / whole,
+            )
+        )
     print(f"EXL3 encode, K={bits}, codebook {codebook}: tiles/s (256 weights a tile), ratio to the baseline\n")
     print("| encoder | tiles/s | x baseline |\n|---|---|---|")
     for label, rate, ratio in rows:
         print(f"| {label} | {rate:,.1f} | {ratio:,.1f}x |")
     if cuda:
-        print(f"\n1 B parameters = {1e9 / exl3.TILE_LEN / 1e6:.1f} M tiles: {1e9 / exl3.TILE_LEN / rows[-1][1]:.0f} s "
-              "at the end-to-end rate")
+        print(
+            f"\n1 B parameters = {1e9 / exl3.TILE_LEN / 1e6:.1f} M tiles: {1e9 / exl3.TILE_LEN / rows[-1][1]:.0f} s "
+            "at the end-to-end rate"
+        )
         print(f"\nTriton search by K ({codebook}, {args.cuda_tiles // 2} tiles): ", end="")
         for k in exl3.BITS:
             exl3.viterbi(gpu_tiles[:64], k, codebook)  # compiles (Triton specializes on count % 16)
-            half = gpu_tiles[:args.cuda_tiles // 2]
+            half = gpu_tiles[: args.cuda_tiles // 2]
             rate = half.shape[0] / seconds(lambda k=k, half=half: exl3.viterbi(half, k, codebook), repeats=1, cuda=True)
             print(f"K={k} {rate:,.0f}/s", end="  ", flush=True)
         print()

@@ -29,17 +29,25 @@ from specpair.checkpoint.config import ModelConfig, parse_config
 from specpair.runtime.cache import Cache
 from specpair.runtime.kernels import gdn
 
-CONFIG = (Path(__file__).resolve().parent.parent / "catalog" / "sources" / "real-configs"
-          / "nvidia__Qwen3.6-35B-A3B-NVFP4.json")
+CONFIG = (
+    Path(__file__).resolve().parent.parent
+    / "catalog"
+    / "sources"
+    / "real-configs"
+    / "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
+)
 MiB = 2**20
 
 
 def qwen36_shape(scale: int) -> ModelConfig:
     config = parse_config(json.loads(CONFIG.read_text()), str(CONFIG))
-    return dataclasses.replace(config, linear_num_key_heads=config.linear_num_key_heads // scale,
-                               linear_num_value_heads=config.linear_num_value_heads // scale,
-                               linear_key_head_dim=config.linear_key_head_dim // scale,
-                               linear_value_head_dim=config.linear_value_head_dim // scale)
+    return dataclasses.replace(
+        config,
+        linear_num_key_heads=config.linear_num_key_heads // scale,
+        linear_num_value_heads=config.linear_num_value_heads // scale,
+        linear_key_head_dim=config.linear_key_head_dim // scale,
+        linear_value_head_dim=config.linear_value_head_dim // scale,
+    )
 
 
 @dataclasses.dataclass
@@ -61,10 +69,14 @@ def random_inputs(config: ModelConfig, batch: int, block: int, device: str, dtyp
         return torch.randn(*shape, generator=gen, device=device)
 
     taps = config.linear_conv_kernel - 1
-    return Inputs(randn(batch, block, hk, dk).to(dtype), randn(batch, block, hk, dk).to(dtype),
-                  randn(batch, block, hv, dv).to(dtype), -torch.rand(batch, block, hv, generator=gen, device=device),
-                  torch.rand(batch, block, hv, generator=gen, device=device),
-                  randn(batch, taps + block, config.linear_conv_dim).to(dtype))
+    return Inputs(
+        randn(batch, block, hk, dk).to(dtype),
+        randn(batch, block, hk, dk).to(dtype),
+        randn(batch, block, hv, dv).to(dtype),
+        -torch.rand(batch, block, hv, generator=gen, device=device),
+        torch.rand(batch, block, hv, generator=gen, device=device),
+        randn(batch, taps + block, config.linear_conv_dim).to(dtype),
+    )
 
 
 def layers(config: ModelConfig) -> list[int]:
@@ -76,8 +88,14 @@ def baseline_round(config: ModelConfig, cache: Cache, x: Inputs) -> None:
         gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, cache.state[layer])
 
 
-def slots_round(config: ModelConfig, cache: Cache, x: Inputs, slots: dict[int, torch.Tensor],
-                before: dict[int, torch.Tensor], accepted: torch.Tensor) -> None:
+def slots_round(
+    config: ModelConfig,
+    cache: Cache,
+    x: Inputs,
+    slots: dict[int, torch.Tensor],
+    before: dict[int, torch.Tensor],
+    accepted: torch.Tensor,
+) -> None:
     batch = x.q.shape[0]
     rows = torch.arange(batch, device=accepted.device)
     for layer in layers(config):
@@ -125,15 +143,19 @@ def measure(config: ModelConfig, device: str, batch: int, block: int, repeats: i
     state_bytes = batch * hv * dk * dv * 4
     gdn_layers = layers(config)
     saved_inputs = sum(t.nbytes for t in (x.q, x.k, x.v, x.g, x.beta, x.columns))
-    memory = {"state": state_bytes * len(gdn_layers),
-              "slots": (block + 1) * state_bytes * len(gdn_layers),
-              "snapshot_and_replay": (state_bytes + saved_inputs) * len(gdn_layers)}
+    memory = {
+        "state": state_bytes * len(gdn_layers),
+        "slots": (block + 1) * state_bytes * len(gdn_layers),
+        "snapshot_and_replay": (state_bytes + saved_inputs) * len(gdn_layers),
+    }
     cache_replay = Cache(config, batch, block, dtype, device)
     cache_slots = Cache(config, batch, block, dtype, device)
     slots = {i: torch.empty(batch, block, hv, dk, dv, device=device) for i in gdn_layers}
     before = {i: torch.empty(batch, hv, dk, dv, device=device) for i in gdn_layers}
-    start = {i: torch.randn(batch, hv, dk, dv, generator=torch.Generator(device).manual_seed(i), device=device)
-             for i in gdn_layers}
+    start = {
+        i: torch.randn(batch, hv, dk, dv, generator=torch.Generator(device).manual_seed(i), device=device)
+        for i in gdn_layers
+    }
 
     def reset(cache: Cache) -> None:
         for i in gdn_layers:
@@ -143,10 +165,14 @@ def measure(config: ModelConfig, device: str, batch: int, block: int, repeats: i
     counts = sorted({0, 1, block // 2, block - 1, block})
     for kept in counts:
         accepted = torch.full((batch,), kept, device=device)
-        runs[f"slots {kept}"] = (lambda: reset(cache_slots),
-                                 lambda a=accepted: slots_round(config, cache_slots, x, slots, before, a))
-        runs[f"replay {kept}"] = (lambda: reset(cache_replay),
-                                  lambda a=accepted: replay_round(config, cache_replay, x, a))
+        runs[f"slots {kept}"] = (
+            lambda: reset(cache_slots),
+            lambda a=accepted: slots_round(config, cache_slots, x, slots, before, a),
+        )
+        runs[f"replay {kept}"] = (
+            lambda: reset(cache_replay),
+            lambda a=accepted: replay_round(config, cache_replay, x, a),
+        )
     best = seconds(runs, device, repeats)
     base, rounds = best["baseline"], {}
     for kept in counts:
@@ -156,22 +182,35 @@ def measure(config: ModelConfig, device: str, batch: int, block: int, repeats: i
         reset(cache_replay)
         replay_round(config, cache_replay, x, accepted)
         same = all(torch.equal(cache_slots.state[i], cache_replay.state[i]) for i in gdn_layers)
-        rounds[kept] = {"slots": best[f"slots {kept}"], "snapshot_and_replay": best[f"replay {kept}"], "identical": same}
+        rounds[kept] = {
+            "slots": best[f"slots {kept}"],
+            "snapshot_and_replay": best[f"replay {kept}"],
+            "identical": same,
+        }
     return {"baseline": base, "rounds": rounds, "memory": memory, "gdn_layers": len(gdn_layers)}
 
 
 def report(result: dict, title: str) -> str:
     base, memory = result["baseline"], result["memory"]
-    lines = [title, "",
-             f"baseline (a verify step's recurrence, no rollback): {base * 1e3:.3f} ms", "",
-             "| accepted | slots ms | x baseline | snapshot+replay ms | x baseline | same state |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        title,
+        "",
+        f"baseline (a verify step's recurrence, no rollback): {base * 1e3:.3f} ms",
+        "",
+        "| accepted | slots ms | x baseline | snapshot+replay ms | x baseline | same state |",
+        "|---|---|---|---|---|---|",
+    ]
     for kept, r in result["rounds"].items():
         slots, replay = r["slots"], r["snapshot_and_replay"]
-        lines.append(f"| {kept} | {slots * 1e3:.3f} | {slots / base:.2f}x | {replay * 1e3:.3f} | "
-                     f"{replay / base:.2f}x | {'yes' if r['identical'] else 'NO'} |")
-    lines += ["", f"memory over the state held anyway ({memory['state'] / MiB:.1f} MiB): slots "
-                  f"{memory['slots'] / MiB:.1f} MiB, snapshot+replay {memory['snapshot_and_replay'] / MiB:.1f} MiB"]
+        lines.append(
+            f"| {kept} | {slots * 1e3:.3f} | {slots / base:.2f}x | {replay * 1e3:.3f} | "
+            f"{replay / base:.2f}x | {'yes' if r['identical'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"memory over the state held anyway ({memory['state'] / MiB:.1f} MiB): slots "
+        f"{memory['slots'] / MiB:.1f} MiB, snapshot+replay {memory['snapshot_and_replay'] / MiB:.1f} MiB",
+    ]
     return "\n".join(lines)
 
 
@@ -185,8 +224,10 @@ def main() -> None:
     args = parser.parse_args()
     config = qwen36_shape(args.scale)
     result = measure(config, args.device, args.batch, args.block, args.repeats)
-    shape = (f"{result['gdn_layers']} GDN layers, {config.linear_num_key_heads}/{config.linear_num_value_heads} heads "
-             f"of {config.linear_key_head_dim}")
+    shape = (
+        f"{result['gdn_layers']} GDN layers, {config.linear_num_key_heads}/{config.linear_num_value_heads} heads "
+        f"of {config.linear_key_head_dim}"
+    )
     print(report(result, f"GDN rollback on {args.device}: {shape}, block {args.block}, batch {args.batch}"))
 
 

@@ -84,8 +84,11 @@ def kquant_speeds(x: np.ndarray, qtype: str, method: str, device: str) -> list[f
     speeds = [x.nbytes / best_seconds(functools.partial(gguf_quants.quantize_in_processes, x, qtype, method)) / 1e6]
     if device != "cpu":
         return speeds + [x.nbytes / best_seconds(functools.partial(torch_quantizer, x)) / 1e6]
-    for threads, run in ((1, functools.partial(torch_quantizer, x)), (cores, functools.partial(torch_quantizer, x)),
-                         (1, in_threads(torch_quantizer, x, cores))):
+    for threads, run in (
+        (1, functools.partial(torch_quantizer, x)),
+        (cores, functools.partial(torch_quantizer, x)),
+        (1, in_threads(torch_quantizer, x, cores)),
+    ):
         torch.set_num_threads(threads)
         speeds.append(x.nbytes / best_seconds(run) / 1e6)
     torch.set_num_threads(default_threads)
@@ -96,8 +99,23 @@ def build_reference(ggml: Path, workdir: Path) -> Callable[[np.ndarray, str], np
     stubs = workdir / "stubs.c"
     stubs.write_text(STUBS)
     library = workdir / "libggml_quants_ref.so"
-    subprocess.run(["gcc", "-O2", "-DNDEBUG", "-shared", "-fPIC", f"-I{ggml / 'include'}", f"-I{ggml / 'src'}",
-                    str(ggml / "src" / "ggml-quants.c"), str(stubs), "-lm", "-o", str(library)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-DNDEBUG",
+            "-shared",
+            "-fPIC",
+            f"-I{ggml / 'include'}",
+            f"-I{ggml / 'src'}",
+            str(ggml / "src" / "ggml-quants.c"),
+            str(stubs),
+            "-lm",
+            "-o",
+            str(library),
+        ],
+        check=True,
+    )
     lib = ctypes.CDLL(str(library))
 
     def reference(x: np.ndarray, qtype: str) -> np.ndarray:
@@ -140,11 +158,18 @@ def main() -> None:
 
     x = np.random.default_rng(1234).standard_normal((args.rows, args.cols)).astype(np.float32)
     cores = os.cpu_count() or 1
-    print(f"N(0,1) {args.rows}x{args.cols}, seed 1234: relative Frobenius error, MB/s of float32 input (x: over "
-          f"numpy on one core); {cores} CPUs, torch {torch.__version__}, torch on {args.device}")
+    print(
+        f"N(0,1) {args.rows}x{args.cols}, seed 1234: relative Frobenius error, MB/s of float32 input (x: over "
+        f"numpy on one core); {cores} CPUs, torch {torch.__version__}, torch on {args.device}"
+    )
     if args.device == "cpu":
-        columns = [f"numpy {cores} procs", "torch 1 thread", f"torch {cores} threads", f"torch {cores} Py thr",
-                   f"numpy {cores} Py thr"]
+        columns = [
+            f"numpy {cores} procs",
+            "torch 1 thread",
+            f"torch {cores} threads",
+            f"torch {cores} Py thr",
+            f"numpy {cores} Py thr",
+        ]
     else:
         columns = [f"numpy {cores} procs", f"torch {args.device}"]
     print(f"{'type':6} {'method':7} {'error':>8} {'numpy':>7} " + " ".join(f"{c:>16}" for c in columns))

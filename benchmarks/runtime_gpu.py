@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shutil
 import sys
 import time
@@ -37,9 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gdn_rollback import measure, qwen36_shape, report  # noqa: E402
 
-from specpair.checkpoint.config import parse_config  # noqa: E402
+from specpair.convert.quant_configs import quantization_files  # noqa: E402
 from specpair.formats.codecs import codec  # noqa: E402
-from specpair.formats.quant_configs import quantization_files  # noqa: E402
 from specpair.formats.safetensors import Writer  # noqa: E402
 from specpair.runtime.generate import generate, prefill  # noqa: E402
 from specpair.runtime.loading import load, plan_load  # noqa: E402
@@ -66,8 +64,11 @@ class Tensor:
         shape = self.shape[1:] if self.experts else self.shape
         stored = codec(self.layout).stored(shape)
         names = [self.name.format(e=e) for e in range(self.experts)] if self.experts else [self.name]
-        return [(n if key == "" else n.removesuffix(".weight") + key, dtype, s)
-                for n in names for key, (dtype, s) in stored.items()]
+        return [
+            (n if key == "" else n.removesuffix(".weight") + key, dtype, s)
+            for n in names
+            for key, (dtype, s) in stored.items()
+        ]
 
 
 def values(t: Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -81,8 +82,9 @@ def values(t: Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(t.shape, device=DEVICE, generator=gen) * std
 
 
-def write_checkpoint(directory: Path, config: dict, tensors: list[Tensor],
-                     extra: dict[str, dict] | None = None) -> float:
+def write_checkpoint(
+    directory: Path, config: dict, tensors: list[Tensor], extra: dict[str, dict] | None = None
+) -> float:
     """Write `tensors` (random values, quantized on the GPU) and the config files; seconds taken."""
     start = time.perf_counter()
     shutil.rmtree(directory, ignore_errors=True)
@@ -98,7 +100,7 @@ def write_checkpoint(directory: Path, config: dict, tensors: list[Tensor],
             for e in range(t.experts):
                 name = t.name.format(e=e)
                 for key, part in parts.items():
-                    one = part if part.ndim == 0 else part[e * rows:(e + 1) * rows]
+                    one = part if part.ndim == 0 else part[e * rows : (e + 1) * rows]
                     writer.write(name if key == "" else name.removesuffix(".weight") + key, one)
         else:
             parts = c.encode(w, t.name)
@@ -117,63 +119,93 @@ def write_checkpoint(directory: Path, config: dict, tensors: list[Tensor],
 def qwen36_tensors(config: dict, quantized: dict[str, dict]) -> list[Tensor]:
     """The LM of Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (MTP and vision left out)."""
     t = config["text_config"]
-    h, layers, vocab = t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]
+    h, vocab = t["hidden_size"], t["vocab_size"]
     heads, kv, d = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
-    hk, hv, dk, dv = (t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
-                      t["linear_value_head_dim"])
+    hk, hv, dk, dv = (
+        t["linear_num_key_heads"],
+        t["linear_num_value_heads"],
+        t["linear_key_head_dim"],
+        t["linear_value_head_dim"],
+    )
     e, width, shared = t["num_experts"], t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
     conv = 2 * hk * dk + hv * dv
     p = "model.language_model."
 
     def linear(module: str, shape: tuple[int, int], experts: int = 0) -> Tensor:
         key = module.replace(".{e}", "") if experts else module
-        algo = quantized.get(key.removesuffix(".gate_proj").removesuffix(".up_proj").removesuffix(".down_proj")
-                             if experts else key, {}).get("quant_algo")
+        algo = quantized.get(
+            key.removesuffix(".gate_proj").removesuffix(".up_proj").removesuffix(".down_proj") if experts else key, {}
+        ).get("quant_algo")
         layout = {"FP8": "fp8-tensor", "W4A16_NVFP4": "nvfp4-modelopt", "NVFP4": "nvfp4-modelopt"}.get(algo, "bf16")
         return Tensor(module + ".weight", (experts, *shape) if experts else shape, layout, experts=experts)
 
     out = [Tensor(p + "embed_tokens.weight", (vocab, h))]
     for i, kind in enumerate(t["layer_types"]):
         q = f"{p}layers.{i}."
-        out += [Tensor(q + "input_layernorm.weight", (h,), init="zeros"),
-                Tensor(q + "post_attention_layernorm.weight", (h,), init="zeros")]
+        out += [
+            Tensor(q + "input_layernorm.weight", (h,), init="zeros"),
+            Tensor(q + "post_attention_layernorm.weight", (h,), init="zeros"),
+        ]
         if kind == "linear_attention":
             a = q + "linear_attn."
-            out += [linear(a + "in_proj_qkv", (conv, h)), linear(a + "in_proj_z", (hv * dv, h)),
-                    linear(a + "in_proj_b", (hv, h)), linear(a + "in_proj_a", (hv, h)),
-                    Tensor(a + "conv1d.weight", (conv, 1, t["linear_conv_kernel_dim"]), init="conv"),
-                    Tensor(a + "A_log", (hv,), init="a_log"), Tensor(a + "dt_bias", (hv,), init="ones"),
-                    Tensor(a + "norm.weight", (dv,), init="ones"), linear(a + "out_proj", (h, hv * dv))]
+            out += [
+                linear(a + "in_proj_qkv", (conv, h)),
+                linear(a + "in_proj_z", (hv * dv, h)),
+                linear(a + "in_proj_b", (hv, h)),
+                linear(a + "in_proj_a", (hv, h)),
+                Tensor(a + "conv1d.weight", (conv, 1, t["linear_conv_kernel_dim"]), init="conv"),
+                Tensor(a + "A_log", (hv,), init="a_log"),
+                Tensor(a + "dt_bias", (hv,), init="ones"),
+                Tensor(a + "norm.weight", (dv,), init="ones"),
+                linear(a + "out_proj", (h, hv * dv)),
+            ]
         else:
             a = q + "self_attn."
-            out += [linear(a + "q_proj", (2 * heads * d, h)), linear(a + "k_proj", (kv * d, h)),
-                    linear(a + "v_proj", (kv * d, h)), linear(a + "o_proj", (h, heads * d)),
-                    Tensor(a + "q_norm.weight", (d,), init="zeros"), Tensor(a + "k_norm.weight", (d,), init="zeros")]
+            out += [
+                linear(a + "q_proj", (2 * heads * d, h)),
+                linear(a + "k_proj", (kv * d, h)),
+                linear(a + "v_proj", (kv * d, h)),
+                linear(a + "o_proj", (h, heads * d)),
+                Tensor(a + "q_norm.weight", (d,), init="zeros"),
+                Tensor(a + "k_norm.weight", (d,), init="zeros"),
+            ]
         m = q + "mlp."
         out += [linear(m + "gate", (e, h)), linear(m + "shared_expert_gate", (1, h))]
-        out += [linear(m + f"experts.{{e}}.{proj}", shape, experts=e) for proj, shape in
-                (("gate_proj", (width, h)), ("up_proj", (width, h)), ("down_proj", (h, width)))]
-        out += [linear(m + f"shared_expert.{proj}", shape) for proj, shape in
-                (("gate_proj", (shared, h)), ("up_proj", (shared, h)), ("down_proj", (h, shared)))]
+        out += [
+            linear(m + f"experts.{{e}}.{proj}", shape, experts=e)
+            for proj, shape in (("gate_proj", (width, h)), ("up_proj", (width, h)), ("down_proj", (h, width)))
+        ]
+        out += [
+            linear(m + f"shared_expert.{proj}", shape)
+            for proj, shape in (("gate_proj", (shared, h)), ("up_proj", (shared, h)), ("down_proj", (h, shared)))
+        ]
     return out + [Tensor(p + "norm.weight", (h,), init="zeros"), linear("lm_head", (vocab, h))]
 
 
 def qwen3_tensors(config: dict, layout: str) -> list[Tensor]:
     """Qwen3 dense, every projection in `layout`, embeddings and head in BF16 (as Qwen's FP8 repos keep them)."""
     h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    heads, kv, d, width = (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
-                           config["intermediate_size"])
+    heads, kv, d, width = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+    )
     out = [Tensor("model.embed_tokens.weight", (vocab, h))]
     for i in range(layers):
         q = f"model.layers.{i}."
-        out += [Tensor(q + "input_layernorm.weight", (h,), init="ones"),
-                Tensor(q + "post_attention_layernorm.weight", (h,), init="ones"),
-                Tensor(q + "self_attn.q_norm.weight", (d,), init="ones"),
-                Tensor(q + "self_attn.k_norm.weight", (d,), init="ones")]
+        out += [
+            Tensor(q + "input_layernorm.weight", (h,), init="ones"),
+            Tensor(q + "post_attention_layernorm.weight", (h,), init="ones"),
+            Tensor(q + "self_attn.q_norm.weight", (d,), init="ones"),
+            Tensor(q + "self_attn.k_norm.weight", (d,), init="ones"),
+        ]
         attention = {"q_proj": (heads * d, h), "k_proj": (kv * d, h), "v_proj": (kv * d, h), "o_proj": (h, heads * d)}
         out += [Tensor(q + f"self_attn.{n}.weight", s, layout) for n, s in attention.items()]
-        out += [Tensor(q + f"mlp.{n}.weight", s, layout) for n, s in
-                (("gate_proj", (width, h)), ("up_proj", (width, h)), ("down_proj", (h, width)))]
+        out += [
+            Tensor(q + f"mlp.{n}.weight", s, layout)
+            for n, s in (("gate_proj", (width, h)), ("up_proj", (width, h)), ("down_proj", (h, width)))
+        ]
     out.append(Tensor("model.norm.weight", (h,), init="ones"))
     return out if config.get("tie_word_embeddings") else out + [Tensor("lm_head.weight", (vocab, h))]
 
@@ -230,17 +262,30 @@ def part_a(work: Path, lines: list[str], figures: dict) -> None:
     tokens, rate = decode_rate(model, prompt, 64)
     peak = max(after_load, torch.cuda.max_memory_allocated())
     layouts = sorted({plan.model.layout(n) for n in plan.packed})
-    figures["a"] = {"written_s": written, "bytes": size, "tensors": sum(len(t.planned()) for t in tensors),
-                    "load_s": load_s, "load_gb_per_s": size / load_s / GB, "peak_gpu_bytes": peak,
-                    "resident_bytes": plan.resident_bytes, "decode_tokens_per_s": rate, "roofline": roofline(plan),
-                    "packed_layouts": layouts, "tokens": tokens[:16]}
-    lines += ["## (a) Qwen3.6-35B-A3B, NVIDIA NVFP4 + FP8 mixed, random weights", "",
-              f"written in {written:.0f} s: {size / GB:.1f} GB, {figures['a']['tensors']} tensors; kept packed: "
-              f"{', '.join(layouts)}",
-              f"load {load_s:.1f} s ({size / load_s / GB:.2f} GB/s); resident {plan.resident_bytes / GB:.1f} GB; "
-              f"peak GPU memory {peak / GB:.1f} GB",
-              f"decode {rate:.1f} tok/s (batch 1, 32-token prompt, 64 tokens) = {rate / roofline(plan):.1%} of the "
-              f"weights roofline ({roofline(plan):.0f} tok/s)", ""]
+    figures["a"] = {
+        "written_s": written,
+        "bytes": size,
+        "tensors": sum(len(t.planned()) for t in tensors),
+        "load_s": load_s,
+        "load_gb_per_s": size / load_s / GB,
+        "peak_gpu_bytes": peak,
+        "resident_bytes": plan.resident_bytes,
+        "decode_tokens_per_s": rate,
+        "roofline": roofline(plan),
+        "packed_layouts": layouts,
+        "tokens": tokens[:16],
+    }
+    lines += [
+        "## (a) Qwen3.6-35B-A3B, NVIDIA NVFP4 + FP8 mixed, random weights",
+        "",
+        f"written in {written:.0f} s: {size / GB:.1f} GB, {figures['a']['tensors']} tensors; kept packed: "
+        f"{', '.join(layouts)}",
+        f"load {load_s:.1f} s ({size / load_s / GB:.2f} GB/s); resident {plan.resident_bytes / GB:.1f} GB; "
+        f"peak GPU memory {peak / GB:.1f} GB",
+        f"decode {rate:.1f} tok/s (batch 1, 32-token prompt, 64 tokens) = {rate / roofline(plan):.1%} of the "
+        f"weights roofline ({roofline(plan):.0f} tok/s)",
+        "",
+    ]
     del model
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -254,16 +299,22 @@ def invariance(model, vocab: int) -> dict[str, bool]:
 
     cache = model.new_cache(1, context)
     prefill(model, cache, [prompts[2]])
-    alone = torch.cat([model.forward(follow[2:3, t:t + 1], torch.tensor([[20 + t]], device=DEVICE), cache).logits
-                       for t in range(16)], dim=1)
+    alone = torch.cat(
+        [
+            model.forward(follow[2:3, t : t + 1], torch.tensor([[20 + t]], device=DEVICE), cache).logits
+            for t in range(16)
+        ],
+        dim=1,
+    )
     cache = model.new_cache(1, context)
     prefill(model, cache, [prompts[2]])
     block = model.forward(follow[2:3], torch.arange(20, 36, device=DEVICE)[None], cache).logits
     cache = model.new_cache(4, context)
     prefill(model, cache, prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=DEVICE)
-    batch = torch.cat([model.forward(follow[:, t:t + 1], (lengths + t)[:, None], cache).logits[2:3]
-                       for t in range(16)], dim=1)
+    batch = torch.cat(
+        [model.forward(follow[:, t : t + 1], (lengths + t)[:, None], cache).logits[2:3] for t in range(16)], dim=1
+    )
     return {"block_of_16": torch.equal(alone, block), "batch_of_4": torch.equal(alone, batch)}
 
 
@@ -273,8 +324,11 @@ def part_b(work: Path, lines: list[str], figures: dict) -> None:
     written = write_checkpoint(bf16, config, qwen3_tensors(config, "bf16"))
     fp8_tensors = qwen3_tensors(config, "fp8-block")
     layouts = {t.name.removesuffix(".weight"): t.layout for t in fp8_tensors if len(t.shape) == 2}
-    stored = {t.name.removesuffix(".weight"): {k: v for k, v in codec(t.layout).stored(t.shape).items()}
-              for t in fp8_tensors if len(t.shape) == 2}
+    stored = {
+        t.name.removesuffix(".weight"): {k: v for k, v in codec(t.layout).stored(t.shape).items()}
+        for t in fp8_tensors
+        if len(t.shape) == 2
+    }
     keys, _ = quantization_files(layouts, set(), stored, None)
     written += write_checkpoint(fp8, {**config, **keys}, fp8_tensors)
     prompt = torch.randint(0, config["vocab_size"], (32,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -291,19 +345,27 @@ def part_b(work: Path, lines: list[str], figures: dict) -> None:
         del model
     same = results[True][0] == results[False][0]
     first = next((i for i, (a, b) in enumerate(zip(results[True][0], results[False][0])) if a != b), None)
-    figures["b_fp8"] = {"greedy_equal": same, "first_divergence": first,
-                        "packed_tokens_per_s": results[True][1], "dequantized_tokens_per_s": results[False][1]}
-    lines += ["## (b) Qwen3-8B shape, random weights", "",
-              f"checkpoints written in {written:.0f} s; BF16 load {figures['b_bf16']['load_s']:.1f} s",
-              f"batch invariance (logits of one row, bitwise): alone = in a verify block of 16: "
-              f"{'yes' if checks['block_of_16'] else 'NO'}; alone = in a batch of 4: "
-              f"{'yes' if checks['batch_of_4'] else 'NO'}",
-              f"BF16 decode {rate:.1f} tok/s = {rate / figures['b_bf16']['roofline']:.1%} of the weights roofline "
-              f"({figures['b_bf16']['roofline']:.0f} tok/s)",
-              f"FP8 (128x128 blocks) greedy, packed kernels vs dequantized to BF16 at load: "
-              + ("identical over 64 tokens" if same else f"differ from token {first}")
-              + f"; packed {results[True][1]:.1f} tok/s ({results[True][1] / results[True][2]:.1%} of its roofline), "
-                f"dequantized {results[False][1]:.1f} tok/s", ""]
+    figures["b_fp8"] = {
+        "greedy_equal": same,
+        "first_divergence": first,
+        "packed_tokens_per_s": results[True][1],
+        "dequantized_tokens_per_s": results[False][1],
+    }
+    lines += [
+        "## (b) Qwen3-8B shape, random weights",
+        "",
+        f"checkpoints written in {written:.0f} s; BF16 load {figures['b_bf16']['load_s']:.1f} s",
+        f"batch invariance (logits of one row, bitwise): alone = in a verify block of 16: "
+        f"{'yes' if checks['block_of_16'] else 'NO'}; alone = in a batch of 4: "
+        f"{'yes' if checks['batch_of_4'] else 'NO'}",
+        f"BF16 decode {rate:.1f} tok/s = {rate / figures['b_bf16']['roofline']:.1%} of the weights roofline "
+        f"({figures['b_bf16']['roofline']:.0f} tok/s)",
+        "FP8 (128x128 blocks) greedy, packed kernels vs dequantized to BF16 at load: "
+        + ("identical over 64 tokens" if same else f"differ from token {first}")
+        + f"; packed {results[True][1]:.1f} tok/s ({results[True][1] / results[True][2]:.1%} of its roofline), "
+        f"dequantized {results[False][1]:.1f} tok/s",
+        "",
+    ]
     shutil.rmtree(bf16, ignore_errors=True)
     shutil.rmtree(fp8, ignore_errors=True)
 

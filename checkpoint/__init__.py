@@ -11,11 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specpair.checkpoint import families
 from specpair.checkpoint.tokenizer import Tokenizer
 
-TARGET_FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
-DRAFTER_KINDS = ("dflash", "dflash2", "mtp", "eagle3", "draft_model")
-MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
+TARGET_FAMILIES = tuple(families.FAMILIES)
+DRAFTER_KINDS = tuple(families.DRAFTER_KINDS)
 
 
 @dataclass

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint.families import DFLASH2_KEYS, DRAFTER_BY_ARCHITECTURE, FAMILIES, family_of
+from specpair.checkpoint.families import DFLASH2_KEYS, DRAFTER_BY_ARCHITECTURE, FAMILIES, Family, family_of
 from specpair.errors import BadInput
 from specpair.formats import brief
 
 MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # as families' configs spell it
 LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear", "sliding_attention": "sliding"}
 
 
@@ -99,8 +100,11 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has routed experts (mlp_only_layers / decoder_sparse_step make dense ones)."""
-        return (self.num_experts is not None and layer not in self.mlp_only_layers
-                and (layer + 1) % self.decoder_sparse_step == 0)
+        return (
+            self.num_experts is not None
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def linear_conv_dim(self) -> int:
@@ -108,8 +112,13 @@ class ModelConfig:
         return 2 * keys + self.linear_num_value_heads * self.linear_value_head_dim
 
 
-def parse_config(config: dict[str, Any], where: str, generation_config: dict[str, Any] | None = None) -> ModelConfig:
-    """The ModelConfig of an HF config.json (`where` names it in errors); `generation_config` adds stop ids."""
+def parse_config(
+    config: dict[str, Any], where: str, generation_config: dict[str, Any] | None = None, *, summary: bool = False
+) -> ModelConfig:
+    """The ModelConfig of an HF config.json (`where` names it in errors); `generation_config` adds stop ids.
+    `summary` (what `check` reads, whose rules judge any config): a family specpair does not model is read with
+    transformers' defaults and keeps its model_type as `family`, and layer_types are kept as given; the runtime
+    and the converter need a known family and one type per layer."""
     if not isinstance(config, dict):
         raise BadInput(where, "config is not a JSON object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -118,12 +127,20 @@ def parse_config(config: dict[str, Any], where: str, generation_config: dict[str
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
     family = family_of(architecture, model_type)
     if kind is not None:
-        family = FAMILIES[DRAFTER_BY_ARCHITECTURE[architecture].family] if architecture in DRAFTER_BY_ARCHITECTURE \
+        family = (
+            FAMILIES[DRAFTER_BY_ARCHITECTURE[architecture].family]
+            if architecture in DRAFTER_BY_ARCHITECTURE
             else family or FAMILIES["qwen3"]
+        )
+    if family is None and summary:
+        family = Family(model_type or architecture or "unknown", (), (), "", "model.", qk_norm=False)
     if family is None:
         known = ", ".join(a for f in FAMILIES.values() for a in f.hf_architectures)
-        raise BadInput(where, f"architecture {brief(architecture)} (model_type {brief(model_type)}) is not a family "
-                              f"specpair models (known: {known})")
+        raise BadInput(
+            where,
+            f"architecture {brief(architecture)} (model_type {brief(model_type)}) is not a family "
+            f"specpair models (known: {known})",
+        )
     hidden = positive(text, "hidden_size", where)
     layers = positive(text, "num_hidden_layers", where)
     if layers > MAX_LAYERS:
@@ -131,42 +148,57 @@ def parse_config(config: dict[str, Any], where: str, generation_config: dict[str
     heads = positive(text, "num_attention_heads", where)
     rope = _rope(text)
     theta = number(rope, "rope_theta", where, family.rope_theta)
-    partial = number(rope, "partial_rotary_factor", where, family.partial_rotary)
-    if not 0 < partial <= 1:
-        raise BadInput(where, f"'partial_rotary_factor' is {partial}, not in (0, 1]")
+    partial = rope.get("partial_rotary_factor", family.partial_rotary)
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise BadInput(where, f"'partial_rotary_factor' is {brief(partial)}, not a number in (0, 1]")
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     scaling = None
     if rope_type != "default":
-        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor", "mrope_section",
-                                                                 "mrope_interleaved", "type")}
+        scaling = {
+            k: v
+            for k, v in rope.items()
+            if k not in ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved", "type")
+        }
         scaling["rope_type"] = rope_type
     section = rope.get("mrope_section")
     if section is not None and not (isinstance(section, list) and all(as_int(s) is not None for s in section)):
         raise BadInput(where, f"'mrope_section' is {brief(section)}, not a list of integers")
     linear = family.linear_attention is not None
-    layer_types = _layer_types(text, layers, linear, where)
+    layer_types = _layer_types(text, layers, linear, where, strict=not summary)
     # serving stacks window the sliding_attention layers whatever use_sliding_window says
     sliding = text.get("sliding_window") if "sliding" in layer_types else None
     generation = generation_config or {}
     eos = _ids(generation.get("eos_token_id")) or _ids(text.get("eos_token_id", config.get("eos_token_id")))
     tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return ModelConfig(
-        family=family.name, architecture=architecture,
-        vocab_size=positive(text, "vocab_size", where), hidden_size=hidden, num_layers=layers, num_heads=heads,
+        family=family.name,
+        architecture=architecture,
+        vocab_size=positive(text, "vocab_size", where),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
         num_kv_heads=positive(text, "num_key_value_heads", where, heads),
         head_dim=positive(text, "head_dim", where, hidden // heads),
-        layer_types=layer_types, rms_norm_eps=number(text, "rms_norm_eps", where, 1e-6),
+        layer_types=layer_types,
+        rms_norm_eps=number(text, "rms_norm_eps", where, 1e-6),
         max_position_embeddings=optional_positive(text, "max_position_embeddings", where),
         intermediate_size=optional_positive(text, "intermediate_size", where),
-        hidden_act=str(text.get("hidden_act", "silu")), tie_word_embeddings=bool(tie),
-        attention_bias=bool(text.get("attention_bias", False)), mlp_bias=bool(text.get("mlp_bias", False)),
-        qk_norm=family.qk_norm, zero_centred_norms=family.zero_centred_norms,
+        hidden_act=str(text.get("hidden_act", "silu")),
+        tie_word_embeddings=bool(tie),
+        attention_bias=bool(text.get("attention_bias", False)),
+        mlp_bias=bool(text.get("mlp_bias", False)),
+        qk_norm=family.qk_norm,
+        zero_centred_norms=family.zero_centred_norms,
         attn_output_gate=bool(text.get("attn_output_gate", family.gated_attention)),
         sliding_window=optional_positive({"sliding_window": sliding}, "sliding_window", where),
-        rope_theta=theta, partial_rotary_factor=partial, rope_scaling=scaling,
+        rope_theta=theta,
+        partial_rotary_factor=float(partial),
+        rope_scaling=scaling,
         mrope_section=tuple(int(s) for s in section) if section else None,
         mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-        num_experts=optional_positive(text, "num_experts", where) or optional_positive(text, "num_local_experts", where),
+        num_experts=next(
+            (optional_positive(text, k, where) for k in EXPERT_COUNT_KEYS if text.get(k) is not None), None
+        ),
         experts_per_token=optional_positive(text, "num_experts_per_tok", where),
         moe_intermediate_size=optional_positive(text, "moe_intermediate_size", where),
         shared_expert_intermediate_size=optional_positive(text, "shared_expert_intermediate_size", where),
@@ -210,24 +242,43 @@ def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
         eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
         aux = eagle.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
         # vLLM: aux id j is the residual stream entering layer j, the output of layer j - 1
-        taps = tuple(i - 1 for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids")) if aux is not None else ()
-        return DrafterConfig(kind, taps, target_hidden_size=optional_positive(config, "target_hidden_size", where),
-                             draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
-                             norm_before_residual=bool(config.get("norm_before_residual", False)))
+        taps = (
+            tuple(i - 1 for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids")) if aux is not None else ()
+        )
+        return DrafterConfig(
+            kind,
+            taps,
+            target_hidden_size=optional_positive(config, "target_hidden_size", where),
+            draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+        )
     taps = key("target_layer_ids")
     causal = config.get("is_causal", nested.get("causal"))
     return DrafterConfig(
-        kind, tuple(_int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
-        block_size=optional_positive({"b": key("block_size")}, "b", where),
-        mask_token_id=as_int(key("mask_token_id")), is_causal=causal if isinstance(causal, bool) else None,
-        num_target_layers=as_int(key("num_target_layers")),
+        kind,
+        tuple(_int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
+        block_size=_drafter_int(nested, config, "block_size", where),
+        mask_token_id=_drafter_int(nested, config, "mask_token_id", where),
+        is_causal=causal if isinstance(causal, bool) else None,
+        num_target_layers=_drafter_int(nested, config, "num_target_layers", where),
         target_hidden_size=optional_positive(config, "target_hidden_size", where),
-        **{k: optional_positive({k: key(k)}, k, where) for k in DFLASH2_KEYS},
+        **{k: _drafter_int(nested, config, k, where) for k in DFLASH2_KEYS},
         output_multiplier=_optional_number(key("output_multiplier")),
         final_logit_softcapping=_optional_number(key("final_logit_softcapping")),
         input_embedding_scale=_optional_number(key("input_embedding_scale")),
         draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
     )
+
+
+def _drafter_int(nested: dict[str, Any], config: dict[str, Any], key: str, where: str) -> int | None:
+    """A DFlash integer from dflash_config, else the top level, named in errors as the config spells it."""
+    for holder, prefix in ((nested, "dflash_config."), (config, "")):
+        if holder.get(key) is not None:
+            value = as_int(holder[key])
+            if value is None:
+                raise BadInput(where, f"'{prefix}{key}' is {brief(holder[key])}, not an integer")
+            return value
+    return None
 
 
 def _architecture(config: dict[str, Any], where: str) -> str | None:
@@ -249,13 +300,21 @@ def _rope(text: dict[str, Any]) -> dict[str, Any]:
     return rope
 
 
-def _layer_types(text: dict[str, Any], layers: int, linear: bool, where: str) -> tuple[str, ...]:
+def _layer_types(text: dict[str, Any], layers: int, linear: bool, where: str, strict: bool) -> tuple[str, ...]:
+    """One type per layer; not `strict`: as given, other layer type names and counts kept."""
     given = text.get("layer_types")
     if given is not None:
-        if not (isinstance(given, list) and len(given) == layers and all(t in LAYER_TYPES for t in given)):
+        if not strict and isinstance(given, list) and all(isinstance(t, str) for t in given):
+            return tuple(LAYER_TYPES.get(t, t) for t in given)
+        if not (
+            isinstance(given, list)
+            and len(given) == layers
+            and all(isinstance(t, str) and t in LAYER_TYPES for t in given)
+        ):
             raise BadInput(where, f"'layer_types' is {brief(given)}, not {layers} of {', '.join(LAYER_TYPES)}")
         return tuple(LAYER_TYPES[t] for t in given)
-    if linear:  # Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet
+    if linear or text.get("full_attention_interval") is not None:
+        # Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet
         interval = positive(text, "full_attention_interval", where, 4)
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
     if text.get("use_sliding_window") and as_int(text.get("sliding_window")):
@@ -293,6 +352,7 @@ def _optional_number(value: object) -> float | None:
 
 
 # One set of rules for numbers in untrusted configs: integers may be written as 4 or 4.0, never as true.
+
 
 def as_int(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,5 +1,9 @@
 """Build a `Checkpoint` from a GGUF header: `{arch}.*` hyper-parameters, tokenizer lists, tensor infos.
 
+An arch specpair models is read by the one parser: the header becomes a config.json the way the converter and
+the runtime read it (checkpoint/gguf_arch.py `header_config`), then `parse_config`. Other archs (families no
+stack here serves) are summarised from the few keys every llama.cpp arch has, for the rules to name.
+
 Upstream llama.cpp's DFlash arch is `dflash` (taps in `dflash.target_layers` = HF ids + 1); forks
 write `dflash-draft` with `dflash-draft.dflash.*` keys and HF ids. Both are read; the rules decide
 which stack loads which.
@@ -9,7 +13,9 @@ from __future__ import annotations
 
 import re
 
-from specpair.checkpoint import MAX_LAYERS, Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
+from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps, gguf_arch
+from specpair.checkpoint.config import MAX_LAYERS, ModelConfig, as_int, parse_config
+from specpair.checkpoint.families import BY_GGUF_ARCH, DFLASH2_KEYS, DRAFTER_BY_GGUF_ARCH
 from specpair.checkpoint.groups import group_of, summarize
 from specpair.checkpoint.tokenizer import from_gguf_fields
 from specpair.errors import BadInput
@@ -17,13 +23,8 @@ from specpair.formats import brief
 from specpair.formats.gguf import GGUFHeader
 from specpair.formats.layouts import gguf_layout
 
-ARCH_FAMILIES = {
-    "llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen3next": "qwen3_next",
-    "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
-}
-DRAFTER_ARCHS = {"dflash": "dflash", "dflash-draft": "dflash", "eagle3": "eagle3"}
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 ARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # every key name and message is built from it
+NO_VOCABULARY = 1  # the placeholder a weights-only drafter is parsed with: its vocabulary is its target's
 
 
 def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None) -> Checkpoint:
@@ -33,51 +34,22 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
     if not ARCH_NAME.fullmatch(arch):
         raise BadInput(where, f"general.architecture {brief(arch)} is not an architecture name")
     f = header.fields
-    nextn = _int(f.get(f"{arch}.nextn_predict_layers")) or 0
-    block_count = _required(f, f"{arch}.block_count", where)
-    if block_count > MAX_LAYERS:
-        raise BadInput(where, f"{arch}.block_count is {block_count}, more than any model has ({MAX_LAYERS})")
-    layers = block_count - nextn if nextn < block_count else block_count
-    hidden = _required(f, f"{arch}.embedding_length", where)
-    heads = _required(f, f"{arch}.attention.head_count", where)
     tensors = header.tensors
     by_name = {t.name: t for t in tensors}
     embed = by_name.get("token_embd.weight") or by_name.get("output.weight")
     tokenizer = from_gguf_fields(f, where)
-    vocab = _int(f.get(f"{arch}.vocab_size")) or (embed.shape[0] if embed else None) or (
-        len(f["tokenizer.ggml.tokens"]) if isinstance(f.get("tokenizer.ggml.tokens"), list) else None)
-    # A weights-only DFlash drafter (no tokenizer, no token_embd) uses its target's embedding and vocabulary.
-    if vocab is None and DRAFTER_ARCHS.get(arch) != "dflash":
-        raise BadInput(where, f"GGUF gives no vocabulary size ({arch}.vocab_size, token_embd or tokenizer.ggml.tokens)")
-    key_length = _int(f.get(f"{arch}.attention.key_length")) or hidden // heads
-    shapes = Shapes(
-        hidden_size=hidden, num_layers=layers, num_heads=heads,
-        num_kv_heads=_int(f.get(f"{arch}.attention.head_count_kv")) or heads, head_dim=key_length,
-        vocab_size=vocab, layer_types=_layer_types(f, arch, layers),
-        intermediate_size=_int(f.get(f"{arch}.feed_forward_length")),
-        num_experts=_int(f.get(f"{arch}.expert_count")), experts_per_token=_int(f.get(f"{arch}.expert_used_count")),
-        moe_intermediate_size=_int(f.get(f"{arch}.expert_feed_forward_length")),
-        shared_expert_intermediate_size=_int(f.get(f"{arch}.expert_shared_feed_forward_length")),
-        embedding_rows=embed.shape[0] if embed else None, tie_word_embeddings="output.weight" not in by_name,
-        linear_key_heads=_int(f.get(f"{arch}.ssm.group_count")),
-        linear_value_heads=_int(f.get(f"{arch}.ssm.time_step_rank")),
-        linear_key_head_dim=_int(f.get(f"{arch}.ssm.state_size")),
-        linear_value_head_dim=_linear_value_dim(f, arch), linear_conv_kernel=_int(f.get(f"{arch}.ssm.conv_kernel")),
-    )
-    rope_dims = _int(f.get(f"{arch}.rope.dimension_count"))
-    scaling_type = f.get(f"{arch}.rope.scaling.type")
-    rope = Rope(
-        theta=_float(f.get(f"{arch}.rope.freq_base")),
-        rope_type=scaling_type if isinstance(scaling_type, str) else None,
-        scaling={k.rsplit(".", 1)[-1]: v for k, v in f.items()
-                 if k.startswith(f"{arch}.rope.scaling.") and k != f"{arch}.rope.scaling.type"} or None,
-        partial_rotary_factor=rope_dims / key_length if rope_dims and key_length and rope_dims != key_length else None,
-        mrope=f"{arch}.rope.dimension_sections" in f,
-        max_position_embeddings=_int(f.get(f"{arch}.context_length")),
-        sliding_window=_int(f.get(f"{arch}.attention.sliding_window")),
-        trained_context=_int(f.get(f"{arch}.rope.scaling.original_context_length")),
-        schema="gguf",
-    )
+    if arch in gguf_arch.ARCHS or arch == gguf_arch.FORK_ARCH:
+        with gguf_arch.naming(where):
+            config, _ = gguf_arch.header_config(f, {t.name: t.shape for t in tensors})
+        weights_only = "vocab_size" not in config
+        model = parse_config({**config, "vocab_size": NO_VOCABULARY} if weights_only else config, where, summary=True)
+        shapes, rope = _shapes(model, embed, weights_only), _rope(model)
+    else:
+        model = None
+        shapes, rope = _unmodelled(header, arch, embed, tokenizer is not None)
+    block_count = _per_layer(f.get(f"{arch}.block_count"))
+    nextn = block_count - shapes.num_layers if block_count else 0
+    layers = shapes.num_layers
 
     def group_for(name: str) -> str:
         block = _block_index(name)
@@ -87,46 +59,149 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
     if nextn:
         mtp_tensors = [t for t in tensors if group_for(t.name) == "mtp"]
         mtp = Mtp(nextn, len(mtp_tensors), sum(t.nbytes for t in mtp_tensors))
-    drafter = _drafter(header, arch, by_name, tokenizer) if arch in DRAFTER_ARCHS else None
+    kind = DRAFTER_BY_GGUF_ARCH.get(arch)
+    drafter = _drafter(header, arch, by_name, model) if kind else None
     file_type = f.get("general.file_type")
+    family = BY_GGUF_ARCH.get(arch)
     return Checkpoint(
-        ref=ref, source=source, format="gguf",
+        ref=ref,
+        source=source,
+        format="gguf",
         role="drafter" if drafter else ("both" if mtp and mtp.tensors else "target"),
-        family=ARCH_FAMILIES.get(arch, "qwen3" if drafter and drafter.kind.startswith("dflash") else arch),
-        architecture=arch, model_type=arch, shapes=shapes, rope=rope, drafter=drafter, mtp=mtp,
-        tokenizer=tokenizer, groups=summarize(tensors, {t.name: gguf_layout(t.dtype) for t in tensors}, group_for),
+        family=family.name if family else kind.family if kind and kind.family else arch,
+        architecture=arch,
+        model_type=arch,
+        shapes=shapes,
+        rope=rope,
+        drafter=drafter,
+        mtp=mtp,
+        tokenizer=tokenizer,
+        groups=summarize(tensors, {t.name: gguf_layout(t.dtype) for t in tensors}, group_for),
         quantization=Quantization(method="gguf", algo=_file_type_name(file_type)),
-        files=[FileEntry(where.rsplit("/", 1)[-1], header.size)], revision=revision,
+        files=[FileEntry(where.rsplit("/", 1)[-1], header.size)],
+        revision=revision,
     )
 
 
-def _drafter(header: GGUFHeader, arch: str, by_name: dict, tokenizer) -> Drafter:
+def _shapes(model: ModelConfig, embed, weights_only: bool) -> Shapes:
+    return Shapes(
+        hidden_size=model.hidden_size,
+        num_layers=model.num_layers,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        vocab_size=None if weights_only else model.vocab_size,
+        layer_types=list(model.layer_types),
+        intermediate_size=model.intermediate_size,
+        num_experts=model.num_experts,
+        experts_per_token=model.experts_per_token,
+        moe_intermediate_size=model.moe_intermediate_size,
+        shared_expert_intermediate_size=model.shared_expert_intermediate_size,
+        embedding_rows=embed.shape[0] if embed else None,
+        tie_word_embeddings=model.tie_word_embeddings,
+        linear_key_heads=model.linear_num_key_heads,
+        linear_value_heads=model.linear_num_value_heads,
+        linear_key_head_dim=model.linear_key_head_dim,
+        linear_value_head_dim=model.linear_value_head_dim,
+        linear_conv_kernel=model.linear_conv_kernel,
+    )
+
+
+def _rope(model: ModelConfig) -> Rope:
+    scaling = {k: v for k, v in (model.rope_scaling or {}).items() if k != "rope_type"}
+    return Rope(
+        theta=model.rope_theta,
+        rope_type=(model.rope_scaling or {}).get("rope_type", "default"),
+        scaling=scaling or None,
+        partial_rotary_factor=model.partial_rotary_factor,
+        mrope=model.mrope_section is not None,
+        max_position_embeddings=model.max_position_embeddings,
+        sliding_window=model.sliding_window,
+        trained_context=as_int(scaling.get("original_max_position_embeddings")),
+        schema="gguf",
+    )
+
+
+def _unmodelled(header: GGUFHeader, arch: str, embed, has_tokenizer: bool) -> tuple[Shapes, Rope]:
+    """The shapes and rope of an arch no family here has: its common keys, as llama.cpp names them."""
+    where, f = header.path, header.fields
+    nextn = _per_layer(f.get(f"{arch}.nextn_predict_layers")) or 0
+    block_count = _required(f, f"{arch}.block_count", where)
+    if block_count > MAX_LAYERS:
+        raise BadInput(where, f"{arch}.block_count is {block_count}, more than any model has ({MAX_LAYERS})")
+    layers = block_count - nextn if nextn < block_count else block_count
+    hidden = _required(f, f"{arch}.embedding_length", where)
+    heads = _required(f, f"{arch}.attention.head_count", where)
+    tokens = f.get("tokenizer.ggml.tokens")
+    vocab = (
+        _per_layer(f.get(f"{arch}.vocab_size"))
+        or (embed.shape[0] if embed else None)
+        or (len(tokens) if has_tokenizer and isinstance(tokens, list) else None)
+    )
+    if vocab is None and arch not in DRAFTER_BY_GGUF_ARCH:
+        raise BadInput(where, f"GGUF gives no vocabulary size ({arch}.vocab_size, token_embd or tokenizer.ggml.tokens)")
+    key_length = _per_layer(f.get(f"{arch}.attention.key_length")) or hidden // heads
+    shapes = Shapes(
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=_per_layer(f.get(f"{arch}.attention.head_count_kv")) or heads,
+        head_dim=key_length,
+        vocab_size=vocab,
+        layer_types=_layer_types(f, arch, layers),
+        intermediate_size=_per_layer(f.get(f"{arch}.feed_forward_length")),
+        embedding_rows=embed.shape[0] if embed else None,
+        tie_word_embeddings="output.weight" not in {t.name for t in header.tensors},
+    )
+    rope_dims = _per_layer(f.get(f"{arch}.rope.dimension_count"))
+    scaling_type = f.get(f"{arch}.rope.scaling.type")
+    theta = f.get(f"{arch}.rope.freq_base")
+    rope = Rope(
+        theta=float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None,
+        rope_type=scaling_type if isinstance(scaling_type, str) else None,
+        scaling={
+            k.rsplit(".", 1)[-1]: v
+            for k, v in f.items()
+            if k.startswith(f"{arch}.rope.scaling.") and k != f"{arch}.rope.scaling.type"
+        }
+        or None,
+        partial_rotary_factor=rope_dims / key_length if rope_dims and key_length and rope_dims != key_length else None,
+        mrope=f"{arch}.rope.dimension_sections" in f,
+        max_position_embeddings=_per_layer(f.get(f"{arch}.context_length")),
+        sliding_window=_per_layer(f.get(f"{arch}.attention.sliding_window")),
+        trained_context=_per_layer(f.get(f"{arch}.rope.scaling.original_context_length")),
+        schema="gguf",
+    )
+    return shapes, rope
+
+
+def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | None) -> Drafter:
     f = header.fields
-    if arch == "eagle3":
+    if model is None:  # eagle3: no config mapping, its tensors only
         fc = by_name.get("fc.weight")
-        return Drafter(kind="eagle3", fc_shape=list(fc.shape) if fc else None, config_keys=sorted(f))
-    fork = arch == "dflash-draft"
+        return Drafter(
+            kind=DRAFTER_BY_GGUF_ARCH[arch].name, fc_shape=list(fc.shape) if fc else None, config_keys=sorted(f)
+        )
+    wiring = model.drafter
+    fork = arch == gguf_arch.FORK_ARCH
     prefix = "dflash-draft.dflash." if fork else "dflash."
     has_selector = any(f"{prefix}{k}" in f for k in DFLASH2_KEYS) or any("selector" in n for n in by_name)
     drafter = Drafter(kind="dflash2" if has_selector else "dflash", config_keys=sorted(f))
     taps_key = f"{prefix}target_layer_ids" if fork else "dflash.target_layers"
     raw = f.get(taps_key)
     if raw is not None:
-        if not (isinstance(raw, list) and all(isinstance(v, int) for v in raw)):
-            raise BadInput(header.path, f"{taps_key} is not a list of integers")
-        if fork:
-            drafter.taps = Taps(list(raw), list(raw), taps_key, "output of decoder layer k (HF ids, fork schema)")
-        else:
-            drafter.taps = Taps([v - 1 for v in raw], list(raw), taps_key, "input of target layer k (= HF id + 1)")
-    drafter.block_size = _int(f.get(f"{prefix}block_size"))
-    drafter.block_size_source = f"{prefix}block_size" if drafter.block_size is not None else None
-    mask_key = f"{prefix}mask_token_id" if fork else "tokenizer.ggml.mask_token_id"
-    drafter.mask_token_id = _int(f.get(mask_key))
+        convention = (
+            "output of decoder layer k (HF ids, fork schema)" if fork else "input of target layer k (= HF id + 1)"
+        )
+        drafter.taps = Taps(list(wiring.target_layer_ids), list(raw), taps_key, convention)
+    drafter.block_size = wiring.block_size
+    drafter.block_size_source = f"{prefix}block_size" if f.get(f"{prefix}block_size") is not None else None
+    mask_key = f"{prefix}mask_token_id" if fork else gguf_arch.MASK_TOKEN_KEY
+    drafter.mask_token_id = wiring.mask_token_id
     drafter.mask_token_source = mask_key if drafter.mask_token_id is not None else None
     for key in DFLASH2_KEYS:
-        setattr(drafter, key, _int(f.get(f"{prefix}{key}")))
-    causal = f.get(f"{prefix}attention.causal")
-    drafter.is_causal = causal if isinstance(causal, bool) else None
+        setattr(drafter, key, getattr(wiring, key))
+    drafter.is_causal = wiring.is_causal
     anchor = f.get(f"{prefix}sample_from_anchor")
     drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
     fc = by_name.get("fc.weight") or by_name.get("dflash_fc.weight") or by_name.get("dflash.fc.weight")
@@ -141,18 +216,13 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, tokenizer) -> Drafter
 
 
 def _layer_types(f: dict, arch: str, layers: int) -> list[str]:
-    interval = _int(f.get(f"{arch}.full_attention_interval"))
+    interval = _per_layer(f.get(f"{arch}.full_attention_interval"))
     if interval:
         return ["full" if (i + 1) % interval == 0 else "linear" for i in range(layers)]
     pattern = f.get(f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list) and len(pattern) == layers:
         return ["sliding" if p else "full" for p in pattern]
     return ["full"] * layers
-
-
-def _linear_value_dim(f: dict, arch: str) -> int | None:
-    inner, heads = _int(f.get(f"{arch}.ssm.inner_size")), _int(f.get(f"{arch}.ssm.time_step_rank"))
-    return inner // heads if inner and heads else None
 
 
 def _block_index(name: str) -> int | None:
@@ -175,17 +245,14 @@ def _file_type_name(value: object) -> str | None:
 
 def _required(f: dict, key: str, where: str) -> int:
     value = f.get(key)
-    number = _int(value)  # some arches store per-layer head counts: _int takes their max
+    number = _per_layer(value)
     if number is None or number <= 0:
         raise BadInput(where, f"missing or invalid GGUF key {key} ({brief(value)})")
     return number
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+def _per_layer(value: object) -> int | None:
+    """An integer key, or the largest of a per-layer list of them (some archs store head counts per layer)."""
+    if isinstance(value, list) and value and all(as_int(v) is not None and isinstance(v, int) for v in value):
         return max(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return value if as_int(value) is not None and isinstance(value, int) else None

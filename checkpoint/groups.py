@@ -59,8 +59,12 @@ def summarize(tensors: list[TensorInfo], layouts: dict[str, str], group_for=grou
     return summarize_table(table, [layouts[n] for n in table.names], group_for)
 
 
-def summarize_table(table: TensorTable, layouts: list[str], group_for=group_of,
-                    modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None) -> list[TensorGroup]:
+def summarize_table(
+    table: TensorTable,
+    layouts: list[str],
+    group_for=group_of,
+    modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None,
+) -> list[TensorGroup]:
     """`summarize` over columns. With `modules` (formats.layouts.modules_of), a module's tensors share its group:
     no name pattern tells a weight from its scales, so one look per module does."""
     names = table.names
@@ -98,8 +102,10 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
         modules = modules_of(table.names)
         return summarize_table(table, classify_table(table, mlx, modules), modules=modules)
     names, dtypes, nbytes = table.names, table.dtypes, table.nbytes
-    split = [(head, "." + tail) if dot and tail in LAST_COMPONENTS else (name, "")
-             for (head, dot, tail), name in zip(map(str.rpartition, names, repeat(".")), names)]
+    split = [
+        (head, "." + tail) if dot and tail in LAST_COMPONENTS else (name, "")
+        for (head, dot, tail), name in zip(map(str.rpartition, names, repeat(".")), names)
+    ]
     modules = list(map(itemgetter(0), split))
     kinds = _kinds(modules)
     lasts = [shape[-1] if shape else None for shape in table.shapes]

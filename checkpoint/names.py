@@ -1,7 +1,7 @@
 """Canonical logical weight names: one name per tensor a model computes with, whatever the source.
 
-From HF names (sources in other namings are first mapped to HF names by formats/gguf_arch.py and
-formats/mlx_names.py), the canonical form:
+From HF names (sources in other namings are first mapped to HF names by checkpoint/gguf_arch.py and
+checkpoint/mlx_names.py), the canonical form:
   - no language-model prefix: `embed_tokens.weight`, `layers.3.self_attn.q_proj.weight`, `norm.weight`,
     `lm_head.weight` (absent when tied), `mtp.fc.weight`, `mtp.layers.0.mlp.gate.weight`, drafter tensors
     as drafters name them (`fc.weight`, `hidden_norm.weight`, `candidate_selector.*`, `midlayer.*`, `d2t`;
@@ -36,7 +36,7 @@ def canonical_name(hf_name: str) -> str:
         return DRAFTER_ALIASES[hf_name]
     for prefix in LM_PREFIXES:
         if hf_name.startswith(prefix):
-            return hf_name[len(prefix):]
+            return hf_name[len(prefix) :]
     return hf_name
 
 
@@ -62,10 +62,16 @@ def canonical_maps(config: ModelConfig, hf: dict[str, tuple[int, ...]]) -> list[
             else:
                 count, rows, cols = shape
                 half = rows // 2
-                maps.append(TensorMap(f"{m['mlp']}experts.gate_proj.weight", (count, half, cols), (name,),
-                                      (Step("rows", (0, half)),)))
-                maps.append(TensorMap(f"{m['mlp']}experts.up_proj.weight", (count, half, cols), (name,),
-                                      (Step("rows", (half, rows)),)))
+                maps.append(
+                    TensorMap(
+                        f"{m['mlp']}experts.gate_proj.weight", (count, half, cols), (name,), (Step("rows", (0, half)),)
+                    )
+                )
+                maps.append(
+                    TensorMap(
+                        f"{m['mlp']}experts.up_proj.weight", (count, half, cols), (name,), (Step("rows", (half, rows)),)
+                    )
+                )
         elif m := QKVZ.match(out):
             maps += _split_qkvz(config, m["attn"], name, shape)
         elif m := BA.match(out):
@@ -91,16 +97,22 @@ def _split_qkvz(config: ModelConfig, attn: str, name: str, shape: tuple[int, ...
     k_heads, k_dim = config.linear_num_key_heads, config.linear_key_head_dim
     v_per_k = config.linear_num_value_heads // k_heads * config.linear_value_head_dim
     block = 2 * k_dim + 2 * v_per_k
-    spans = {"q": (0, k_dim), "k": (k_dim, 2 * k_dim), "v": (2 * k_dim, 2 * k_dim + v_per_k),
-             "z": (2 * k_dim + v_per_k, block)}
+    spans = {
+        "q": (0, k_dim),
+        "k": (k_dim, 2 * k_dim),
+        "v": (2 * k_dim, 2 * k_dim + v_per_k),
+        "z": (2 * k_dim + v_per_k, block),
+    }
 
     def gather(*parts: str) -> tuple[int, ...]:
         return tuple(g * block + r for part in parts for g in range(k_heads) for r in range(*spans[part]))
 
     qkv, z = gather("q", "k", "v"), gather("z")
     hidden = shape[1]
-    return [TensorMap(f"{attn}in_proj_qkv.weight", (len(qkv), hidden), (name,), (Step("take_rows", (qkv,)),)),
-            TensorMap(f"{attn}in_proj_z.weight", (len(z), hidden), (name,), (Step("take_rows", (z,)),))]
+    return [
+        TensorMap(f"{attn}in_proj_qkv.weight", (len(qkv), hidden), (name,), (Step("take_rows", (qkv,)),)),
+        TensorMap(f"{attn}in_proj_z.weight", (len(z), hidden), (name,), (Step("take_rows", (z,)),)),
+    ]
 
 
 def _split_ba(config: ModelConfig, attn: str, name: str, shape: tuple[int, ...]) -> list[TensorMap]:
@@ -110,5 +122,7 @@ def _split_ba(config: ModelConfig, attn: str, name: str, shape: tuple[int, ...])
     b = tuple(g * 2 * per_k + r for g in range(k_heads) for r in range(per_k))
     a = tuple(g * 2 * per_k + per_k + r for g in range(k_heads) for r in range(per_k))
     hidden = shape[1]
-    return [TensorMap(f"{attn}in_proj_b.weight", (len(b), hidden), (name,), (Step("take_rows", (b,)),)),
-            TensorMap(f"{attn}in_proj_a.weight", (len(a), hidden), (name,), (Step("take_rows", (a,)),))]
+    return [
+        TensorMap(f"{attn}in_proj_b.weight", (len(b), hidden), (name,), (Step("take_rows", (b,)),)),
+        TensorMap(f"{attn}in_proj_a.weight", (len(a), hidden), (name,), (Step("take_rows", (a,)),)),
+    ]

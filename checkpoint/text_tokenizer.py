@@ -1,7 +1,7 @@
 """Text to token ids and back, and chat prompts, as transformers 5 makes them, for the runtime.
 
 Built from an HF checkpoint's tokenizer files or from a GGUF's `tokenizer.*` keys (through the GGUF ->
-tokenizer.json conversion of formats/gguf_tokenizer.py, read as transformers reads a GGUF). Encoding and
+tokenizer.json conversion of checkpoint/gguf_tokenizer.py, read as transformers reads a GGUF). Encoding and
 decoding run in the `tokenizers` library on the pipeline transformers would hand it, so ids are
 transformers' by construction rather than by imitation:
 
@@ -35,11 +35,17 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
+from specpair.checkpoint.gguf_tokenizer import (
+    BYTE_LEVEL_DECODER,
+    GPT2_BYTE_LEVEL,
+    METASPACE,
+    QWEN2_SPLIT,
+    QWEN35_SPLIT,
+    hf_tokenizer_files,
+)
 from specpair.checkpoint.tokenizer import from_tokenizer_json
 from specpair.errors import BadInput
 from specpair.formats import brief
-from specpair.formats.gguf_tokenizer import (BYTE_LEVEL_DECODER, GPT2_BYTE_LEVEL, METASPACE, QWEN2_SPLIT,
-                                             QWEN35_SPLIT, hf_tokenizer_files)
 
 # PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES: the named special tokens, in transformers' order.
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -62,23 +68,41 @@ class Rebuild:
 
 
 def _byte_level_bpe(**flags: object) -> dict[str, Any]:
-    return {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-            "end_of_word_suffix": "", "fuse_unk": False, **flags}
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": "",
+        "end_of_word_suffix": "",
+        "fuse_unk": False,
+        **flags,
+    }
 
 
 def _qwen(regex: str) -> Callable[[dict], dict[str, Any]]:
     def pipeline(config: dict) -> dict[str, Any]:
-        byte_level = {"type": "ByteLevel", "add_prefix_space": bool(config.get("add_prefix_space")),
-                      "trim_offsets": True, "use_regex": False}
+        byte_level = {
+            "type": "ByteLevel",
+            "add_prefix_space": bool(config.get("add_prefix_space")),
+            "trim_offsets": True,
+            "use_regex": False,
+        }
         split = {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
-        return {"normalizer": {"type": "NFC"}, "decoder": BYTE_LEVEL_DECODER,
-                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]}}
+        return {
+            "normalizer": {"type": "NFC"},
+            "decoder": BYTE_LEVEL_DECODER,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
+        }
+
     return pipeline
 
 
 def _gpt2(config: dict) -> dict[str, Any]:
-    return {"normalizer": None, "decoder": BYTE_LEVEL_DECODER,
-            "pre_tokenizer": {**GPT2_BYTE_LEVEL, "add_prefix_space": bool(config.get("add_prefix_space"))}}
+    return {
+        "normalizer": None,
+        "decoder": BYTE_LEVEL_DECODER,
+        "pre_tokenizer": {**GPT2_BYTE_LEVEL, "add_prefix_space": bool(config.get("add_prefix_space"))},
+    }
 
 
 def _llama(config: dict) -> dict[str, Any]:
@@ -88,21 +112,39 @@ def _llama(config: dict) -> dict[str, Any]:
     prefix = True if prefix is None else bool(prefix)
     scheme = ("always" if config.get("legacy", False) else "first") if prefix else "never"
     strip = [{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if prefix else []
-    decoder = {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-                                                {"type": "ByteFallback"}, {"type": "Fuse"}, *strip]}
+    decoder = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            *strip,
+        ],
+    }
     return {"normalizer": None, "decoder": decoder, "pre_tokenizer": {**METASPACE, "prepend_scheme": scheme}}
 
 
-QWEN_DEFAULTS = {"unk_token": "<|endoftext|>", "bos_token": None, "eos_token": "<|endoftext|>",
-                 "pad_token": "<|endoftext|>"}
+QWEN_DEFAULTS = {
+    "unk_token": "<|endoftext|>",
+    "bos_token": None,
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+}
 REBUILT = {  # class name -> its __init__ (models/<family>/tokenization_<family>.py)
-    "Qwen2Tokenizer": Rebuild(_byte_level_bpe(byte_fallback=False), _qwen(QWEN2_SPLIT), QWEN_DEFAULTS,
-                              adds_special_tokens=True),
+    "Qwen2Tokenizer": Rebuild(
+        _byte_level_bpe(byte_fallback=False), _qwen(QWEN2_SPLIT), QWEN_DEFAULTS, adds_special_tokens=True
+    ),
     "Qwen3_5Tokenizer": Rebuild(_byte_level_bpe(byte_fallback=False), _qwen(QWEN35_SPLIT), QWEN_DEFAULTS),
-    "GPT2Tokenizer": Rebuild(_byte_level_bpe(), _gpt2, {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
-                                                        "eos_token": "<|endoftext|>", "pad_token": None}),
-    "LlamaTokenizer": Rebuild({"type": "BPE", "dropout": None, "fuse_unk": True, "byte_fallback": True}, _llama,
-                              {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}),
+    "GPT2Tokenizer": Rebuild(
+        _byte_level_bpe(),
+        _gpt2,
+        {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": None},
+    ),
+    "LlamaTokenizer": Rebuild(
+        {"type": "BPE", "dropout": None, "fuse_unk": True, "byte_fallback": True},
+        _llama,
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+    ),
 }
 
 
@@ -119,8 +161,14 @@ class TextTokenizer:
     _templates: dict[str, jinja2.Template] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None, generation_config: dict | None,
-                   chat_template: str | None, where: str) -> TextTokenizer:
+    def from_files(
+        cls,
+        tokenizer_json: bytes,
+        tokenizer_config: dict | None,
+        generation_config: dict | None,
+        chat_template: str | None,
+        where: str,
+    ) -> TextTokenizer:
         """tokenizer.json with tokenizer_config.json, generation_config.json and chat_template.jinja (each None
         when absent); `where` names the checkpoint in errors."""
         config = _mapping(tokenizer_config, where, "tokenizer_config.json")
@@ -137,14 +185,24 @@ class TextTokenizer:
         if klass not in AS_WRITTEN and not (klass == "LlamaTokenizer" and _byte_level(doc)):
             rebuild = REBUILT.get(klass)
             if rebuild is None:
-                raise BadInput(where, f"tokenizer_class {name!r}: transformers builds this tokenizer with code of its "
-                                      f"own, which is not reproduced here (known: {', '.join(sorted(REBUILT))}, "
-                                      "TokenizersBackend, PreTrainedTokenizerFast)")
+                raise BadInput(
+                    where,
+                    f"tokenizer_class {name!r}: transformers builds this tokenizer with code of its "
+                    f"own, which is not reproduced here (known: {', '.join(sorted(REBUILT))}, "
+                    "TokenizersBackend, PreTrainedTokenizerFast)",
+                )
             if doc["model"].get("type") != "BPE":
-                raise BadInput(where, f"tokenizer_class {name!r} takes a BPE model, but tokenizer.json's model.type is "
-                                      f"{brief(doc['model'].get('type'))}")
-            doc = {**doc, **rebuild.pipeline(config), "added_tokens": [],
-                   "model": {**rebuild.model, "vocab": doc["model"]["vocab"], "merges": doc["model"].get("merges", [])}}
+                raise BadInput(
+                    where,
+                    f"tokenizer_class {name!r} takes a BPE model, but tokenizer.json's model.type is "
+                    f"{brief(doc['model'].get('type'))}",
+                )
+            doc = {
+                **doc,
+                **rebuild.pipeline(config),
+                "added_tokens": [],
+                "model": {**rebuild.model, "vocab": doc["model"]["vocab"], "merges": doc["model"].get("merges", [])},
+            }
         try:  # tokenizer.json as written loads from its own text (valid UTF-8: orjson parsed it)
             backend = Tokenizer.from_str(tokenizer_json.decode() if rebuild is None else json.dumps(doc))
         except Exception as e:  # the Rust side reports any inconsistency as one exception type
@@ -160,8 +218,10 @@ class TextTokenizer:
         if template is None:
             template = config.get("chat_template")
             if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-                if not all(isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("template"), str)
-                           for e in template):
+                if not all(
+                    isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("template"), str)
+                    for e in template
+                ):
                     raise BadInput(where, "tokenizer_config.json chat_template is a list but not of {name, template}")
                 template = {e["name"]: e["template"] for e in template}
             elif template is not None and not isinstance(template, str):
@@ -179,9 +239,13 @@ class TextTokenizer:
         """A GGUF's tokenizer keys (formats.gguf.read_local(path).fields), read as transformers reads them."""
         files = hf_tokenizer_files(fields, where, reader="transformers")
         template = files.get("chat_template.jinja")
-        return cls.from_files(files["tokenizer.json"], orjson.loads(files["tokenizer_config.json"]),
-                              orjson.loads(files["generation_config.json"]),
-                              template.decode() if template is not None else None, where)
+        return cls.from_files(
+            files["tokenizer.json"],
+            orjson.loads(files["tokenizer_config.json"]),
+            orjson.loads(files["generation_config.json"]),
+            template.decode() if template is not None else None,
+            where,
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text; BOS/EOS as the post-processor adds them when add_special_tokens."""
@@ -191,9 +255,15 @@ class TextTokenizer:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return _clean_up_tokenization(text) if self.clean_up_spaces else text
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None, documents: list[dict] | None = None,
-                            template: str | None = None, **template_kwargs: object) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        template: str | None = None,
+        **template_kwargs: object,
+    ) -> str:
         """The prompt text, as transformers' apply_chat_template(..., tokenize=False); `template` is a template or
         the name of one; `template_kwargs` (enable_thinking, ...) reach the template as variables."""
         source = self._template_source(template, tools)
@@ -205,12 +275,23 @@ class TextTokenizer:
                 raise BadInput(self.where, f"chat template does not compile ({_line(e)})") from None
         if not messages:
             raise BadInput(self.where, "a chat needs at least one message")
-        chat = _aliased_reasoning([_plain({k: v for k, v in m.items() if v is not None}) if isinstance(m, Mapping)
-                                   else _not_a_message(m, self.where) for m in messages])
+        chat = _aliased_reasoning(
+            [
+                _plain({k: v for k, v in m.items() if v is not None})
+                if isinstance(m, Mapping)
+                else _not_a_message(m, self.where)
+                for m in messages
+            ]
+        )
         variables = {**self.special_tokens, **_plain(template_kwargs)}
         try:
-            return compiled.render(messages=chat, tools=_plain(tools), documents=_plain(documents),
-                                   add_generation_prompt=add_generation_prompt, **variables)
+            return compiled.render(
+                messages=chat,
+                tools=_plain(tools),
+                documents=_plain(documents),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except Exception as e:  # raise_exception, a sandbox refusal, or the template's own TypeError...
             raise BadInput(self.where, f"chat template: {_line(e)}") from None
 
@@ -254,8 +335,9 @@ class TextTokenizer:
         return own
 
 
-def _add_tokens_as_transformers(backend: Tokenizer, listed: list, config: dict, rebuild: Rebuild | None,
-                                where: str) -> dict[str, str]:
+def _add_tokens_as_transformers(
+    backend: Tokenizer, listed: list, config: dict, rebuild: Rebuild | None, where: str
+) -> dict[str, str]:
     """Add tokens as TokenizersBackend.__init__ does, and return transformers' special_tokens_map.
 
     Added tokens come from tokenizer_config's added_tokens_decoder (else tokenizer.json's added_tokens); those the
@@ -313,10 +395,12 @@ def _add_tokens_as_transformers(backend: Tokenizer, listed: list, config: dict, 
 
 def _byte_level(doc: dict) -> bool:
     """TokenizersBackend._tokenizer_json_has_byte_level: a ByteLevel pre-tokenizer or decoder anywhere."""
+
     def has(node: object) -> bool:
         if isinstance(node, dict):
             return node.get("type") == "ByteLevel" or any(has(v) for v in node.values())
         return any(has(v) for v in node) if isinstance(node, list) else False
+
     return has(doc.get("pre_tokenizer")) or has(doc.get("decoder"))
 
 
@@ -373,14 +457,25 @@ def _line(error: Exception) -> str:
 
 def _clean_up_tokenization(text: str) -> str:
     """PreTrainedTokenizerBase.clean_up_tokenization."""
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for before, after in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(before, after)
     return text
 
 
 # --------------------------------------------------------------------------------------------------
 # The chat-template sandbox (transformers' _cached_compile_jinja_template)
+
 
 def _plain(value: object) -> object:
     """_plain_template_data: the template sees plain JSON types only; anything else becomes "<TypeName>"."""
@@ -414,8 +509,13 @@ def _not_a_message(message: object, where: str) -> dict:
     raise BadInput(where, f"chat message {brief(message)} is not an object")
 
 
-def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     """transformers' tojson: json.dumps without Jinja's HTML escaping."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -473,11 +573,16 @@ class _Generation(jinja2.ext.Extension):
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[_Generation, jinja2.ext.loopcontrols])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
     environment.filters["tojson"] = _tojson
-    environment.globals |= {"raise_exception": _raise_exception, "strftime_now": _strftime_now,
-                            "dict": _TemplateDict(), "namespace": _TemplateNamespace}
+    environment.globals |= {
+        "raise_exception": _raise_exception,
+        "strftime_now": _strftime_now,
+        "dict": _TemplateDict(),
+        "namespace": _TemplateNamespace,
+    }
     return environment
 
 

@@ -48,8 +48,9 @@ def fingerprint(tokens: list[str], merges: list[str]) -> str:
     return hashlib.sha256(orjson.dumps([tokens, merges])).hexdigest()
 
 
-def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, generation_config: dict | None,
-                        chat_template: str | None) -> Tokenizer:
+def from_tokenizer_json(
+    raw: bytes, where: str, tokenizer_config: dict | None, generation_config: dict | None, chat_template: str | None
+) -> Tokenizer:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -113,9 +114,17 @@ def from_tokenizer_json(raw: bytes, where: str, tokenizer_config: dict | None, g
     bos, eos, pad = (id_of(config.get(k)) for k in ("bos_token", "eos_token", "pad_token"))
     eos_ids = _id_list((generation_config or {}).get("eos_token_id")) or ([eos] if eos is not None else [])
     return Tokenizer(
-        length=length, source="tokenizer.json", fingerprint=fingerprint(tokens, merges), merges=len(merges),
-        special_ids=special, bos_id=bos, eos_ids=eos_ids, pad_id=pad, pre=f"pipeline:{pipeline_sha}",
-        chat_template_sha256=_sha256_text(template), tokens=tokens,
+        length=length,
+        source="tokenizer.json",
+        fingerprint=fingerprint(tokens, merges),
+        merges=len(merges),
+        special_ids=special,
+        bos_id=bos,
+        eos_ids=eos_ids,
+        pad_id=pad,
+        pre=f"pipeline:{pipeline_sha}",
+        chat_template_sha256=_sha256_text(template),
+        tokens=tokens,
     )
 
 
@@ -130,7 +139,9 @@ def from_gguf_fields(fields: dict[str, object], where: str) -> Tokenizer | None:
         raise BadInput(where, "tokenizer.ggml.token_type does not match tokenizer.ggml.tokens")
     length = len(tokens)
     # llama.cpp pads the token list up to the embedding rows with unused "[PAD{i}]" entries.
-    while length and tokens[length - 1] == f"[PAD{length - 1}]" and (not types or types[length - 1] == GGUF_TOKEN_UNUSED):
+    while (
+        length and tokens[length - 1] == f"[PAD{length - 1}]" and (not types or types[length - 1] == GGUF_TOKEN_UNUSED)
+    ):
         length -= 1
     token_strings = tokens[:length]
     merges = fields.get("tokenizer.ggml.merges") or []
@@ -140,12 +151,17 @@ def from_gguf_fields(fields: dict[str, object], where: str) -> Tokenizer | None:
     eos = _int_or_none(fields.get("tokenizer.ggml.eos_token_id"))
     eot = _int_or_none(fields.get("tokenizer.ggml.eot_token_id"))
     return Tokenizer(
-        length=length, source="gguf", fingerprint=fingerprint(token_strings, merges), merges=len(merges),
-        special_ids=special, bos_id=_int_or_none(fields.get("tokenizer.ggml.bos_token_id")),
+        length=length,
+        source="gguf",
+        fingerprint=fingerprint(token_strings, merges),
+        merges=len(merges),
+        special_ids=special,
+        bos_id=_int_or_none(fields.get("tokenizer.ggml.bos_token_id")),
         eos_ids=[i for i in dict.fromkeys([eos, eot]) if i is not None],
         pad_id=_int_or_none(fields.get("tokenizer.ggml.padding_token_id")),
         pre=_str_or_none(fields.get("tokenizer.ggml.pre")),
-        chat_template_sha256=_sha256_text(fields.get("tokenizer.chat_template")), tokens=token_strings,
+        chat_template_sha256=_sha256_text(fields.get("tokenizer.chat_template")),
+        tokens=token_strings,
     )
 
 

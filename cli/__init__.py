@@ -30,12 +30,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     """Pair a target LLM with a speculative-decoding drafter."""
 
 
-from specpair.cli import catalog, check, convert, download, inspect, run, verify  # noqa: E402,F401  (each module registers its command on `app`)
+from specpair.cli import bench, catalog, check, convert, download, inspect, run, verify  # noqa: E402,F401  (each module registers its command on `app`)
 
 
 def main() -> None:

@@ -47,10 +47,27 @@ class Cell:
     accepted: list[int] = field(default_factory=list)
 
 
-def run_gate(target_ref: str | None, draft_ref: str | None, *, mtp: bool, demo: bool, prompt_text: str | None,
-             max_tokens: int, sampling_given: tuple | None, chat: bool, device: str | None, gguf_file: str | None,
-             draft_gguf_file: str | None, block_size: int | None, batch: int | None, draft_bits: int | None,
-             rule: str, json_output: bool, quiet: bool) -> int:
+def run_gate(
+    target_ref: str | None,
+    draft_ref: str | None,
+    *,
+    mtp: bool,
+    demo: bool,
+    prompt_text: str | None,
+    max_tokens: int,
+    sampling_given: tuple | None,
+    chat: bool,
+    device: str | None,
+    gguf_file: str | None,
+    draft_gguf_file: str | None,
+    block_size: int | None,
+    batch: int | None,
+    draft_bits: int | None,
+    rule: str,
+    graphs: bool | None,
+    json_output: bool,
+    quiet: bool,
+) -> int:
     import torch
 
     from specpair.cli.run import _progress, _revision, _size
@@ -68,7 +85,7 @@ def run_gate(target_ref: str | None, draft_ref: str | None, *, mtp: bool, demo: 
     stages = _Notes(not quiet and not json_output)
     locked = {}
     if demo:
-        from specpair.sources.demo import demo_pair
+        from specpair.convert.demo import demo_pair
 
         if target_ref or draft_ref or mtp:
             raise BadInput("--demo", "runs the built-in SmolLM2 pair: give no TARGET, DRAFT or --mtp with it")
@@ -113,21 +130,29 @@ def run_gate(target_ref: str | None, draft_ref: str | None, *, mtp: bool, demo: 
     verdict = verdicts["specpair"]
     if verdict.status == "fail":
         errors = [f for f in verdict.reasons if f.severity == "error"]
-        raise BadInput(target_ref, f"`specpair check` refuses this pair on the specpair stack: {errors[0].rule}: "
-                                   f"{errors[0].message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        raise BadInput(
+            target_ref,
+            f"`specpair check` refuses this pair on the specpair stack: {errors[0].rule}: "
+            f"{errors[0].message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+        )
     warnings = [f"{f.rule}: {f.message}" for f in verdict.reasons if f.severity == "warn"]
 
     plan = loading.plan_load(target_model, where)
     with _progress(plan.stored_bytes, not quiet and not json_output and sys.stderr.isatty()) as advance:
         stages.begin(f"loading {_size(plan.stored_bytes)} from {target_model.ref} onto {where}")
         target = loading.load(plan, advance)
-    stages.begin(f"loading the {kind} drafter" + (f" from {draft_model.ref}" if draft_model else "") +
-                 (", quantized to affine-4" if draft_bits == 4 else ""))
+    stages.begin(
+        f"loading the {kind} drafter"
+        + (f" from {draft_model.ref}" if draft_model else "")
+        + (", quantized to affine-4" if draft_bits == 4 else "")
+    )
     drafter = load_drafter(draft_model, target_model, target, draft_bits)
     block = block_size or drafter.block_size
     if drafter.max_positions and context + block > drafter.max_positions:
-        warnings.append(f"context: {context + block} positions exceed the drafter's max_position_embeddings "
-                        f"{drafter.max_positions}: acceptance may fall past it, the output does not change")
+        warnings.append(
+            f"context: {context + block} positions exceed the drafter's max_position_embeddings "
+            f"{drafter.max_positions}: acceptance may fall past it, the output does not change"
+        )
     for w in warnings:
         if not quiet and not json_output:
             sys.stderr.write(f"warning: {w}\n")
@@ -135,7 +160,7 @@ def run_gate(target_ref: str | None, draft_ref: str | None, *, mtp: bool, demo: 
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
     settings = [sampling_given] if sampling_given is not None else list(GATE_TEMPERATURES)
     sizes = [batch] if batch else [1, CONCURRENT]
-    _warm_up(target, drafter, encoded[0][2], stops, block, rule)
+    _warm_up(target, drafter, encoded[0][2], stops, block, rule, graphs)
     cells = []
     for temperature, top_k, top_p, seed in settings:
         from specpair.runtime.sampling import Sampling
@@ -143,42 +168,66 @@ def run_gate(target_ref: str | None, draft_ref: str | None, *, mtp: bool, demo: 
         sampling = Sampling(temperature, top_k, top_p, seed)
         for size in sizes:
             stages.begin(f"{_describe(sampling)}, {'solo' if size == 1 else f'{size} concurrent'}")
-            cell = _run_cell(target, drafter, encoded, sampling, size, max_tokens, stops, block, rule)
+            cell = _run_cell(target, drafter, encoded, sampling, size, max_tokens, stops, block, rule, graphs)
             cells.append(cell)
             if not quiet and not json_output:
                 sys.stderr.write(_cell_line(cell, rule) + "\n")
 
     compared = [c for c in cells if _compared(c, rule)]
     overall = _totals(cells)
-    summary = (f"identical {sum(c.identical for c in compared)}/{len(compared)} · τ {overall['tau']:.2f} · "
-               f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
-               f"{overall['tokens_per_s']['undrafted']:.1f} tok/s) · {kind} block {block} · "
-               f"{target_model.config.family} on {where} · " +
-               " ".join(f"{stack} {v.status}" for stack, v in verdicts.items() if stack != "specpair"))
+    summary = (
+        f"identical {sum(c.identical for c in compared)}/{len(compared)} · τ {overall['tau']:.2f} · "
+        f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
+        f"{overall['tokens_per_s']['undrafted']:.1f} tok/s) · {kind} block {block} · "
+        f"{target_model.config.family} on {where} · "
+        + " ".join(f"{stack} {v.status}" for stack, v in verdicts.items() if stack != "specpair")
+    )
     failed = any(not c.identical for c in compared)
     if json_output:
-        print_json({
-            "schema": "specpair.run/1",
-            "target": _describe_model(target_model, locked.get("target"), _revision),
-            "draft": {**(_describe_model(draft_model, locked.get("draft"), _revision) if draft_model else
-                         {"ref": target_model.ref, "mtp": True}), "kind": kind,
-                      "resident_bytes": drafter.resident_bytes, "bits": draft_bits},
-            "device": str(where), "dtype": str(plan.dtype).removeprefix("torch."), "block_size": block,
-            "max_tokens": max_tokens, "rule": rule, "chat": chat,
-            "prompts": [{"name": n, "sha256": hashlib.sha256(t.encode("utf-8")).hexdigest(), "tokens": len(ids)}
-                        for n, t, ids in encoded],
-            "check": {"status": verdict.status, "warnings": warnings,
-                      "stacks": {stack: v.status for stack, v in verdicts.items()}},
-            "runs": [_cell_json(c, rule) for c in cells],
-            "identical": not failed, **overall, "summary": summary,
-        })
+        print_json(
+            {
+                "schema": "specpair.run/1",
+                "target": _describe_model(target_model, locked.get("target"), _revision),
+                "draft": {
+                    **(
+                        _describe_model(draft_model, locked.get("draft"), _revision)
+                        if draft_model
+                        else {"ref": target_model.ref, "mtp": True}
+                    ),
+                    "kind": kind,
+                    "resident_bytes": drafter.resident_bytes,
+                    "bits": draft_bits,
+                },
+                "device": str(where),
+                "dtype": str(plan.dtype).removeprefix("torch."),
+                "block_size": block,
+                "max_tokens": max_tokens,
+                "rule": rule,
+                "chat": chat,
+                "prompts": [
+                    {"name": n, "sha256": hashlib.sha256(t.encode("utf-8")).hexdigest(), "tokens": len(ids)}
+                    for n, t, ids in encoded
+                ],
+                "check": {
+                    "status": verdict.status,
+                    "warnings": warnings,
+                    "stacks": {stack: v.status for stack, v in verdicts.items()},
+                },
+                "runs": [_cell_json(c, rule) for c in cells],
+                "identical": not failed,
+                **overall,
+                "summary": summary,
+            }
+        )
     elif not quiet:
         for c in cells:
             for p in c.prompts:
                 if p["identical"] is False:
                     d = p["first_difference"]
-                    sys.stdout.write(f"DIVERGED {_describe(c.sampling)} batch {c.batch} prompt {p['prompt']}: at token "
-                                     f"{d['position']} undrafted {d['undrafted']} vs drafted {d['drafted']}\n")
+                    sys.stdout.write(
+                        f"DIVERGED {_describe(c.sampling)} batch {c.batch} prompt {p['prompt']}: at token "
+                        f"{d['position']} undrafted {d['undrafted']} vs drafted {d['drafted']}\n"
+                    )
         sys.stdout.write(summary + "\n")
     return 1 if failed else 0
 
@@ -195,28 +244,30 @@ class _Notes:
             sys.stderr.flush()
 
 
-def _warm_up(target, drafter, ids, stops, block, rule) -> None:
+def _warm_up(target, drafter, ids, stops, block, rule, graphs) -> None:
     """A few tokens each way first, so that one-time costs (kernel compilation, allocator) are not timed."""
     from specpair.runtime.generate import generate
     from specpair.runtime.sampling import Sampling
     from specpair.runtime.speculative import speculative_generate
 
-    generate(target, [ids], 2, Sampling(), stops)
-    speculative_generate(target, drafter, [ids], block + 1, Sampling(), stops, block_size=block, rule=rule)
+    generate(target, [ids], 2, Sampling(), stops, graphs=graphs)
+    speculative_generate(
+        target, drafter, [ids], block + 1, Sampling(), stops, block_size=block, rule=rule, graphs=graphs
+    )
 
 
-def _run_cell(target, drafter, encoded, sampling, size, max_tokens, stops, block, rule) -> Cell:
+def _run_cell(target, drafter, encoded, sampling, size, max_tokens, stops, block, rule, graphs) -> Cell:
     from specpair.runtime.generate import generate
     from specpair.runtime.speculative import acceptance_by_position, speculative_generate
 
     cell = Cell(sampling, size, block)
-    groups = [[i] for i in range(len(encoded))] if size == 1 else \
-        [[i % len(encoded) for i in range(size)]]
+    groups = [[i] for i in range(len(encoded))] if size == 1 else [[i % len(encoded) for i in range(size)]]
     for group in groups:
         prompts = [encoded[i][2] for i in group]
-        undrafted, u_timing = generate(target, prompts, max_tokens, sampling, stops)
-        drafted, d_timing = speculative_generate(target, drafter, prompts, max_tokens, sampling, stops,
-                                                 block_size=block, rule=rule)
+        undrafted, u_timing = generate(target, prompts, max_tokens, sampling, stops, graphs=graphs)
+        drafted, d_timing = speculative_generate(
+            target, drafter, prompts, max_tokens, sampling, stops, block_size=block, rule=rule, graphs=graphs
+        )
         u_s, d_s = u_timing.prefill_s + u_timing.decode_s, d_timing.prefill_s + d_timing.draft_s + d_timing.verify_s
         cell.undrafted_tokens += u_timing.generated_tokens
         cell.drafted_tokens += d_timing.generated_tokens
@@ -229,19 +280,29 @@ def _run_cell(target, drafter, encoded, sampling, size, max_tokens, stops, block
         for i, u, d in zip(group, undrafted, drafted):
             cell.accepted += d.accepted
             same = u.tokens == d.tokens
-            at = next((j for j, (a, b) in enumerate(zip(u.tokens, d.tokens)) if a != b), min(len(u.tokens), len(d.tokens)))
+            at = next(
+                (j for j, (a, b) in enumerate(zip(u.tokens, d.tokens)) if a != b), min(len(u.tokens), len(d.tokens))
+            )
             compared = _compared(cell, rule)
             cell.identical &= same or not compared
-            cell.prompts.append({
-                "prompt": encoded[i][0], "identical": same if compared else None,
-                "first_difference": None if same or not compared else {
-                    "position": at, "undrafted": u.tokens[at] if at < len(u.tokens) else None,
-                    "drafted": d.tokens[at] if at < len(d.tokens) else None},
-                "tokens": len(d.tokens), "tau": d.tau,
-                "acceptance_by_position": acceptance_by_position([d], block - 1),
-                "tokens_per_s": {"drafted": d_timing.tokens_per_s, "undrafted": u_timing.tokens_per_s},
-                "speedup": d_timing.tokens_per_s / u_timing.tokens_per_s if u_timing.tokens_per_s else None,
-            })
+            cell.prompts.append(
+                {
+                    "prompt": encoded[i][0],
+                    "identical": same if compared else None,
+                    "first_difference": None
+                    if same or not compared
+                    else {
+                        "position": at,
+                        "undrafted": u.tokens[at] if at < len(u.tokens) else None,
+                        "drafted": d.tokens[at] if at < len(d.tokens) else None,
+                    },
+                    "tokens": len(d.tokens),
+                    "tau": d.tau,
+                    "acceptance_by_position": acceptance_by_position([d], block - 1),
+                    "tokens_per_s": {"drafted": d_timing.tokens_per_s, "undrafted": u_timing.tokens_per_s},
+                    "speedup": d_timing.tokens_per_s / u_timing.tokens_per_s if u_timing.tokens_per_s else None,
+                }
+            )
     return cell
 
 
@@ -251,8 +312,10 @@ def _compared(cell: Cell, rule: str) -> bool:
 
 
 def _rates(c: Cell) -> tuple[float, float]:
-    return (c.drafted_tokens / c.drafted_s if c.drafted_s else 0.0,
-            c.undrafted_tokens / c.undrafted_s if c.undrafted_s else 0.0)
+    return (
+        c.drafted_tokens / c.drafted_s if c.drafted_s else 0.0,
+        c.undrafted_tokens / c.undrafted_s if c.undrafted_s else 0.0,
+    )
 
 
 def _totals(cells: list[Cell]) -> dict:
@@ -264,19 +327,31 @@ def _totals(cells: list[Cell]) -> dict:
     accepted = [a for c in cells for a in c.accepted]
     block = cells[0].block
     draft_s, verify_s = sum(c.draft_s for c in cells), sum(c.verify_s for c in cells)
-    return {"tau": committed / rounds if rounds else 0.0,
-            "acceptance_by_position": [sum(a >= i for a in accepted) / len(accepted) if accepted else 0.0
-                                       for i in range(1, block)],
-            "tokens_per_s": {"drafted": drafted, "undrafted": undrafted},
-            "speedup": drafted / undrafted if undrafted else 0.0,
-            "seconds": {"draft": draft_s, "verify": verify_s, "drafted": drafted_s, "undrafted": undrafted_s}}
+    return {
+        "tau": committed / rounds if rounds else 0.0,
+        "acceptance_by_position": [
+            sum(a >= i for a in accepted) / len(accepted) if accepted else 0.0 for i in range(1, block)
+        ],
+        "tokens_per_s": {"drafted": drafted, "undrafted": undrafted},
+        "speedup": drafted / undrafted if undrafted else 0.0,
+        "seconds": {"draft": draft_s, "verify": verify_s, "drafted": drafted_s, "undrafted": undrafted_s},
+    }
 
 
 def _cell_json(c: Cell, rule: str) -> dict:
     totals = _totals([c])
-    return {"sampling": {"temperature": c.sampling.temperature, "top_k": c.sampling.top_k, "top_p": c.sampling.top_p,
-                         "seed": c.sampling.seed},
-            "batch": c.batch, "identical": c.identical if _compared(c, rule) else None, "prompts": c.prompts, **totals}
+    return {
+        "sampling": {
+            "temperature": c.sampling.temperature,
+            "top_k": c.sampling.top_k,
+            "top_p": c.sampling.top_p,
+            "seed": c.sampling.seed,
+        },
+        "batch": c.batch,
+        "identical": c.identical if _compared(c, rule) else None,
+        "prompts": c.prompts,
+        **totals,
+    }
 
 
 def _cell_line(c: Cell, rule: str) -> str:
@@ -284,22 +359,33 @@ def _cell_line(c: Cell, rule: str) -> str:
     same = ("identical" if c.identical else "DIVERGED") if _compared(c, rule) else "not compared (rejection rule)"
     accept = " ".join(f"{a:.2f}" for a in t["acceptance_by_position"])
     spent = t["seconds"]["draft"] + t["seconds"]["verify"]
-    split = f"draft {100 * t['seconds']['draft'] / spent:.0f}% / verify {100 * t['seconds']['verify'] / spent:.0f}%" \
-        if spent else ""
-    return (f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · {t['tokens_per_s']['drafted']:.1f} vs "
-            f"{t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×) · {split}")
+    split = (
+        f"draft {100 * t['seconds']['draft'] / spent:.0f}% / verify {100 * t['seconds']['verify'] / spent:.0f}%"
+        if spent
+        else ""
+    )
+    return (
+        f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · {t['tokens_per_s']['drafted']:.1f} vs "
+        f"{t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×) · {split}"
+    )
 
 
 def _describe(sampling) -> str:
     if sampling.greedy:
         return "greedy"
-    extra = (f" top-k {sampling.top_k}" if sampling.top_k else "") + (f" top-p {sampling.top_p}" if sampling.top_p < 1 else "")
+    extra = (f" top-k {sampling.top_k}" if sampling.top_k else "") + (
+        f" top-p {sampling.top_p}" if sampling.top_p < 1 else ""
+    )
     return f"temperature {sampling.temperature}{extra} seed {sampling.seed}"
 
 
 def _describe_model(model, locked, revision) -> dict:
-    return {"ref": model.ref, "revision": locked.commit if locked else revision(model),
-            "family": model.config.family, "files": file_hashes(model, locked)}
+    return {
+        "ref": model.ref,
+        "revision": locked.commit if locked else revision(model),
+        "family": model.config.family,
+        "files": file_hashes(model, locked),
+    }
 
 
 def file_hashes(model, locked=None) -> dict[str, str]:

@@ -34,7 +34,9 @@ def print_prose(out, text: str, style: str | None = None, indent: int = 0) -> No
     into a pipe one line, whatever COLUMNS says (a log line holds the whole finding)."""
     from rich.text import Text
 
-    out.print(Text.from_markup(" " * indent + text, style=style or "", overflow="ignore"), soft_wrap=not out.is_terminal)
+    out.print(
+        Text.from_markup(" " * indent + text, style=style or "", overflow="ignore"), soft_wrap=not out.is_terminal
+    )
 
 
 def print_command(out, text: str, indent: int = 2) -> None:
@@ -64,8 +66,14 @@ def error_line(message: str) -> str:
 def report_error(where: str | None, problem: str, code: int, command: str | None, as_json: bool) -> int:
     """An error that ends a command: one line on stderr, or under --json one document on stdout."""
     if as_json:
-        print_json({"schema": ERROR_SCHEMA, "command": command, "error": {"file": where, "problem": problem},
-                    "exit_code": code})
+        print_json(
+            {
+                "schema": ERROR_SCHEMA,
+                "command": command,
+                "error": {"file": where, "problem": problem},
+                "exit_code": code,
+            }
+        )
     else:
         sys.stderr.write(error_line(f"{where}: {problem}" if where else problem))
     return code

@@ -22,7 +22,9 @@ def catalog(json_output: JsonOpt = False) -> None:
 
     found = entries()
     if json_output:
-        print_json({"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]})
+        print_json(
+            {"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]}
+        )
         return
     from rich.table import Table
 
@@ -32,12 +34,23 @@ def catalog(json_output: JsonOpt = False) -> None:
     for c in found:
         kind = c.drafter.kind if c.drafter else c.family
         files = ", ".join(f.path for f in c.files if f.path.endswith(".gguf"))
-        table.add_row(c.ref, c.revision or "-", c.role, kind or "-", files or c.format, layout_summary(c),
-                      f"{c.total_bytes / 1e9:.1f}", "reconstructed" if is_reconstructed(c) else "config copy")
+        table.add_row(
+            c.ref,
+            c.revision or "-",
+            c.role,
+            kind or "-",
+            files or c.format,
+            layout_summary(c),
+            f"{c.total_bytes / 1e9:.1f}",
+            "reconstructed" if is_reconstructed(c) else "config copy",
+        )
     out = console()
     print_table(out, table)
-    print_prose(out, "data: reconstructed = rebuilt from published facts (model cards, tables, test fixtures), config "
-                     "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance.")
+    print_prose(
+        out,
+        "data: reconstructed = rebuilt from published facts (model cards, tables, test fixtures), config "
+        "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance.",
+    )
 
 
 def layout_summary(checkpoint: Checkpoint) -> str:

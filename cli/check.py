@@ -24,15 +24,36 @@ SEVERITY_STYLE = {"error": "red", "warn": "yellow", "info": "dim"}
 
 @app.command(epilog=EXAMPLES)
 def check(
-    target: Annotated[str, typer.Argument(help="Target: local directory, .gguf file, Hub repo org/name[@revision], or a specpair.lock (its pair).")],
-    draft: Annotated[str | None, typer.Argument(help="Drafter or draft model; omit to use the target's MTP head.")] = None,
-    stack: Annotated[list[str] | None, typer.Option("--stack", "-s", help="Stack to judge, any case (repeatable; default: all).")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU to size memory for: h100, h200, b200, gb10, rtx4090, ... (default: the local GPU, if any).")] = None,
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="Target: local directory, .gguf file, Hub repo org/name[@revision], or a specpair.lock (its pair)."
+        ),
+    ],
+    draft: Annotated[
+        str | None, typer.Argument(help="Drafter or draft model; omit to use the target's MTP head.")
+    ] = None,
+    stack: Annotated[
+        list[str] | None, typer.Option("--stack", "-s", help="Stack to judge, any case (repeatable; default: all).")
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu",
+            help="GPU to size memory for: h100, h200, b200, gb10, rtx4090, ... (default: the local GPU, if any).",
+        ),
+    ] = None,
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="Number of GPUs available for tensor parallelism.")] = 1,
-    context: Annotated[int | None, typer.Option("--context", min=1, help="Context length to serve (default: min(target max, 32768)).")] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Sequences served at once, for KV and state memory.")] = 1,
+    context: Annotated[
+        int | None, typer.Option("--context", min=1, help="Context length to serve (default: min(target max, 32768)).")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Sequences served at once, for KV and state memory.")
+    ] = 1,
     gguf_file: GgufFileOpt = None,
-    draft_gguf_file: Annotated[str | None, typer.Option("--draft-gguf-file", help="Which .gguf file of DRAFT to read.")] = None,
+    draft_gguf_file: Annotated[
+        str | None, typer.Option("--draft-gguf-file", help="Which .gguf file of DRAFT to read.")
+    ] = None,
     offline: OfflineOpt = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -55,7 +76,10 @@ def check(
     if gpu is not None and gpu.lower() not in GPUS:
         raise BadInput(f"--gpu {gpu}", f"unknown GPU (known: {', '.join(GPUS)})")
     deployment = Deployment(
-        gpu=GPUS[gpu.lower()] if gpu else local_gpu(), gpus=gpus, context=context, concurrency=concurrency,
+        gpu=GPUS[gpu.lower()] if gpu else local_gpu(),
+        gpus=gpus,
+        context=context,
+        concurrency=concurrency,
     )
     if draft is None and target.endswith(".lock"):  # the pair `specpair download` wrote, read where it lies
         from specpair.sources.lockfile import open_locked_pair
@@ -106,14 +130,19 @@ def _print_human(pair, verdicts, verbose: bool) -> None:
         for f in v.reasons:
             seen.setdefault((f.severity, f.rule, f.message), []).append(stack)
     order = {"error": 0, "warn": 1, "info": 2}
-    shown = sorted((item for item in seen.items() if verbose or item[0][0] != "info"), key=lambda item: order[item[0][0]])
+    shown = sorted(
+        (item for item in seen.items() if verbose or item[0][0] != "info"), key=lambda item: order[item[0][0]]
+    )
     hidden = len(seen) - len(shown)
     if shown:
         out.print("[bold]Reasons[/bold]")
     for (severity, rule_id, message), stacks in shown:
         where = "all stacks" if len(stacks) == len(verdicts) and len(verdicts) > 1 else ", ".join(stacks)
-        print_prose(out, f"[{SEVERITY_STYLE[severity]}]{severity:5}[/] {rule_id} [dim]({where})[/dim]: {escape(message)}",
-                    indent=2)
+        print_prose(
+            out,
+            f"[{SEVERITY_STYLE[severity]}]{severity:5}[/] {rule_id} [dim]({where})[/dim]: {escape(message)}",
+            indent=2,
+        )
     if hidden:
         print_prose(out, f"[dim]and {hidden} info note(s): --verbose shows them, --json has every one[/dim]", indent=2)
     launches = [(s, v.launch) for s, v in verdicts.items() if v.launch]

@@ -15,6 +15,7 @@ import typer
 from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, QuietOpt, VerboseOpt
 from specpair.cli._output import console, print_json, print_prose, print_table
+from specpair.formats.layouts import layout_of
 
 EXAMPLES = """\b
 Examples:
@@ -33,24 +34,56 @@ behind, run it again; 2 bad input (refused before anything was written)."""
 
 @app.command(epilog=EXAMPLES)
 def convert(
-    source: Annotated[str, typer.Argument(help="Checkpoint: local directory, .gguf file, or a Hub repo org/name[@revision] already in the HF cache.")],
-    destination: Annotated[str, typer.Argument(help="Output: a directory (safetensors layouts) or a .gguf file; must not exist.")],
-    to: Annotated[str, typer.Option("--to", help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst].")],
-    target: Annotated[str | None, typer.Option("--target", help="The target model a drafter belongs to: its tokenizer goes into the drafter's GGUF.")] = None,
-    keep: Annotated[list[str] | None, typer.Option("--keep", help="GLOB=LAYOUT: tensors whose output name matches get this layout (repeatable), e.g. 'output.weight=gguf:Q6_K'.")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="Where quantization runs: cpu or cuda (default: cuda when present).")] = None,
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Checkpoint: local directory, .gguf file, or a Hub repo org/name[@revision] already in the HF cache."
+        ),
+    ],
+    destination: Annotated[
+        str, typer.Argument(help="Output: a directory (safetensors layouts) or a .gguf file; must not exist.")
+    ],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst].",
+        ),
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", help="The target model a drafter belongs to: its tokenizer goes into the drafter's GGUF."
+        ),
+    ] = None,
+    keep: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--keep",
+            help="GLOB=LAYOUT: tensors whose output name matches get this layout (repeatable), e.g. 'output.weight=gguf:Q6_K'.",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Where quantization runs: cpu or cuda (default: cuda when present).")
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Tensors converted at once.")] = 2,
-    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 5GB or 500MB (an index joins them).")] = "5GB",
+    max_shard_size: Annotated[
+        str,
+        typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 5GB or 500MB (an index joins them)."),
+    ] = "5GB",
     gguf_file: GgufFileOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (every output tensor, its layout and why) and write nothing.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the plan (every output tensor, its layout and why) and write nothing."),
+    ] = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Convert SOURCE into DESTINATION in another layout, tensor by tensor, with an error report."""
+    from specpair.convert import converter as conv
+    from specpair.convert.policy import parse_keep
     from specpair.errors import BadInput
-    from specpair.formats import convert as conv
-    from specpair.formats.policy import parse_keep
 
     goal = conv.parse_target(to)
     shard_bytes = _bytes(max_shard_size)
@@ -80,9 +113,12 @@ def convert(
         # to Q8_0: 8 workers x 16 threads 17.4 s, x 2 threads 13.1 s; 2 workers x 16 threads 15.3 s, x 8 11.9 s)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     try:
-        with _progress(plan, tiles, "bar" if human and sys.stderr.isatty() else "lines" if not quiet else None) as on_tensor:
-            report = conv.execute(plan, destination, device=where, workers=workers, shard_bytes=shard_bytes,
-                                  progress=on_tensor)
+        with _progress(
+            plan, tiles, "bar" if human and sys.stderr.isatty() else "lines" if not quiet else None
+        ) as on_tensor:
+            report = conv.execute(
+                plan, destination, device=where, workers=workers, shard_bytes=shard_bytes, progress=on_tensor
+            )
     finally:
         torch.set_num_threads(threads)  # as it was, for a caller in the same process
     if json_output:
@@ -99,7 +135,9 @@ def _say(line: str) -> None:
 def _exl3_tiles(plan) -> int:
     from specpair.formats import exl3
 
-    return sum(exl3.tiles_of(o.stored) for o in plan.outputs if o.mode == "float" and o.layout.startswith("exl3"))
+    return sum(
+        exl3.tiles_of(o.stored) for o in plan.outputs if o.mode == "float" and layout_of(o.layout).kind == "exl3"
+    )
 
 
 GPU_TILES_PER_S = 44_000  # the Triton search on one H200 (benchmarks/results/exl3_encode.md)
@@ -109,18 +147,22 @@ def _exl3_estimate(plan, tiles: int, where: str) -> str:
     """How long the EXL3 search takes here, from its rate measured on this device now."""
     from specpair.formats import exl3
 
-    first = next(o for o in plan.outputs if o.mode == "float" and o.layout.startswith("exl3"))
-    bits = int(float(first.layout.removeprefix("exl3-").removesuffix("bpw")))
+    first = next(o for o in plan.outputs if o.mode == "float" and layout_of(o.layout).kind == "exl3")
+    bits = int(layout_of(first.layout).bits)
     return exl3_estimate(tiles, exl3.measured_rate(bits, first.method or "mul1", where), where)
 
 
 def exl3_estimate(tiles: int, rate: float, where: str) -> str:
     """The estimate line for `tiles` at `rate` tiles/s on `where`; on the CPU, past a minute, what a GPU would take."""
-    line = (f"EXL3 encodes {tiles:,} tiles of 256 weights at {rate:,.3g} tiles/s measured on {where} now: "
-            f"{_duration(tiles / rate)}")
+    line = (
+        f"EXL3 encodes {tiles:,} tiles of 256 weights at {rate:,.3g} tiles/s measured on {where} now: "
+        f"{_duration(tiles / rate)}"
+    )
     if where == "cpu" and tiles / rate > 60:
-        line += (f"; a CUDA GPU would take {_duration(tiles / GPU_TILES_PER_S)} (an H200 encodes "
-                 f"~{GPU_TILES_PER_S:,} tiles/s): --device cuda on a machine with one")
+        line += (
+            f"; a CUDA GPU would take {_duration(tiles / GPU_TILES_PER_S)} (an H200 encodes "
+            f"~{GPU_TILES_PER_S:,} tiles/s): --device cuda on a machine with one"
+        )
     return line
 
 
@@ -147,16 +189,32 @@ def _progress(plan, tiles: int, mode: str | None) -> Iterator[Callable[[object, 
         return
     if mode == "bar":
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
-        columns = ([BarColumn(), TaskProgressColumn(), "{task.completed:,.0f}/{task.total:,.0f} tiles",
-                    "{task.fields[rate]}", TimeRemainingColumn()] if tiles else
-                   [MofNCompleteColumn(), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()])
+        columns = (
+            [
+                BarColumn(),
+                TaskProgressColumn(),
+                "{task.completed:,.0f}/{task.total:,.0f} tiles",
+                "{task.fields[rate]}",
+                TimeRemainingColumn(),
+            ]
+            if tiles
+            else [MofNCompleteColumn(), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()]
+        )
         with Progress("converting", *columns, console=Console(stderr=True), transient=True) as bar:
             started = time.perf_counter()
             task = bar.add_task("work", total=tiles or plan.nbytes, rate="")
             if tiles:
+
                 def on_tiles(n: int) -> None:
                     bar.advance(task, n)
                     done = bar.tasks[0].completed
@@ -168,7 +226,10 @@ def _progress(plan, tiles: int, mode: str | None) -> Iterator[Callable[[object, 
                 yield lambda output, nbytes: bar.advance(task, nbytes)
         return
     lines = _Lines(plan, tiles)
-    _say(f"{len(plan.outputs)} tensors, {_size(plan.nbytes)} to write" + (f", {tiles:,} EXL3 tiles to encode" if tiles else ""))
+    _say(
+        f"{len(plan.outputs)} tensors, {_size(plan.nbytes)} to write"
+        + (f", {tiles:,} EXL3 tiles to encode" if tiles else "")
+    )
     if tiles:
         with exl3.counting_tiles(lines.tiles):
             yield lines.tensor
@@ -207,8 +268,10 @@ class _Lines:
             rate = self.done / max(elapsed, 1e-9)
             left = (self.total - self.done) / rate if rate else 0.0
             shown = f"{rate:,.1f} tiles/s" if self.unit == "tiles" else f"{rate / 1e6:,.1f} MB/s"
-            _say(f"{tenths * 10}% ({self.tensors} of {self.count} tensors), {shown}, {elapsed:.0f} s elapsed, "
-                 f"{_duration(left)} left")
+            _say(
+                f"{tenths * 10}% ({self.tensors} of {self.count} tensors), {shown}, {elapsed:.0f} s elapsed, "
+                f"{_duration(left)} left"
+            )
 
 
 def _print_plan(plan) -> None:
@@ -233,11 +296,26 @@ def _print_report(plan, report, verbose: bool) -> None:
     from rich.table import Table
 
     out = console()
-    groups = Table("part", "tensors", "lossy", "layouts", "size", "rel. Frobenius", "max abs",
-                   title="error by part (float32 reference)")
+    groups = Table(
+        "part",
+        "tensors",
+        "lossy",
+        "layouts",
+        "size",
+        "rel. Frobenius",
+        "max abs",
+        title="error by part (float32 reference)",
+    )
     for g in report.groups():
-        groups.add_row(g["group"], f"{g['tensors']:,}", f"{g['lossy']:,}", ", ".join(g["layouts"]), _size(g["bytes"]),
-                       f"{g['rel_error']:.5f}", f"{g['max_abs_error']:.3g}")
+        groups.add_row(
+            g["group"],
+            f"{g['tensors']:,}",
+            f"{g['lossy']:,}",
+            ", ".join(g["layouts"]),
+            _size(g["bytes"]),
+            f"{g['rel_error']:.5f}",
+            f"{g['max_abs_error']:.3g}",
+        )
     print_table(out, groups)
     rows = sorted(report.lossy, key=lambda t: -t.rel_error) if verbose else report.worst()
     if rows:
@@ -249,10 +327,13 @@ def _print_report(plan, report, verbose: bool) -> None:
         print_table(out, table)
     exact = len(report.tensors) - len(report.lossy)
     rate = report.source_bytes / report.seconds / 1e9 if report.seconds else 0.0
-    print_prose(out, f"wrote {report.destination}: {len(report.tensors):,} tensors ({exact:,} exact), "
-                     f"{_size(report.nbytes)} from {_size(report.source_bytes)} in {report.seconds:.1f} s "
-                     f"({rate:.2f} GB/s); overall relative error {report.rel_error:.5f} over the "
-                     f"{len(report.lossy):,} lossy tensors")
+    print_prose(
+        out,
+        f"wrote {report.destination}: {len(report.tensors):,} tensors ({exact:,} exact), "
+        f"{_size(report.nbytes)} from {_size(report.source_bytes)} in {report.seconds:.1f} s "
+        f"({rate:.2f} GB/s); overall relative error {report.rel_error:.5f} over the "
+        f"{len(report.lossy):,} lossy tensors",
+    )
     for note in plan.notes:
         print_prose(out, f"note: {note}")
 

@@ -34,29 +34,51 @@ free disk space)."""
 
 @app.command(epilog=EXAMPLES)
 def download(
-    repos: Annotated[list[str], typer.Argument(
-        metavar="REPO[@REV] [REPO2[@REV2]]",
-        help="Hub repo, or a target and its drafter; each at its own branch, tag or commit (default main).")],
-    revision: Annotated[str | None, typer.Option(
-        "--revision", help="Revision of a single REPO; two repos take REPO@REV each.")] = None,
-    include: Annotated[list[str] | None, typer.Option(
-        "--include", help="Fetch only files matching this glob (repeatable).")] = None,
-    exclude: Annotated[list[str] | None, typer.Option(
-        "--exclude", help="Skip files matching this glob (repeatable).")] = None,
-    local_dir: Annotated[str | None, typer.Option(
-        "--local-dir", help="Write plain files here instead of the HF cache (a pair: DIR/<name> each).")] = None,
-    metadata_only: Annotated[bool, typer.Option(
-        "--metadata-only",
-        help="Fetch only the small files `check` reads: *.json, *.jinja, *.txt, *.model, *.tiktoken, *.md.")] = False,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the plan (files, sizes, what is on disk, free space) and fetch nothing.")] = False,
-    lock: Annotated[str | None, typer.Option(
-        "--lock", help="Where to write the lockfile (default: specpair.lock in --local-dir, else here).")] = None,
-    no_lock: Annotated[bool, typer.Option(
-        "--no-lock", help="Write no lockfile (branches and tags are then accepted).")] = False,
-    require_sha: Annotated[bool | None, typer.Option(
-        "--require-sha/--no-require-sha",
-        help="Refuse a branch or tag: every repo pinned to a commit (default: on when a lockfile is written).")] = None,
+    repos: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="REPO[@REV] [REPO2[@REV2]]",
+            help="Hub repo, or a target and its drafter; each at its own branch, tag or commit (default main).",
+        ),
+    ],
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Revision of a single REPO; two repos take REPO@REV each.")
+    ] = None,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", help="Fetch only files matching this glob (repeatable).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="Skip files matching this glob (repeatable).")
+    ] = None,
+    local_dir: Annotated[
+        str | None,
+        typer.Option("--local-dir", help="Write plain files here instead of the HF cache (a pair: DIR/<name> each)."),
+    ] = None,
+    metadata_only: Annotated[
+        bool,
+        typer.Option(
+            "--metadata-only",
+            help="Fetch only the small files `check` reads: *.json, *.jinja, *.txt, *.model, *.tiktoken, *.md.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the plan (files, sizes, what is on disk, free space) and fetch nothing."),
+    ] = False,
+    lock: Annotated[
+        str | None,
+        typer.Option("--lock", help="Where to write the lockfile (default: specpair.lock in --local-dir, else here)."),
+    ] = None,
+    no_lock: Annotated[
+        bool, typer.Option("--no-lock", help="Write no lockfile (branches and tags are then accepted).")
+    ] = False,
+    require_sha: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-sha/--no-require-sha",
+            help="Refuse a branch or tag: every repo pinned to a commit (default: on when a lockfile is written).",
+        ),
+    ] = None,
     json_output: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the downloaded path(s).")] = False,
 ) -> None:
@@ -74,8 +96,16 @@ def download(
         if out is not None and p.moving:
             out.print(f"{p.where} is commit {p.commit}", markup=False, highlight=False, soft_wrap=True)
 
-    plans = dl.plan(repos, revision, include or [], exclude or [], local_dir, metadata_only,
-                    (not no_lock) if require_sha is None else require_sha, resolved)
+    plans = dl.plan(
+        repos,
+        revision,
+        include or [],
+        exclude or [],
+        local_dir,
+        metadata_only,
+        (not no_lock) if require_sha is None else require_sha,
+        resolved,
+    )
     states = [dl.survey(p) for p in plans]
     needs = dl.disk_needs(plans, states)
     if dry_run:
@@ -116,8 +146,15 @@ def _progress(total: int, done: int, enabled: bool) -> Iterator[Callable[[int], 
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    with Progress("downloading", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    with Progress(
+        "downloading",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("download", total=total, completed=done)
         yield lambda n: bar.advance(task, n)
 
@@ -125,36 +162,62 @@ def _progress(total: int, done: int, enabled: bool) -> Iterator[Callable[[int], 
 def _plan_json(plans: list[RepoPlan], states: list[list[FileState]], needs: list[DiskNeed]) -> dict[str, Any]:
     repos = []
     for p, plan_states in zip(plans, states):
-        repos.append({
-            **_repo_head(p),
-            "bytes_total": sum(s.file.size for s in plan_states),
-            "bytes_needed": sum(s.file.size - s.partial for s in plan_states if not s.present),
-            "files": [{"path": s.file.path, "size": s.file.size, "on_disk": _on_disk(s), "partial_bytes": s.partial}
-                      for s in plan_states],
-        })
+        repos.append(
+            {
+                **_repo_head(p),
+                "bytes_total": sum(s.file.size for s in plan_states),
+                "bytes_needed": sum(s.file.size - s.partial for s in plan_states if not s.present),
+                "files": [
+                    {"path": s.file.path, "size": s.file.size, "on_disk": _on_disk(s), "partial_bytes": s.partial}
+                    for s in plan_states
+                ],
+            }
+        )
     disk = [{"directory": n.directory, "needed": n.needed, "free": n.free, "fits": n.needed <= n.free} for n in needs]
-    return {"schema": "specpair.download/1", "dry_run": True, "repos": repos, "disk": disk,
-            "exit_code": 0 if all(d["fits"] for d in disk) else 2}
+    return {
+        "schema": "specpair.download/1",
+        "dry_run": True,
+        "repos": repos,
+        "disk": disk,
+        "exit_code": 0 if all(d["fits"] for d in disk) else 2,
+    }
 
 
 def _result_json(results: list[RepoResult], lock_path: str | None) -> dict[str, Any]:
     repos = []
     for r in results:
-        repos.append({
-            **_repo_head(r.plan),
-            "bytes_total": sum(f.size for f in r.files),
-            "bytes_transferred": sum(f.transferred for f in r.files),
-            "bytes_resumed": sum(f.resumed for f in r.files),
-            "verified": True,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "status": f.status,
-                       "bytes_transferred": f.transferred, "bytes_resumed": f.resumed} for f in r.files],
-        })
+        repos.append(
+            {
+                **_repo_head(r.plan),
+                "bytes_total": sum(f.size for f in r.files),
+                "bytes_transferred": sum(f.transferred for f in r.files),
+                "bytes_resumed": sum(f.resumed for f in r.files),
+                "verified": True,
+                "files": [
+                    {
+                        "path": f.path,
+                        "size": f.size,
+                        "sha256": f.sha256,
+                        "status": f.status,
+                        "bytes_transferred": f.transferred,
+                        "bytes_resumed": f.resumed,
+                    }
+                    for f in r.files
+                ],
+            }
+        )
     return {"schema": "specpair.download/1", "dry_run": False, "exit_code": 0, "lock": lock_path, "repos": repos}
 
 
 def _repo_head(p: RepoPlan) -> dict[str, Any]:
-    return {"repo": p.repo, "role": p.role, "revision": p.revision, "commit": p.commit,
-            "layout": p.destination.layout, "path": p.destination.directory}
+    return {
+        "repo": p.repo,
+        "role": p.role,
+        "revision": p.revision,
+        "commit": p.commit,
+        "layout": p.destination.layout,
+        "path": p.destination.directory,
+    }
 
 
 def _on_disk(state: FileState) -> str:
@@ -169,8 +232,11 @@ def _print_plan(plans: list[RepoPlan], states: list[list[FileState]], needs: lis
 
     out = console()
     for p, plan_states in zip(plans, states):
-        out.print(f"[bold]{p.role}[/bold] {p.repo} @ {p.commit} → {escape(p.destination.directory)}",
-                  highlight=False, soft_wrap=True)
+        out.print(
+            f"[bold]{p.role}[/bold] {p.repo} @ {p.commit} → {escape(p.destination.directory)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         table = Table("file", "size", "on disk")
         table.columns[0].no_wrap = True  # file names are copied from here
         for s in plan_states:
@@ -179,8 +245,12 @@ def _print_plan(plans: list[RepoPlan], states: list[list[FileState]], needs: lis
         print_table(out, table)
     for n in needs:
         verdict = "[green]fits[/green]" if n.needed <= n.free else "[red]does not fit[/red]"
-        out.print(f"{human_size(n.needed)} to fetch, {human_size(n.free)} free on the filesystem of "
-                  f"{escape(n.directory)}: {verdict}", highlight=False, soft_wrap=True)
+        out.print(
+            f"{human_size(n.needed)} to fetch, {human_size(n.free)} free on the filesystem of "
+            f"{escape(n.directory)}: {verdict}",
+            highlight=False,
+            soft_wrap=True,
+        )
     out.print("dry run: nothing was fetched")
 
 
@@ -192,11 +262,15 @@ def _print_results(results: list[RepoResult], lock: str | None) -> None:
         present = sum(f.size for f in r.files if f.status == "present")
         transferred = sum(f.transferred for f in r.files)
         resumed = sum(f.resumed for f in r.files)
-        out.print(f"[bold]{r.plan.role}[/bold] {r.plan.repo} @ {r.plan.commit}: {len(r.files)} files, "
-                  f"{human_size(sum(f.size for f in r.files))}, all verified ({human_size(transferred)} downloaded"
-                  + (f", {human_size(resumed)} resumed from an earlier run" if resumed else "")
-                  + (f", {human_size(present)} already present" if present else "") + ")",
-                  highlight=False, soft_wrap=True)
+        out.print(
+            f"[bold]{r.plan.role}[/bold] {r.plan.repo} @ {r.plan.commit}: {len(r.files)} files, "
+            f"{human_size(sum(f.size for f in r.files))}, all verified ({human_size(transferred)} downloaded"
+            + (f", {human_size(resumed)} resumed from an earlier run" if resumed else "")
+            + (f", {human_size(present)} already present" if present else "")
+            + ")",
+            highlight=False,
+            soft_wrap=True,
+        )
         out.print(f"  {r.plan.destination.directory}", markup=False, highlight=False, soft_wrap=True)
     if lock is not None:
         out.print(f"lockfile: {lock}", markup=False, highlight=False, soft_wrap=True)

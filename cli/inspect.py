@@ -40,24 +40,41 @@ def inspect(
         ("revision", checkpoint.revision or "unknown"),
         ("role", checkpoint.role),
         ("family", f"{checkpoint.family} ({checkpoint.architecture or checkpoint.model_type})"),
-        ("shapes", f"hidden {s.hidden_size}, {s.num_layers} layers, heads {s.num_heads}/{s.num_kv_heads}, head_dim {s.head_dim}"),
+        (
+            "shapes",
+            f"hidden {s.hidden_size}, {s.num_layers} layers, heads {s.num_heads}/{s.num_kv_heads}, head_dim {s.head_dim}",
+        ),
         ("layer types", _layer_summary(s.layer_types)),
-        ("vocabulary", f"vocab_size {s.vocab_size}, embedding rows {s.embedding_rows or 'unknown'}" if s.vocab_size
-         else "none of its own: its target's (no tokenizer, no token_embd)"),
-        ("rope", f"theta {r.theta}, {r.rope_type or 'default'}, max positions {r.max_position_embeddings}"
-                 + (f", sliding window {r.sliding_window}" if r.sliding_window else "")),
+        (
+            "vocabulary",
+            f"vocab_size {s.vocab_size}, embedding rows {s.embedding_rows or 'unknown'}"
+            if s.vocab_size
+            else "none of its own: its target's (no tokenizer, no token_embd)",
+        ),
+        (
+            "rope",
+            f"theta {r.theta}, {r.rope_type or 'default'}, max positions {r.max_position_embeddings}"
+            + (f", sliding window {r.sliding_window}" if r.sliding_window else ""),
+        ),
     ]
     if s.num_experts:
         rows.append(("experts", f"{s.num_experts} (top {s.experts_per_token}), width {s.moe_intermediate_size}"))
     if checkpoint.tokenizer:
         t = checkpoint.tokenizer
-        rows.append(("tokenizer", f"{t.length} tokens, {t.source}, fingerprint {(t.fingerprint or t.family or 'unknown')[:16]}"))
+        rows.append(
+            ("tokenizer", f"{t.length} tokens, {t.source}, fingerprint {(t.fingerprint or t.family or 'unknown')[:16]}")
+        )
     if checkpoint.mtp:
         rows.append(("mtp", f"{checkpoint.mtp.layers} layer(s), {checkpoint.mtp.tensors} tensors present"))
     if d:
         taps = f"{d.taps.layers} ({d.taps.source})" if d.taps else "missing"
-        rows += [("drafter", d.kind), ("taps", taps), ("block size", str(d.block_size)),
-                 ("mask token", str(d.mask_token_id)), ("fc.weight", str(d.fc_shape))]
+        rows += [
+            ("drafter", d.kind),
+            ("taps", taps),
+            ("block size", str(d.block_size)),
+            ("mask token", str(d.mask_token_id)),
+            ("fc.weight", str(d.fc_shape)),
+        ]
     if checkpoint.quantization:
         q = checkpoint.quantization
         rows.append(("quantization", " ".join(str(x) for x in (q.method, q.algo, q.producer) if x)))

@@ -39,21 +39,41 @@ def verify(
     differ = [c for c in checks if c.status != "ok"]
     code = 1 if differ else 0
     if json_output:
-        print_json({
-            "schema": "specpair.verify/1", "lock": path, "ok": not differ, "exit_code": code,
-            "repos": [{"repo": r.repo, "commit": r.commit, "path": r.directory,
-                       "files": [{"path": c.path, "size": c.size, "status": c.status, "found_size": c.found_size,
-                                  "found_sha256": c.found_sha256} for c in repo_checks]}
-                      for r, repo_checks in zip(repos, per_repo)],
-        })
+        print_json(
+            {
+                "schema": "specpair.verify/1",
+                "lock": path,
+                "ok": not differ,
+                "exit_code": code,
+                "repos": [
+                    {
+                        "repo": r.repo,
+                        "commit": r.commit,
+                        "path": r.directory,
+                        "files": [
+                            {
+                                "path": c.path,
+                                "size": c.size,
+                                "status": c.status,
+                                "found_size": c.found_size,
+                                "found_sha256": c.found_sha256,
+                            }
+                            for c in repo_checks
+                        ],
+                    }
+                    for r, repo_checks in zip(repos, per_repo)
+                ],
+            }
+        )
     elif not quiet:
         from rich.markup import escape
         from rich.table import Table
 
         out = console()
         for r, repo_checks in zip(repos, per_repo):
-            out.print(f"[bold]{r.role}[/bold] {r.repo} @ {r.commit}  {escape(r.directory)}", highlight=False,
-                      soft_wrap=True)
+            out.print(
+                f"[bold]{r.role}[/bold] {r.repo} @ {r.commit}  {escape(r.directory)}", highlight=False, soft_wrap=True
+            )
             table = Table("file", "size", "status")
             table.columns[0].no_wrap = True  # file names are copied from here
             for c in repo_checks:
@@ -61,7 +81,10 @@ def verify(
                 status = c.status.replace("_", " ") + found
                 table.add_row(escape(c.path), str(c.size), f"[{STATUS_STYLE[c.status]}]{status}[/]")
             print_table(out, table)
-        summary = f"{len(differ)} of {len(checks)} files differ from the lock" if differ else \
-            f"all {len(checks)} files match the lock"
+        summary = (
+            f"{len(differ)} of {len(checks)} files differ from the lock"
+            if differ
+            else f"all {len(checks)} files match the lock"
+        )
         out.print(summary, style="red" if differ else "green")
     raise typer.Exit(code)

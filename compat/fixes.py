@@ -1,5 +1,5 @@
 """The `specpair convert` command a verdict names as its fix: which layout makes a checkpoint loadable on a
-stack, chosen to keep bits where a lossless path exists (formats/convert.py carries it out)."""
+stack, chosen to keep bits where a lossless path exists (convert/converter.py carries it out)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import shlex
 
 from specpair.checkpoint import Checkpoint
 from specpair.compat.stacks import FLOAT_LAYOUTS
+from specpair.formats.layouts import layout_of
 
 WEIGHT_GROUPS = ("attention", "linear_attention", "mlp", "experts", "shared_expert")
 
@@ -27,9 +28,9 @@ def convert_command(checkpoint: Checkpoint, stack: str, which: str, target_ref: 
 
 def _convert_spec(checkpoint: Checkpoint, stack: str, which: str) -> str:
     quantized = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS} - FLOAT_LAYOUTS
-    nvfp4 = bool(quantized) and all(layout.startswith("nvfp4") for layout in quantized)
+    nvfp4 = bool(quantized) and all(layout_of(layout).kind == "nvfp4" for layout in quantized)
     if stack == "llama.cpp":
-        gguf_types = {layout.removeprefix("gguf-") for layout in quantized if layout.startswith("gguf-")}
+        gguf_types = {layout_of(layout).flavour for layout in quantized if layout_of(layout).kind == "gguf"}
         if checkpoint.format == "gguf" and len(gguf_types) == 1:
             return f"gguf:{gguf_types.pop()}"  # a fork's GGUF rewritten: its blocks are copied as they are
         if nvfp4:

@@ -16,26 +16,27 @@ class Gpu:
     name: str
     memory: float  # bytes
     capability: tuple[int, int]  # CUDA compute capability
+    bandwidth: float | None = None  # memory bandwidth, bytes/s, nominal (the vendor's datasheet figure)
 
 
 GPUS: dict[str, Gpu] = {
-    "a100": Gpu("A100 80GB", 80 * GB, (8, 0)),
-    "a100-40": Gpu("A100 40GB", 40 * GB, (8, 0)),
-    "a6000": Gpu("RTX A6000", 48 * GB, (8, 6)),
-    "rtx3090": Gpu("RTX 3090", 24 * GB, (8, 6)),
-    "rtx4090": Gpu("RTX 4090", 24 * GB, (8, 9)),
-    "l4": Gpu("L4", 24 * GB, (8, 9)),
-    "l40s": Gpu("L40S", 48 * GB, (8, 9)),
-    "rtx6000-ada": Gpu("RTX 6000 Ada", 48 * GB, (8, 9)),
-    "h100": Gpu("H100 80GB", 80 * GB, (9, 0)),
-    "h200": Gpu("H200", 141 * GB, (9, 0)),
-    "gh200": Gpu("GH200 144GB", 144 * GB, (9, 0)),
-    "b200": Gpu("B200", 180 * GB, (10, 0)),
-    "gb200": Gpu("GB200", 186 * GB, (10, 0)),
-    "b300": Gpu("B300", 288 * GB, (10, 3)),
-    "rtx5090": Gpu("RTX 5090", 32 * GB, (12, 0)),
-    "rtx6000-pro": Gpu("RTX PRO 6000 Blackwell", 96 * GB, (12, 0)),
-    "gb10": Gpu("GB10 (DGX Spark, unified)", 128 * GB, (12, 1)),
+    "a100": Gpu("A100 80GB", 80 * GB, (8, 0), 2039 * GB),  # SXM; "NVIDIA A100 80GB PCIe" (1.935 TB/s) matches it too
+    "a100-40": Gpu("A100 40GB", 40 * GB, (8, 0), 1555 * GB),
+    "a6000": Gpu("RTX A6000", 48 * GB, (8, 6), 768 * GB),
+    "rtx3090": Gpu("RTX 3090", 24 * GB, (8, 6), 936 * GB),
+    "rtx4090": Gpu("RTX 4090", 24 * GB, (8, 9), 1008 * GB),
+    "l4": Gpu("L4", 24 * GB, (8, 9), 300 * GB),
+    "l40s": Gpu("L40S", 48 * GB, (8, 9), 864 * GB),
+    "rtx6000-ada": Gpu("RTX 6000 Ada", 48 * GB, (8, 9), 960 * GB),
+    "h100": Gpu("H100 80GB", 80 * GB, (9, 0), 3350 * GB),  # SXM (HBM3); "NVIDIA H100 PCIe" (2.0 TB/s) matches no entry
+    "h200": Gpu("H200", 141 * GB, (9, 0), 4800 * GB),
+    "gh200": Gpu("GH200 144GB", 144 * GB, (9, 0), 4900 * GB),
+    "b200": Gpu("B200", 180 * GB, (10, 0), 8000 * GB),
+    "gb200": Gpu("GB200", 186 * GB, (10, 0), 8000 * GB),
+    "b300": Gpu("B300", 288 * GB, (10, 3), 8000 * GB),
+    "rtx5090": Gpu("RTX 5090", 32 * GB, (12, 0), 1792 * GB),
+    "rtx6000-pro": Gpu("RTX PRO 6000 Blackwell", 96 * GB, (12, 0), 1792 * GB),
+    "gb10": Gpu("GB10 (DGX Spark, unified)", 128 * GB, (12, 1), 273 * GB),
 }
 USABLE_FRACTION = 0.9  # vLLM's gpu_memory_utilization default; SGLang's mem fraction is similar
 OVERHEAD_PER_GPU = 2 * GB  # activations, verify scratch, CUDA graphs, allocator slack
@@ -73,11 +74,21 @@ class MemoryPlan:
         return round(sum(self.parts.values()), 1)
 
     def to_json(self) -> dict:
-        return {"context": self.context, "concurrency": self.concurrency, "unit": "GB", "parts": self.parts,
-                "total": self.total, "overhead_per_gpu": self.overhead_per_gpu, "gpu": self.gpu,
-                "usable_per_gpu": self.usable_per_gpu, "tensor_parallel": self.tensor_parallel,
-                "max_tensor_parallel": self.max_tensor_parallel, "per_gpu": self.per_gpu,
-                "smallest_fitting_tensor_parallel": self.smallest_fitting_tensor_parallel, "fits": self.fits}
+        return {
+            "context": self.context,
+            "concurrency": self.concurrency,
+            "unit": "GB",
+            "parts": self.parts,
+            "total": self.total,
+            "overhead_per_gpu": self.overhead_per_gpu,
+            "gpu": self.gpu,
+            "usable_per_gpu": self.usable_per_gpu,
+            "tensor_parallel": self.tensor_parallel,
+            "max_tensor_parallel": self.max_tensor_parallel,
+            "per_gpu": self.per_gpu,
+            "smallest_fitting_tensor_parallel": self.smallest_fitting_tensor_parallel,
+            "fits": self.fits,
+        }
 
 
 def gb(value: float) -> float:
@@ -86,8 +97,13 @@ def gb(value: float) -> float:
 
 
 def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int, max_tp: int) -> MemoryPlan:
-    parts = {"target_weights": gb(e.target_weights), "draft_weights": gb(e.draft_weights), "kv": gb(e.kv),
-             "recurrent_state": gb(e.state), "draft_kv": gb(e.draft_kv)}
+    parts = {
+        "target_weights": gb(e.target_weights),
+        "draft_weights": gb(e.draft_weights),
+        "kv": gb(e.kv),
+        "recurrent_state": gb(e.state),
+        "draft_kv": gb(e.draft_kv),
+    }
     overhead = gb(OVERHEAD_PER_GPU)
 
     def per_gpu(tp: int) -> float:
@@ -100,8 +116,19 @@ def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int
         return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp))
     usable = gb(gpu.memory * USABLE_FRACTION)
     smallest = next((n for n in TP_SIZES if n <= max_tp and per_gpu(n) <= usable), None)
-    return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp), gpu.name, usable, smallest,
-                      smallest is not None and smallest <= gpus)
+    return MemoryPlan(
+        context,
+        concurrency,
+        parts,
+        overhead,
+        tp,
+        max_tp,
+        per_gpu(tp),
+        gpu.name,
+        usable,
+        smallest,
+        smallest is not None and smallest <= gpus,
+    )
 
 
 def local_gpu() -> Gpu | None:
@@ -109,15 +136,40 @@ def local_gpu() -> Gpu | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         name, mib, cap = (x.strip() for x in out[0].split(","))
         major, minor = cap.split(".")
         return Gpu(name, float(mib) * 2**20, (int(major), int(minor)))
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+def gpu_named(device_name: str) -> Gpu | None:
+    """The table's entry for a device name as the driver reports it ("NVIDIA H200", "NVIDIA H100 80GB HBM3",
+    "NVIDIA GeForce RTX 4090"): the entry whose name's words (before any parenthesis) all appear in it, in order,
+    the most specific one when several do ("H200" is not "GH200 144GB", "H100 80GB" is not "H100 PCIe")."""
+    words = _words(device_name)
+    found = [g for g in GPUS.values() if _in_order(_words(g.name.split("(")[0]), words)]
+    return max(found, key=lambda g: len(_words(g.name.split("(")[0])), default=None)
+
+
+def _words(name: str) -> list[str]:
+    return "".join(c.lower() if c.isalnum() else " " for c in name).split()
+
+
+def _in_order(wanted: list[str], words: list[str]) -> bool:
+    remaining = iter(words)
+    return all(w in remaining for w in wanted)
 
 
 def kv_bytes(c: Checkpoint, context: int, dtype_bytes: int = 2) -> float:
@@ -136,7 +188,9 @@ def recurrent_state_bytes(c: Checkpoint) -> float:
     if not linear or not (s.linear_value_heads and s.linear_key_head_dim and s.linear_value_head_dim):
         return 0.0
     state = s.linear_value_heads * s.linear_key_head_dim * s.linear_value_head_dim * 4
-    conv_channels = 2 * (s.linear_key_heads or 0) * s.linear_key_head_dim + s.linear_value_heads * s.linear_value_head_dim
+    conv_channels = (
+        2 * (s.linear_key_heads or 0) * s.linear_key_head_dim + s.linear_value_heads * s.linear_value_head_dim
+    )
     conv = conv_channels * ((s.linear_conv_kernel or 4) - 1) * 2
     return linear * (state + conv)
 
@@ -152,7 +206,9 @@ def estimate(target: Checkpoint, draft: Checkpoint, kind: str, context: int, con
         draft_weights = float(draft.total_bytes)
         draft_kv = kv_bytes(draft, context)
     return Estimate(
-        target_weights=float(target_weights), draft_weights=draft_weights,
+        target_weights=float(target_weights),
+        draft_weights=draft_weights,
         kv=kv_bytes(target, context) * concurrency,
-        state=recurrent_state_bytes(target) * concurrency, draft_kv=draft_kv * concurrency,
+        state=recurrent_state_bytes(target) * concurrency,
+        draft_kv=draft_kv * concurrency,
     )

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specpair import runtime
-from specpair.checkpoint import TARGET_FAMILIES, Checkpoint
+from specpair.checkpoint import Checkpoint
+from specpair.checkpoint.families import families_served_by
 from specpair.compat.pair import Pair
+from specpair.formats.layouts import layout_of
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
 STACK_NAMES = ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold")
@@ -27,7 +29,7 @@ class Stack:
     kinds: tuple[str, ...]  # drafter kinds it can serve
     archs: dict[str, tuple[str, ...]]  # drafter kind -> architecture strings it registers
     file_format: str  # "safetensors" (HF directory) or "gguf"
-    # Layout label prefixes it loads for a target / a separate drafter. Float labels listed: it takes those
+    # Layout labels and kinds it loads for a target / a separate drafter. Float labels listed: it takes those
     # unquantized weights; none listed: it needs quantized weight matrices (float norms are always fine).
     target_layouts: tuple[str, ...]
     draft_layouts: tuple[str, ...]
@@ -37,8 +39,8 @@ class Stack:
 
     @staticmethod
     def unloadable(layouts: set[str], accepted: tuple[str, ...]) -> set[str]:
-        """The layouts in `layouts` that no prefix in `accepted` covers."""
-        return {layout for layout in layouts if not layout.startswith(accepted)}
+        """The layouts in `layouts` that `accepted` (labels and kinds, formats/layouts.py) does not cover."""
+        return {layout for layout in layouts if not layout_of(layout).matches(accepted)}
 
 
 def _model_arg(checkpoint_ref: str, revision: str | None) -> tuple[str, str | None]:
@@ -51,7 +53,13 @@ def _sglang(p: Pair) -> str:
     args = ["python", "-m", "sglang.launch_server", "--model-path", target]
     if target_rev and p.target.source != "local":
         args += ["--revision", target_rev]
-    algorithm = {"dflash": "DFLASH", "dflash2": "DFLASH", "mtp": "NEXTN", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}[p.kind]
+    algorithm = {
+        "dflash": "DFLASH",
+        "dflash2": "DFLASH",
+        "mtp": "NEXTN",
+        "eagle3": "EAGLE3",
+        "draft_model": "STANDALONE",
+    }[p.kind]
     args += ["--speculative-algorithm", algorithm]
     if p.kind != "mtp":
         draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
@@ -62,8 +70,14 @@ def _sglang(p: Pair) -> str:
         args += ["--speculative-num-draft-tokens", str(p.block_size)]
     else:
         steps = p.block_size - 1
-        args += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
-                 "--speculative-num-draft-tokens", str(steps + 1)]
+        args += [
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(steps + 1),
+        ]
     if p.kind != "mtp" and p.target.quantization and not p.draft.quantization:
         args += ["--speculative-draft-model-quantization", "unquant"]
     if p.target.is_hybrid:
@@ -79,7 +93,9 @@ def _vllm(p: Pair) -> str:
     args = ["vllm", "serve", target]
     if target_rev and p.target.source != "local":
         args += ["--revision", target_rev]
-    method = {"dflash": "dflash", "dflash2": "dflash", "mtp": "mtp", "eagle3": "eagle3", "draft_model": "draft_model"}[p.kind]
+    method = {"dflash": "dflash", "dflash2": "dflash", "mtp": "mtp", "eagle3": "eagle3", "draft_model": "draft_model"}[
+        p.kind
+    ]
     spec: dict[str, object] = {"method": method}
     if p.kind != "mtp":
         draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
@@ -92,8 +108,14 @@ def _vllm(p: Pair) -> str:
         args += ["--tensor-parallel-size", str(p.deployment.gpus)]
     # A DFlash decode step runs max_num_seqs x block tokens in one pass (vllm#53970): size the budget for it.
     max_seqs = p.deployment.concurrency if p.deployment.concurrency > 1 else 64
-    args += ["--max-model-len", str(p.context), "--max-num-seqs", str(max_seqs),
-             "--max-num-batched-tokens", str(max(8192, max_seqs * p.block_size))]
+    args += [
+        "--max-model-len",
+        str(p.context),
+        "--max-num-seqs",
+        str(max_seqs),
+        "--max-num-batched-tokens",
+        str(max(8192, max_seqs * p.block_size)),
+    ]
     return shlex.join(args)
 
 
@@ -125,24 +147,31 @@ def _exllamav3(p: Pair) -> str:
     remote = [c for c in checkpoints if c.source != "local"]
     if remote:
         pinned = all(COMMIT.match(c.ref.partition("@")[2].lower()) for c in remote)
-        command = ["specpair", "download", *(c.ref for c in remote), "--local-dir",
-                   EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}"]
+        command = [
+            "specpair",
+            "download",
+            *(c.ref for c in remote),
+            "--local-dir",
+            EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}",
+        ]
         steps.append(shlex.join(command + ([] if pinned else ["--no-require-sha"])))
     for c in checkpoints:
         paths.append(c.ref if c.source == "local" else f"{EXLLAMAV3_DIR}/{_repo_name(c.ref)}")
     args = ["-m", paths[0], "-cs", str(p.context), "-ndt", str(p.block_size - 1)]
     args += ["-mtp"] if p.kind == "mtp" else ["-dm", paths[1]]
-    code = "; ".join([
-        "import argparse",
-        "from exllamav3 import Generator, model_init",
-        "parser = argparse.ArgumentParser()",
-        "model_init.add_args(parser, cache=True, add_draft_model_args=True)",
-        f"args = parser.parse_args({json.dumps(args)})",
-        "model, config, cache, tokenizer, draft_model, draft_config, draft_cache = model_init.init(args)",
-        "generator = Generator(model=model, cache=cache, tokenizer=tokenizer, draft_model=draft_model, "
-        "draft_cache=draft_cache, num_draft_tokens=args.num_draft_tokens)",
-        'print(generator.generate(prompt="Hello", max_new_tokens=128))',
-    ])
+    code = "; ".join(
+        [
+            "import argparse",
+            "from exllamav3 import Generator, model_init",
+            "parser = argparse.ArgumentParser()",
+            "model_init.add_args(parser, cache=True, add_draft_model_args=True)",
+            f"args = parser.parse_args({json.dumps(args)})",
+            "model, config, cache, tokenizer, draft_model, draft_config, draft_cache = model_init.init(args)",
+            "generator = Generator(model=model, cache=cache, tokenizer=tokenizer, draft_model=draft_model, "
+            "draft_cache=draft_cache, num_draft_tokens=args.num_draft_tokens)",
+            'print(generator.generate(prompt="Hello", max_new_tokens=128))',
+        ]
+    )
     steps.append(shlex.join(["python", "-c", code]))
     return " && ".join(steps)
 
@@ -160,8 +189,12 @@ def _tensorfold(p: Pair) -> str:
     if p.kind == "mtp":
         args += ["--mtp-drafts", str(min(p.block_size - 1, 3))]
     else:
-        args += ["--drafter", p.draft.ref.partition("@")[0] if p.draft.source != "local" else p.draft.ref,
-                 "--drafter-bits", "0"]
+        args += [
+            "--drafter",
+            p.draft.ref.partition("@")[0] if p.draft.source != "local" else p.draft.ref,
+            "--drafter-bits",
+            "0",
+        ]
     args += ["--context", str(p.context)]
     if p.deployment.gpus > 1 and p.kind == "dflash2":
         args += ["--tp", "2"]
@@ -181,51 +214,82 @@ STACKS: dict[str, Stack] = {
     s.name: s
     for s in [
         Stack(
-            name="specpair", kinds=runtime.AVAILABLE.drafter_kinds,
-            archs={"dflash": DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
-                   "dflash2": ("DFlash2DraftModel",), "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")},
-            file_format="any", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
+            name="specpair",
+            kinds=runtime.AVAILABLE.drafter_kinds,
+            archs={
+                "dflash": DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
+                "dflash2": ("DFlash2DraftModel",),
+                "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+            },
+            file_format="any",
+            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             draft_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
-            families=runtime.AVAILABLE.families, tensor_parallel_drafts=(), launch=_specpair,
+            families=runtime.AVAILABLE.families,
+            tensor_parallel_drafts=(),
+            launch=_specpair,
         ),
         Stack(
-            name="sglang", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            archs={"dflash": DFLASH_ARCHS,
-                   "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
-                   "eagle3": ("LlamaForCausalLMEagle3",)},
-            file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32"), families=TARGET_FAMILIES,
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_sglang,
+            name="sglang",
+            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            archs={
+                "dflash": DFLASH_ARCHS,
+                "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
+                "eagle3": ("LlamaForCausalLMEagle3",),
+            },
+            file_format="safetensors",
+            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            draft_layouts=("bf16", "f16", "f32"),
+            families=families_served_by("sglang"),
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            launch=_sglang,
         ),
         Stack(
-            name="vllm", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            archs={"dflash": DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
-                   "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
-                   "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")},
-            file_format="safetensors", target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"), families=TARGET_FAMILIES,
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_vllm,
+            name="vllm",
+            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            archs={
+                "dflash": DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
+                "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
+                "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+            },
+            file_format="safetensors",
+            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"),
+            families=families_served_by("vllm"),
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            launch=_vllm,
         ),
         Stack(
-            name="llama.cpp", kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            name="llama.cpp",
+            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
             archs={"dflash": ("dflash",), "dflash2": ("dflash",), "eagle3": ("eagle3",)},
-            file_format="gguf", target_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
-            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"), families=TARGET_FAMILIES,
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"), launch=_llama_cpp,
+            file_format="gguf",
+            target_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
+            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
+            families=families_served_by("llama.cpp"),
+            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
+            launch=_llama_cpp,
         ),
         Stack(
-            name="exllamav3", kinds=("dflash", "dflash2", "mtp", "draft_model"),
+            name="exllamav3",
+            kinds=("dflash", "dflash2", "mtp", "draft_model"),
             archs={"dflash": DFLASH_ARCHS, "dflash2": ("DFlash2DraftModel",)},
-            file_format="safetensors", target_layouts=("exl3", "bf16", "f16", "f32"),
-            draft_layouts=("exl3", "bf16", "f16", "f32"), families=TARGET_FAMILIES,
-            tensor_parallel_drafts=("draft_model",), launch=_exllamav3,
+            file_format="safetensors",
+            target_layouts=("exl3", "bf16", "f16", "f32"),
+            draft_layouts=("exl3", "bf16", "f16", "f32"),
+            families=families_served_by("exllamav3"),
+            tensor_parallel_drafts=("draft_model",),
+            launch=_exllamav3,
         ),
         Stack(
-            name="tensorfold", kinds=("dflash", "dflash2", "mtp"),
+            name="tensorfold",
+            kinds=("dflash", "dflash2", "mtp"),
             archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
-            file_format="safetensors", target_layouts=("affine", "nvfp4-modelopt", "fp8", "exl3"),
-            draft_layouts=("bf16",), families=("qwen3_5", "qwen3_5_moe"),
-            tensor_parallel_drafts=("dflash2",), launch=_tensorfold,
+            file_format="safetensors",
+            target_layouts=("affine", "nvfp4-modelopt", "fp8", "exl3"),
+            draft_layouts=("bf16",),
+            families=families_served_by("tensorfold"),
+            tensor_parallel_drafts=("dflash2",),
+            launch=_tensorfold,
         ),
     ]
 }

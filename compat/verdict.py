@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
-from specpair.compat.pair import Deployment, Pair
 from specpair.compat.memory import MemoryPlan
+from specpair.compat.pair import Deployment, Pair
 from specpair.compat.rules import Finding, evaluate
 from specpair.compat.rules.hardware import memory_plan
 from specpair.compat.stacks import STACKS
@@ -28,8 +28,9 @@ class Verdict:
     def to_json(self) -> dict:
         return {
             "status": self.status,
-            "reasons": [{"rule": f.rule, "severity": f.severity, "message": f.message, "values": f.values}
-                        for f in self.reasons],
+            "reasons": [
+                {"rule": f.rule, "severity": f.severity, "message": f.message, "values": f.values} for f in self.reasons
+            ],
             "launch": self.launch,
             "fix": self.fix,
             "blocked_by": self.blocked_by,
@@ -40,7 +41,10 @@ class Verdict:
 def drafter_kind(target: Checkpoint, draft: Checkpoint | None) -> str:
     """How the pair speculates: the drafter's own kind, the target's MTP head, or a plain draft model."""
     if target.role == "drafter":
-        raise BadInput(target.ref, f"is a {target.drafter.kind} drafter, not a target: give the target first (specpair check TARGET DRAFT)")
+        raise BadInput(
+            target.ref,
+            f"is a {target.drafter.kind} drafter, not a target: give the target first (specpair check TARGET DRAFT)",
+        )
     if draft is None or draft is target:
         return "mtp"
     if draft.drafter is not None:
@@ -48,7 +52,9 @@ def drafter_kind(target: Checkpoint, draft: Checkpoint | None) -> str:
     return "draft_model"
 
 
-def judge(target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, stacks: list[str]) -> tuple[Pair, dict[str, Verdict]]:
+def judge(
+    target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, stacks: list[str]
+) -> tuple[Pair, dict[str, Verdict]]:
     kind = drafter_kind(target, draft)
     pair = Pair(target, draft if draft is not None else target, kind, deployment)
     verdicts = {}

@@ -48,8 +48,14 @@ class TensorTable:
 
     @classmethod
     def of(cls, tensors: list[TensorInfo]) -> TensorTable:
-        return cls([t.name for t in tensors], [t.dtype for t in tensors], [list(t.shape) for t in tensors],
-                   [t.nbytes for t in tensors], [t.file for t in tensors], [t.offset for t in tensors])
+        return cls(
+            [t.name for t in tensors],
+            [t.dtype for t in tensors],
+            [list(t.shape) for t in tensors],
+            [t.nbytes for t in tensors],
+            [t.file for t in tensors],
+            [t.offset for t in tensors],
+        )
 
     def extend(self, other: TensorTable) -> None:
         for mine, theirs in zip(self.columns(), other.columns()):
@@ -67,8 +73,9 @@ class TensorTable:
             k = self.names.index(name)
         except ValueError:
             return None
-        return TensorInfo(self.names[k], self.dtypes[k], tuple(self.shapes[k]), self.nbytes[k], self.files[k],
-                          self.offsets[k])
+        return TensorInfo(
+            self.names[k], self.dtypes[k], tuple(self.shapes[k]), self.nbytes[k], self.files[k], self.offsets[k]
+        )
 
 
 ReadRange = Callable[[int, int], bytes]
@@ -81,8 +88,12 @@ def nests_deeper_than(value: object, levels: int) -> bool:
     for _ in range(levels):  # after k rounds, `level` holds the containers k + 1 levels deep
         if not level:
             return False
-        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                 if isinstance(child, (dict, list))]
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
     return bool(level)
 
 

@@ -34,8 +34,14 @@ WORD_MASK = 0xFFFFFFFF
 CHUNK_ELEMENTS = 1 << 22  # rows are quantized in slices of about this many values to bound float32 temporaries
 
 
-def quantize(w: torch.Tensor, bits: int, group_size: int, method: str = "mlx",
-             dtype: torch.dtype = torch.bfloat16, name: str = "tensor") -> dict[str, torch.Tensor]:
+def quantize(
+    w: torch.Tensor,
+    bits: int,
+    group_size: int,
+    method: str = "mlx",
+    dtype: torch.dtype = torch.bfloat16,
+    name: str = "tensor",
+) -> dict[str, torch.Tensor]:
     """{"weight" uint32, "scales" dtype, "biases" dtype} for `w` [..., cols]; `name` is the tensor's name for errors.
 
     With `method="mlx"` and `dtype=w.dtype` the result equals `mx.quantize(w, group_size, bits)`.
@@ -58,19 +64,22 @@ def quantize(w: torch.Tensor, bits: int, group_size: int, method: str = "mlx",
     biases = torch.empty_like(scales)
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, rows.shape[0], step):
-        chunk = rows[start:start + step].float().reshape(-1, groups, group_size)
+        chunk = rows[start : start + step].float().reshape(-1, groups, group_size)
         if not torch.isfinite(chunk).all():
             raise BadInput(name, "has NaN or infinite values; affine quantization needs finite weights")
         if method == "mlx":
             codes, scale, bias = _mlx_groups(chunk, bits)
         else:
             codes, scale, bias = _minmax_groups(chunk, bits, dtype)
-        words[start:start + step] = pack_codes(codes.reshape(-1, cols), bits, name)
-        scales[start:start + step] = scale.to(dtype)
-        biases[start:start + step] = bias.to(dtype)
+        words[start : start + step] = pack_codes(codes.reshape(-1, cols), bits, name)
+        scales[start : start + step] = scale.to(dtype)
+        biases[start : start + step] = bias.to(dtype)
     lead = w.shape[:-1]
-    return {"weight": words.reshape(*lead, -1), "scales": scales.reshape(*lead, groups),
-            "biases": biases.reshape(*lead, groups)}
+    return {
+        "weight": words.reshape(*lead, -1),
+        "scales": scales.reshape(*lead, groups),
+        "biases": biases.reshape(*lead, groups),
+    }
 
 
 def dequantize(parts: dict[str, torch.Tensor], bits: int, group_size: int, name: str = "tensor") -> torch.Tensor:
@@ -90,8 +99,11 @@ def dequantize(parts: dict[str, torch.Tensor], bits: int, group_size: int, name:
     expected = (*words.shape[:-1], cols // group_size)
     for key, companion in (("scales", scales), ("biases", biases)):
         if tuple(companion.shape) != expected:
-            raise BadInput(name, f"{key} shape {tuple(companion.shape)} does not fit weight {tuple(words.shape)}: "
-                                 f"{bits}-bit codes in groups of {group_size} need {expected}")
+            raise BadInput(
+                name,
+                f"{key} shape {tuple(companion.shape)} does not fit weight {tuple(words.shape)}: "
+                f"{bits}-bit codes in groups of {group_size} need {expected}",
+            )
         if not companion.is_floating_point():
             raise BadInput(name, f"{key} are {companion.dtype}, not floating point")
     grouped = codes.reshape(*expected, group_size).float()
@@ -164,7 +176,9 @@ def _exact_edge(low: torch.Tensor, high: torch.Tensor, step: torch.Tensor) -> tu
     return scale, bias
 
 
-def _minmax_groups(groups: torch.Tensor, bits: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _minmax_groups(
+    groups: torch.Tensor, bits: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TensorFold's quantize4 rule: codes come from the scale and bias already rounded to the stored dtype."""
     top = float((1 << bits) - 1)
     low, high = groups.amin(-1), groups.amax(-1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,14 +23,26 @@ from torch import Tensor
 
 from specpair.errors import BadInput
 from specpair.formats import affine, exl3, fp8, gguf_quants, nvfp4
+from specpair.formats.layouts import layout_of
 
 Stored = dict[str, tuple[str, tuple[int, ...]]]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8, "I8": torch.int8,
-    "I16": torch.int16, "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
-    "U64": torch.uint64, "BOOL": torch.bool,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
 }
 SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 FLOAT_LAYOUTS = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
@@ -62,7 +73,9 @@ def _float(layout: str) -> Codec:
     dtype = FLOAT_LAYOUTS[layout]
     torch_dtype = TORCH_DTYPES[dtype]
     return Codec(
-        layout, torch_dtype.itemsize * 8, lambda shape: {"": (dtype, shape)},
+        layout,
+        torch_dtype.itemsize * 8,
+        lambda shape: {"": (dtype, shape)},
         lambda w, name, amax=None: {"": w.to(torch_dtype)},
         lambda parts, shape, name: _only(parts, name).float(),
         rows_exact=True,
@@ -72,12 +85,14 @@ def _float(layout: str) -> Codec:
 def _fp8(layout: str) -> Codec:
     suffix = fp8.SCALE_SUFFIX[layout]
     if layout == "fp8-tensor":
+
         def stored(shape: tuple[int, ...]) -> Stored:
             return {".weight": ("F8_E4M3", shape), suffix: ("F32", ())}
 
         def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
             return fp8.quantize_per_tensor(_matrix(w, name), name, amax)
     else:
+
         def stored(shape: tuple[int, ...]) -> Stored:
             grid = (*shape[:-2], -(-shape[-2] // fp8.BLOCK[0]), -(-shape[-1] // fp8.BLOCK[1]))
             return {".weight": ("F8_E4M3", shape), suffix: ("BF16", grid)}
@@ -89,8 +104,16 @@ def _fp8(layout: str) -> Codec:
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         return fp8.dequantize({k: v for k, v in parts.items() if k in (".weight", suffix)}, module=_module(name))
 
-    return Codec(layout, 8 + 32 / math.prod(fp8.BLOCK), stored, encode, decode, rows_exact=False,
-                 tensor_amax=layout == "fp8-tensor", row_block=fp8.BLOCK[0] if layout == "fp8-block" else 1)
+    return Codec(
+        layout,
+        8 + 32 / math.prod(fp8.BLOCK),
+        stored,
+        encode,
+        decode,
+        rows_exact=False,
+        tensor_amax=layout == "fp8-tensor",
+        row_block=fp8.BLOCK[0] if layout == "fp8-block" else 1,
+    )
 
 
 def _nvfp4(layout: str) -> Codec:
@@ -101,8 +124,10 @@ def _nvfp4(layout: str) -> Codec:
         if layout == "nvfp4-gguf":
             return {"": ("NVFP4", shape), ".scale": ("F32", (1,))}  # GGUF has no 0-dim tensors
         codes = lead + (cols // 8 if layout == "nvfp4-mlx" else cols // 2,)
-        parts = {names["codes"][0]: (SAFETENSORS_DTYPES[names["codes"][1]], codes),
-                 names["block_scales"][0]: (SAFETENSORS_DTYPES[names["block_scales"][1]], lead + (cols // nvfp4.BLOCK,))}
+        parts = {
+            names["codes"][0]: (SAFETENSORS_DTYPES[names["codes"][1]], codes),
+            names["block_scales"][0]: (SAFETENSORS_DTYPES[names["block_scales"][1]], lead + (cols // nvfp4.BLOCK,)),
+        }
         if layout != "nvfp4-mlx":  # MLX's QuantizedLinear holds no tensor scale
             parts[names["global_scale"][0]] = ("F32", (1,) if layout == "nvfp4-ct" else ())
         return parts
@@ -138,16 +163,17 @@ def nvfp4_parts(layout: str, q: nvfp4.Nvfp4, name: str, input_scale: bool = Fals
     return parts
 
 
-AFFINE = re.compile(r"affine(\d)-g(\d+)")
-
-
 def _affine(layout: str, method: str = "mlx") -> Codec:
-    bits, group = map(int, AFFINE.fullmatch(layout).groups())
+    form = layout_of(layout)
+    bits, group = int(form.bits), form.group
 
     def stored(shape: tuple[int, ...]) -> Stored:
         lead, cols = shape[:-1], shape[-1]
-        return {".weight": ("U32", lead + (cols * bits // 32,)), ".scales": ("BF16", lead + (cols // group,)),
-                ".biases": ("BF16", lead + (cols // group,))}
+        return {
+            ".weight": ("U32", lead + (cols * bits // 32,)),
+            ".scales": ("BF16", lead + (cols // group,)),
+            ".biases": ("BF16", lead + (cols // group,)),
+        }
 
     def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         parts = affine.quantize(w, bits, group, method, torch.bfloat16, name)
@@ -159,18 +185,18 @@ def _affine(layout: str, method: str = "mlx") -> Codec:
     return Codec(layout, bits + 32 / group, stored, encode, decode, rows_exact=False)
 
 
-GGUF_LAYOUT = re.compile(r"gguf-(\w+)")
-
-
 def _gguf(layout: str, method: str = "search") -> Codec:
-    qtype = GGUF_LAYOUT.fullmatch(layout).group(1)
+    qtype = layout_of(layout).flavour
     values, block_bytes = gguf_quants.block_size(qtype)
 
     def encode(w: Tensor, name: str, amax: float | None = None) -> dict[str, Tensor]:
         if qtype == "Q8_0":
             return {"": gguf_quants.quantize_q8_0(w, name)}
-        if qtype in gguf_quants.KQUANT_BLOCKS and method in gguf_quants.METHODS and not (
-                w.device.type == "cpu" and gguf_quants.use_processes()):
+        if (
+            qtype in gguf_quants.KQUANT_BLOCKS
+            and method in gguf_quants.METHODS
+            and not (w.device.type == "cpu" and gguf_quants.use_processes())
+        ):
             # torch on w's device, but for a CPU with worker processes (4 cores or more): they scale with its
             # cores, where a third of the torch search is ops on one number per sub-block, too small for torch
             # to split across threads
@@ -183,21 +209,26 @@ def _gguf(layout: str, method: str = "search") -> Codec:
             return gguf_quants.dequantize_q8_0(_only(parts, name), shape, name)
         if qtype in gguf_quants.KQUANT_BLOCKS:
             return gguf_quants.dequantize_kquant_torch(_only(parts, name), qtype, shape, name)
-        return torch.from_numpy(gguf_quants.dequantize(_only(parts, name).cpu().numpy(), qtype, shape, name))
+        data = _only(parts, name)  # other types decode in gguf-py's numpy: back to the device the bytes are on
+        return torch.from_numpy(gguf_quants.dequantize(data.cpu().numpy(), qtype, shape, name)).to(data.device)
 
     # the numpy quantizers take slices big enough to keep every worker process busy, where there are workers
     numpy_in_processes = qtype != "Q8_0" and gguf_quants.use_processes()
     chunk = gguf_quants.PARALLEL_VALUES * (os.cpu_count() or 1) if numpy_in_processes else 1 << 18
-    return Codec(layout, block_bytes * 8 / values, lambda shape: {"": (qtype, shape)}, encode, decode,
-                 rows_exact=True, chunk_values=chunk)
-
-
-EXL3_LAYOUT = re.compile(r"exl3-(\d+(?:\.5)?)bpw")
+    return Codec(
+        layout,
+        block_bytes * 8 / values,
+        lambda shape: {"": (qtype, shape)},
+        encode,
+        decode,
+        rows_exact=True,
+        chunk_values=chunk,
+    )
 
 
 def _exl3(layout: str, codebook: str = "mul1") -> Codec:
     """ExLlamaV3's trellis: `method` is the codebook written (a source's own is told by its marker tensor)."""
-    bits = float(EXL3_LAYOUT.fullmatch(layout).group(1))
+    bits = layout_of(layout).bits
 
     def stored(shape: tuple[int, ...]) -> Stored:
         return exl3.stored_shapes(_matrix_shape(shape, layout), int(bits), codebook)
@@ -219,19 +250,26 @@ def _matrix_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
 
 def codec(layout: str, method: str | None = None) -> Codec:
     """The codec of a layout label (formats/layouts.py); `method` picks the quantizer where a layout has two."""
+    try:
+        form = layout_of(layout)
+    except ValueError:
+        raise BadInput(layout, NO_CODEC) from None
     if layout in FLOAT_LAYOUTS:
         return _float(layout)
-    if layout in fp8.SCALE_SUFFIX:
+    if form.kind == "fp8":
         return _fp8(layout)
-    if layout in nvfp4.FLAVOURS:
+    if form.kind == "nvfp4":
         return _nvfp4(layout)
-    if AFFINE.fullmatch(layout):
+    if form.kind == "affine" and form.bits:
         return _affine(layout, method or "mlx")
-    if GGUF_LAYOUT.fullmatch(layout):
+    if form.kind == "gguf":
         return _gguf(layout, method or "search")
-    if EXL3_LAYOUT.fullmatch(layout):
+    if form.kind == "exl3" and (2 * form.bits).is_integer():  # whole and half-integer trellis rates
         return _exl3(layout, method or "mul1")
-    raise BadInput(layout, "no codec for this layout: specpair cannot read or write it")
+    raise BadInput(layout, NO_CODEC)
+
+
+NO_CODEC = "no codec for this layout: specpair cannot read or write it"
 
 
 def row_slice(shape: tuple[int, ...], rows: int, start: int, stop: int) -> slice | None:
@@ -248,8 +286,9 @@ def row_slice(shape: tuple[int, ...], rows: int, start: int, stop: int) -> slice
     raise ValueError(f"part of shape {list(shape)} does not split by rows of a {rows}-row weight")
 
 
-def repack(source_layout: str, target_layout: str, parts: dict[str, Tensor], name: str,
-           input_scale: bool) -> dict[str, Tensor]:
+def repack(
+    source_layout: str, target_layout: str, parts: dict[str, Tensor], name: str, input_scale: bool
+) -> dict[str, Tensor]:
     """NVFP4 flavour -> flavour as bits: the codes and block scales move, nothing is recomputed."""
     return nvfp4_parts(target_layout, nvfp4_read(source_layout, parts, name), name, input_scale)
 

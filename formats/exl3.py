@@ -95,8 +95,11 @@ def codebook_values(codebook: str) -> Tensor:
         h = _fp16_bits((byte_sum + 0x6400) & 0xFFFF)  # 1024 + byte sum
         value = h * _fp16_bits(MUL1_INV) + _fp16_bits(MUL1_BIAS)
     else:
-        x = state * np.uint32(INST3_MUL) + np.uint32(INST3_ADD) if codebook == "3inst" \
+        x = (
+            state * np.uint32(INST3_MUL) + np.uint32(INST3_ADD)
+            if codebook == "3inst"
             else state * np.uint32(MULTIPLIERS["mcg"])
+        )
         x = (x & np.uint32(0x8FFF8FFF)) ^ np.uint32(0x3B603B60)  # two fp16 values in [0.125, 2), signed
         value = _fp16_bits(x & 0xFFFF) + _fp16_bits(x >> 16)
     return torch.from_numpy(value.astype(np.float16))
@@ -107,6 +110,7 @@ def _fp16_bits(bits: np.ndarray | int) -> np.ndarray:
 
 
 # --- reading -----------------------------------------------------------------------------------------------
+
 
 def dequantize(parts: dict[str, Tensor], shape: tuple[int, int] | None = None, module: str = "") -> Tensor:
     """float32 [out, in] (cropped to `shape` when given) of one stored linear: LinearEXL3.get_weight_tensor.
@@ -121,13 +125,15 @@ def dequantize(parts: dict[str, Tensor], shape: tuple[int, int] | None = None, m
     if shape is not None:
         out, inp = shape
         if not (0 < out <= out_p and 0 < inp <= in_p and out_p - out < PAD and in_p - inp < PAD):
-            raise BadInput(_name(module, ".trellis"), f"shape {list(trellis.shape)} stores a [{out_p}, {in_p}] "
-                                                      f"weight, which does not pad [{out}, {inp}]")
+            raise BadInput(
+                _name(module, ".trellis"),
+                f"shape {list(trellis.shape)} stores a [{out_p}, {in_p}] weight, which does not pad [{out}, {inp}]",
+            )
     q = reconstruct(trellis, bits, codebook)
     w = _hadamard_fp32(q, 0).to(torch.float16) * suh[:, None]
     w = _hadamard_fp32(w, 1).to(torch.float16) * svh[None, :]
     w = w.T.float()
-    return w if shape is None else w[:shape[0], :shape[1]].contiguous()
+    return w if shape is None else w[: shape[0], : shape[1]].contiguous()
 
 
 def reconstruct(trellis: Tensor, bits: float, codebook: str) -> Tensor:
@@ -139,8 +145,8 @@ def reconstruct(trellis: Tensor, bits: float, codebook: str) -> Tensor:
     q = torch.empty(rows, TILE, cols, TILE, dtype=torch.float16, device=trellis.device)
     step = max(1, DECODE_TILES // cols)
     for first in range(0, rows, step):
-        tiles = table[unpack_states(trellis[first:first + step], bits)][..., position]
-        q[first:first + step] = tiles.view(-1, cols, TILE, TILE).transpose(1, 2)
+        tiles = table[unpack_states(trellis[first : first + step], bits)][..., position]
+        q[first : first + step] = tiles.view(-1, cols, TILE, TILE).transpose(1, 2)
     return q.view(rows * TILE, cols * TILE)
 
 
@@ -163,8 +169,7 @@ def _window_index(bits: float) -> tuple[Tensor, Tensor, Tensor]:
     starts = (ends - 16) % ring
     words = ring // 32
     first = starts // 32
-    return (torch.from_numpy(first), torch.from_numpy((first + 1) % words),
-            torch.from_numpy(48 - starts % 32))
+    return (torch.from_numpy(first), torch.from_numpy((first + 1) % words), torch.from_numpy(48 - starts % 32))
 
 
 @functools.cache
@@ -186,8 +191,9 @@ def _hadamard_fp32(x: Tensor, dim: int) -> Tensor:
     if dim == 0:
         return (had @ x.view(-1, PAD, cols)).view(rows, cols)
     step = max(1, HAD_MAX_ROWS * PAD // cols)
-    return torch.cat([(x[first:first + step].reshape(-1, PAD) @ had).view(-1, cols)
-                      for first in range(0, rows, step)])
+    return torch.cat(
+        [(x[first : first + step].reshape(-1, PAD) @ had).view(-1, cols) for first in range(0, rows, step)]
+    )
 
 
 def _trellis(parts: dict[str, Tensor], module: str) -> tuple[Tensor, float, str]:
@@ -229,8 +235,10 @@ def _scales(parts: dict[str, Tensor], suffix: str, bitfield_suffix: str, size: i
     else:
         raise BadInput(_name(module, suffix), f"missing (nor is there an old-style {bitfield_suffix} bitfield)")
     if (scales.dtype, list(scales.shape)) != expected:
-        raise BadInput(_name(module, suffix), f"expected {expected[0]} {expected[1]} to fit the trellis, "
-                                              f"got {scales.dtype} {list(scales.shape)}")
+        raise BadInput(
+            _name(module, suffix),
+            f"expected {expected[0]} {expected[1]} to fit the trellis, got {scales.dtype} {list(scales.shape)}",
+        )
     if scales.dtype == torch.float16:
         return scales
     signs = (scales.to(torch.int64)[:, None] >> torch.arange(16, device=scales.device)) & 1
@@ -239,12 +247,16 @@ def _scales(parts: dict[str, Tensor], suffix: str, bitfield_suffix: str, size: i
 
 # --- writing -----------------------------------------------------------------------------------------------
 
+
 def stored_shapes(shape: tuple[int, int], bits: int, codebook: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """suffix -> (safetensors dtype, shape) of what `quantize` writes for a weight of `shape` [out, in]."""
     _check_encoding(bits, codebook, "weight")
     out_p, in_p = (_padded(size) for size in shape)
-    stored = {".trellis": ("I16", (in_p // TILE, out_p // TILE, TILE * bits)),
-              ".suh": ("F16", (in_p,)), ".svh": ("F16", (out_p,))}
+    stored = {
+        ".trellis": ("I16", (in_p // TILE, out_p // TILE, TILE * bits)),
+        ".suh": ("F16", (in_p,)),
+        ".svh": ("F16", (out_p,)),
+    }
     if codebook in MULTIPLIERS:
         stored[f".{codebook}"] = ("I32", ())
     return stored
@@ -255,8 +267,14 @@ def quantization_config(bits: float, head_bits: int, codebook: str) -> dict:
     "calibration": none was used). quantization_config.json adds "tensor_storage" per module."""
     if codebook not in CODEBOOKS:
         raise BadInput("quantization_config", f"unknown codebook {codebook!r}; expected one of {', '.join(CODEBOOKS)}")
-    return {"quant_method": "exl3", "version": FORMAT_VERSION, "bits": bits, "head_bits": head_bits,
-            "out_scales": "always", "codebook": codebook}
+    return {
+        "quant_method": "exl3",
+        "version": FORMAT_VERSION,
+        "bits": bits,
+        "head_bits": head_bits,
+        "out_scales": "always",
+        "codebook": codebook,
+    }
 
 
 def quantize(w: Tensor, bits: int, codebook: str = "mul1", name: str = "weight", seed: int = 0) -> dict[str, Tensor]:
@@ -275,8 +293,9 @@ def quantize(w: Tensor, bits: int, codebook: str = "mul1", name: str = "weight",
     rows, cols = rotated.shape[0] // TILE, rotated.shape[1] // TILE
     tiles = rotated.float().view(rows, TILE, cols, TILE).transpose(1, 2).reshape(-1, TILE_LEN)
     tiles = tiles[:, TILE_ORDER.to(w.device)]
-    trellis = torch.cat([pack_states(viterbi(batch, bits, codebook), bits)
-                         for batch in tiles.split(_batch_tiles(bits, w.device))])
+    trellis = torch.cat(
+        [pack_states(viterbi(batch, bits, codebook), bits) for batch in tiles.split(_batch_tiles(bits, w.device))]
+    )
     parts = {".trellis": trellis.view(rows, cols, -1), ".suh": suh, ".svh": svh}
     if codebook in MULTIPLIERS:
         parts[f".{codebook}"] = torch.tensor(MULTIPLIERS[codebook] - (1 << 32), dtype=torch.int32, device=w.device)
@@ -431,8 +450,20 @@ def _forward_triton(x: Tensor, cb: Tensor, bits: int, roll: int, start: Tensor |
     start = torch.zeros(count, dtype=torch.int32, device=x.device) if free else start.to(torch.int32)
     tiles, chunk, warps = GPU_LAUNCH
     _viterbi_pass[(triton.cdiv(count, tiles),)](
-        x.contiguous(), cb, start, costs, back, count, ROLL=roll, FREE=free, BITS=bits,
-        TILES=tiles, CHUNK=min(edges, chunk), num_warps=warps, enable_fp_fusion=False)
+        x.contiguous(),
+        cb,
+        start,
+        costs,
+        back,
+        count,
+        ROLL=roll,
+        FREE=free,
+        BITS=bits,
+        TILES=tiles,
+        CHUNK=min(edges, chunk),
+        num_warps=warps,
+        enable_fp_fusion=False,
+    )
     return costs[:, 0], back
 
 
@@ -441,9 +472,21 @@ def _forward_triton(x: Tensor, cb: Tensor, bits: int, roll: int, start: Tensor |
 GPU_LAUNCH = (2, 512, 4)
 
 if triton is not None:
+
     @triton.jit
-    def _viterbi_pass(x_ptr, cb_ptr, start_ptr, cost_ptr, back_ptr, count, ROLL: tl.constexpr,
-                      FREE: tl.constexpr, BITS: tl.constexpr, TILES: tl.constexpr, CHUNK: tl.constexpr):
+    def _viterbi_pass(
+        x_ptr,
+        cb_ptr,
+        start_ptr,
+        cost_ptr,
+        back_ptr,
+        count,
+        ROLL: tl.constexpr,
+        FREE: tl.constexpr,
+        BITS: tl.constexpr,
+        TILES: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):
         EDGES: tl.constexpr = 65536 >> BITS
         BRANCHES: tl.constexpr = 1 << BITS
         SOURCES: tl.constexpr = EDGES // BRANCHES

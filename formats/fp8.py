@@ -47,8 +47,9 @@ def quantize_per_tensor(w: Tensor, name: str = "weight", amax: float | None = No
     return {WEIGHT: to_e4m3(w / scale), SCALE_SUFFIX["fp8-tensor"]: scale}
 
 
-def quantize_block(w: Tensor, block: tuple[int, int] = BLOCK, scale_dtype: torch.dtype = torch.float32,
-                   name: str = "weight") -> dict[str, Tensor]:
+def quantize_block(
+    w: Tensor, block: tuple[int, int] = BLOCK, scale_dtype: torch.dtype = torch.float32, name: str = "weight"
+) -> dict[str, Tensor]:
     """Qwen FP8: a scale amax/448 per block; `{".weight": F8_E4M3, ".weight_scale_inv": scale_dtype}`.
 
     Qwen's FP8 repos store BF16 scales. The weight is divided by the scale as stored (rounded to `scale_dtype`),
@@ -75,8 +76,10 @@ def dequantize(parts: dict[str, Tensor], block: tuple[int, int] = BLOCK, module:
         raise BadInput(_name(module, WEIGHT), "missing")
     present = [layout for layout, suffix in SCALE_SUFFIX.items() if suffix in parts]
     if len(present) != 1:
-        raise BadInput(_name(module, WEIGHT),
-                       f"needs exactly one of {' or '.join(SCALE_SUFFIX.values())} beside it, found {len(present)}")
+        raise BadInput(
+            _name(module, WEIGHT),
+            f"needs exactly one of {' or '.join(SCALE_SUFFIX.values())} beside it, found {len(present)}",
+        )
     if weight.dtype != torch.float8_e4m3fn or weight.ndim < 2:
         raise BadInput(_name(module, WEIGHT), f"expected a F8_E4M3 matrix, got {weight.dtype} {list(weight.shape)}")
     suffix = SCALE_SUFFIX[present[0]]
@@ -90,8 +93,11 @@ def dequantize(parts: dict[str, Tensor], block: tuple[int, int] = BLOCK, module:
     rows, cols = weight.shape[-2:]
     expected = (*weight.shape[:-2], math.ceil(rows / block[0]), math.ceil(cols / block[1]))
     if tuple(scale.shape) != expected:
-        raise BadInput(_name(module, suffix), f"shape {list(scale.shape)} does not fit weight {list(weight.shape)} "
-                                              f"in {block[0]}×{block[1]} blocks (expected {list(expected)})")
+        raise BadInput(
+            _name(module, suffix),
+            f"shape {list(scale.shape)} does not fit weight {list(weight.shape)} "
+            f"in {block[0]}×{block[1]} blocks (expected {list(expected)})",
+        )
     per_element = scale.float().repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)
     return weight.float() * per_element[..., :cols]
 

@@ -14,6 +14,7 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from specpair.errors import BadInput
@@ -28,10 +29,26 @@ MAX_ARRAY_DEPTH = 2
 # Headers with a 256k-token vocabulary and its merges take ~10 MB; parsing runs ~0.5 s per 10 MB.
 MAX_HEADER_BYTES = 128 << 20
 
+
+class ValueType(IntEnum):
+    """The GGUF spec's value types, equal to gguf-py's GGUFValueType without importing gguf-py (~0.3 s)."""
+
+    UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+
+
 # GGUF value types: (struct format, size) for scalars; 8 = string, 9 = array.
 _SCALARS: dict[int, tuple[str, int]] = {
-    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
 }
 _STRING, _ARRAY = 8, 9
 _MIN_VALUE_BYTES = {**{t: size for t, (_, size) in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
@@ -90,17 +107,21 @@ class _Cursor:
     def take(self, n: int) -> bytes:
         if n > self.remaining():
             if self.pos + n <= self.size:
-                raise BadInput(self.where, f"GGUF header runs past {MAX_HEADER_BYTES} bytes (needs {n} bytes at offset {self.pos})")
-            raise BadInput(self.where, f"truncated GGUF header (needs {n} bytes at offset {self.pos}, file has {self.size})")
+                raise BadInput(
+                    self.where, f"GGUF header runs past {MAX_HEADER_BYTES} bytes (needs {n} bytes at offset {self.pos})"
+                )
+            raise BadInput(
+                self.where, f"truncated GGUF header (needs {n} bytes at offset {self.pos}, file has {self.size})"
+            )
         end = self._buf_pos + n
         if end > len(self._buf):
-            rest = self._buf[self._buf_pos:]
+            rest = self._buf[self._buf_pos :]
             buffered_to = self.pos + len(rest)
             more = self._read(max(n - len(rest), min(CHUNK, self.floor - buffered_to)))
             self._buf, self._buf_pos, end = rest + more, 0, n
             if n > len(self._buf):
                 raise BadInput(self.where, f"truncated GGUF header at offset {self.pos}")
-        out = self._buf[self._buf_pos:end]
+        out = self._buf[self._buf_pos : end]
         self._buf_pos = end
         self.pos += n
         return out
@@ -199,16 +220,21 @@ def _value(cur: _Cursor, vtype: int, depth: int, after: int) -> object:
     raise BadInput(cur.where, f"unknown GGUF value type {vtype}")
 
 
-def _tensor(where: str, data_size: int, name: str, dims: list[int], ggml_type: int, offset: int,
-            data_start: int) -> TensorInfo:
+def _tensor(
+    where: str, data_size: int, name: str, dims: list[int], ggml_type: int, offset: int, data_start: int
+) -> TensorInfo:
     type_name, block, block_bytes = ggml_type_info(ggml_type, where, name)
     if any(d == 0 for d in dims) or math.prod(dims) >= 2**60:
         raise BadInput(where, f"tensor {name!r}: dimensions {dims} are out of range")
     if dims[0] % block:
-        raise BadInput(where, f"tensor {name!r}: row length {dims[0]} is not a multiple of the {type_name} block ({block})")
+        raise BadInput(
+            where, f"tensor {name!r}: row length {dims[0]} is not a multiple of the {type_name} block ({block})"
+        )
     nbytes = math.prod(dims) // block * block_bytes
     if offset + nbytes > data_size:
-        raise BadInput(where, f"tensor {name!r}: data at offset {offset} (+{nbytes} bytes) runs past the end of the file")
+        raise BadInput(
+            where, f"tensor {name!r}: data at offset {offset} (+{nbytes} bytes) runs past the end of the file"
+        )
     return TensorInfo(name, type_name, tuple(reversed(dims)), nbytes, where, data_start + offset)
 
 
@@ -236,25 +262,38 @@ def read_tensor(path: str, info: TensorInfo) -> torch.Tensor:
 
 
 # ggml types that are plain arrays, by their safetensors dtype name
-GGML_PLAIN_DTYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "I16": "I16",
-                     "I32": "I32", "I64": "I64"}
+GGML_PLAIN_DTYPES = {
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "F64": "F64",
+    "I8": "I8",
+    "I16": "I16",
+    "I32": "I32",
+    "I64": "I64",
+}
 
 
 class Writer:
     """Writes planned tensors into one GGUF file through gguf-py's GGUFWriter, one tensor at a time.
 
-    `fields` are (key, value, GGUFValueType); `planned` are (name, ggml type name, numpy-order shape). The
+    `fields` are (key, value, ValueType or GGUFValueType); `planned` are (name, ggml type name, numpy-order shape). The
     header and tensor infos go out first, then each tensor's data in plan order.
     """
 
-    def __init__(self, path: str, arch: str, fields: list[tuple[str, object, object]],
-                 planned: list[tuple[str, str, tuple[int, ...]]]) -> None:
+    def __init__(
+        self,
+        path: str,
+        arch: str,
+        fields: list[tuple[str, object, object]],
+        planned: list[tuple[str, str, tuple[int, ...]]],
+    ) -> None:
         import numpy as np
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
         self._writer = GGUFWriter(path, arch)
         for key, value, value_type in fields:  # arrays: gguf-py takes the element type from the first value
-            self._writer.add_key_value(key, value, value_type)
+            self._writer.add_key_value(key, value, GGUFValueType(value_type))
         self._planned = []
         for name, type_name, shape in planned:
             shape = tuple(shape) or (1,)  # GGUF has no 0-dim tensors

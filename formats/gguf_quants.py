@@ -41,10 +41,16 @@ if TYPE_CHECKING:  # worker processes import this module for the numpy quantizer
     import torch
 
 WRITABLE: dict[str, GGMLQuantizationType] = {
-    t.name: t for t in (
-        GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+    t.name: t
+    for t in (
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
     )
 }
 BLOCK_SIZES: dict[str, tuple[int, int]] = {name: GGML_QUANT_SIZES[t] for name, t in WRITABLE.items()}
@@ -57,11 +63,18 @@ def block_size(qtype: str) -> tuple[int, int]:
     if ggml_type is None:
         raise BadInput(qtype, "unknown GGUF type")
     return GGML_QUANT_SIZES[ggml_type]
+
+
 METHODS = ("search", "rtn")
 # Byte offsets of the f16 numbers in each block (an F16 "block" is one value): checked after quantizing,
 # since values too large for them come out as inf.
 F16_OFFSETS: dict[str, tuple[int, ...]] = {
-    "F16": (0,), "Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "F16": (0,),
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
 }
 
 # One super-block of QK_K values (ggml-common.h block_q4_K, block_q5_K, block_q6_K), little-endian.
@@ -131,9 +144,12 @@ def quantize(w: np.ndarray, qtype: str, method: str = "search", name: str = "ten
             data = gguf_quantize(w, ggml_type)
     data = data.view(np.uint8).reshape(-1, block_bytes)
     for offset in F16_OFFSETS.get(ggml_type.name, ()):
-        if not np.isfinite(data[:, offset:offset + 2].copy().view("<f2")).all():
-            raise BadInput(name, f"has values up to {np.abs(w).max():.4g}, too large for {ggml_type.name}'s f16 "
-                                 "numbers (F32 and BF16 can hold them)")
+        if not np.isfinite(data[:, offset : offset + 2].copy().view("<f2")).all():
+            raise BadInput(
+                name,
+                f"has values up to {np.abs(w).max():.4g}, too large for {ggml_type.name}'s f16 "
+                "numbers (F32 and BF16 can hold them)",
+            )
     return data.reshape(*w.shape[:-1], cols // block_values * block_bytes)
 
 
@@ -145,8 +161,9 @@ def dequantize(blocks: np.ndarray, qtype: str, shape: Sequence[int], name: str =
     shape = tuple(shape)
     block_values, block_bytes = GGML_QUANT_SIZES[ggml_type]
     if not shape or shape[-1] % block_values:
-        raise BadInput(name, f"shape {shape} does not split into {ggml_type.name} rows of whole blocks "
-                             f"of {block_values}")
+        raise BadInput(
+            name, f"shape {shape} does not split into {ggml_type.name} rows of whole blocks of {block_values}"
+        )
     rows, row_bytes = math.prod(shape[:-1]), shape[-1] // block_values * block_bytes
     data = np.ascontiguousarray(blocks).view(np.uint8)
     if data.size != rows * row_bytes:
@@ -172,7 +189,7 @@ def quantize_in_processes(w: np.ndarray, qtype: str, method: str = "search", nam
     if not use_processes() or not cols or rows.size < 2 * PARALLEL_VALUES:
         return quantize(w, qtype, method, name)
     step = max(1, PARALLEL_VALUES // cols)
-    pieces = [rows[start:start + step] for start in range(0, len(rows), step)]
+    pieces = [rows[start : start + step] for start in range(0, len(rows), step)]
     data = list(_process_pool().map(quantize, pieces, repeat(qtype), repeat(method), repeat(name)))
     return np.concatenate(data).reshape(*w.shape[:-1], -1)
 
@@ -198,8 +215,8 @@ def _quantize_kquant(blocks: np.ndarray, qtype: str, search: bool) -> np.ndarray
     pack = _quantize_q6_k if qtype == "Q6_K" else _quantize_affine_k
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # masked lanes: flat or all-zero sub-blocks
         for start in range(0, len(blocks), CHUNK_BLOCKS):
-            chunk = blocks[start:start + CHUNK_BLOCKS]
-            out[start:start + len(chunk)] = pack(chunk, qtype, search).view(np.uint8).reshape(len(chunk), -1)
+            chunk = blocks[start : start + CHUNK_BLOCKS]
+            out[start : start + len(chunk)] = pack(chunk, qtype, search).view(np.uint8).reshape(len(chunk), -1)
     return out
 
 
@@ -300,11 +317,14 @@ def _quantize_affine_k(blocks: np.ndarray, qtype: str, search: bool) -> np.ndarr
     out["d"], out["dmin"] = d, dmin
     low_sc, high_sc = scale_codes[:, :4], scale_codes[:, 4:]
     low_m, high_m = min_codes[:, :4], min_codes[:, 4:]
-    out["scales"] = np.concatenate([
-        low_sc | (high_sc >> 4) << 6,  # bytes 0-3: scales 0-3, top bits of scales 4-7
-        low_m | (high_m >> 4) << 6,  # bytes 4-7: mins 0-3, top bits of mins 4-7
-        (high_sc & 15) | (high_m & 15) << 4,  # bytes 8-11: low 4 bits of scales and mins 4-7
-    ], axis=1)
+    out["scales"] = np.concatenate(
+        [
+            low_sc | (high_sc >> 4) << 6,  # bytes 0-3: scales 0-3, top bits of scales 4-7
+            low_m | (high_m >> 4) << 6,  # bytes 4-7: mins 0-3, top bits of mins 4-7
+            (high_sc & 15) | (high_m & 15) << 4,  # bytes 8-11: low 4 bits of scales and mins 4-7
+        ],
+        axis=1,
+    )
     # qs: 4 runs of 32 bytes; run r holds sub-block 2r in low nibbles and 2r+1 in high nibbles
     nibbles = (codes & 15).reshape(n, 4, 2, AFFINE_SUB_BLOCK)
     out["qs"] = (nibbles[:, :, 0] | nibbles[:, :, 1] << 4).reshape(n, -1)
@@ -390,20 +410,23 @@ def quantize_q8_0(w: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     blocks = w.reshape(-1, 32)
     out = torch.empty(blocks.shape[0], 34, dtype=torch.uint8, device=w.device)
     for start in range(0, blocks.shape[0], Q8_CHUNK_BLOCKS):
-        x = blocks[start:start + Q8_CHUNK_BLOCKS].to(torch.float32, copy=True)  # worked on in place
+        x = blocks[start : start + Q8_CHUNK_BLOCKS].to(torch.float32, copy=True)  # worked on in place
         d = true_divide(x.abs().amax(-1, keepdim=True), 127.0)
         if not torch.isfinite(d).all():  # the block maximum carries any NaN or inf through
             raise BadInput(name, "has NaN or infinite values; Q8_0 cannot encode them (F32 and BF16 can)")
         scale = d.half()
         if not torch.isfinite(scale).all():
-            raise BadInput(name, f"has values up to {float(d.max()) * 127:.4g}, too large for Q8_0's f16 scales "
-                                 "(F32 and BF16 can hold them)")
+            raise BadInput(
+                name,
+                f"has values up to {float(d.max()) * 127:.4g}, too large for Q8_0's f16 scales "
+                "(F32 and BF16 can hold them)",
+            )
         x.mul_(torch.where(d == 0, 0.0, torch.ones_like(d) / d))  # a tensor divisor: correctly rounded on CUDA too
         magnitude = x.abs()
         floored = magnitude.floor()
         # gguf-py's np_roundf, halves away from zero: floor(a) + floor(2·(a − floor(a))), then x's sign
         codes = magnitude.sub_(floored).mul_(2).floor_().add_(floored).copysign_(x)
-        chunk = out[start:start + Q8_CHUNK_BLOCKS]
+        chunk = out[start : start + Q8_CHUNK_BLOCKS]
         chunk[:, :2] = scale.view(torch.uint8)
         chunk[:, 2:] = codes.to(torch.int8).view(torch.uint8)
     return out.reshape(*w.shape[:-1], cols // 32 * 34)
@@ -415,12 +438,14 @@ def dequantize_q8_0(data: torch.Tensor, shape: Sequence[int], name: str = "tenso
 
     blocks = data.reshape(-1, 34)
     if blocks.shape[0] * 32 != math.prod(shape):
-        raise BadInput(name, f"has {data.numel()} bytes of data; Q8_0 {list(shape)} needs {math.prod(shape) // 32 * 34}")
+        raise BadInput(
+            name, f"has {data.numel()} bytes of data; Q8_0 {list(shape)} needs {math.prod(shape) // 32 * 34}"
+        )
     out = torch.empty(blocks.shape[0], 32, dtype=torch.float32, device=data.device)
     for start in range(0, blocks.shape[0], Q8_CHUNK_BLOCKS):
-        chunk = blocks[start:start + Q8_CHUNK_BLOCKS]
+        chunk = blocks[start : start + Q8_CHUNK_BLOCKS]
         scale = chunk[:, :2].contiguous().view(torch.float16).float()
-        torch.mul(chunk[:, 2:].view(torch.int8).float(), scale, out=out[start:start + Q8_CHUNK_BLOCKS])
+        torch.mul(chunk[:, 2:].view(torch.int8).float(), scale, out=out[start : start + Q8_CHUNK_BLOCKS])
     return out.reshape(shape)
 
 
@@ -462,12 +487,15 @@ def quantize_kquant_torch(w: torch.Tensor, qtype: str, search: bool, name: str =
     step = TORCH_CHUNK_BLOCKS.get(w.device.type, TORCH_CHUNK_BLOCKS["cuda"])
     with GPU_LAUNCHES if w.device.type != "cpu" else contextlib.nullcontext():
         for start in range(0, blocks.shape[0], step):
-            chunk = blocks[start:start + step].to(torch.float32)
-            out[start:start + chunk.shape[0]] = pack(chunk, qtype, search)
+            chunk = blocks[start : start + step].to(torch.float32)
+            out[start : start + chunk.shape[0]] = pack(chunk, qtype, search)
     for offset in F16_OFFSETS[qtype]:
-        if not torch.isfinite(out[:, offset:offset + 2].contiguous().view(torch.float16)).all():
-            raise BadInput(name, f"has values up to {float(w.abs().max()):.4g}, too large for {qtype}'s f16 "
-                                 "numbers (F32 and BF16 can hold them)")
+        if not torch.isfinite(out[:, offset : offset + 2].contiguous().view(torch.float16)).all():
+            raise BadInput(
+                name,
+                f"has values up to {float(w.abs().max()):.4g}, too large for {qtype}'s f16 "
+                "numbers (F32 and BF16 can hold them)",
+            )
     return out.reshape(*w.shape[:-1], cols // QK_K * out.shape[1])
 
 
@@ -521,8 +549,9 @@ def _codes_by_block_torch(codes: torch.Tensor) -> torch.Tensor:
     return by_value.copy_(codes.T).view(-1, QK_K)
 
 
-def _affine_codes_torch(x: torch.Tensor, low: torch.Tensor, inverse: torch.Tensor, top: float,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+def _affine_codes_torch(
+    x: torch.Tensor, low: torch.Tensor, inverse: torch.Tensor, top: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """`_affine_codes` in torch, into `out` if given. An overflowed `inverse` is made 0, so its codes come out
     ±0 where numpy writes +0: the same values, and the signs of zero reach no byte."""
     import torch
@@ -551,8 +580,10 @@ def _fit_affine_torch(x: torch.Tensor, grid: AffineSearch, search: bool) -> tupl
         error_terms = torch.mul(trial, scale).add_(low).sub_(x).square_().mul_(weights)
         error_rows = error_terms.unbind(0)
         best_error = torch.where(flat, -math.inf, _sum_in_order_torch(error_rows))  # a flat one never improves
-        all_levels = torch.tensor([float(f32(grid.first) + f32(grid.step) * f32(k) + f32(top))
-                                   for k in range(grid.steps + 1)], device=x.device)
+        all_levels = torch.tensor(
+            [float(f32(grid.first) + f32(grid.step) * f32(k) + f32(top)) for k in range(grid.steps + 1)],
+            device=x.device,
+        )
         terms = torch.empty(3, AFFINE_SUB_BLOCK, x.shape[1], device=x.device)  # per value: w·l, w·l², w·l·x
         terms_rows = terms.unbind(1)
         terms[0], terms[1] = weights, weights * x
@@ -725,21 +756,24 @@ def dequantize_kquant_torch(data: torch.Tensor, qtype: str, shape: Sequence[int]
     block_bytes = KQUANT_BLOCKS[qtype].itemsize
     blocks = data.reshape(-1, block_bytes)
     if blocks.shape[0] * QK_K != math.prod(shape) or shape[-1] % QK_K:
-        raise BadInput(name, f"has {data.numel()} bytes of data; {qtype} {list(shape)} needs "
-                             f"{math.prod(shape) // QK_K * block_bytes} in rows of whole blocks")
+        raise BadInput(
+            name,
+            f"has {data.numel()} bytes of data; {qtype} {list(shape)} needs "
+            f"{math.prod(shape) // QK_K * block_bytes} in rows of whole blocks",
+        )
     out = torch.empty(blocks.shape[0], QK_K, dtype=torch.float32, device=data.device)
     unpack = _dequantize_q6_k_torch if qtype == "Q6_K" else _dequantize_affine_k_torch
     step = TORCH_CHUNK_BLOCKS.get(data.device.type, TORCH_CHUNK_BLOCKS["cuda"])
     for start in range(0, blocks.shape[0], step):
-        chunk = blocks[start:start + step]
-        out[start:start + chunk.shape[0]] = unpack(chunk, qtype)
+        chunk = blocks[start : start + step]
+        out[start : start + chunk.shape[0]] = unpack(chunk, qtype)
     return out.reshape(tuple(shape))
 
 
 def _f16_column(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     import torch
 
-    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).float()  # [n, 1]
+    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()  # [n, 1]
 
 
 def _shifted(packed: torch.Tensor, shifts: Sequence[int], mask: int) -> torch.Tensor:

@@ -8,7 +8,57 @@ exl3-{bits}bpw | gguf-{TYPE} | int.
 
 from __future__ import annotations
 
+import functools
+import re
+from dataclasses import dataclass
+
 from specpair.formats import TensorInfo, TensorTable
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout label taken apart: every test of what a label is reads these fields, never the label's text."""
+
+    label: str
+    kind: str  # LAYOUT_FORMS key: float, int, fp8, nvfp4, mxfp4, int4, int8, affine, gguf, exl3
+    flavour: str | None = None  # fp8: tensor | block; nvfp4: modelopt | ct | mlx | gguf; gguf: the ggml type
+    bits: float | None = None  # affine and exl3: bits per weight (exl3: trellis bits, half-integers read)
+    group: int | None = None  # affine: values per scale
+
+    def matches(self, names: tuple[str, ...] | set[str] | frozenset[str]) -> bool:
+        """Whether `names` (layout labels or kinds: "fp8" covers fp8-tensor and fp8-block) hold this layout."""
+        return self.label in names or self.kind in names
+
+
+# The registry: label form per kind; groups are (flavour,), (bits, group) or (bits,).
+LAYOUT_FORMS: dict[str, re.Pattern[str]] = {
+    "float": re.compile(r"(bf16|f16|f32|f64)"),
+    "int": re.compile(r"int"),
+    "fp8": re.compile(r"fp8-(tensor|block)"),
+    "nvfp4": re.compile(r"nvfp4-(modelopt|ct|mlx|gguf)"),
+    "mxfp4": re.compile(r"mxfp4-(mlx)"),
+    "int4": re.compile(r"int4-(ct)"),
+    "int8": re.compile(r"int8"),
+    "affine": re.compile(r"affine(?:(\d)-g(\d+))?"),  # bare "affine": MLX scales of no known group size
+    "gguf": re.compile(r"gguf-(\w+)"),
+    "exl3": re.compile(r"exl3-(\d+(?:\.\d+)?)bpw"),
+}
+
+
+@functools.cache
+def layout_of(label: str) -> Layout:
+    """The parsed form of a layout label; ValueError for a label no form in LAYOUT_FORMS has."""
+    for kind, form in LAYOUT_FORMS.items():
+        m = form.fullmatch(label)
+        if m is None:
+            continue
+        if kind == "affine":
+            return Layout(label, kind, bits=float(m[1]) if m[1] else None, group=int(m[2]) if m[2] else None)
+        if kind == "exl3":
+            return Layout(label, kind, bits=float(m[1]))
+        return Layout(label, kind, flavour=m.groups()[0] if m.groups() else None)
+    raise ValueError(f"{label!r} is not a layout label")
+
 
 FLOAT_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64"}
 FP8_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
@@ -16,9 +66,25 @@ FP8_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
 # Suffixes that name the stored weight itself, then companions that only make sense beside one.
 WEIGHT_SUFFIXES = (".weight_packed", ".trellis", ".weight")
 COMPANION_SUFFIXES = (
-    ".weight_scale_inv", ".weight_scale_2", ".weight_scale", ".weight_global_scale", ".weight_zero_point",
-    ".weight_shape", ".input_scale", ".input_global_scale", ".scales", ".biases", ".global_scale",
-    ".suh", ".svh", ".su", ".sv", ".mcg", ".mul1", ".k_scale", ".v_scale",
+    ".weight_scale_inv",
+    ".weight_scale_2",
+    ".weight_scale",
+    ".weight_global_scale",
+    ".weight_zero_point",
+    ".weight_shape",
+    ".input_scale",
+    ".input_global_scale",
+    ".scales",
+    ".biases",
+    ".global_scale",
+    ".suh",
+    ".svh",
+    ".su",
+    ".sv",
+    ".mcg",
+    ".mul1",
+    ".k_scale",
+    ".v_scale",
 )
 
 GGUF_LAYOUTS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "NVFP4": "nvfp4-gguf"}
@@ -63,8 +129,11 @@ def classify(tensors: list[TensorInfo], mlx: dict | None = None) -> dict[str, st
     return dict(zip(table.names, classify_table(table, mlx)))
 
 
-def classify_table(table: TensorTable, mlx: dict | None = None,
-                   modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None) -> list[str]:
+def classify_table(
+    table: TensorTable,
+    mlx: dict | None = None,
+    modules: tuple[list[str], list[str], dict[str, list[int]]] | None = None,
+) -> list[str]:
     """`classify` over columns: the label of each row. A module's label depends only on its parts' suffixes,
     dtypes and last dimensions, so it is worked out once per distinct combination, not once per module."""
     mlx = mlx if isinstance(mlx, dict) else {}
@@ -120,7 +189,11 @@ def _mlx_layout(words: int, groups: int, has_biases: bool, bits: int | None, gro
         return "affine"
     per_group_bits = words * 32 // groups  # = bits * group_size
     # the config's group size, then its bits, then MLX's usual groups: the first that gives a real layout
-    candidates = ([group] if group else []) + ([per_group_bits // bits] if bits and per_group_bits % bits == 0 else []) + [64, 32, 128]
+    candidates = (
+        ([group] if group else [])
+        + ([per_group_bits // bits] if bits and per_group_bits % bits == 0 else [])
+        + [64, 32, 128]
+    )
     for g in candidates:
         if g in AFFINE_GROUPS and per_group_bits % g == 0 and per_group_bits // g in AFFINE_BITS:
             return f"affine{per_group_bits // g}-g{g}"

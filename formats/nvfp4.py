@@ -26,7 +26,7 @@ GGUF_BLOCK = 64  # 4 sub-blocks of 16 in 36 bytes: 4 scale bytes, then 32 bytes 
 GGUF_BLOCK_BYTES = 36
 E2M1_MAX = 6.0
 MLX_GLOBAL_FACTOR = E2M1_MAX * E4M3_MAX  # MLX's global_scale is amax-like: its factor is global_scale / 2688
-MIN_BLOCK_SCALE = 2.0 ** -9  # smallest E4M3 subnormal
+MIN_BLOCK_SCALE = 2.0**-9  # smallest E4M3 subnormal
 MAX_UE4M3 = 0x7E  # GGUF's block scales are E4M3 without the sign; 0x7F would be E4M3's NaN
 
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # code & 7; bit 3 is the sign (code 8 is -0)
@@ -68,8 +68,9 @@ def quantize(w: Tensor, global_amax: float | Tensor | None = None, name: str = "
     block_amax = blocks.abs().amax(-1)
     if not torch.isfinite(block_amax).all():  # amax carries any NaN or inf through
         raise BadInput(name, "has NaN or infinite values")
-    amax = block_amax.amax() if global_amax is None else torch.as_tensor(global_amax, dtype=torch.float32,
-                                                                          device=w.device)
+    amax = (
+        block_amax.amax() if global_amax is None else torch.as_tensor(global_amax, dtype=torch.float32, device=w.device)
+    )
     if amax.numel() != 1:
         raise BadInput(name, f"global amax must be one number, got shape {list(amax.shape)}")
     if not torch.isfinite(amax) or amax < 0:
@@ -113,16 +114,28 @@ def _round_e2m1(x: Tensor) -> Tensor:
 # What each flavour stores beside the module name: role -> (suffix, dtype). GGUF keeps block scales inside
 # its weight blocks; MLX has no activation scale (it runs NVFP4 weight-only), so to_mlx leaves input_scale out.
 STORED: dict[str, dict[str, tuple[str, torch.dtype]]] = {
-    "nvfp4-modelopt": {"codes": (".weight", torch.uint8), "block_scales": (".weight_scale", torch.float8_e4m3fn),
-                       "global_scale": (".weight_scale_2", torch.float32),
-                       "input_scale": (".input_scale", torch.float32)},
-    "nvfp4-ct": {"codes": (".weight_packed", torch.uint8), "block_scales": (".weight_scale", torch.float8_e4m3fn),
-                 "global_scale": (".weight_global_scale", torch.float32),
-                 "input_scale": (".input_global_scale", torch.float32)},
-    "nvfp4-mlx": {"codes": (".weight", torch.uint32), "block_scales": (".scales", torch.uint8),
-                  "global_scale": (".global_scale", torch.float32)},
-    "nvfp4-gguf": {"codes": (".weight", torch.uint8), "global_scale": (".scale", torch.float32),
-                   "input_scale": (".input_scale", torch.float32)},
+    "nvfp4-modelopt": {
+        "codes": (".weight", torch.uint8),
+        "block_scales": (".weight_scale", torch.float8_e4m3fn),
+        "global_scale": (".weight_scale_2", torch.float32),
+        "input_scale": (".input_scale", torch.float32),
+    },
+    "nvfp4-ct": {
+        "codes": (".weight_packed", torch.uint8),
+        "block_scales": (".weight_scale", torch.float8_e4m3fn),
+        "global_scale": (".weight_global_scale", torch.float32),
+        "input_scale": (".input_global_scale", torch.float32),
+    },
+    "nvfp4-mlx": {
+        "codes": (".weight", torch.uint32),
+        "block_scales": (".scales", torch.uint8),
+        "global_scale": (".global_scale", torch.float32),
+    },
+    "nvfp4-gguf": {
+        "codes": (".weight", torch.uint8),
+        "global_scale": (".scale", torch.float32),
+        "input_scale": (".input_scale", torch.float32),
+    },
 }
 
 
@@ -131,14 +144,23 @@ def to_modelopt(q: Nvfp4, module: str = "") -> dict[str, Tensor]:
 
     (`module` is unused: ModelOpt's layout is the in-memory one, so nothing can fail; every to_* takes it.)
     """
-    return _stored("nvfp4-modelopt", codes=q.codes, block_scales=q.block_scales.view(torch.float8_e4m3fn),
-                   global_scale=q.global_scale.reshape(()), input_scale=_reshape(q.input_scale, ()))
+    return _stored(
+        "nvfp4-modelopt",
+        codes=q.codes,
+        block_scales=q.block_scales.view(torch.float8_e4m3fn),
+        global_scale=q.global_scale.reshape(()),
+        input_scale=_reshape(q.input_scale, ()),
+    )
 
 
 def from_modelopt(parts: dict[str, Tensor], module: str = "") -> Nvfp4:
     codes, block_scales = _codes_and_scales(parts, "nvfp4-modelopt", module, codes_per_unit=2)
-    return Nvfp4(codes, block_scales, _scalar(parts, "nvfp4-modelopt", "global_scale", module),
-                 _scalar(parts, "nvfp4-modelopt", "input_scale", module, required=False))
+    return Nvfp4(
+        codes,
+        block_scales,
+        _scalar(parts, "nvfp4-modelopt", "global_scale", module),
+        _scalar(parts, "nvfp4-modelopt", "input_scale", module, required=False),
+    )
 
 
 def to_ct(q: Nvfp4, module: str = "") -> dict[str, Tensor]:
@@ -147,31 +169,48 @@ def to_ct(q: Nvfp4, module: str = "") -> dict[str, Tensor]:
     (what CT's ModelOptNvfp4Converter writes)."""
     global_scale = _finite(1 / q.global_scale, _name(module, ".weight_global_scale"))
     input_scale = None if q.input_scale is None else _finite(1 / q.input_scale, _name(module, ".input_global_scale"))
-    return _stored("nvfp4-ct", codes=q.codes, block_scales=q.block_scales.view(torch.float8_e4m3fn),
-                   global_scale=global_scale.reshape(1), input_scale=_reshape(input_scale, (1,)))
+    return _stored(
+        "nvfp4-ct",
+        codes=q.codes,
+        block_scales=q.block_scales.view(torch.float8_e4m3fn),
+        global_scale=global_scale.reshape(1),
+        input_scale=_reshape(input_scale, (1,)),
+    )
 
 
 def from_ct(parts: dict[str, Tensor], module: str = "") -> Nvfp4:
     codes, block_scales = _codes_and_scales(parts, "nvfp4-ct", module, codes_per_unit=2)
     input_global_scale = _scalar(parts, "nvfp4-ct", "input_scale", module, required=False)
-    return Nvfp4(codes, block_scales, 1 / _scalar(parts, "nvfp4-ct", "global_scale", module),
-                 None if input_global_scale is None else 1 / input_global_scale)
+    return Nvfp4(
+        codes,
+        block_scales,
+        1 / _scalar(parts, "nvfp4-ct", "global_scale", module),
+        None if input_global_scale is None else 1 / input_global_scale,
+    )
 
 
 def to_mlx(q: Nvfp4, module: str = "") -> dict[str, Tensor]:
     """MLX mode="nvfp4": `.weight` U32 [..., rows, cols/8] (the same bytes as little-endian words), `.scales` U8,
     and `.global_scale` F32 [] = global_scale·2688, left out when global_scale is 1 (MLX's default)."""
-    global_scale = None if q.global_scale == 1 else _finite(q.global_scale * MLX_GLOBAL_FACTOR,
-                                                             _name(module, ".global_scale")).reshape(())
-    return _stored("nvfp4-mlx", codes=q.codes.contiguous().view(torch.uint32), block_scales=q.block_scales,
-                   global_scale=global_scale)
+    global_scale = (
+        None
+        if q.global_scale == 1
+        else _finite(q.global_scale * MLX_GLOBAL_FACTOR, _name(module, ".global_scale")).reshape(())
+    )
+    return _stored(
+        "nvfp4-mlx",
+        codes=q.codes.contiguous().view(torch.uint32),
+        block_scales=q.block_scales,
+        global_scale=global_scale,
+    )
 
 
 def from_mlx(parts: dict[str, Tensor], module: str = "") -> Nvfp4:
     codes, block_scales = _codes_and_scales(parts, "nvfp4-mlx", module, codes_per_unit=8)
     mlx_global = _scalar(parts, "nvfp4-mlx", "global_scale", module, required=False)
-    global_scale = torch.ones((), device=codes.device) if mlx_global is None else true_divide(mlx_global,
-                                                                                              MLX_GLOBAL_FACTOR)
+    global_scale = (
+        torch.ones((), device=codes.device) if mlx_global is None else true_divide(mlx_global, MLX_GLOBAL_FACTOR)
+    )
     return Nvfp4(codes.contiguous().view(torch.uint8), block_scales, global_scale)
 
 
@@ -188,8 +227,9 @@ def to_gguf(q: Nvfp4, module: str = "") -> dict[str, Tensor]:
     sub_blocks = nibbles[..., :8] | (nibbles[..., 8:] << 4)  # [..., cols/16, 8]
     blocks = torch.cat((q.block_scales.unflatten(-1, (-1, 4)), sub_blocks.unflatten(-2, (-1, 4)).flatten(-2)), -1)
     global_scale = None if q.global_scale == 1 else q.global_scale.reshape(1)
-    return _stored("nvfp4-gguf", codes=blocks.flatten(-2), global_scale=global_scale,
-                   input_scale=_reshape(q.input_scale, (1,)))
+    return _stored(
+        "nvfp4-gguf", codes=blocks.flatten(-2), global_scale=global_scale, input_scale=_reshape(q.input_scale, (1,))
+    )
 
 
 def from_gguf(parts: dict[str, Tensor], module: str = "") -> Nvfp4:
@@ -204,9 +244,12 @@ def from_gguf(parts: dict[str, Tensor], module: str = "") -> Nvfp4:
     sub_blocks = blocks[..., 4:].unflatten(-1, (4, 8))  # [..., cols/64, 4, 8]
     nibbles = torch.cat((sub_blocks & 0xF, sub_blocks >> 4), -1).flatten(-3)
     global_scale = _scalar(parts, "nvfp4-gguf", "global_scale", module, required=False)
-    return Nvfp4(pack(nibbles), block_scales.contiguous(),
-                 torch.ones((), device=raw.device) if global_scale is None else global_scale,
-                 _scalar(parts, "nvfp4-gguf", "input_scale", module, required=False))
+    return Nvfp4(
+        pack(nibbles),
+        block_scales.contiguous(),
+        torch.ones((), device=raw.device) if global_scale is None else global_scale,
+        _scalar(parts, "nvfp4-gguf", "input_scale", module, required=False),
+    )
 
 
 @dataclass(frozen=True)
@@ -242,8 +285,9 @@ def _take(parts: dict[str, Tensor], flavour: str, role: str, module: str, requir
     return tensor
 
 
-def _codes_and_scales(parts: dict[str, Tensor], flavour: str, module: str,
-                      codes_per_unit: int) -> tuple[Tensor, Tensor]:
+def _codes_and_scales(
+    parts: dict[str, Tensor], flavour: str, module: str, codes_per_unit: int
+) -> tuple[Tensor, Tensor]:
     """Packed codes and E4M3 scale bits, checked against each other; `codes_per_unit` codes per stored element."""
     codes = _take(parts, flavour, "codes", module)
     block_scales = _take(parts, flavour, "block_scales", module)
@@ -254,8 +298,11 @@ def _codes_and_scales(parts: dict[str, Tensor], flavour: str, module: str,
     _check_block_multiple(cols, BLOCK, codes_name)
     expected = (*codes.shape[:-1], cols // BLOCK)
     if tuple(block_scales.shape) != expected:
-        raise BadInput(scales_name, f"shape {list(block_scales.shape)} does not fit {codes_name} "
-                                    f"{list(codes.shape)} (expected {list(expected)})")
+        raise BadInput(
+            scales_name,
+            f"shape {list(block_scales.shape)} does not fit {codes_name} "
+            f"{list(codes.shape)} (expected {list(expected)})",
+        )
     return codes, block_scales.view(torch.uint8)
 
 

@@ -27,9 +27,26 @@ if TYPE_CHECKING:  # `check` reads headers without importing torch
 MAX_HEADER_BYTES = 100_000_000
 
 DTYPE_BYTES: dict[str, float] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
-    "F8_E8M0": 1, "F4": 0.5, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1,
+    "F8_E8M0": 1,
+    "F4": 0.5,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
 }
 DTYPE_NAMES = frozenset(DTYPE_BYTES)
 
@@ -40,8 +57,9 @@ def read_header(read: ReadRange, file_size: int | None, where: str) -> tuple[lis
     return table.infos(), metadata
 
 
-def read_table(read: ReadRange, file_size: int | None, where: str,
-               file: str | None = None) -> tuple[TensorTable, dict[str, str]]:
+def read_table(
+    read: ReadRange, file_size: int | None, where: str, file: str | None = None
+) -> tuple[TensorTable, dict[str, str]]:
     """`read_header` as columns (`file` names the rows' file; default `where`)."""
     prefix = read(0, 8)
     if len(prefix) < 8:
@@ -66,8 +84,9 @@ def read_table(read: ReadRange, file_size: int | None, where: str,
     return parse_header_table(header, data_size, where, 8 + length, file or where)
 
 
-def parse_header_table(header: object, data_size: int | None, where: str, data_start: int = 0,
-                       file: str | None = None) -> tuple[TensorTable, dict[str, str]]:
+def parse_header_table(
+    header: object, data_size: int | None, where: str, data_start: int = 0, file: str | None = None
+) -> tuple[TensorTable, dict[str, str]]:
     """Validate a decoded header into columns. The checks run over whole columns (a few C-level passes, not
     Python code per tensor: a MoE export holds ~10^5 tensors); when any fails, the per-tensor walk of
     `parse_header_json` names the first bad tensor, so both report the same error."""
@@ -124,8 +143,9 @@ def _columns(header: dict, data_size: int | None, data_start: int, file: str) ->
     return TensorTable(names, dtypes, shapes, nbytes, [file] * len(names), list(map(add, begins, repeat(data_start))))
 
 
-def parse_header_json(header: object, data_size: int | None, where: str,
-                      data_start: int = 0) -> tuple[list[TensorInfo], dict[str, str]]:
+def parse_header_json(
+    header: object, data_size: int | None, where: str, data_start: int = 0
+) -> tuple[list[TensorInfo], dict[str, str]]:
     """Validate a decoded header, tensor by tensor; `data_size` (bytes after the header) bounds the offsets when
     known, `data_start` (where the data section begins) makes each TensorInfo.offset absolute."""
     if not isinstance(header, dict):
@@ -152,9 +172,13 @@ def parse_header_json(header: object, data_size: int | None, where: str,
         begin, end = offsets
         nbytes = math.ceil(math.prod(shape) * DTYPE_BYTES[dtype])
         if end - begin != nbytes:
-            raise BadInput(where, f"tensor {name!r}: data_offsets span {end - begin} bytes, shape {shape} {dtype} needs {nbytes}")
+            raise BadInput(
+                where, f"tensor {name!r}: data_offsets span {end - begin} bytes, shape {shape} {dtype} needs {nbytes}"
+            )
         if data_size is not None and end > data_size:
-            raise BadInput(where, f"tensor {name!r}: data_offsets end {end} runs past the file's data ({data_size} bytes)")
+            raise BadInput(
+                where, f"tensor {name!r}: data_offsets end {end} runs past the file's data ({data_size} bytes)"
+            )
         spans.append((begin, end, name))
         tensors.append(TensorInfo(name, dtype, tuple(shape), nbytes, where, data_start + begin))
     spans.sort()
@@ -231,8 +255,13 @@ class Writer:
     shards are `stem-0000k-of-0000n.safetensors` with `stem.safetensors.index.json`.
     """
 
-    def __init__(self, directory: str, planned: list[tuple[str, str, tuple[int, ...]]],
-                 shard_bytes: int = SHARD_BYTES, stem: str = "model") -> None:
+    def __init__(
+        self,
+        directory: str,
+        planned: list[tuple[str, str, tuple[int, ...]]],
+        shard_bytes: int = SHARD_BYTES,
+        stem: str = "model",
+    ) -> None:
         self.directory = directory
         shards: list[list[tuple[str, str, tuple[int, ...], int]]] = [[]]
         size = 0
@@ -244,8 +273,11 @@ class Writer:
             shards[-1].append((name, dtype, tuple(shape), nbytes))
             size += nbytes
         count = len(shards)
-        self.files = [f"{stem}.safetensors"] if count == 1 else [
-            f"{stem}-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+        self.files = (
+            [f"{stem}.safetensors"]
+            if count == 1
+            else [f"{stem}-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+        )
         self._order = [(self.files[k], t) for k, shard in enumerate(shards) for t in shard]
         self._shards = shards
         self._next = 0
@@ -280,7 +312,9 @@ class Writer:
         if len(self.files) > 1:
             weight_map = {t[0]: file for file, t in self._order}
             index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
-            with open(os.path.join(self.directory, self.files[0].split("-00001-of-")[0] + ".safetensors.index.json"), "w") as f:
+            with open(
+                os.path.join(self.directory, self.files[0].split("-00001-of-")[0] + ".safetensors.index.json"), "w"
+            ) as f:
                 json.dump(index, f, indent=2)
                 f.write("\n")
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from specpair.errors import BadInput
+
+if TYPE_CHECKING:  # the ops import torch when they run: `check` reads tensor maps (gguf_arch) without it
+    from torch import Tensor
 
 Args = tuple[int | float | tuple[int, ...], ...]
 
@@ -71,10 +72,14 @@ def identity(name: str, shape: tuple[int, ...], source: str | None = None) -> Te
 
 
 def _stack(xs: list[Tensor], args: Args) -> Tensor:
+    import torch
+
     return torch.stack(xs)
 
 
 def _cat_rows(xs: list[Tensor], args: Args) -> Tensor:
+    import torch
+
     return torch.cat(xs, dim=-2)
 
 
@@ -91,17 +96,23 @@ def _rows(xs: list[Tensor], args: Args) -> Tensor:
 
 def _take_rows(xs: list[Tensor], args: Args) -> Tensor:
     """Rows in the order of the index tuple args[0] (head reorders)."""
+    import torch
+
     index = torch.tensor(args[0], dtype=torch.long, device=xs[0].device)
     return xs[0].index_select(-2, index)
 
 
 def _take_cols(xs: list[Tensor], args: Args) -> Tensor:
+    import torch
+
     index = torch.tensor(args[0], dtype=torch.long, device=xs[0].device)
     return xs[0].index_select(-1, index)
 
 
 def _take(xs: list[Tensor], args: Args) -> Tensor:
     """Entries of a 1-D tensor in the order of args[0]."""
+    import torch
+
     index = torch.tensor(args[0], dtype=torch.long, device=xs[0].device)
     return xs[0].index_select(0, index)
 
@@ -120,15 +131,21 @@ def _add(xs: list[Tensor], args: Args) -> Tensor:
 
 
 def _neg_exp(xs: list[Tensor], args: Args) -> Tensor:
+    import torch
+
     return -torch.exp(xs[0].float())
 
 
 def _log_neg(xs: list[Tensor], args: Args) -> Tensor:
+    import torch
+
     return torch.log(-xs[0].float())
 
 
 def _values(xs: list[Tensor], args: Args) -> Tensor:
     """A tensor computed from the config, not from sources: the float values args[0] (Llama 3 rope factors)."""
+    import torch
+
     return torch.tensor(args[0], dtype=torch.float32)
 
 
@@ -180,7 +197,7 @@ def _restacked(inner: list[TensorMap], m: TensorMap) -> TensorMap | None:
     at = next((k for k, s in enumerate(first) if s.op == "select"), None)
     if at is None:
         return None
-    prefix, tail = first[:at], first[at + 1:]
+    prefix, tail = first[:at], first[at + 1 :]
     for e, i in enumerate(inner):
         if i.steps != (*prefix, Step("select", (e,)), *tail):
             return None

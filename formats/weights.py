@@ -18,7 +18,15 @@ from torch import Tensor
 
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo, gguf, safetensors
-from specpair.formats.layouts import COMPANION_SUFFIXES, FLOAT_DTYPES, WEIGHT_SUFFIXES, classify, gguf_layout, split_module
+from specpair.formats.layouts import (
+    COMPANION_SUFFIXES,
+    FLOAT_DTYPES,
+    WEIGHT_SUFFIXES,
+    classify,
+    gguf_layout,
+    layout_of,
+    split_module,
+)
 
 PLAIN_LAYOUTS = set(FLOAT_DTYPES.values()) | {"fp8-tensor", "int"}  # labels a lone tensor gets
 
@@ -67,7 +75,10 @@ def gguf_weights(header: gguf.GGUFHeader) -> list[Weight]:
     weights = []
     for t in header.tensors:
         module = t.name.removesuffix(".weight")
-        if t.name.endswith((".scale", ".input_scale")) and by_name.get(t.name.rsplit(".", 1)[0] + ".weight", t).dtype == "NVFP4":
+        if (
+            t.name.endswith((".scale", ".input_scale"))
+            and by_name.get(t.name.rsplit(".", 1)[0] + ".weight", t).dtype == "NVFP4"
+        ):
             continue
         parts = {"": t}
         if t.dtype == "NVFP4":
@@ -95,9 +106,12 @@ def read_rows(weight: Weight, root: str, file_format: str, start: int, stop: int
         if where is not None:
             lead = math.prod(info.shape[:-1])
             row_bytes = info.nbytes // lead
-            info = dataclasses.replace(info, shape=(where.stop - where.start, info.shape[-1]),
-                                       nbytes=(where.stop - where.start) * row_bytes,
-                                       offset=info.offset + where.start * row_bytes)
+            info = dataclasses.replace(
+                info,
+                shape=(where.stop - where.start, info.shape[-1]),
+                nbytes=(where.stop - where.start) * row_bytes,
+                offset=info.offset + where.start * row_bytes,
+            )
         parts[key] = read(os.path.join(root, info.file), info)
     return parts
 
@@ -108,14 +122,21 @@ def _refuse_orphans(module: str, parts: dict[str, TensorInfo]) -> None:
     companions = sorted(s for s in parts if s in COMPANION_SUFFIXES and s not in (".k_scale", ".v_scale"))
     if suffix is not None and companions:
         weight = parts[suffix]
-        raise BadInput(module + suffix, f"{weight.dtype} {list(weight.shape)} with {', '.join(module + c for c in companions)} "
-                                        "beside it forms no known quantized layout (a scale tensor is missing or has the wrong dtype)")
+        raise BadInput(
+            module + suffix,
+            f"{weight.dtype} {list(weight.shape)} with {', '.join(module + c for c in companions)} "
+            "beside it forms no known quantized layout (a scale tensor is missing or has the wrong dtype)",
+        )
 
 
 def _quantized_fp8(parts: dict[str, TensorInfo]) -> bool:
     """An F8 `.weight` with its scale is one quantized weight, not two plain tensors."""
     weight = parts.get(".weight")
-    return weight is not None and weight.dtype.startswith("F8") and (".weight_scale" in parts or ".weight_scale_inv" in parts)
+    return (
+        weight is not None
+        and weight.dtype.startswith("F8")
+        and (".weight_scale" in parts or ".weight_scale_inv" in parts)
+    )
 
 
 def _logical_shape(layout: str, parts: dict[str, TensorInfo], module: str) -> tuple[int, ...]:
@@ -123,14 +144,14 @@ def _logical_shape(layout: str, parts: dict[str, TensorInfo], module: str) -> tu
     if main is None or not main.shape:
         raise BadInput(module, f"{layout} weight has no stored weight tensor (parts: {', '.join(sorted(parts))})")
     lead, last = main.shape[:-1], main.shape[-1]
+    form = layout_of(layout)
     if layout in ("nvfp4-modelopt", "nvfp4-ct", "int4-ct"):
         return (*lead, last * 2)
     if layout in ("nvfp4-mlx", "mxfp4-mlx"):
         return (*lead, last * 8)
-    if layout.startswith("affine") and "-g" in layout:
-        bits = int(layout[len("affine"):layout.index("-g")])
-        return (*lead, last * 32 // bits)
-    if layout.startswith("exl3-"):  # trellis [in/16, out/16, 16K]: 16x16 tiles of the transposed weight
+    if form.kind == "affine" and form.bits:
+        return (*lead, last * 32 // int(form.bits))
+    if form.kind == "exl3":  # trellis [in/16, out/16, 16K]: 16x16 tiles of the transposed weight
         if len(main.shape) != 3:
             raise BadInput(module + ".trellis", f"shape {list(main.shape)} is not [in/16, out/16, 16·bits]")
         return (main.shape[1] * 16, main.shape[0] * 16)

@@ -6,6 +6,7 @@
     cache = model.new_cache(batch=4, context=4096)                          # runtime/cache.py: static buffers
     out = model.forward(tokens, positions, cache, taps=(1, 10), hidden=True, verify=True)
     cache.commit(accepted)                                                  # keep a prefix 0..T of each row
+    step = ForwardGraph(model, cache, batch=4, tokens=1)                    # runtime/graphs.py: one captured step
 
 - models/<family>.py: what a decoder layer of each family is made of (llama, qwen3, qwen3_moe, qwen3_next,
   qwen3_5, qwen3_5_moe); blocks.py: the blocks (norms, attention, Gated DeltaNet, MLP, MoE); rope.py;
@@ -14,6 +15,8 @@
 - cache.py: KV and GDN state for a fixed batch and context, rollback of a verify step to any prefix;
 - loading.py: a `Model` onto a device, streamed, quantized weights kept packed where the kernels read them;
 - sampling.py, generate.py: the sampler and the generation loop of `specpair run TARGET`;
+- graphs.py: a step of fixed shapes over static buffers, a CUDA graph on CUDA (eager through the same buffers on
+  the CPU): the decode and verify steps of both loops and the drafters' fixed-shape steps;
 - kernels/: matmul (dense and packed), norms, attention, the GDN recurrence; batch-invariant;
 - drafters/<kind>.py: DFlash and DFlash2, EAGLE-3, the MTP head, plain draft models; acceptance.py: the
   verify rules; speculative.py: the speculative loop of `specpair run TARGET DRAFT`.
@@ -32,5 +35,7 @@ class Runs:
     drafter_kinds: tuple[str, ...]  # runtime/drafters/loading.py LOADERS
 
 
-AVAILABLE = Runs(families=("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
-                 drafter_kinds=("dflash", "dflash2", "eagle3", "mtp", "draft_model"))
+AVAILABLE = Runs(
+    families=("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
+    drafter_kinds=("dflash", "dflash2", "eagle3", "mtp", "draft_model"),
+)

@@ -36,8 +36,9 @@ def by_choice(drafts: Tensor, choices: Tensor) -> tuple[Tensor, Tensor]:
     return accepted, choices.gather(1, accepted[:, None])[:, 0]
 
 
-def rejection(p: Tensor, drafts: Tensor, q_ids: Tensor, q_probs: Tensor, accept_u: Tensor,
-              residual_noise: Tensor) -> tuple[Tensor, Tensor]:
+def rejection(
+    p: Tensor, drafts: Tensor, q_ids: Tensor, q_probs: Tensor, accept_u: Tensor, residual_noise: Tensor
+) -> tuple[Tensor, Tensor]:
     """p [B, k+1, V] the target's distributions; drafts [B, k] drawn from q = (q_ids, q_probs) [B, k, K];
     accept_u [B, k] uniform (0, 1) and residual_noise [B, k+1, V] Gumbel, independent of the drafts."""
     batch, k = drafts.shape

@@ -113,15 +113,20 @@ class Attention:
         p = f"layers.{layer}.self_attn."
         hidden, heads, kv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         q_rows = heads * d * (2 if config.attn_output_gate else 1)
-        shapes = {"q_proj": (q_rows, hidden), "k_proj": (kv * d, hidden), "v_proj": (kv * d, hidden),
-                  "o_proj": (hidden, heads * d)}
+        shapes = {
+            "q_proj": (q_rows, hidden),
+            "k_proj": (kv * d, hidden),
+            "v_proj": (kv * d, hidden),
+            "o_proj": (hidden, heads * d),
+        }
         weights = {k: fetch(p + k + ".weight", s, matmul=True) for k, s in shapes.items()}
         biases = tuple(_bias(config.attention_bias, fetch, p + k + ".weight", s[0]) for k, s in shapes.items())
         q_norm = Norm.build(config, p + "q_norm.weight", d, fetch) if config.qk_norm else None
         k_norm = Norm.build(config, p + "k_norm.weight", d, fetch) if config.qk_norm else None
         window = config.sliding_window if config.layer_types[layer] == "sliding" else None
-        return cls(layer, *weights.values(), biases, q_norm, k_norm, heads, kv, d, config.attn_output_gate,
-                   window, rope)
+        return cls(
+            layer, *weights.values(), biases, q_norm, k_norm, heads, kv, d, config.attn_output_gate, window, rope
+        )
 
     def __call__(self, h: Tensor, step: Step) -> Tensor:
         B, T, _ = h.shape
@@ -137,7 +142,7 @@ class Attention:
         k_cache, v_cache = step.cache.write_kv(self.layer, step.positions, k, v)
         end = step.kv_end
         start = (end - self.window).clamp(min=0) if self.window else torch.zeros_like(end)
-        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim ** -0.5)
+        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim**-0.5)
         o = o.reshape(B, T, self.heads * self.head_dim)
         if self.gated:
             o = o * sigmoid(gate.reshape(B, T, -1).float()).to(o.dtype)
@@ -172,12 +177,28 @@ class GatedDeltaNet:
         hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
         dk, dv, taps = config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel
         channels = config.linear_conv_dim
-        proj = {"in_proj_qkv": (channels, hidden), "in_proj_z": (hv * dv, hidden), "in_proj_b": (hv, hidden),
-                "in_proj_a": (hv, hidden), "out_proj": (hidden, hv * dv)}
+        proj = {
+            "in_proj_qkv": (channels, hidden),
+            "in_proj_z": (hv * dv, hidden),
+            "in_proj_b": (hv, hidden),
+            "in_proj_a": (hv, hidden),
+            "out_proj": (hidden, hv * dv),
+        }
         weights = [fetch(p + k + ".weight", s, matmul=True) for k, s in proj.items()]
         conv = fetch(p + "conv1d.weight", (channels, 1, taps), fp32=True).reshape(channels, taps)
-        return cls(layer, *weights, conv, fetch(p + "A_log", (hv,), fp32=True), fetch(p + "dt_bias", (hv,), fp32=True),
-                   fetch(p + "norm.weight", (dv,)), hk, hv, dk, dv, config.rms_norm_eps)
+        return cls(
+            layer,
+            *weights,
+            conv,
+            fetch(p + "A_log", (hv,), fp32=True),
+            fetch(p + "dt_bias", (hv,), fp32=True),
+            fetch(p + "norm.weight", (dv,)),
+            hk,
+            hv,
+            dk,
+            dv,
+            config.rms_norm_eps,
+        )
 
     def __call__(self, h: Tensor, step: Step) -> Tensor:
         B, T, _ = h.shape
@@ -191,15 +212,16 @@ class GatedDeltaNet:
         conv_window.copy_(columns[:, T:])
         keys = self.key_heads * self.key_dim
         q = mixed[..., :keys].reshape(B, T, self.key_heads, self.key_dim)
-        k = mixed[..., keys:2 * keys].reshape(B, T, self.key_heads, self.key_dim)
-        v = mixed[..., 2 * keys:].reshape(B, T, self.value_heads, self.value_dim)
+        k = mixed[..., keys : 2 * keys].reshape(B, T, self.key_heads, self.key_dim)
+        v = mixed[..., 2 * keys :].reshape(B, T, self.value_heads, self.value_dim)
         beta = sigmoid(b.float())
         g = -torch.exp(self.A_log) * softplus(a.float() + self.dt_bias)
         if step.verify:
             step.cache.record_gdn(self.layer, columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)
-        o = norm.gated_rms_norm(o.reshape(-1, self.value_dim), z.reshape(-1, self.value_dim), self.norm_weight,
-                                self.eps)
+        o = norm.gated_rms_norm(
+            o.reshape(-1, self.value_dim), z.reshape(-1, self.value_dim), self.norm_weight, self.eps
+        )
         return project(o.reshape(B, T, -1), self.out_proj)
 
 
@@ -208,7 +230,7 @@ def causal_conv(columns: Tensor, weight: Tensor, steps: int) -> Tensor:
     out[:, t] = sum_j weight[:, j] * columns[:, t + j], for columns [B, K-1+T, C], weight [C, K]."""
     out = columns[:, 0:steps].float() * weight[:, 0]
     for j in range(1, weight.shape[1]):
-        out = out + columns[:, j:j + steps].float() * weight[:, j]
+        out = out + columns[:, j : j + steps].float() * weight[:, j]
     return out
 
 
@@ -258,8 +280,14 @@ class MoE:
         if shared_expert:
             shared = MLP.build(config, p + "shared_expert.", config.shared_expert_intermediate_size, fetch)
             shared_gate = fetch(p + "shared_expert_gate.weight", (1, hidden), matmul=True)
-        return cls(fetch(p + "gate.weight", (e, hidden), matmul=True), *experts, config.experts_per_token,
-                   config.norm_topk_prob, shared, shared_gate)
+        return cls(
+            fetch(p + "gate.weight", (e, hidden), matmul=True),
+            *experts,
+            config.experts_per_token,
+            config.norm_topk_prob,
+            shared,
+            shared_gate,
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -306,5 +334,7 @@ def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attentio
 
 def norms(config: ModelConfig, layer: int, fetch: Fetch) -> tuple[Norm, Norm]:
     p, h = f"layers.{layer}.", config.hidden_size
-    return (Norm.build(config, p + "input_layernorm.weight", h, fetch),
-            Norm.build(config, p + "post_attention_layernorm.weight", h, fetch))
+    return (
+        Norm.build(config, p + "input_layernorm.weight", h, fetch),
+        Norm.build(config, p + "post_attention_layernorm.weight", h, fetch),
+    )

@@ -3,7 +3,8 @@
 Row b of every buffer is sequence b of the batch; positions are explicit (a step passes them), so a token at
 position p always sits in KV row p, sliding layers included (their window is where attention starts reading,
 kv_start = p - window + 1, not a ring buffer: a position is never wrapped, rollback never unwraps).
-  - full and sliding attention layers: k, v [batch, context, kv_heads, head_dim] in the model dtype;
+  - full and sliding attention layers: k, v [batch, context, kv_heads, head_dim] in the model dtype (views of
+    one buffer `kv` [2, layers, ...], which commit rewrites in one op);
   - Gated DeltaNet layers: the conv window [batch, K-1, C] (the last K-1 pre-conv projections, model dtype)
     and the recurrent state [batch, Hv, dk, dv] float32, plus a snapshot buffer of the same shape.
 
@@ -37,6 +38,7 @@ T one-token updates in one order, and a replay of a kept prefix recomputes the s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +46,14 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.kernels import gdn
+
+
+def on_device(values: Sequence[int], device: torch.device) -> Tensor:
+    """Host integers as an int64 tensor on `device` without waiting for its stream: torch.tensor(values,
+    device="cuda") synchronises with the stream (a pageable copy); from pinned memory the copy is queued."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
 @dataclass
@@ -67,31 +77,42 @@ class Pending:
 
 
 class Cache:
-    def __init__(self, config: ModelConfig, batch: int, context: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+    def __init__(
+        self, config: ModelConfig, batch: int, context: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
         self.batch, self.context = batch, context
         self.k: dict[int, Tensor] = {}
         self.v: dict[int, Tensor] = {}
         self.conv: dict[int, Tensor] = {}
         self.state: dict[int, Tensor] = {}
         self.snapshot: dict[int, Tensor] = {}
+        attention = [i for i, kind in enumerate(config.layer_types) if kind != "linear"]
+        # every attention layer's K and V are views of one buffer, so that commit zeroes them all in one op
+        self.kv = torch.zeros(
+            2, len(attention), batch, context, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+        )
+        self.slots = {i: j for j, i in enumerate(attention)}
+        for i, j in self.slots.items():
+            self.k[i], self.v[i] = self.kv[0, j], self.kv[1, j]
         for i, kind in enumerate(config.layer_types):
             if kind == "linear":
                 hv, dk, dv = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
-                self.conv[i] = torch.zeros(batch, config.linear_conv_kernel - 1, config.linear_conv_dim, dtype=dtype,
-                                           device=device)
+                self.conv[i] = torch.zeros(
+                    batch, config.linear_conv_kernel - 1, config.linear_conv_dim, dtype=dtype, device=device
+                )
                 self.state[i] = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=device)
                 self.snapshot[i] = torch.zeros_like(self.state[i])
-            else:
-                shape = (batch, context, config.num_kv_heads, config.head_dim)
-                self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
-                self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
         self.pending: Pending | None = None
 
     @property
     def nbytes(self) -> int:
-        buffers = [*self.k.values(), *self.v.values(), *self.conv.values(), *self.state.values(),
-                   *self.snapshot.values()]
+        buffers = [
+            *self.k.values(),
+            *self.v.values(),
+            *self.conv.values(),
+            *self.state.values(),
+            *self.snapshot.values(),
+        ]
         return sum(t.nbytes for t in buffers)
 
     # -------------------------------------------------------------------------------------- used by a step
@@ -108,10 +129,11 @@ class Cache:
         """Store k, v [B, T, kv_heads, head_dim] at their positions; the layer's caches for rows 0..B-1."""
         batch = positions.shape[0]
         rows = torch.arange(batch, device=positions.device)[:, None].expand_as(positions)
-        k_cache, v_cache = self.k[layer][:batch], self.v[layer][:batch]
-        k_cache[rows, positions] = k
-        v_cache[rows, positions] = v
-        return k_cache, v_cache
+        slot = self.slots[layer]
+        # one write into the shared buffer, and views of it taken after (autograd, which tests train drafters
+        # through, refuses in-place writes into views taken before another write to their buffer)
+        self.kv[:, slot, rows, positions] = torch.stack((k, v))
+        return self.kv[0, slot, :batch], self.kv[1, slot, :batch]
 
     def gdn_state(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
         """The conv window and recurrent state of rows 0..batch-1 (views: the step updates them in place);
@@ -121,41 +143,70 @@ class Cache:
             self.snapshot[layer][:batch].copy_(state)
         return self.conv[layer][:batch], state
 
-    def record_gdn(self, layer: int, columns: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor,
-                   beta: Tensor) -> None:
+    def record_gdn(self, layer: int, columns: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> None:
         self.pending.gdn[layer] = GDNInputs(columns, q, k, v, g, beta)
 
     # -------------------------------------------------------------------------------------- after a verify step
 
-    def commit(self, accepted: Tensor) -> None:
-        """Keep the first accepted[b] tokens of the last verify step for each sequence b (0 <= accepted[b] <= T)."""
+    def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
+        """Keep the first accepted[b] tokens of the last verify step for each sequence b (0 <= accepted[b] <= T).
+        `counts`: the same numbers on the host, where the caller has them; else they are read from `accepted`
+        (one host synchronisation), since the Gated DeltaNet replay groups the sequences by them."""
         step = self.pending
         if step is None:
             raise RuntimeError("commit() follows a forward(..., verify=True) step")
         self.pending = None
         batch, steps = step.positions.shape
         accepted = accepted.to(step.positions.device, torch.int64)
-        if accepted.shape != (batch,) or bool(((accepted < 0) | (accepted > steps)).any()):
-            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {accepted.tolist()}")
-        rejected = torch.arange(steps, device=accepted.device)[None, :] >= accepted[:, None]
-        rows = torch.arange(batch, device=accepted.device)[:, None].expand(batch, steps)[rejected]
-        cols = step.positions[rejected]
-        for layer in self.k:
-            self.k[layer][rows, cols] = 0
-            self.v[layer][rows, cols] = 0
-        counts = accepted.tolist()
-        for layer, inputs in step.gdn.items():
-            self._roll_back_gdn(layer, inputs, accepted, counts, steps)
+        if accepted.shape != (batch,):
+            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got a tensor of {list(accepted.shape)}")
+        counts = list(counts) if counts is not None else accepted.tolist()
+        if len(counts) != batch or any(not 0 <= c <= steps for c in counts):
+            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {counts}")
+        if self.k:
+            # every row of the step is rewritten, the kept ones with their own values: shapes that do not depend on
+            # the counts (no boolean index, so no host synchronisation)
+            rows = torch.arange(batch, device=accepted.device)[:, None].expand(batch, steps)
+            kept = torch.arange(steps, device=accepted.device)[None, :] < accepted[:, None]
+            cells = self.kv[:, :, rows, step.positions]
+            self.kv[:, :, rows, step.positions] = torch.where(kept[:, :, None, None], cells, 0)
+        if step.gdn:
+            replays = self._replays(counts, steps, accepted.device)
+            for layer, inputs in step.gdn.items():
+                self._roll_back_gdn(layer, inputs, accepted, replays, steps)
 
-    def _roll_back_gdn(self, layer: int, x: GDNInputs, accepted: Tensor, counts: list[int], steps: int) -> None:
-        batch, taps = len(counts), x.columns.shape[1] - steps
+    @staticmethod
+    def _replays(counts: list[int], steps: int, device: torch.device) -> list[tuple[int, Tensor]]:
+        """(kept count, the rows that kept it) for every count below `steps`, the rows indexed by one tensor that
+        every layer shares (a single copy to the device)."""
+        kept = sorted(set(counts) - {steps})
+        order = [b for k in kept for b, c in enumerate(counts) if c == k]
+        if not order:
+            return []
+        index = on_device(order, device)
+        out, at = [], 0
+        for k in kept:
+            size = counts.count(k)
+            out.append((k, index[at : at + size]))
+            at += size
+        return out
+
+    def _roll_back_gdn(
+        self, layer: int, x: GDNInputs, accepted: Tensor, replays: list[tuple[int, Tensor]], steps: int
+    ) -> None:
+        batch, taps = accepted.shape[0], x.columns.shape[1] - steps
         index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
         self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
         state, snapshot = self.state[layer], self.snapshot[layer]
-        for kept in sorted(set(counts) - {steps}):
-            rows = torch.tensor([b for b, c in enumerate(counts) if c == kept], device=accepted.device)
+        for kept, rows in replays:
             restored = snapshot[rows]
             if kept:
-                gdn.gdn_recurrent(x.q[rows, :kept], x.k[rows, :kept], x.v[rows, :kept], x.g[rows, :kept],
-                                  x.beta[rows, :kept], restored)
+                gdn.gdn_recurrent(
+                    x.q[rows, :kept],
+                    x.k[rows, :kept],
+                    x.v[rows, :kept],
+                    x.g[rows, :kept],
+                    x.beta[rows, :kept],
+                    restored,
+                )
             state[rows] = restored

@@ -4,10 +4,14 @@ Prompts of different lengths share a batch: a prefill chunk gives every sequence
 padded, and commits each sequence's real count (the cache's rollback drops the padding exactly), so every
 sequence ends the prefill in the state of a prefill of its own prompt. Decode steps then run each sequence
 at its own position. With batch-invariant kernels a prompt's tokens are the same bits alone or in a batch.
+
+With `graphs` (the default on CUDA) the decode step is a CUDA graph (runtime/graphs.py), warmed up and captured
+after the prefill, before decoding is timed; the tokens are the same bits either way.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specpair.runtime.graphs import ForwardGraph
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 
@@ -33,6 +38,8 @@ class Timing:
     decode_s: float
     prompt_tokens: int
     generated_tokens: int
+    sequences: int = 1
+    capture_s: float = 0.0  # warming up and capturing the decode graph: once per call, in neither figure
 
     @property
     def tokens_per_s(self) -> float:
@@ -42,22 +49,31 @@ class Timing:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first per second of decoding."""
-        return (self.generated_tokens - 1) / self.decode_s if self.decode_s else None
+        """Tokens after each sequence's first (which the prefill yields) per second of decoding."""
+        return (self.generated_tokens - self.sequences) / self.decode_s if self.decode_s else None
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
         return self.prompt_tokens / self.prefill_s if self.prefill_s else None
 
 
-def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: int, sampling: Sampling,
-             stop_ids: Sequence[int] = (), *, chunk: int = PREFILL_CHUNK,
-             on_token: Callable[[int, int], None] | None = None) -> tuple[list[Generated], Timing]:
+def generate(
+    model: Transformer,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    sampling: Sampling,
+    stop_ids: Sequence[int] = (),
+    *,
+    chunk: int = PREFILL_CHUNK,
+    on_token: Callable[[int, int], None] | None = None,
+    graphs: bool | None = None,
+) -> tuple[list[Generated], Timing]:
     """Up to `max_tokens` new tokens per prompt (each prompt at least one token); `on_token(row, id)` sees each
-    token as it is chosen."""
+    token as it is chosen. `graphs`: decode through a ForwardGraph (default: on CUDA)."""
     if max_tokens < 1 or not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs max_tokens >= 1 and non-empty prompts")
     device, batch = model.device, len(prompts)
+    graphs = device.type == "cuda" if graphs is None else graphs
     lengths = [len(p) for p in prompts]
     cache = model.new_cache(batch, max(lengths) + max_tokens)
     stops = set(stop_ids)
@@ -67,6 +83,14 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: i
     token = sampling.choose(model.head(last), positions)
     _sync(device)
     prefill_s = time.perf_counter() - start
+    decode = functools.partial(model.forward, cache=cache)
+    capture_s = 0.0
+    if graphs and max_tokens > 1:
+        start = time.perf_counter()
+        decode = ForwardGraph(model, cache, batch, 1)
+        decode.prepare(token[:, None], positions[:, None])
+        _sync(device)
+        capture_s = time.perf_counter() - start
     out = [Generated([], False) for _ in prompts]
     start = time.perf_counter()
     for step in range(max_tokens):
@@ -79,12 +103,12 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_tokens: i
                     on_token(b, t)
         if step == max_tokens - 1 or all(g.stopped for g in out):
             break
-        logits = model.forward(token[:, None], positions[:, None], cache).logits[:, 0]
+        logits = decode(token[:, None], positions[:, None]).logits[:, 0]
         token = sampling.choose(logits, positions + 1)
         positions = positions + 1
     _sync(device)
     decode_s = time.perf_counter() - start
-    return out, Timing(prefill_s, decode_s, sum(lengths), sum(len(g.tokens) for g in out))
+    return out, Timing(prefill_s, decode_s, sum(lengths), sum(len(g.tokens) for g in out), batch, capture_s)
 
 
 def prefill(model: Transformer, cache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> Tensor:
@@ -101,10 +125,16 @@ def prefill(model: Transformer, cache, prompts: Sequence[Sequence[int]], chunk: 
         tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
         positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
         padded = any(k < steps for k in kept)
-        out = model.forward(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), cache,
-                            hidden=True, logits=False, verify=padded)
+        out = model.forward(
+            torch.tensor(tokens, device=device),
+            torch.tensor(positions, device=device),
+            cache,
+            hidden=True,
+            logits=False,
+            verify=padded,
+        )
         if padded:
-            cache.commit(torch.tensor(kept, device=device))
+            cache.commit(torch.tensor(kept, device=device), kept)
         for b, k in enumerate(kept):
             if k and done[b] + k == lengths[b]:
                 last[b] = out.hidden[b, k - 1]

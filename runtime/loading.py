@@ -52,9 +52,25 @@ class LoadPlan:
     def resident_bytes(self) -> int:
         return sum(self.resident.values())
 
+    def weights_read(self, tokens: int) -> float:
+        """Bytes of weights a step over `tokens` tokens (a decode step of that many sequences) reads: each weight
+        once, but the embedding table (a row per token, unless the head reads it whole: tied embeddings) and the
+        routed experts (the share the tokens touch, expected under uniform routing: 1 - (1 - k/E)^tokens)."""
+        config = self.model.config
+        total = 0.0
+        for name, nbytes in self.resident.items():
+            if name == "embed_tokens.weight" and not config.tie_word_embeddings:
+                total += nbytes * min(tokens, config.vocab_size) / config.vocab_size
+            elif ".mlp.experts." in name:
+                total += nbytes * (1 - (1 - config.experts_per_token / config.num_experts) ** tokens)
+            else:
+                total += nbytes
+        return total
 
-def plan_load(model: Model, device: str | torch.device, dtype: torch.dtype | None = None,
-              packed: bool | None = None) -> LoadPlan:
+
+def plan_load(
+    model: Model, device: str | torch.device, dtype: torch.dtype | None = None, packed: bool | None = None
+) -> LoadPlan:
     """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
     dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default."""
     device = torch.device(device)
@@ -67,22 +83,31 @@ def plan_load(model: Model, device: str | torch.device, dtype: torch.dtype | Non
         if name not in model.maps:
             raise BadInput(model.ref, f"has no weight {name!r}, which a {config.family} model needs")
         if tuple(model.shape(name)) != tuple(shape):
-            raise BadInput(model.ref, f"weight {name!r} is {list(model.shape(name))}, where its config makes it "
-                                      f"{list(shape)}")
+            raise BadInput(
+                model.ref, f"weight {name!r} is {list(model.shape(name))}, where its config makes it {list(shape)}"
+            )
         needs[name] = Need(tuple(shape), matmul, fp32)
         return torch.empty(shape, device="meta")
 
     Transformer.build(config, FAMILIES[config.family].decoder_layer, record, dtype, torch.device("meta"))
-    unused = [n for n in model.names if n not in needs and not n.startswith(UNUSED)
-              and not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    unused = [
+        n
+        for n in model.names
+        if n not in needs and not n.startswith(UNUSED) and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    ]
     if unused:
-        raise BadInput(model.ref, f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
-                                  + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""))
+        raise BadInput(
+            model.ref,
+            f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
+            + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""),
+        )
     kept = frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n)))
     sources = {s for name in needs for s in model.maps[name].sources}  # a fused source feeds two weights
     stored = sum(part.nbytes for s in sources for part in model.weights[s].parts.values())
-    resident = {n: _stored_bytes(model, n) if n in kept else
-                math.prod(need.shape) * (4 if need.fp32 else dtype.itemsize) for n, need in needs.items()}
+    resident = {
+        n: _stored_bytes(model, n) if n in kept else math.prod(need.shape) * (4 if need.fp32 else dtype.itemsize)
+        for n, need in needs.items()
+    }
     return LoadPlan(model, needs, kept, dtype, device, stored, resident)
 
 
@@ -99,8 +124,9 @@ def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Trans
     """Stream the planned weights onto the device and build the model; `progress` gets stored bytes as read."""
     model, config = plan.model, plan.model.config
     loaded: dict[str, torch.Tensor] = {}
-    for name, value in model.stream(plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32,
-                                    device=plan.device, progress=progress):
+    for name, value in model.stream(
+        plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32, device=plan.device, progress=progress
+    ):
         if isinstance(value, Packed):
             loaded[name] = linear.to_kernel_layout(value)
         else:
@@ -116,19 +142,25 @@ def supported(model: Model) -> ModelConfig:
     """The model's config, when the runtime runs its family, layer types, rope and activation."""
     config = model.config
     if config.drafter is not None:
-        raise BadInput(model.ref, f"is a {config.drafter.kind} drafter, not a target model: `specpair run` takes "
-                                  "the target")
+        raise BadInput(
+            model.ref, f"is a {config.drafter.kind} drafter, not a target model: `specpair run` takes the target"
+        )
     family = FAMILIES.get(config.family)
     if family is None:
-        raise BadInput(model.ref, f"family {config.family!r} has no runtime model (runtime/models: "
-                                  f"{', '.join(FAMILIES)})")
+        raise BadInput(
+            model.ref, f"family {config.family!r} has no runtime model (runtime/models: {', '.join(FAMILIES)})"
+        )
     odd = sorted(set(config.layer_types) - set(family.layer_types))
     if odd:
-        raise BadInput(model.ref, f"has {', '.join(odd)} layers, which the {config.family} runtime does not build "
-                                  f"(it builds {', '.join(family.layer_types)})")
+        raise BadInput(
+            model.ref,
+            f"has {', '.join(odd)} layers, which the {config.family} runtime does not build "
+            f"(it builds {', '.join(family.layer_types)})",
+        )
     if rope_type(config) not in ROPE_TYPES:
-        raise BadInput(model.ref, f"rope type {rope_type(config)!r} is not one the runtime computes "
-                                  f"({', '.join(ROPE_TYPES)})")
+        raise BadInput(
+            model.ref, f"rope type {rope_type(config)!r} is not one the runtime computes ({', '.join(ROPE_TYPES)})"
+        )
     if config.hidden_act not in ACTIVATIONS:
         raise BadInput(model.ref, f"hidden_act {config.hidden_act!r} is not one the runtime computes (silu)")
     return config

@@ -43,14 +43,29 @@ class StepOutput:
 
 
 class Transformer:
-    def __init__(self, config: ModelConfig, embed_tokens: Tensor, layers: list[DecoderLayer], norm: Norm,
-                 lm_head: Weight, rope: Rope, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed_tokens: Tensor,
+        layers: list[DecoderLayer],
+        norm: Norm,
+        lm_head: Weight,
+        rope: Rope,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.config, self.embed_tokens, self.layers, self.norm = config, embed_tokens, layers, norm
         self.lm_head, self.rope, self.dtype, self.device = lm_head, rope, dtype, device
 
     @classmethod
-    def build(cls, config: ModelConfig, decoder_layer: Callable[..., DecoderLayer], fetch: Fetch, dtype: torch.dtype,
-              device: torch.device) -> Transformer:
+    def build(
+        cls,
+        config: ModelConfig,
+        decoder_layer: Callable[..., DecoderLayer],
+        fetch: Fetch,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> Transformer:
         """The model from `fetch` (blocks.py), with `decoder_layer(config, i, fetch, rope)` from a family file."""
         rope = Rope(config, device)
         shape = (config.vocab_size, config.hidden_size)
@@ -71,8 +86,17 @@ class Transformer:
         """Final normed hidden [..., H] -> logits [..., V]."""
         return project(hidden, self.lm_head)
 
-    def forward(self, tokens: Tensor, positions: Tensor, cache: Cache, *, taps: Sequence[int] = (),
-                hidden: bool = False, logits: bool = True, verify: bool = False) -> StepOutput:
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: Cache,
+        *,
+        taps: Sequence[int] = (),
+        hidden: bool = False,
+        logits: bool = True,
+        verify: bool = False,
+    ) -> StepOutput:
         if tokens.shape != positions.shape or tokens.ndim != 2:
             raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, T]")
         wanted = {k: None for k in taps}
@@ -87,6 +111,8 @@ class Transformer:
             if i in wanted:
                 wanted[i] = h
         normed = self.norm(h)
-        return StepOutput(self.head(normed) if logits else None,
-                          torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,
-                          normed if hidden else None)
+        return StepOutput(
+            self.head(normed) if logits else None,
+            torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,
+            normed if hidden else None,
+        )

@@ -29,7 +29,7 @@ def inverse_frequencies(config: ModelConfig) -> tuple[Tensor, float]:
     params = config.rope_scaling or {}
     kind = rope_type(config)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (base ** exponents)
+    inv_freq = 1.0 / (base**exponents)
     if kind == "default":
         return inv_freq, 1.0
     if kind == "linear":
@@ -52,8 +52,9 @@ def _llama3(inv_freq: Tensor, params: dict) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn(inv_freq: Tensor, exponents: Tensor, dim: int, base: float, params: dict,
-          max_positions: int | None) -> tuple[Tensor, float]:
+def _yarn(
+    inv_freq: Tensor, exponents: Tensor, dim: int, base: float, params: dict, max_positions: int | None
+) -> tuple[Tensor, float]:
     original = params["original_max_position_embeddings"]
     factor = params.get("factor") or max_positions / original
 
@@ -77,7 +78,7 @@ def _yarn(inv_freq: Tensor, exponents: Tensor, dim: int, base: float, params: di
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
-    positional = base ** exponents
+    positional = base**exponents
     interpolated = 1.0 / (factor * positional)
     return interpolated * (1 - extrapolation) + (1.0 / positional) * extrapolation, float(attention)
 
@@ -98,7 +99,7 @@ class Rope:
 
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """x [B, T, heads, head_dim] with its first rotary_dim dims rotated (in float32, cast back)."""
-        turned, passed = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]
+        turned, passed = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
         half = self.rotary_dim // 2
         rotated = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
         out = (turned * cos + rotated * sin).to(x.dtype)

@@ -63,14 +63,13 @@ def gumbel(seed: int, stream: int, positions: Tensor, width: int) -> Tensor:
 def uniform(seed: int, stream: int, positions: Tensor, ids: Tensor) -> Tensor:
     """Uniform (0, 1) float32 values keyed by (seed, stream, position, id), broadcast as positions[..., None]
     against ids: 24 bits of a 32-bit hash (murmur3's finalizer, chained)."""
-    key = _mix32(torch.tensor((seed ^ (seed >> 32) ^ (stream * 0x9E3779B9)) & _MASK32, dtype=torch.int64,
-                              device=positions.device))
+    key = _mix32((seed ^ (seed >> 32) ^ (stream * 0x9E3779B9)) & _MASK32)  # a Python int: nothing copied to the device
     h = _mix32(key ^ (positions.to(torch.int64)[..., None] & _MASK32))
     h = _mix32(h ^ (ids.to(torch.int64) & _MASK32))
     return ((h >> 8).float() + 0.5) / float(1 << 24)
 
 
-def _mix32(x: Tensor) -> Tensor:
+def _mix32(x: Tensor | int) -> Tensor | int:
     x = x ^ (x >> 16)
     x = _mul32(x, 0x85EBCA6B)
     x = x ^ (x >> 13)
@@ -78,7 +77,7 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
+def _mul32(x: Tensor | int, c: int) -> Tensor | int:
     """x * c mod 2^32 for x < 2^32 in int64 without overflow: the constant in 16-bit halves."""
     low = x * (c & 0xFFFF)
     high = ((x * (c >> 16)) & 0xFFFF) << 16

@@ -17,10 +17,17 @@ verify block (the kernels are batch-invariant), and the token it yields is its a
 is the one the undrafted loop (runtime/generate.py) emits at that position, greedy or seeded, whatever the
 drafter proposed. `rule="rejection"` is Leviathan's rule with the drafter's q: lossless in distribution, but not
 the undrafted run's draws.
+
+Speed. With `graphs` (the default on CUDA) the verify step is a CUDA graph (runtime/graphs.py) and each drafter
+captures its fixed-shape steps (`start(batch, context, graphs)`), all warmed up and captured before the first
+round, untimed. A round reads the device once: the accepted counts, the tokens after them and the drafts, in one
+copy, which the host needs to emit tokens and `cache.commit` to replay Gated DeltaNet state; its draft and verify
+phases are timed by CUDA events, read at the end.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +36,10 @@ import torch
 from torch import Tensor
 
 from specpair.runtime import acceptance
+from specpair.runtime.cache import on_device
 from specpair.runtime.drafters import Committed, Drafter, Drafting
 from specpair.runtime.generate import PREFILL_CHUNK
+from specpair.runtime.graphs import ForwardGraph
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
 
@@ -58,6 +67,7 @@ class SpeculativeTiming:
     prefill_s: float = 0.0
     draft_s: float = 0.0  # propose and observe
     verify_s: float = 0.0  # the target's verify steps and the rule
+    capture_s: float = 0.0  # warming up and capturing the graphs: once per call, in no other figure
     rounds: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -74,11 +84,22 @@ def acceptance_by_position(results: Sequence[Drafted], drafts: int) -> list[floa
     return [sum(a >= i for a in rounds) / len(rounds) if rounds else 0.0 for i in range(1, drafts + 1)]
 
 
-def speculative_generate(target: Transformer, drafter: Drafter, prompts: Sequence[Sequence[int]], max_tokens: int,
-                         sampling: Sampling, stop_ids: Sequence[int] = (), *, block_size: int | None = None,
-                         rule: str = "exact", chunk: int = PREFILL_CHUNK,
-                         on_token: Callable[[int, int], None] | None = None) -> tuple[list[Drafted], SpeculativeTiming]:
-    """Up to `max_tokens` new tokens per prompt, `block_size` (default: the drafter's) tokens verified a round."""
+def speculative_generate(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    sampling: Sampling,
+    stop_ids: Sequence[int] = (),
+    *,
+    block_size: int | None = None,
+    rule: str = "exact",
+    chunk: int = PREFILL_CHUNK,
+    on_token: Callable[[int, int], None] | None = None,
+    graphs: bool | None = None,
+) -> tuple[list[Drafted], SpeculativeTiming]:
+    """Up to `max_tokens` new tokens per prompt, `block_size` (default: the drafter's) tokens verified a round.
+    `graphs`: the verify step and the drafter's fixed-shape steps as CUDA graphs (default: on CUDA)."""
     if max_tokens < 1 or not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("speculative_generate needs max_tokens >= 1 and non-empty prompts")
     if rule not in RULES:
@@ -87,80 +108,138 @@ def speculative_generate(target: Transformer, drafter: Drafter, prompts: Sequenc
     if block < 1:
         raise ValueError(f"block size {block} verifies no token")
     drafts, device, batch = block - 1, target.device, len(prompts)
+    graphs = device.type == "cuda" if graphs is None else graphs
     lengths = [len(p) for p in prompts]
     context = max(lengths) + max_tokens + block
     cache = target.new_cache(batch, context)
-    drafter.start(batch, context)
-    drafting = Drafting(sampling, drafter.samples and not sampling.greedy,
-                        TOKEN_STREAM if rule == "exact" else DRAFT_STREAM)
+    drafter.start(batch, context, graphs)
+    drafting = Drafting(
+        sampling, drafter.samples and not sampling.greedy, TOKEN_STREAM if rule == "exact" else DRAFT_STREAM
+    )
     timing = SpeculativeTiming(prompt_tokens=sum(lengths))
     stops = set(stop_ids)
     results = [Drafted() for _ in prompts]
 
     start = time.perf_counter()
     _prefill(target, drafter, cache, prompts, chunk)
+    _sync(device)
     timing.prefill_s = time.perf_counter() - start
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     offsets = torch.arange(block, device=device)
-    while not all(r.finished for r in results):
+    verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+    if graphs:
         start = time.perf_counter()
+        verify = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
+        _sync(device)
+        timing.capture_s = time.perf_counter() - start
+    clock = _Clock(device)
+    while not all(r.finished for r in results):
+        clock.mark("draft")
         if drafts:
             proposal = drafter.propose(anchors, positions, drafts, drafting)
             proposed = proposal.tokens
         else:
             proposal, proposed = None, anchors[:, None][:, :0]
-        _sync(device)
-        timing.draft_s += time.perf_counter() - start
 
-        start = time.perf_counter()
+        clock.mark("verify")
         tokens = torch.cat((anchors[:, None], proposed), dim=1)
         rows = positions[:, None] + offsets
-        out = target.forward(tokens, rows, cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+        out = verify(tokens, rows)
         accepted, following = _verify(out.logits, proposed, proposal, rows, sampling, rule)
-        counts, nexts = accepted.tolist(), following.tolist()
+        read = torch.cat((accepted[:, None], following[:, None], proposed), dim=1).tolist()  # the round's one read
         kept = []
         for b, r in enumerate(results):
             if r.finished:
                 kept.append(0)
                 continue
-            emitted = proposed[b, :counts[b]].tolist() + [nexts[b]]
+            count, after_drafts = read[b][0], read[b][1]
+            emitted = read[b][2 : 2 + count] + [after_drafts]
             room = max_tokens - len(r.tokens)
             taken = emitted[:room]
             for i, t in enumerate(taken):
                 if t in stops:
-                    taken = taken[:i + 1]
+                    taken = taken[: i + 1]
                     break
             r.tokens += taken
             if on_token:
                 for t in taken:
                     on_token(b, t)
-            r.accepted.append(counts[b])
+            r.accepted.append(count)
             r.committed.append(len(taken))
             r.stopped = taken[-1] in stops
             r.finished = r.stopped or len(r.tokens) >= max_tokens
-            kept.append(counts[b] + 1)
-        kept_t = torch.tensor(kept, device=device)
-        cache.commit(kept_t)
-        _sync(device)
-        timing.verify_s += time.perf_counter() - start
+            kept.append(count + 1)
+        kept_t = on_device(kept, device)
+        cache.commit(kept_t, kept)
         timing.rounds += 1
 
-        start = time.perf_counter()
+        clock.mark("draft")
         after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
         after[torch.arange(batch, device=device), accepted] = following
         drafter.observe(Committed(tokens, rows, after, kept_t, out.taps, out.hidden))
-        live = torch.tensor([not r.finished for r in results], device=device)  # the finished keep their place
+        live = on_device([not r.finished for r in results], device).bool()  # the finished keep their place
         anchors = torch.where(live, following, anchors)
         positions = torch.where(live, positions + kept_t, positions)
-        _sync(device)
-        timing.draft_s += time.perf_counter() - start
+    clock.mark("end")
+    spent = clock.totals()
+    timing.draft_s, timing.verify_s = spent.get("draft", 0.0), spent.get("verify", 0.0)
     timing.generated_tokens = sum(len(r.tokens) for r in results)
     return results, timing
 
 
-def _verify(logits: Tensor, proposed: Tensor, proposal, rows: Tensor, sampling: Sampling,
-            rule: str) -> tuple[Tensor, Tensor]:
+def _warm_up_graphs(
+    target: Transformer, drafter: Drafter, cache, anchors: Tensor, positions: Tensor, block: int, drafting: Drafting
+) -> ForwardGraph:
+    """Before the first round, untimed: the target's verify step captured (its warm-up run at the first round's
+    positions is rolled back to nothing), and the drafter's graphs, which it builds at the second call of each
+    fixed-shape step, warmed up and captured by two proposals and two observations of a step that kept nothing.
+    Neither leaves history behind: a proposal writes its cache only at positions from the anchor on, which the
+    next round's proposal rewrites before reading (each drafter's cache hygiene), and a step that kept nothing
+    commits nothing (drafters/__init__.py)."""
+    batch = anchors.shape[0]
+    if block > 1:
+        for _ in range(2):
+            drafter.propose(anchors, positions, block - 1, drafting)
+    rows = positions[:, None] + torch.arange(block, device=anchors.device)
+    tokens = anchors[:, None].expand(batch, block).contiguous()
+    verify = ForwardGraph(target, cache, batch, block, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+    out = verify.prepare(tokens, rows)
+    nothing = torch.zeros(batch, dtype=torch.int64, device=anchors.device)
+    for _ in range(2):
+        drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
+    return verify
+
+
+class _Clock:
+    """Wall time per phase of the loop, summed: on CUDA from events recorded on the stream and read once at the
+    end (timing adds no host synchronisation to a round), on the CPU from perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, phase: str) -> None:
+        """The phase that starts now (and ends at the next mark)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((phase, event))
+        else:
+            self.marks.append((phase, time.perf_counter()))
+
+    def totals(self) -> dict[str, float]:
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        spent: dict[str, float] = {}
+        for (phase, begin), (_, end) in zip(self.marks, self.marks[1:]):
+            spent[phase] = spent.get(phase, 0.0) + (begin.elapsed_time(end) / 1e3 if self.cuda else end - begin)
+        return spent
+
+
+def _verify(
+    logits: Tensor, proposed: Tensor, proposal, rows: Tensor, sampling: Sampling, rule: str
+) -> tuple[Tensor, Tensor]:
     """(accepted [B], the token after them [B]) for the verify rows' logits [B, k+1, V]."""
     if sampling.greedy or rule == "exact":
         return acceptance.by_choice(proposed, sampling.choose(logits, rows + 1))
@@ -188,13 +267,15 @@ def _prefill(target: Transformer, drafter: Drafter, cache, prompts: Sequence[Seq
         positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
         padded = any(k < steps for k in kept)
         tokens_t, positions_t = torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
-        out = target.forward(tokens_t, positions_t, cache, taps=drafter.taps, hidden=drafter.hidden, logits=False,
-                             verify=padded)
+        out = target.forward(
+            tokens_t, positions_t, cache, taps=drafter.taps, hidden=drafter.hidden, logits=False, verify=padded
+        )
         kept_t = torch.tensor(kept, device=device)
         if padded:
-            cache.commit(kept_t)
-        drafter.observe(Committed(tokens_t, positions_t, torch.tensor(following, device=device), kept_t,
-                                  out.taps, out.hidden))
+            cache.commit(kept_t, kept)
+        drafter.observe(
+            Committed(tokens_t, positions_t, torch.tensor(following, device=device), kept_t, out.taps, out.hidden)
+        )
         done = [d + k for d, k in zip(done, kept)]
 
 

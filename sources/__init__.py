@@ -66,8 +66,9 @@ def open_checkpoint(ref: str, gguf_file: str | None = None, offline: bool | None
     return hub.open_repo(repo, revision or None, ref, gguf_file, offline)
 
 
-def read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | None = None,
-                    revision: str | None = None) -> Checkpoint:
+def read_checkpoint(
+    files: RepoFiles, ref: str, source: str, gguf_file: str | None = None, revision: str | None = None
+) -> Checkpoint:
     """Build the Checkpoint of one HF-layout or GGUF checkpoint from its files."""
     with _collection_paused():
         return _read_checkpoint(files, ref, source, gguf_file, revision)
@@ -86,8 +87,9 @@ def _collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | None,
-                     revision: str | None) -> Checkpoint:
+def _read_checkpoint(
+    files: RepoFiles, ref: str, source: str, gguf_file: str | None, revision: str | None
+) -> Checkpoint:
     entries = files.list()
     names = {e.path for e in entries}
     ggufs = sorted(n for n in names if n.endswith(".gguf"))
@@ -99,7 +101,9 @@ def _read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | N
         if len(ggufs) == 1:
             return gguf_builder.build(files.gguf_header(ggufs[0]), ref, source, revision)
         if ggufs:
-            raise BadInput(files.where, f"holds {len(ggufs)} GGUF files; choose one with --gguf-file ({', '.join(ggufs[:6])})")
+            raise BadInput(
+                files.where, f"holds {len(ggufs)} GGUF files; choose one with --gguf-file ({', '.join(ggufs[:6])})"
+            )
         raise BadInput(files.where, "no config.json and no GGUF file")
     meta = hf_builder.HFMetadata(
         config=read_json(files, "config.json", required=True),
@@ -112,8 +116,11 @@ def _read_checkpoint(files: RepoFiles, ref: str, source: str, gguf_file: str | N
     if raw_tokenizer is not None:
         template = files.read("chat_template.jinja", MAX_CONFIG_BYTES) if "chat_template.jinja" in names else None
         meta.tokenizer = from_tokenizer_json(
-            raw_tokenizer, f"{files.where}/tokenizer.json", read_json(files, "tokenizer_config.json"),
-            meta.generation_config, template.decode("utf-8", "replace") if template is not None else None,
+            raw_tokenizer,
+            f"{files.where}/tokenizer.json",
+            read_json(files, "tokenizer_config.json"),
+            meta.generation_config,
+            template.decode("utf-8", "replace") if template is not None else None,
         )
     shards, index = _safetensors_shards(files, names)
     meta.tensors = files.safetensors_table(shards) if shards else None
@@ -160,14 +167,17 @@ def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], t
         return shards, None
     series = {(m["stem"], m["n"]) for m in map(SHARD_NAME.match, shards) if m}
     if len(series) == 1 and all(SHARD_NAME.match(n) for n in shards):
-        (stem, total), = series
+        ((stem, total),) = series
         expected = [f"{stem}-{k:05d}-of-{total}.safetensors" for k in range(1, int(total) + 1)]
         missing = [n for n in expected if n not in names]
         if not missing and len(shards) == len(expected):
             return shards, None
         if missing and len(missing) < len(expected):
-            raise BadInput(files.where, f"holds {len(expected) - len(missing)} of the {len(expected)} shards of "
-                                        f"{stem}-*-of-{total}.safetensors: {missing[0]} is missing (an interrupted download?)")
+            raise BadInput(
+                files.where,
+                f"holds {len(expected) - len(missing)} of the {len(expected)} shards of "
+                f"{stem}-*-of-{total}.safetensors: {missing[0]} is missing (an interrupted download?)",
+            )
     where = f"{files.where}/{index}"
     weight_map = read_json(files, index, required=True).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -175,7 +185,9 @@ def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], t
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         if shard.startswith("/") or "\\" in shard or any(part in ("", ".", "..") for part in shard.split("/")):
-            raise BadInput(where, f"names shard {shard!r}, which is not a plain relative path inside the checkpoint: refused")
+            raise BadInput(
+                where, f"names shard {shard!r}, which is not a plain relative path inside the checkpoint: refused"
+            )
     missing = [shard for shard in shards if shard not in names]
     if missing and len(missing) == len(shards):
         return [], None  # a metadata-only copy (specpair download --metadata-only): judged from its config
@@ -192,8 +204,11 @@ def _refuse_case_collisions(where: str, shards: list[str]) -> None:
     for shard in shards:
         other = seen.setdefault(shard.lower(), shard)
         if other != shard:
-            raise BadInput(where, f"names shards {other!r} and {shard!r}, which differ only in case: refused "
-                                  "(they are one file on case-insensitive file systems)")
+            raise BadInput(
+                where,
+                f"names shards {other!r} and {shard!r}, which differ only in case: refused "
+                "(they are one file on case-insensitive file systems)",
+            )
 
 
 def _check_index(where: str, weight_map: dict[str, str], tensors: TensorTable) -> None:

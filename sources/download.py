@@ -114,7 +114,7 @@ class Destination:
         if self.layout == "hf-cache":  # huggingface_hub's own lock: an hf_hub_download of the same blob waits too
             cache, folder = os.path.split(self.storage)
             return os.path.join(cache, ".locks", folder, f"{f.etag}.lock")
-        return self.partial_path(f)[:-len(PARTIAL_SUFFIX)] + ".lock"
+        return self.partial_path(f)[: -len(PARTIAL_SUFFIX)] + ".lock"
 
 
 @dataclass
@@ -174,9 +174,16 @@ class RepoResult:
     def locked(self) -> LockedRepo:
         p = self.plan
         return LockedRepo(
-            repo=p.repo, role=p.role, revision=p.revision, commit=p.commit, endpoint=p.settings.endpoint,
-            layout=p.destination.layout, directory=p.destination.directory, include=p.include,
-            exclude=p.exclude, metadata_only=p.metadata_only,
+            repo=p.repo,
+            role=p.role,
+            revision=p.revision,
+            commit=p.commit,
+            endpoint=p.settings.endpoint,
+            layout=p.destination.layout,
+            directory=p.destination.directory,
+            include=p.include,
+            exclude=p.exclude,
+            metadata_only=p.metadata_only,
             files=[LockedFile(f.path, f.size, f.sha256) for f in self.files],
         )
 
@@ -188,27 +195,40 @@ class _Run:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def plan(refs: list[str], revision: str | None, include: list[str], exclude: list[str], local_dir: str | None,
-         metadata_only: bool, require_sha: bool, on_resolved: Callable[[RepoPlan], None]) -> list[RepoPlan]:
+def plan(
+    refs: list[str],
+    revision: str | None,
+    include: list[str],
+    exclude: list[str],
+    local_dir: str | None,
+    metadata_only: bool,
+    require_sha: bool,
+    on_resolved: Callable[[RepoPlan], None],
+) -> list[RepoPlan]:
     """Resolve each repo at its own revision and list the files to fetch; nothing is downloaded."""
     if not 1 <= len(refs) <= 2:
         raise BadInput("specpair download", "give one repo, or two: the target, then its drafter")
     if revision is not None and len(refs) == 2:
-        raise BadInput("--revision", "applies to a single repo; a pair is never fetched at one revision: "
-                                     "pin each repo as REPO@REV")
+        raise BadInput(
+            "--revision", "applies to a single repo; a pair is never fetched at one revision: pin each repo as REPO@REV"
+        )
     asked = [_parse_ref(ref, revision) for ref in refs]
     settings = settings_from_env(None)
     if settings.offline:
-        raise BadInput("HF_HUB_OFFLINE", "is set, and downloading needs the Hub "
-                                         "(`specpair verify` checks files downloaded before)")
+        raise BadInput(
+            "HF_HUB_OFFLINE", "is set, and downloading needs the Hub (`specpair verify` checks files downloaded before)"
+        )
     local_dirs = _local_dirs([repo for repo, _ in asked], local_dir)
     plans = []
     for role, (repo, rev), directory in zip(ROLES, asked, local_dirs):
         found = _resolve(repo, rev, role, directory, settings, include, exclude, metadata_only)
         if require_sha and found.moving:
-            raise BadInput(found.where, f"{rev or 'main'!r} is a branch or tag, now at commit {found.commit}: "
-                                        f"pin it as {repo}@{found.commit}, or pass --no-require-sha to lock "
-                                        "the commit it points to now")
+            raise BadInput(
+                found.where,
+                f"{rev or 'main'!r} is a branch or tag, now at commit {found.commit}: "
+                f"pin it as {repo}@{found.commit}, or pass --no-require-sha to lock "
+                "the commit it points to now",
+            )
         on_resolved(found)
         plans.append(found)
     return plans
@@ -237,8 +257,11 @@ def disk_needs(plans: list[RepoPlan], states: list[list[FileState]]) -> list[Dis
         needed = sum(s.file.size - s.partial for s in plan_states if not s.present)
         device = os.stat(existing).st_dev
         before = needs.get(device)
-        needs[device] = DiskNeed(before.directory if before else root, needed + (before.needed if before else 0),
-                                 shutil.disk_usage(existing).free)
+        needs[device] = DiskNeed(
+            before.directory if before else root,
+            needed + (before.needed if before else 0),
+            shutil.disk_usage(existing).free,
+        )
     return list(needs.values())
 
 
@@ -246,9 +269,12 @@ def check_space(needs: list[DiskNeed]) -> None:
     """Refuse before the first byte when the files will not fit."""
     for need in needs:
         if need.needed > need.free:
-            raise BadInput(need.directory, f"not enough free disk space: the download needs {human_size(need.needed)} "
-                                           f"more and its filesystem has {human_size(need.free)} free (free some "
-                                           "space, or choose another HF_HUB_CACHE or --local-dir)")
+            raise BadInput(
+                need.directory,
+                f"not enough free disk space: the download needs {human_size(need.needed)} "
+                f"more and its filesystem has {human_size(need.free)} free (free some "
+                "space, or choose another HF_HUB_CACHE or --local-dir)",
+            )
 
 
 def create_destinations(plans: list[RepoPlan]) -> None:
@@ -260,8 +286,7 @@ def create_destinations(plans: list[RepoPlan]) -> None:
             raise BadInput(p.destination.directory, f"cannot create the download directory ({e.strerror})") from None
 
 
-def fetch(plans: list[RepoPlan], states: list[list[FileState]],
-          on_bytes: Callable[[int], None]) -> list[RepoResult]:
+def fetch(plans: list[RepoPlan], states: list[list[FileState]], on_bytes: Callable[[int], None]) -> list[RepoResult]:
     """Download, verify and place every file; the first failure (in file order) is raised once all have ended."""
     run = _Run(read_timeout=_read_timeout(), on_bytes=on_bytes)
     jobs = [(p, s) for p, plan_states in zip(plans, states) for s in plan_states]
@@ -309,13 +334,24 @@ def _local_dirs(repos: list[str], local_dir: str | None) -> list[str | None]:
         return [root]
     names = [repo.split("/")[1] for repo in repos]
     if names[0] == names[1]:
-        raise BadInput("--local-dir", f"both repos would be written to {os.path.join(root, names[0])}: "
-                                      "download them one at a time, each with its own --local-dir")
+        raise BadInput(
+            "--local-dir",
+            f"both repos would be written to {os.path.join(root, names[0])}: "
+            "download them one at a time, each with its own --local-dir",
+        )
     return [os.path.join(root, name) for name in names]
 
 
-def _resolve(repo: str, revision: str | None, role: str, local_dir: str | None, settings: HubSettings,
-             include: list[str], exclude: list[str], metadata_only: bool) -> RepoPlan:
+def _resolve(
+    repo: str,
+    revision: str | None,
+    role: str,
+    local_dir: str | None,
+    settings: HubSettings,
+    include: list[str],
+    exclude: list[str],
+    metadata_only: bool,
+) -> RepoPlan:
     from huggingface_hub.utils import filter_repo_objects
 
     where = f"{repo}@{revision}" if revision else repo
@@ -323,8 +359,11 @@ def _resolve(repo: str, revision: str | None, role: str, local_dir: str | None, 
         hub_files = HubFiles.resolve(repo, revision, settings)
     except Unreachable as e:
         raise DownloadFailed(where, f"the Hub at {settings.endpoint} could not be reached ({e})") from None
-    entries = list(filter_repo_objects(hub_files.list(), allow_patterns=include or None,
-                                       ignore_patterns=exclude or None, key=lambda e: e.path))
+    entries = list(
+        filter_repo_objects(
+            hub_files.list(), allow_patterns=include or None, ignore_patterns=exclude or None, key=lambda e: e.path
+        )
+    )
     if metadata_only:
         entries = [e for e in entries if e.path.endswith(METADATA_SUFFIXES)]
     if not entries:
@@ -340,8 +379,18 @@ def _resolve(repo: str, revision: str | None, role: str, local_dir: str | None, 
     else:
         destination = Destination("local-dir", local_dir, local_dir)
     files = [_remote_file(hub_files, e, settings) for e in entries]
-    return RepoPlan(repo, revision, hub_files.commit, role, settings, files, destination,
-                    list(include), list(exclude), metadata_only)
+    return RepoPlan(
+        repo,
+        revision,
+        hub_files.commit,
+        role,
+        settings,
+        files,
+        destination,
+        list(include),
+        list(exclude),
+        metadata_only,
+    )
 
 
 def _remote_file(hub_files: HubFiles, entry: FileEntry, settings: HubSettings) -> RemoteFile:
@@ -371,7 +420,9 @@ def _remote_file(hub_files: HubFiles, entry: FileEntry, settings: HubSettings) -
     if blob_id is not None and not GIT_BLOB_ID.match(blob_id):
         raise BadInput(where, f"the Hub's git blob id {blob_id!r} is not 40 hex digits")
     if sha256 is None and blob_id is None:
-        raise BadInput(where, "the Hub gives neither a sha256 nor a git blob id for this file, so it cannot be verified")
+        raise BadInput(
+            where, "the Hub gives neither a sha256 nor a git blob id for this file, so it cannot be verified"
+        )
     return RemoteFile(entry.path, size, sha256, blob_id)
 
 
@@ -451,8 +502,11 @@ def _transfer(p: RepoPlan, f: RemoteFile, where: str, run: _Run) -> tuple[str, i
                             os.close(fd)
                             fd = -1
                             os.unlink(partial)
-                            raise DownloadFailed(where, f"the Hub sent more than the {f.size} bytes it lists for this "
-                                                        "file: the bad copy was removed")
+                            raise DownloadFailed(
+                                where,
+                                f"the Hub sent more than the {f.size} bytes it lists for this "
+                                "file: the bad copy was removed",
+                            )
                         _write_all(fd, chunk)
                         sha.update(chunk)
                         if git is not None:
@@ -466,9 +520,12 @@ def _transfer(p: RepoPlan, f: RemoteFile, where: str, run: _Run) -> tuple[str, i
                 failures = 1 if have > furthest else failures + 1
                 furthest = max(furthest, have)
                 if failures > RETRIES:
-                    raise DownloadFailed(where, f"gave up after {RETRIES} retries without progress ({_reason(e)}); "
-                                                f"{have} of {f.size} bytes are kept in {partial}: run again to "
-                                                "resume") from None
+                    raise DownloadFailed(
+                        where,
+                        f"gave up after {RETRIES} retries without progress ({_reason(e)}); "
+                        f"{have} of {f.size} bytes are kept in {partial}: run again to "
+                        "resume",
+                    ) from None
                 if isinstance(e, _Restart):
                     sha, git, have, resumed = _discard(fd, have, f, run)
                 else:
@@ -477,10 +534,16 @@ def _transfer(p: RepoPlan, f: RemoteFile, where: str, run: _Run) -> tuple[str, i
             os.close(fd)
             fd = -1
             os.unlink(partial)
-            kind, got, listed = ("sha256", sha.hexdigest(), f.sha256) if f.sha256 else \
-                ("git blob id", git.hexdigest() if git else "", f.blob_id)
-            raise DownloadFailed(where, f"{kind} {got} differs from the Hub's {listed}: the bad copy was removed; "
-                                        "run again to download it afresh")
+            kind, got, listed = (
+                ("sha256", sha.hexdigest(), f.sha256)
+                if f.sha256
+                else ("git blob id", git.hexdigest() if git else "", f.blob_id)
+            )
+            raise DownloadFailed(
+                where,
+                f"{kind} {got} differs from the Hub's {listed}: the bad copy was removed; "
+                "run again to download it afresh",
+            )
         os.fsync(fd)  # the bytes reach the disk before the rename gives them their final name
         return sha.hexdigest(), transferred, resumed
     finally:
@@ -547,7 +610,7 @@ def _matches(f: RemoteFile, sha: Any, git: Any | None) -> bool:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _range_starts_at(response: Any, offset: int) -> bool:
@@ -578,8 +641,10 @@ def _reason(error: BaseException) -> str:
 def _disk_problem(error: OSError, partial: str) -> str:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         kept = os.path.getsize(partial) if os.path.isfile(partial) else 0
-        return (f"the disk is full ({error.strerror}); no file was left under its final name, and the {kept} bytes "
-                f"that arrived intact are kept in {partial}: free some space and run again to resume")
+        return (
+            f"the disk is full ({error.strerror}); no file was left under its final name, and the {kept} bytes "
+            f"that arrived intact are kept in {partial}: free some space and run again to resume"
+        )
     return f"cannot use {error.filename or partial} ({error.strerror or error})"
 
 

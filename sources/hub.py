@@ -91,8 +91,9 @@ def open_repo(repo: str, revision: str | None, ref: str, gguf_file: str | None, 
 class HubFiles:
     """`RepoFiles` over one commit of a Hub repo."""
 
-    def __init__(self, repo: str, revision: str | None, commit: str, entries: list[FileEntry],
-                 settings: HubSettings) -> None:
+    def __init__(
+        self, repo: str, revision: str | None, commit: str, entries: list[FileEntry], settings: HubSettings
+    ) -> None:
         self.repo, self.commit, self.settings = repo, commit, settings
         self.revision = revision
         self.where = f"{repo}@{revision}" if revision else repo
@@ -108,7 +109,8 @@ class HubFiles:
         where = f"{repo}@{revision}" if revision else repo
         with hub_errors(where, repo, revision, settings):
             info = HfApi(endpoint=settings.endpoint).model_info(
-                repo, revision=revision or "main", files_metadata=True, timeout=REQUEST_TIMEOUT_S)
+                repo, revision=revision or "main", files_metadata=True, timeout=REQUEST_TIMEOUT_S
+            )
         if not isinstance(info.sha, str) or not COMMIT.match(info.sha):
             raise BadInput(where, f"the Hub at {settings.endpoint} gave no commit id for this revision")
         for s in info.siblings or []:
@@ -138,8 +140,14 @@ class HubFiles:
         from huggingface_hub import hf_hub_download
 
         with hub_errors(self.where, self.repo, self.revision, self.settings, path):
-            local = hf_hub_download(self.repo, path, revision=self.commit, cache_dir=self.settings.cache_dir,
-                                    endpoint=self.settings.endpoint, etag_timeout=REQUEST_TIMEOUT_S)
+            local = hf_hub_download(
+                self.repo,
+                path,
+                revision=self.commit,
+                cache_dir=self.settings.cache_dir,
+                endpoint=self.settings.endpoint,
+                etag_timeout=REQUEST_TIMEOUT_S,
+            )
         with open(local, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:  # the listing gave no size (mirrors without file metadata)
@@ -188,10 +196,13 @@ class HubFiles:
                 ggufs = dict(json.load(f).get("gguf") or {})
         ggufs.update({name: _gguf_to_json(h) for name, h in self._ggufs.items()})
         record = {
-            "schema": RECORD_SCHEMA, "repo": self.repo, "commit": self.commit,
+            "schema": RECORD_SCHEMA,
+            "repo": self.repo,
+            "commit": self.commit,
             "files": [dataclasses.asdict(e) for e in self._entries.values()],
-            "safetensors": None if self._tensors is None else [
-                [n, d, s, b, f] for n, d, s, b, f in zip(*self._tensors.columns()[:5])],
+            "safetensors": None
+            if self._tensors is None
+            else [[n, d, s, b, f] for n, d, s, b, f in zip(*self._tensors.columns()[:5])],
             "gguf": ggufs,
         }
         with contextlib.suppress(OSError):  # the record only saves work: a read-only or full disk must not fail
@@ -203,7 +214,7 @@ class HubFiles:
 
         def read(offset: int, length: int) -> bytes:
             if offset + length <= len(prefix):
-                return prefix[offset:offset + length]
+                return prefix[offset : offset + length]
             return self._read_range(shard, offset, length)
 
         return safetensors.read_table(read, size, f"{self.where}/{shard}", shard)[0]
@@ -240,8 +251,11 @@ class HubFiles:
                 if response.status_code == 206:
                     match = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
                     if match is None or int(match.group(1)) != offset:
-                        raise BadInput(where, f"the Hub answered range {offset}+{length} with "
-                                              f"Content-Range {response.headers.get('Content-Range')!r}")
+                        raise BadInput(
+                            where,
+                            f"the Hub answered range {offset}+{length} with "
+                            f"Content-Range {response.headers.get('Content-Range')!r}",
+                        )
                     skip = 0
                 chunks, have = [], 0
                 for chunk in response.iter_bytes():
@@ -260,8 +274,16 @@ class CachedFiles:
 
     Also reads a directory `specpair download --local-dir` wrote (no record), for `check specpair.lock`."""
 
-    def __init__(self, repo: str, revision: str | None, commit: str, snapshot: str, record: dict[str, Any] | None,
-                 record_path: str, locked: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        repo: str,
+        revision: str | None,
+        commit: str,
+        snapshot: str,
+        record: dict[str, Any] | None,
+        record_path: str,
+        locked: list[str] | None = None,
+    ) -> None:
         self.commit, self.snapshot = commit, snapshot
         self.where = f"{repo}@{revision}" if revision else repo
         self._local = LocalFiles(snapshot)
@@ -296,8 +318,11 @@ class CachedFiles:
         if self._record is not None:
             return self._guard(lambda: [FileEntry(**e) for e in self._record["files"]])
         if self._locked is not None:
-            entries = [FileEntry(path, os.stat(full).st_size) for path in self._locked
-                       if os.path.isfile(full := os.path.join(self.snapshot, path))]
+            entries = [
+                FileEntry(path, os.stat(full).st_size)
+                for path in self._locked
+                if os.path.isfile(full := os.path.join(self.snapshot, path))
+            ]
         else:
             entries = self._local.list() if os.path.isdir(self.snapshot) else []
         names = {e.path for e in entries}
@@ -349,8 +374,9 @@ class CachedFiles:
             raise BadInput(self._record_path, "malformed specpair metadata cache entry (delete it)") from None
 
 
-def _open_offline(repo: str, revision: str | None, ref: str, gguf_file: str | None, settings: HubSettings,
-                  unreachable: str | None) -> Checkpoint:
+def _open_offline(
+    repo: str, revision: str | None, ref: str, gguf_file: str | None, settings: HubSettings, unreachable: str | None
+) -> Checkpoint:
     cached = CachedFiles.find(repo, revision, settings.cache_dir)
     checkpoint = None
     if cached is not None:
@@ -364,15 +390,19 @@ def _open_offline(repo: str, revision: str | None, ref: str, gguf_file: str | No
         why = f" (the Hub at {settings.endpoint} is unreachable: {unreachable})" if unreachable else ""
         raise BadInput(ref, f"not reachable offline: not in the HF cache nor in the built-in catalog{why}")
     if unreachable:
-        origin = (f"the HF cache at {settings.cache_dir}, commit {checkpoint.revision}"
-                  if checkpoint.source == "hf-cache" else "the built-in catalog")
+        origin = (
+            f"the HF cache at {settings.cache_dir}, commit {checkpoint.revision}"
+            if checkpoint.source == "hf-cache"
+            else "the built-in catalog"
+        )
         checkpoint.notes.append(f"the Hub at {settings.endpoint} was unreachable ({unreachable}); read from {origin}")
     return checkpoint
 
 
 @contextlib.contextmanager
-def hub_errors(where: str, repo: str, revision: str | None, settings: HubSettings,
-                path: str | None = None) -> Iterator[None]:
+def hub_errors(
+    where: str, repo: str, revision: str | None, settings: HubSettings, path: str | None = None
+) -> Iterator[None]:
     """Turn huggingface_hub / HTTP failures into one-line BadInput, or Unreachable for the offline fallback."""
     import httpx2
     from huggingface_hub import errors as hf
@@ -384,8 +414,11 @@ def hub_errors(where: str, repo: str, revision: str | None, settings: HubSetting
         raise Unreachable(_short(e)) from None
     except hf.LocalEntryNotFoundError as e:  # hf_hub_download: the file's HEAD request failed
         if isinstance(e.__cause__, hf.FileMetadataError):
-            raise BadInput(f"{where}/{path}", f"the answer of {settings.endpoint} lacks the Hub's file headers "
-                                              "(X-Repo-Commit, ETag): is HF_ENDPOINT a Hub?") from None
+            raise BadInput(
+                f"{where}/{path}",
+                f"the answer of {settings.endpoint} lacks the Hub's file headers "
+                "(X-Repo-Commit, ETag): is HF_ENDPOINT a Hub?",
+            ) from None
         raise Unreachable(_short(e.__cause__ or e)) from None
     except hf.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None
@@ -393,24 +426,35 @@ def hub_errors(where: str, repo: str, revision: str | None, settings: HubSetting
         page = f"{settings.endpoint}/{repo}"
         if isinstance(e, hf.GatedRepoError):
             if not has_token:
-                raise BadInput(where, f"gated repo and no token was given: accept its licence at {page}, "
-                                      "then set HF_TOKEN or run `hf auth login`") from None
-            raise BadInput(where, f"gated repo and this token's account has no access: accept the licence at {page} "
-                                  "(or wait for the request to be approved)") from None
+                raise BadInput(
+                    where,
+                    f"gated repo and no token was given: accept its licence at {page}, "
+                    "then set HF_TOKEN or run `hf auth login`",
+                ) from None
+            raise BadInput(
+                where,
+                f"gated repo and this token's account has no access: accept the licence at {page} "
+                "(or wait for the request to be approved)",
+            ) from None
         if isinstance(e, hf.RevisionNotFoundError):
             raise BadInput(where, f"revision {revision or 'main'!r} not found") from None
         if isinstance(e, hf.RemoteEntryNotFoundError):
             raise BadInput(f"{where}/{path}", "file not found on the Hub") from None
         if isinstance(e, hf.RepositoryNotFoundError):
-            hint = ("; if it is private, the token given cannot see it" if has_token
-                    else "; if it is private or gated, no token was given: set HF_TOKEN or run `hf auth login`")
+            hint = (
+                "; if it is private, the token given cannot see it"
+                if has_token
+                else "; if it is private or gated, no token was given: set HF_TOKEN or run `hf auth login`"
+            )
             raise BadInput(where, f"repository not found on {settings.endpoint}{hint}") from None
         if status == 401:
-            raise BadInput(where, "the Hub rejected the token (401 Unauthorized): "
-                                  "check HF_TOKEN or `hf auth login`") from None
+            raise BadInput(
+                where, "the Hub rejected the token (401 Unauthorized): check HF_TOKEN or `hf auth login`"
+            ) from None
         if status == 403:
-            raise BadInput(where, "access denied (403 Forbidden): "
-                                  "the token lacks read permission for this repo") from None
+            raise BadInput(
+                where, "access denied (403 Forbidden): the token lacks read permission for this repo"
+            ) from None
         if status is not None and status >= 500:
             raise Unreachable(f"HTTP {status}") from None
         raise BadInput(f"{where}/{path}" if path else where, f"the Hub answered HTTP {status}") from None
@@ -434,8 +478,12 @@ def _record_path(cache_dir: str, repo: str, commit: str) -> str:
 
 def safe_relative(path: object) -> bool:
     """A revision used as a path under refs/, or a file name under a snapshot, must stay there."""
-    return (isinstance(path, str) and not path.startswith("/") and "\\" not in path
-            and all(part not in ("", ".", "..") for part in path.split("/")))
+    return (
+        isinstance(path, str)
+        and not path.startswith("/")
+        and "\\" not in path
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+    )
 
 
 def _cached_commit(cache_dir: str, repo: str, revision: str | None) -> str | None:
@@ -483,15 +531,25 @@ def _tensor_to_json(t: TensorInfo) -> list[Any]:
 
 def _tensor_from_json(item: list[Any]) -> TensorInfo:
     name, dtype, shape, nbytes, file = item
-    if not (isinstance(name, str) and isinstance(dtype, str) and isinstance(file, str) and isinstance(nbytes, int)
-            and isinstance(shape, list) and all(isinstance(d, int) for d in shape)):
+    if not (
+        isinstance(name, str)
+        and isinstance(dtype, str)
+        and isinstance(file, str)
+        and isinstance(nbytes, int)
+        and isinstance(shape, list)
+        and all(isinstance(d, int) for d in shape)
+    ):
         raise ValueError(item)
     return TensorInfo(name, dtype, tuple(shape), nbytes, file)
 
 
 def _gguf_to_json(header: gguf.GGUFHeader) -> dict[str, Any]:
-    return {"version": header.version, "size": header.size, "fields": header.fields,
-            "tensors": [_tensor_to_json(t) for t in header.tensors]}
+    return {
+        "version": header.version,
+        "size": header.size,
+        "fields": header.fields,
+        "tensors": [_tensor_to_json(t) for t in header.tensors],
+    }
 
 
 def _gguf_from_json(item: dict[str, Any], where: str) -> gguf.GGUFHeader:

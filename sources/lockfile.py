@@ -132,7 +132,7 @@ def verify(repos: list[LockedRepo]) -> list[list[FileCheck]]:
     checks = [found[i] for i in range(len(jobs))]
     per_repo, start = [], 0
     for r in repos:
-        per_repo.append(checks[start:start + len(r.files)])
+        per_repo.append(checks[start : start + len(r.files)])
         start += len(r.files)
     return per_repo
 
@@ -150,8 +150,9 @@ def hash_file(path: str, hashers: Iterable[Any]) -> int:
     return total
 
 
-def open_locked_pair(path: str, gguf_file: str | None,
-                     draft_gguf_file: str | None) -> tuple[Checkpoint, Checkpoint | None]:
+def open_locked_pair(
+    path: str, gguf_file: str | None, draft_gguf_file: str | None
+) -> tuple[Checkpoint, Checkpoint | None]:
     """`specpair check specpair.lock`: the lock's target and drafter, read where they were downloaded."""
     repos = read_lock(path)
     checkpoints = [_open_locked(repo, g) for repo, g in zip(repos, (gguf_file, draft_gguf_file))]
@@ -163,13 +164,17 @@ def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
     from specpair.sources.hub import CachedFiles
 
     if not os.path.isdir(repo.directory):
-        raise BadInput(repo.directory, f"{repo.repo}@{repo.commit} is not there any more (the lock says it was "
-                                       "downloaded here): run `specpair download` again")
+        raise BadInput(
+            repo.directory,
+            f"{repo.repo}@{repo.commit} is not there any more (the lock says it was "
+            "downloaded here): run `specpair download` again",
+        )
     # The cache reader lists the shards an index names even when only metadata was downloaded, and reads
     # such a checkpoint as config-only instead of refusing it. It looks at the files the lock lists only: the
     # directory is the lock's word, and a lock naming "/" must not make it walk the whole file system.
-    files = CachedFiles(repo.repo, repo.commit, repo.commit, repo.directory, None, repo.directory,
-                        locked=[f.path for f in repo.files])
+    files = CachedFiles(
+        repo.repo, repo.commit, repo.commit, repo.directory, None, repo.directory, locked=[f.path for f in repo.files]
+    )
     return read_checkpoint(files, repo.directory, "local", gguf_file, revision=repo.commit)
 
 
@@ -198,8 +203,13 @@ def _repo_to_json(repo: LockedRepo, base: str) -> dict[str, Any]:
     inside = os.path.relpath(repo.directory, base)
     path = repo.directory if inside == ".." or inside.startswith("../") else inside
     return {
-        "repo": repo.repo, "role": repo.role, "revision": repo.revision, "commit": repo.commit,
-        "endpoint": repo.endpoint, "layout": repo.layout, "path": path,
+        "repo": repo.repo,
+        "role": repo.role,
+        "revision": repo.revision,
+        "commit": repo.commit,
+        "endpoint": repo.endpoint,
+        "layout": repo.layout,
+        "path": path,
         "selection": {"include": repo.include, "exclude": repo.exclude, "metadata_only": repo.metadata_only},
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in repo.files],
     }
@@ -223,26 +233,44 @@ def _repo_from_json(item: object, where: str, base: str) -> LockedRepo:
     if item.get("layout") not in LAYOUTS or item.get("role") not in ROLES:
         raise BadInput(where, f"'layout' must be one of {', '.join(LAYOUTS)} and 'role' one of {', '.join(ROLES)}")
     selection = item.get("selection")
-    if not (isinstance(selection, dict) and _strings(selection.get("include")) and _strings(selection.get("exclude"))
-            and isinstance(selection.get("metadata_only"), bool)):
+    if not (
+        isinstance(selection, dict)
+        and _strings(selection.get("include"))
+        and _strings(selection.get("exclude"))
+        and isinstance(selection.get("metadata_only"), bool)
+    ):
         raise BadInput(where, "'selection' must hold 'include' and 'exclude' lists of globs and 'metadata_only'")
     raw_files = item.get("files")
     if not isinstance(raw_files, list):
         raise BadInput(where, "'files' must be a list")
     files = []
     for i, f in enumerate(raw_files):
-        ok = (isinstance(f, dict) and safe_relative(f.get("path")) and _file_name(f["path"])
-              and type(f.get("size")) is int and f["size"] >= 0 and isinstance(f.get("sha256"), str)
-              and SHA256.match(f["sha256"]))
+        ok = (
+            isinstance(f, dict)
+            and safe_relative(f.get("path"))
+            and _file_name(f["path"])
+            and type(f.get("size")) is int
+            and f["size"] >= 0
+            and isinstance(f.get("sha256"), str)
+            and SHA256.match(f["sha256"])
+        )
         if not ok:
-            raise BadInput(f"{where}: files[{i}]", "needs a relative 'path' inside the repo, an integer 'size' "
-                                                   "and a 64-hex 'sha256'")
+            raise BadInput(
+                f"{where}: files[{i}]",
+                "needs a relative 'path' inside the repo, an integer 'size' and a 64-hex 'sha256'",
+            )
         files.append(LockedFile(f["path"], f["size"], f["sha256"]))
     return LockedRepo(
-        repo=repo, role=item["role"], revision=revision, commit=commit,
-        endpoint=endpoint if isinstance(endpoint, str) else "", layout=item["layout"],
+        repo=repo,
+        role=item["role"],
+        revision=revision,
+        commit=commit,
+        endpoint=endpoint if isinstance(endpoint, str) else "",
+        layout=item["layout"],
         directory=os.path.normpath(os.path.join(base, os.path.expanduser(path))),
-        include=selection["include"], exclude=selection["exclude"], metadata_only=selection["metadata_only"],
+        include=selection["include"],
+        exclude=selection["exclude"],
+        metadata_only=selection["metadata_only"],
         files=files,
     )
 

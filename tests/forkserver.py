@@ -44,10 +44,10 @@ def serve() -> None:
     import rich.table  # noqa: F401
     import torch  # noqa: F401
 
+    import specpair.checkpoint.gguf_arch  # noqa: F401
+    import specpair.checkpoint.gguf_tokenizer  # noqa: F401
     import specpair.cli  # noqa: F401  (registers every command)
-    import specpair.formats.convert  # noqa: F401
-    import specpair.formats.gguf_arch  # noqa: F401
-    import specpair.formats.gguf_tokenizer  # noqa: F401
+    import specpair.convert.converter  # noqa: F401
     import specpair.sources.download  # noqa: F401
 
     threads = len(os.listdir("/proc/self/task"))
@@ -61,7 +61,8 @@ def serve() -> None:
 def run(request: dict[str, Any]) -> dict[str, Any]:
     # opened here, so that they exist even when the kill comes before the child's first instruction
     streams = [os.open(os.devnull, os.O_RDONLY)] + [
-        os.open(request["output"] + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for suffix in (".out", ".err")]
+        os.open(request["output"] + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for suffix in (".out", ".err")
+    ]
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:

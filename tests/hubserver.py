@@ -165,8 +165,15 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 if name.endswith(LFS_SUFFIXES):
                     sibling["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
                 siblings.append(sibling)
-            body = json.dumps({"id": repo_id, "sha": commit, "private": repo.private, "gated": repo.gated and "manual",
-                               "siblings": siblings}).encode()
+            body = json.dumps(
+                {
+                    "id": repo_id,
+                    "sha": commit,
+                    "private": repo.private,
+                    "gated": repo.gated and "manual",
+                    "siblings": siblings,
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -204,7 +211,7 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     self._error(416, None, "Range not satisfiable", {"Content-Range": f"bytes */{len(data)}"})
                     return
                 status = 206
-            body = data[start:end + 1]
+            body = data[start : end + 1]
             if fault is not None and fault.corrupt_at is not None and start <= fault.corrupt_at <= end:
                 flipped = bytearray(body)
                 flipped[fault.corrupt_at - start] ^= 0xFF
@@ -234,8 +241,12 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             position = 0
             while position < stop:
                 end = min(position + WRITE_CHUNK, stop)
-                if fault is not None and fault.stalls and fault.stall_at is not None and \
-                        start + position <= fault.stall_at < start + end:
+                if (
+                    fault is not None
+                    and fault.stalls
+                    and fault.stall_at is not None
+                    and start + position <= fault.stall_at < start + end
+                ):
                     if start + position == fault.stall_at:
                         fault.stalls -= 1
                         time.sleep(fault.stall_s)
@@ -278,8 +289,15 @@ def free_port() -> int:
 
 
 def git(*args: str, cwd: Path) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -314,18 +332,20 @@ def start_olah(binary: str, work: Path, repos: dict[str, Path]) -> Iterator[tupl
 [basic]
 host = "127.0.0.1"
 port = {port}
-repos-path = "{work / 'repos'}"
+repos-path = "{work / "repos"}"
 hf-scheme = "http"
 hf-netloc = "127.0.0.1:9"
 hf-lfs-netloc = "127.0.0.1:9"
-mirrors-path = ["{work / 'mirrors'}"]
+mirrors-path = ["{work / "mirrors"}"]
 [accessibility]
 offline = true
 """)
     endpoint = f"http://127.0.0.1:{port}"
     probe = next(iter(repos))
     with open(work / "olah.log", "wb") as log:
-        server = subprocess.Popen([binary, "-c", str(work / "olah.toml")], cwd=work, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [binary, "-c", str(work / "olah.toml")], cwd=work, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + 30
             while True:

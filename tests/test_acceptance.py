@@ -49,7 +49,9 @@ def draft_rows(seed: int, kind: str, p: torch.Tensor) -> tuple[torch.Tensor, tor
     return torch.arange(VOCAB).expand(DRAFTS, VOCAB), torch.softmax(torch.randn(DRAFTS, VOCAB, generator=g), dim=-1)
 
 
-def emitted(accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+def emitted(
+    accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor, position: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The token each round emits at drafted position `position` (1-based) among the rounds that reach it."""
     reached = accepted >= position - 1
     tokens = torch.where(accepted[reached] >= position, drafts[reached, min(position, DRAFTS) - 1], next_token[reached])
@@ -67,8 +69,9 @@ def test_rejection_emits_the_target_distribution(kind):
     drafts = keyed_sample(q_dense.expand(DRAWS, -1, -1), gumbel(5, DRAFT_STREAM, keys, VOCAB))
     accept_u = uniform(5, ACCEPT_STREAM, keys, torch.zeros(1, dtype=torch.int64))[..., 0]
     noise = gumbel(5, TOKEN_STREAM, rounds[:, None] * (DRAFTS + 1) + torch.arange(DRAFTS + 1), VOCAB)
-    accepted, next_token = acceptance.rejection(p.expand(DRAWS, -1, -1), drafts, q_ids.expand(DRAWS, -1, -1),
-                                                q_probs.expand(DRAWS, -1, -1), accept_u, noise)
+    accepted, next_token = acceptance.rejection(
+        p.expand(DRAWS, -1, -1), drafts, q_ids.expand(DRAWS, -1, -1), q_probs.expand(DRAWS, -1, -1), accept_u, noise
+    )
     for position in range(1, DRAFTS + 2):
         tokens, reached = emitted(accepted, next_token, drafts, position)
         if position > 1:
@@ -87,8 +90,9 @@ def test_rejection_with_a_one_hot_draft_keeps_it_with_probability_p():
     rounds = torch.arange(DRAWS)[:, None]
     accept_u = uniform(9, ACCEPT_STREAM, rounds, torch.zeros(1, dtype=torch.int64))[..., 0]
     noise = gumbel(9, TOKEN_STREAM, rounds * 2 + torch.arange(2), VOCAB)
-    accepted, next_token = acceptance.rejection(p[:2].expand(DRAWS, -1, -1), d, d[..., None],
-                                                torch.ones(DRAWS, 1, 1), accept_u, noise)
+    accepted, next_token = acceptance.rejection(
+        p[:2].expand(DRAWS, -1, -1), d, d[..., None], torch.ones(DRAWS, 1, 1), accept_u, noise
+    )
     rejected = accepted == 0
     assert not bool((next_token[rejected] == d[rejected, 0]).any())
     pd = float(p[0, d[0, 0]])
@@ -141,7 +145,7 @@ def test_keyed_draws_depend_on_seed_position_and_token_alone():
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([5, 9, 9, 100, 7, 4096])
     together = sampling.choose(logits, positions)
-    alone = torch.stack([sampling.choose(logits[i:i + 1], positions[i:i + 1])[0] for i in range(6)])
+    alone = torch.stack([sampling.choose(logits[i : i + 1], positions[i : i + 1])[0] for i in range(6)])
     assert torch.equal(together, alone)
     assert torch.equal(sampling.choose(logits, positions), together)  # reproducible
     many, at = logits.repeat(10, 1), torch.arange(60)

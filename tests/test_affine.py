@@ -63,7 +63,7 @@ def nasty_matrix(dtype: torch.dtype, group: int, seed: int = 0) -> torch.Tensor:
     rows.append(torch.zeros(1, COLS))
     zero_groups = normal[12:13].clone()
     zero_groups[0, :group] = 0
-    zero_groups[0, 2 * group:3 * group] = 0
+    zero_groups[0, 2 * group : 3 * group] = 0
     rows.append(zero_groups)
     outlier = normal[13:14].clone()
     outlier[0, 5] = 3.0e4
@@ -100,7 +100,9 @@ def from_mx(a: mx.array) -> torch.Tensor:
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-exact equality: -0.0 differs from 0.0 and dtypes must agree."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+    return (
+        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+    )
 
 
 def words_of(t: torch.Tensor) -> np.ndarray:
@@ -166,7 +168,9 @@ def test_mx_dequantize_reads_our_triple(method: str, dtype: torch.dtype, bits: i
 
     native = from_mx(mx.dequantize(to_mx(ours["weight"]), to_mx(ours["scales"]), to_mx(ours["biases"]), group, bits))
     codes = unpack_codes(ours["weight"], bits).reshape(w.shape[0], -1, group).to(dtype)
-    in_dtype = (ours["scales"][..., None] * codes + ours["biases"][..., None]).reshape(w.shape)  # torch rounds per op too
+    in_dtype = (ours["scales"][..., None] * codes + ours["biases"][..., None]).reshape(
+        w.shape
+    )  # torch rounds per op too
     assert same_bits(native, in_dtype)
 
 
@@ -181,8 +185,16 @@ def test_pack_is_lsb_first_bit_stream(bits: int) -> None:
 
 
 # formats.md §7, relative Frobenius error of MLX affine (fp32 scales) on i.i.d. N(0,1)
-MLX_TABLE = {(2, 64): 0.39, (3, 64): 0.19, (4, 32): 0.081, (4, 64): 0.091, (4, 128): 0.100, (5, 64): 0.044,
-             (6, 64): 0.0217, (8, 64): 0.0054}
+MLX_TABLE = {
+    (2, 64): 0.39,
+    (3, 64): 0.19,
+    (4, 32): 0.081,
+    (4, 64): 0.091,
+    (4, 128): 0.100,
+    (5, 64): 0.044,
+    (6, 64): 0.0217,
+    (8, 64): 0.0054,
+}
 
 
 def test_errors_on_gaussian_match_formats_table() -> None:
@@ -217,14 +229,22 @@ def test_bad_input_names_the_tensor() -> None:
     bad(lambda: quantize(torch.randn(256), 4, 64, name=NAME), "needs a matrix")
     bad(lambda: quantize(torch.ones(4, 256, dtype=torch.int32), 4, 64, name=NAME), "floating-point")
     bad(lambda: quantize(torch.tensor([[float("nan")] * 64]), 4, 64, name=NAME), "NaN or infinite")
-    bad(lambda: dequantize({"weight": parts["weight"], "scales": parts["scales"]}, 4, 64, name=NAME), "lacks its biases")
-    bad(lambda: dequantize({**parts, "scales": parts["scales"][:, :2]}, 4, 64, name=NAME),
-        "scales shape (4, 2) does not fit weight (4, 32)")
+    bad(
+        lambda: dequantize({"weight": parts["weight"], "scales": parts["scales"]}, 4, 64, name=NAME), "lacks its biases"
+    )
+    bad(
+        lambda: dequantize({**parts, "scales": parts["scales"][:, :2]}, 4, 64, name=NAME),
+        "scales shape (4, 2) does not fit weight (4, 32)",
+    )
     bad(lambda: dequantize({**parts, "biases": parts["biases"].reshape(2, 8)}, 4, 64, name=NAME), "biases shape (2, 8)")
     bad(lambda: dequantize(parts, 4, 128, name=NAME), "scales shape (4, 4) does not fit")
     bad(lambda: dequantize(parts, 3, 64, name=NAME), "a row of 32 words does not hold whole blocks of 32 3-bit codes")
-    bad(lambda: dequantize({**parts, "weight": parts["weight"].view(torch.int32).float()}, 4, 64, name=NAME),
-        "expected 32-bit words")
-    bad(lambda: dequantize({**parts, "scales": parts["scales"].to(torch.int16)}, 4, 64, name=NAME),
-        "scales are torch.int16")
+    bad(
+        lambda: dequantize({**parts, "weight": parts["weight"].view(torch.int32).float()}, 4, 64, name=NAME),
+        "expected 32-bit words",
+    )
+    bad(
+        lambda: dequantize({**parts, "scales": parts["scales"].to(torch.int16)}, 4, 64, name=NAME),
+        "scales are torch.int16",
+    )
     bad(lambda: pack_codes(torch.zeros(2, 48, dtype=torch.uint8), 4, name=NAME), "rows of 48 codes")

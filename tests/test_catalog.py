@@ -49,6 +49,7 @@ def params(c: Checkpoint, *groups: str) -> float:
 
 # --- lookup contract -------------------------------------------------------------------------------
 
+
 def test_lookup_without_revision_gives_the_newest_entry_marked_as_catalog_data() -> None:
     c = lookup(DFLASH_35B, None, "my-ref")
     assert c is not None
@@ -101,14 +102,17 @@ def test_same_revision_matches_abbreviations_in_either_direction() -> None:
 
 
 def test_lookup_imports_no_heavy_library() -> None:
-    code = ("import sys; from specpair.sources.catalog import lookup; "
-            "assert lookup('Qwen/Qwen3.6-35B-A3B', None, 'x') is not None; "
-            "print(sorted(m for m in ('torch', 'numpy', 'huggingface_hub', 'rich') if m in sys.modules))")
+    code = (
+        "import sys; from specpair.sources.catalog import lookup; "
+        "assert lookup('Qwen/Qwen3.6-35B-A3B', None, 'x') is not None; "
+        "print(sorted(m for m in ('torch', 'numpy', 'huggingface_hub', 'rich') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 # --- data integrity --------------------------------------------------------------------------------
+
 
 def test_every_entry_round_trips_through_checkpoint_json() -> None:
     for name, stored in stored_files().items():
@@ -118,8 +122,11 @@ def test_every_entry_round_trips_through_checkpoint_json() -> None:
             assert Checkpoint.from_json(data).to_json() == data, (name, data["revision"])
 
 
-GGUF_REPOS = {"unsloth/Qwen3.6-35B-A3B-GGUF", "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF",
-              "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF"}
+GGUF_REPOS = {
+    "unsloth/Qwen3.6-35B-A3B-GGUF",
+    "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF",
+    "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF",
+}
 
 
 def test_entries_carry_source_provenance_and_derived_sizes() -> None:
@@ -136,16 +143,22 @@ def test_entries_carry_source_provenance_and_derived_sizes() -> None:
         else:
             assert c.tokenizer.source == "catalog" and c.tokenizer.fingerprint is None
     pinned = {(c.ref, c.revision) for c in found if c.revision}
-    assert pinned == {(DFLASH_35B, "c69b185"), (DFLASH_35B, "42d3b34"), ("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6"),
-                      ("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6"),
-                      ("unsloth/Qwen3.6-35B-A3B-GGUF", "a483e9e6cbd595906af30beda3187c2663a1118c")}
+    assert pinned == {
+        (DFLASH_35B, "c69b185"),
+        (DFLASH_35B, "42d3b34"),
+        ("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6"),
+        ("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6"),
+        ("unsloth/Qwen3.6-35B-A3B-GGUF", "a483e9e6cbd595906af30beda3187c2663a1118c"),
+    }
 
 
 def test_the_pairs_users_arrive_with_are_in_the_catalog() -> None:
     catalog = by_repo()
     incoai = catalog[("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6")]
     assert (incoai.architecture, incoai.drafter.block_size, incoai.shapes.num_layers) == ("DFlash2DraftModel", 8, 6)
-    assert incoai.shapes.count("sliding") == 6 and incoai.total_bytes / 1e9 == pytest.approx(1.0, abs=0.1)  # "~1 GB BF16"
+    assert incoai.shapes.count("sliding") == 6 and incoai.total_bytes / 1e9 == pytest.approx(
+        1.0, abs=0.1
+    )  # "~1 GB BF16"
     coral = catalog[("coral-bricks-ai/qwen35-122b-dflash2-drafter", None)]
     assert (coral.drafter.block_size, coral.drafter.mask_token_id, coral.rope.sliding_window) == (12, 248077, 8192)
     assert coral.drafter.taps.layers == [1, 7, 14, 20, 26, 32, 39, 45]
@@ -173,6 +186,7 @@ def test_recipes_pair_up_as_published() -> None:
     """The catalog's recipe pairs give the verdicts their recipes report: llama.cpp runs unsloth + williamliao and
     refuses the fork GGUF with a conversion fix; SGLang runs the NVFP4 target with incoai's DFlash2; ExLlamaV3 the
     EXL3 pair."""
+
     def verdicts(target: str, draft: str, stack: str) -> tuple[str, list[str], str | None]:
         from specpair.compat.pair import Deployment
         from specpair.compat.verdict import judge
@@ -182,13 +196,25 @@ def test_recipes_pair_up_as_published() -> None:
         v = judge(t, d, Deployment(), [stack])[1][stack]
         return v.status, [f.rule for f in v.reasons if f.severity == "error"], v.fix
 
-    assert verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")[:2] == ("warn", [])
+    assert verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")[:2] == (
+        "warn",
+        [],
+    )
     status, failed, fix = verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")
     assert (status, failed) == ("fail", ["drafter.arch"]) and "--to gguf:Q8_0" in fix
     assert verdicts("nvidia/Qwen3.6-35B-A3B-NVFP4", "incoai/Qwen3.6-35B-A3B-DFlash2", "sglang")[:2] == ("warn", [])
-    assert verdicts("Qwen/Qwen3.5-122B-A10B-FP8", "coral-bricks-ai/qwen35-122b-dflash2-drafter", "sglang")[:2] == ("warn", [])
-    assert verdicts("UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw", "UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw",
-                    "exllamav3")[1] == []
+    assert verdicts("Qwen/Qwen3.5-122B-A10B-FP8", "coral-bricks-ai/qwen35-122b-dflash2-drafter", "sglang")[:2] == (
+        "warn",
+        [],
+    )
+    assert (
+        verdicts(
+            "UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw",
+            "UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw",
+            "exllamav3",
+        )[1]
+        == []
+    )
 
 
 def test_every_published_target_config_copy_is_in_the_catalog() -> None:
@@ -249,9 +275,17 @@ def test_quantized_layouts_follow_their_quant_configs() -> None:
     catalog = by_repo()
     nvfp4 = catalog[("nvidia/Qwen3.6-35B-A3B-NVFP4", "1355db6")]
     layout = {g.group: g.layout for g in nvfp4.groups if g.group not in ("linear_attention",)}
-    assert layout == {"attention": "fp8-tensor", "embedding": "bf16", "experts": "nvfp4-modelopt",
-                      "lm_head": "nvfp4-modelopt", "mtp": "bf16", "norm": "bf16", "router": "bf16",
-                      "shared_expert": "nvfp4-modelopt", "vision": "bf16"}
+    assert layout == {
+        "attention": "fp8-tensor",
+        "embedding": "bf16",
+        "experts": "nvfp4-modelopt",
+        "lm_head": "nvfp4-modelopt",
+        "mtp": "bf16",
+        "norm": "bf16",
+        "router": "bf16",
+        "shared_expert": "nvfp4-modelopt",
+        "vision": "bf16",
+    }
     assert nvfp4.layouts_of("linear_attention") == {"fp8-tensor", "bf16"}  # in_proj_a/b, conv, A_log stay BF16
     lm_bytes = nvfp4.total_bytes - nvfp4.bytes_of("mtp", "vision")
     assert lm_bytes / 1e9 == pytest.approx(20.8, rel=0.01)  # "NVFP4-mixed 20.8 GB" (targets.md §6)
@@ -276,20 +310,85 @@ def test_tokenizer_facts_follow_targets_md() -> None:
 
 # (repo, revision): layers, hidden, heads, kv heads, ffn, sliding layers, window, block, mask, taps, target
 DFLASH_MD_TABLE = {
-    ("z-lab/Qwen3.5-122B-A10B-DFlash", None):
-        (6, 3072, 32, 8, 9216, 5, 4096, 16, 248077, [1, 7, 14, 20, 26, 32, 39, 45], "Qwen/Qwen3.5-122B-A10B"),
-    (DFLASH_35B, "c69b185"):
-        (6, 2048, 32, 8, 6144, 5, 4096, 16, 248077, [1, 6, 11, 16, 22, 27, 32, 37], "Qwen/Qwen3.6-35B-A3B"),
-    (DFLASH_35B, "42d3b34"):
-        (8, 2048, 32, 4, 6144, 0, None, 16, 248070, [1, 10, 19, 28, 37], "Qwen/Qwen3.6-35B-A3B"),
-    ("z-lab/Qwen3.5-35B-A3B-DFlash", None):
-        (6, 2048, 32, 8, 6144, 5, 4096, 16, 248077, [1, 6, 11, 16, 22, 27, 32, 37], "Qwen/Qwen3.5-35B-A3B"),
-    ("z-lab/Qwen3.5-27B-DFlash", None):
-        (5, 5120, 32, 8, 17408, 4, 2048, 16, 248070, [1, 16, 31, 46, 61], "Qwen/Qwen3.5-27B"),
-    ("z-lab/Qwen3.8-27B-DFlash2", None):
-        (5, 5120, 32, 8, 17408, 5, 2048, 8, 248070, [5, 19, 33, 47, 61], "Qwen/Qwen3.6-27B"),
-    ("chutesai/Qwen3-32B-FP8-DFLASH", None):
-        (5, 5120, 32, 8, 9728, 0, None, 16, None, [1, 16, 31, 46, 61], "Qwen/Qwen3-32B"),
+    ("z-lab/Qwen3.5-122B-A10B-DFlash", None): (
+        6,
+        3072,
+        32,
+        8,
+        9216,
+        5,
+        4096,
+        16,
+        248077,
+        [1, 7, 14, 20, 26, 32, 39, 45],
+        "Qwen/Qwen3.5-122B-A10B",
+    ),
+    (DFLASH_35B, "c69b185"): (
+        6,
+        2048,
+        32,
+        8,
+        6144,
+        5,
+        4096,
+        16,
+        248077,
+        [1, 6, 11, 16, 22, 27, 32, 37],
+        "Qwen/Qwen3.6-35B-A3B",
+    ),
+    (DFLASH_35B, "42d3b34"): (8, 2048, 32, 4, 6144, 0, None, 16, 248070, [1, 10, 19, 28, 37], "Qwen/Qwen3.6-35B-A3B"),
+    ("z-lab/Qwen3.5-35B-A3B-DFlash", None): (
+        6,
+        2048,
+        32,
+        8,
+        6144,
+        5,
+        4096,
+        16,
+        248077,
+        [1, 6, 11, 16, 22, 27, 32, 37],
+        "Qwen/Qwen3.5-35B-A3B",
+    ),
+    ("z-lab/Qwen3.5-27B-DFlash", None): (
+        5,
+        5120,
+        32,
+        8,
+        17408,
+        4,
+        2048,
+        16,
+        248070,
+        [1, 16, 31, 46, 61],
+        "Qwen/Qwen3.5-27B",
+    ),
+    ("z-lab/Qwen3.8-27B-DFlash2", None): (
+        5,
+        5120,
+        32,
+        8,
+        17408,
+        5,
+        2048,
+        8,
+        248070,
+        [5, 19, 33, 47, 61],
+        "Qwen/Qwen3.6-27B",
+    ),
+    ("chutesai/Qwen3-32B-FP8-DFLASH", None): (
+        5,
+        5120,
+        32,
+        8,
+        9728,
+        0,
+        None,
+        16,
+        None,
+        [1, 16, 31, 46, 61],
+        "Qwen/Qwen3-32B",
+    ),
 }
 
 
@@ -325,6 +424,7 @@ def test_drafter_schema_details_per_revision() -> None:
 
 # --- CLI -------------------------------------------------------------------------------------------
 
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}
     return subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, env=env)
@@ -355,10 +455,23 @@ def test_cli_catalog_says_which_entries_are_reconstructed() -> None:
     for entry in listed:
         row = next(line for line in lines if f" {entry['ref']} " in line and (entry["revision"] or "-") in line)
         expected = "reconstructed" if entry["reconstructed"] else "config copy"
-        assert expected in row and entry["reconstructed"] == is_reconstructed(Checkpoint.from_json(
-            {k: v for k, v in entry.items() if k != "reconstructed"})), entry["ref"]
+        assert expected in row and entry["reconstructed"] == is_reconstructed(
+            Checkpoint.from_json({k: v for k, v in entry.items() if k != "reconstructed"})
+        ), entry["ref"]
     assert {e["ref"] for e in listed if not e["reconstructed"]} == {
-        "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B",
-        "Qwen/Qwen3-30B-A3B-FP8", "Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-Next-80B-A3B-Thinking", "Qwen/Qwen3.5-27B",
-        "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-122B-A10B", "Qwen/Qwen3.5-397B-A17B", "nvidia/Qwen3.5-122B-A10B-NVFP4",
-        "nvidia/Qwen3.6-27B-NVFP4", "nvidia/Qwen3.6-35B-A3B-NVFP4"}
+        "Qwen/Qwen3-0.6B",
+        "Qwen/Qwen3-1.7B",
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-32B",
+        "Qwen/Qwen3-30B-A3B",
+        "Qwen/Qwen3-30B-A3B-FP8",
+        "Qwen/Qwen3-235B-A22B",
+        "Qwen/Qwen3-Next-80B-A3B-Thinking",
+        "Qwen/Qwen3.5-27B",
+        "Qwen/Qwen3.5-35B-A3B",
+        "Qwen/Qwen3.5-122B-A10B",
+        "Qwen/Qwen3.5-397B-A17B",
+        "nvidia/Qwen3.5-122B-A10B-NVFP4",
+        "nvidia/Qwen3.6-27B-NVFP4",
+        "nvidia/Qwen3.6-35B-A3B-NVFP4",
+    }

@@ -15,7 +15,9 @@ STACKS = ["specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specpair", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def check_json(*args: str) -> tuple[dict, int]:
@@ -82,11 +84,14 @@ def test_mtp_of_the_target_itself():
 
 
 def test_memory_fit_on_a_named_gpu():
-    report, _ = check_json("Qwen/Qwen3.5-122B-A10B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--gpu", "h200", "--stack", "vllm")
+    report, _ = check_json(
+        "Qwen/Qwen3.5-122B-A10B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--gpu", "h200", "--stack", "vllm"
+    )
     fit = [r["message"] for r in report["verdicts"]["vllm"]["reasons"] if r["rule"] == "memory.fit"]
     assert fit and "tensor parallelism 2" in fit[0]
-    report, _ = check_json("Qwen/Qwen3.5-122B-A10B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--gpu", "h200", "--gpus", "2",
-                           "--stack", "vllm")
+    report, _ = check_json(
+        "Qwen/Qwen3.5-122B-A10B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--gpu", "h200", "--gpus", "2", "--stack", "vllm"
+    )
     assert "memory.fit" not in {r["rule"] for r in report["verdicts"]["vllm"]["reasons"]}
     assert "--tensor-parallel-size 2" in report["verdicts"]["vllm"]["launch"]
 
@@ -99,20 +104,33 @@ def _padded_pair(tmp_path: Path) -> tuple[Path, Path]:
     (target / "config.json").write_text(json.dumps(config))
     vocab = {f"t{i}": i for i in range(151643)}
     added = [{"id": 151643 + i, "content": f"<|x{i}|>", "special": True} for i in range(26)]
-    (target / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []},
-                                                        "added_tokens": added}))
+    (target / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": added})
+    )
     draft = tmp_path / "Qwen3-8B-DFlash"
     draft.mkdir()
     taps = [1, 9, 17, 25, 33]
-    draft_config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 4096,
-                    "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                    "intermediate_size": 12288, "vocab_size": 152064, "max_position_embeddings": 40960,
-                    "num_target_layers": 36, "layer_types": ["full_attention"],
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-                    "dflash_config": {"target_layer_ids": taps, "mask_token_id": 151669, "block_size": 16}}
+    draft_config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "vocab_size": 152064,
+        "max_position_embeddings": 40960,
+        "num_target_layers": 36,
+        "layer_types": ["full_attention"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "dflash_config": {"target_layer_ids": taps, "mask_token_id": 151669, "block_size": 16},
+    }
     (draft / "config.json").write_text(json.dumps(draft_config))
-    _sparse_safetensors(draft / "model.safetensors", {"fc.weight": [4096, len(taps) * 4096], "norm.weight": [4096],
-                                                       "hidden_norm.weight": [4096]})
+    _sparse_safetensors(
+        draft / "model.safetensors",
+        {"fc.weight": [4096, len(taps) * 4096], "norm.weight": [4096], "hidden_norm.weight": [4096]},
+    )
     return target, draft
 
 
@@ -135,7 +153,13 @@ def test_padded_vocabulary_drafter_warns_with_the_numbers(tmp_path: Path):
     sglang = report["verdicts"]["sglang"]
     assert sglang["status"] == "warn" and not errors(report, "sglang")
     padding = [r["message"] for r in sglang["reasons"] if r["rule"] == "vocab.padding"]
-    assert padding and "152064" in padding[0] and "151936" in padding[0] and "151669" in padding[0] and "(128)" in padding[0]
+    assert (
+        padding
+        and "152064" in padding[0]
+        and "151936" in padding[0]
+        and "151669" in padding[0]
+        and "(128)" in padding[0]
+    )
     assert "vocab.rows_equal" in errors(report, "tensorfold")
 
 
@@ -152,10 +176,12 @@ def test_quiet_prints_nothing_and_keeps_the_exit_code():
 
 
 def test_bad_arguments_exit_2_with_one_line():
-    for args in (["check", "Qwen/Qwen3-8B", "--stack", "tgi", "--offline"],
-                 ["check", "Qwen/Qwen3-8B", "--gpu", "tpu-v5", "--offline"],
-                 ["check", "nobody/nothing-here", "--offline"],
-                 ["check", "z-lab/Qwen3.6-35B-A3B-DFlash", "Qwen/Qwen3.6-35B-A3B", "--offline"]):
+    for args in (
+        ["check", "Qwen/Qwen3-8B", "--stack", "tgi", "--offline"],
+        ["check", "Qwen/Qwen3-8B", "--gpu", "tpu-v5", "--offline"],
+        ["check", "nobody/nothing-here", "--offline"],
+        ["check", "z-lab/Qwen3.6-35B-A3B-DFlash", "Qwen/Qwen3.6-35B-A3B", "--offline"],
+    ):
         done = run(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
@@ -182,16 +208,21 @@ def test_llama_cpp_pair_of_gguf_files_gets_a_launch_line(tmp_path: Path):
 
 # --- what a new user hits (issue 12) ------------------------------------------------------------------
 
+
 def test_stack_names_are_case_insensitive():
-    report, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--stack", "SGLang", "--stack", "vLLM")
+    report, _ = check_json(
+        "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--stack", "SGLang", "--stack", "vLLM"
+    )
     assert list(report["verdicts"]) == ["sglang", "vllm"]
 
 
 def test_bad_input_under_json_is_a_json_document_on_stdout():
-    for args in (["check", "nobody/nothing-here", "--offline", "--json"],
-                 ["check", "Qwen/Qwen3-8B", "--stack", "tgi", "--offline", "--json"],
-                 ["check", "--json"],  # a usage error: the missing TARGET
-                 ["verify", "/no/such/lock", "--json"]):
+    for args in (
+        ["check", "nobody/nothing-here", "--offline", "--json"],
+        ["check", "Qwen/Qwen3-8B", "--stack", "tgi", "--offline", "--json"],
+        ["check", "--json"],  # a usage error: the missing TARGET
+        ["verify", "/no/such/lock", "--json"],
+    ):
         done = run(*args)
         assert done.returncode == 2 and done.stderr == "", (args, done.stderr)
         document = json.loads(done.stdout)
@@ -208,16 +239,19 @@ def _closed_stdout(*args: str) -> subprocess.CompletedProcess:
     read, write = os.pipe()
     os.close(read)  # every write to `write` now fails with EPIPE
     try:
-        return subprocess.run([sys.executable, "-m", "specpair", *args], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "specpair", *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
     finally:
         os.close(write)
 
 
 def test_a_closed_stdout_is_not_a_failure_of_the_work(tmp_path: Path):
-    for args, code in ((["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline"], 0),
-                       (["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--offline", "--json"], 1),
-                       (["catalog"], 0)):
+    for args, code in (
+        (["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline"], 0),
+        (["check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--offline", "--json"], 1),
+        (["catalog"], 0),
+    ):
         done = _closed_stdout(*args)
         assert (done.returncode, done.stderr) == (code, ""), (args, done.stderr)
     from fixtures import build_target
@@ -289,7 +323,9 @@ def test_memory_numbers_and_verdict_agree_with_the_same_rounding():
     verdict = report["verdicts"]["vllm"]
     memory = verdict["memory"]
     (fit,) = [r for r in verdict["reasons"] if r["rule"] == "memory.fit"]
-    shown = re.search(r"needs ([\d.]+) GB on one GPU \((.*) = ([\d.]+) GB, plus ([\d.]+) GB runtime overhead", fit["message"])
+    shown = re.search(
+        r"needs ([\d.]+) GB on one GPU \((.*) = ([\d.]+) GB, plus ([\d.]+) GB runtime overhead", fit["message"]
+    )
     usable = re.search(r"have ([\d.]+) GB usable each, so it does not fit", fit["message"])
     parts = [float(x) for x in re.findall(r"([\d.]+)(?: \(|$| )", shown[2].replace(" + ", " "))]
     assert round(sum(parts), 1) == float(shown[3]) == memory["total"]
@@ -311,8 +347,9 @@ def test_exllamav3_launch_is_a_command_to_paste(tmp_path: Path):
     assert f'"-m", "{target}"' in words[2] and f'"-dm", "{draft}"' in words[2] and '"-ndt", "15"' in words[2]
     hub, _ = check_json("Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--stack", "exllamav3")
     steps = hub["verdicts"]["exllamav3"]["launch"].split(" && ")
-    assert steps[0] == ("specpair download Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --local-dir models "
-                        "--no-require-sha")
+    assert steps[0] == (
+        "specpair download Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --local-dir models --no-require-sha"
+    )
     assert '"-m", "models/Qwen3.6-35B-A3B"' in steps[1] and '"-dm", "models/Qwen3.6-35B-A3B-DFlash"' in steps[1]
 
 
@@ -330,8 +367,13 @@ def test_weights_only_fork_gguf_drafter_is_judged_and_its_fix_runs(tmp_path: Pat
     assert code == 1 and report["draft"]["shapes"]["vocab_size"] is None
     assert errors(report, "llama.cpp") == {"drafter.arch"} and verdict["blocked_by"] == []
     assert verdict["fix"].startswith(f"specpair convert {draft} ") and f"--target {target}" in verdict["fix"]
-    converted = subprocess.run([sys.executable, "-m", *shlex.split(verdict["fix"]), "--quiet"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=300)
+    converted = subprocess.run(
+        [sys.executable, "-m", *shlex.split(verdict["fix"]), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert converted.returncode == 0, converted.stderr
     output = tmp_path / shlex.split(verdict["fix"])[3]
     after, code = check_json(str(target), str(output), "--stack", "llama.cpp")

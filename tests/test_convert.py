@@ -17,24 +17,42 @@ import torch
 from fixtures import build_target
 
 from specpair.checkpoint import TARGET_FAMILIES
+from specpair.checkpoint.mlx_names import NORM_SHIFT_FAMILIES, SHIFTED_NORMS
+from specpair.convert import converter as conv
+from specpair.convert.policy import parse_keep
 from specpair.errors import BadInput
-from specpair.formats import convert as conv
-from specpair.formats.mlx_names import NORM_SHIFT_FAMILIES, SHIFTED_NORMS
-from specpair.formats.policy import parse_keep
+from specpair.formats.layouts import layout_of
 from specpair.formats.weights import read_parts
 from specpair.sources import open_checkpoint
+from specpair.sources.model import open_model
 
 # Relative Frobenius error of each lossy layout on Gaussian weights (formats.md §7, and the bounds the
 # layout tests hold on 256x4096 N(0,1) matrices), with room for these small tensors.
-BOUNDS = {"fp8-block": 0.03, "fp8-tensor": 0.03, "nvfp4-modelopt": 0.105, "nvfp4-ct": 0.105, "nvfp4-mlx": 0.115,
-          "affine4-g64": 0.1, "affine8-g64": 0.006, "affine8-g32": 0.006}
-HF_TARGETS = {"fp8": "fp8-block", "fp8:tensor": "fp8-tensor", "nvfp4": "nvfp4-modelopt", "nvfp4:ct": "nvfp4-ct",
-              "nvfp4:mlx": "nvfp4-mlx", "affine4": "affine4-g64", "affine:8:64:minmax": "affine8-g64"}
+BOUNDS = {
+    "fp8-block": 0.03,
+    "fp8-tensor": 0.03,
+    "nvfp4-modelopt": 0.105,
+    "nvfp4-ct": 0.105,
+    "nvfp4-mlx": 0.115,
+    "affine4-g64": 0.1,
+    "affine8-g64": 0.006,
+    "affine8-g32": 0.006,
+}
+HF_TARGETS = {
+    "fp8": "fp8-block",
+    "fp8:tensor": "fp8-tensor",
+    "nvfp4": "nvfp4-modelopt",
+    "nvfp4:ct": "nvfp4-ct",
+    "nvfp4:mlx": "nvfp4-mlx",
+    "affine4": "affine4-g64",
+    "affine:8:64:minmax": "affine8-g64",
+}
 
 
 def convert(source: Path, destination: Path, to: str, keep: list[str] | None = None) -> conv.Report:
-    p = conv.plan(conv.open_source(str(source)), conv.parse_target(to),
-                  [parse_keep(k, conv.parse_layout) for k in keep or []])
+    p = conv.plan(
+        conv.open_source(str(source)), conv.parse_target(to), [parse_keep(k, conv.parse_layout) for k in keep or []]
+    )
     return conv.execute(p, str(destination))
 
 
@@ -110,8 +128,14 @@ def test_kept_tensors_follow_the_references(targets, tmp_path):
     prefix = "language_model.model.layers."
     assert layouts[prefix + "3.self_attn.q_proj.weight"][0] == "affine8-g64"  # layer 3 is full attention
     assert layouts[prefix + "0.mlp.gate.weight"][0] == "affine8-g64"  # routers: 8 bits, as mlx-lm does
-    for kept in ("0.linear_attn.conv1d.weight", "0.linear_attn.A_log", "0.linear_attn.dt_bias",
-                 "0.linear_attn.in_proj_a.weight", "0.linear_attn.in_proj_b.weight", "0.input_layernorm.weight"):
+    for kept in (
+        "0.linear_attn.conv1d.weight",
+        "0.linear_attn.A_log",
+        "0.linear_attn.dt_bias",
+        "0.linear_attn.in_proj_a.weight",
+        "0.linear_attn.in_proj_b.weight",
+        "0.input_layernorm.weight",
+    ):
         assert layouts[prefix + kept][0] == "bf16", kept
     assert layouts[prefix + "0.mlp.switch_mlp.gate_proj.weight"][0] == "affine4-g64"
     assert not any(name.startswith(("mtp.", "model.visual.")) for name in layouts)  # mlx-lm drops them
@@ -127,7 +151,10 @@ def test_kept_tensors_follow_the_references(targets, tmp_path):
 
 def test_keep_overrides_and_refuses_what_cannot_fit(targets, tmp_path):
     source = conv.open_source(str(targets["qwen3"]))
-    keep = [parse_keep("lm_head.weight=bf16", conv.parse_layout), parse_keep("*.down_proj.weight=fp8:tensor", conv.parse_layout)]
+    keep = [
+        parse_keep("lm_head.weight=bf16", conv.parse_layout),
+        parse_keep("*.down_proj.weight=fp8:tensor", conv.parse_layout),
+    ]
     p = conv.plan(source, conv.parse_target("nvfp4"), keep)
     layouts = {o.map.name: o.layout for o in p.outputs}
     assert layouts["lm_head.weight"] == "bf16" and layouts["model.layers.0.mlp.down_proj.weight"] == "fp8-tensor"
@@ -183,12 +210,25 @@ def test_transformers_loads_the_outputs(tmp_path):
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, head_dim=16, intermediate_size=128))
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+        )
+    )
     source = tmp_path / "qwen3"
     model.to(torch.bfloat16).save_pretrained(source)
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
-    for to, options in (("f32", {}), ("fp8", {}), ("nvfp4:ct", {"quantization_config": CompressedTensorsConfig(run_compressed=False)})):
+    for to, options in (
+        ("f32", {}),
+        ("fp8", {}),
+        ("nvfp4:ct", {"quantization_config": CompressedTensorsConfig(run_compressed=False)}),
+    ):
         out = tmp_path / to.replace(":", "-")
         convert(source, out, to)
         loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **options)
@@ -235,18 +275,45 @@ def _transformers_model(family: str):
 
     torch.manual_seed(0)
     if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                            num_key_value_heads=2, head_dim=16, intermediate_size=128))
-    text = dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [3, 3, 2], "mrope_interleaved": True})
+        return Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=256,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=128,
+            )
+        )
+    text = dict(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1e4,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+    )
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)
     model = Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
     with torch.no_grad():  # zero-initialised norms would hide the 1 + w convention
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
@@ -257,7 +324,9 @@ def _transformers_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     transformers holds them in memory (it fuses them itself when it loads from disk)."""
     out, experts = {}, {}
     for name, tensor in weights.items():
-        name = "model." + name.removeprefix("model.language_model.") if name.startswith("model.language_model.") else name
+        name = (
+            "model." + name.removeprefix("model.language_model.") if name.startswith("model.language_model.") else name
+        )
         if ".mlp.experts." in name and name.endswith("_proj.weight"):
             prefix, rest = name.split(".mlp.experts.")
             e, proj, _ = rest.split(".")
@@ -271,7 +340,8 @@ def _transformers_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         if proj == "gate_proj":
             up = experts[(prefix, "up_proj")]
             out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
-                [torch.cat([by_expert[e], up[e]]) for e in sorted(by_expert)])
+                [torch.cat([by_expert[e], up[e]]) for e in sorted(by_expert)]
+            )
     return out
 
 
@@ -290,8 +360,13 @@ def test_cli_dry_run_json_and_report(targets, tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)["report"]
     assert 0.02 < report["rel_error"] < 0.03 and report["bytes"] == sum(t["bytes"] for t in report["tensors"])
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
-                                                     "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 def test_cli_gives_each_cpu_worker_its_share_of_torch_threads(targets, tmp_path, monkeypatch):
@@ -303,19 +378,33 @@ def test_cli_gives_each_cpu_worker_its_share_of_torch_threads(targets, tmp_path,
     monkeypatch.setattr(os, "cpu_count", lambda: 12)
     monkeypatch.setattr(conv, "execute", lambda *a, **k: (seen.append(torch.get_num_threads()), execute(*a, **k))[1])
     before = torch.get_num_threads()
-    convert_command.convert(source=str(targets["qwen3"]), destination=str(tmp_path / "out"), to="bf16", target=None,
-                            keep=None, device="cpu", workers=3, max_shard_size="5GB", gguf_file=None, dry_run=False, json_output=False,
-                            quiet=True)
+    convert_command.convert(
+        source=str(targets["qwen3"]),
+        destination=str(tmp_path / "out"),
+        to="bf16",
+        target=None,
+        keep=None,
+        device="cpu",
+        workers=3,
+        max_shard_size="5GB",
+        gguf_file=None,
+        dry_run=False,
+        json_output=False,
+        quiet=True,
+    )
     assert seen == [4] and torch.get_num_threads() == before and (tmp_path / "out" / "config.json").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--to", "int3"], "--to int3: unknown target layout"),
-    (["--to", "affine:7:64"], "affine needs BITS in"),
-    (["--to", "gguf:Q4_K"], "writes one GGUF file: name it *.gguf"),
-    (["--to", "nvfp4", "--keep", "lm_head.weight"], "expected GLOB=LAYOUT"),
-    (["--to", "nvfp4", "--keep", "*=fp3"], "unknown layout 'fp3'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--to", "int3"], "--to int3: unknown target layout"),
+        (["--to", "affine:7:64"], "affine needs BITS in"),
+        (["--to", "gguf:Q4_K"], "writes one GGUF file: name it *.gguf"),
+        (["--to", "nvfp4", "--keep", "lm_head.weight"], "expected GLOB=LAYOUT"),
+        (["--to", "nvfp4", "--keep", "*=fp3"], "unknown layout 'fp3'"),
+    ],
+)
 def test_cli_refuses_bad_requests(targets, tmp_path, args, message):
     out = tmp_path / "out"
     done = run("convert", str(targets["qwen3"]), str(out), *args)
@@ -329,7 +418,7 @@ def test_bad_checkpoints_leave_nothing_behind(targets, tmp_path):
     convert(targets["qwen3"], good, "nvfp4")
     shard = good / "model.safetensors"
     header_len = int.from_bytes(shard.read_bytes()[:8], "little")
-    header = json.loads(shard.read_bytes()[8:8 + header_len])
+    header = json.loads(shard.read_bytes()[8 : 8 + header_len])
     cases = {
         "missing": lambda h: h.pop("model.layers.0.mlp.up_proj.weight_scale"),
         "misshapen": lambda h: h["model.layers.0.mlp.up_proj.weight_scale"].update(shape=[64, 2]),
@@ -349,11 +438,11 @@ def test_bad_checkpoints_leave_nothing_behind(targets, tmp_path):
             for entry in h.values():
                 if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] > begin:
                     entry["data_offsets"] = [o - (removed[1] - removed[0] - 128) for o in entry["data_offsets"]]
-            data = shard.read_bytes()[8 + header_len:]
-            data = data[:begin + 128] + data[removed[1]:]
+            data = shard.read_bytes()[8 + header_len :]
+            data = data[: begin + 128] + data[removed[1] :]
         else:
-            data = shard.read_bytes()[8 + header_len:]
-            data = data[:removed[0]] + data[removed[1]:]
+            data = shard.read_bytes()[8 + header_len :]
+            data = data[: removed[0]] + data[removed[1] :]
             for entry in h.values():
                 if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= removed[1]:
                     entry["data_offsets"] = [o - (removed[1] - removed[0]) for o in entry["data_offsets"]]
@@ -415,9 +504,13 @@ def test_sharded_source_and_output(tmp_path):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(shards) > 3 and sorted(set(index["weight_map"].values())) == shards
     assert index["metadata"]["total_size"] == sum(
-        e["data_offsets"][1] - e["data_offsets"][0] for s in shards
-        for k, e in json.loads((out / s).read_bytes()[8:8 + int.from_bytes((out / s).read_bytes()[:8], "little")]).items()
-        if k != "__metadata__")
+        e["data_offsets"][1] - e["data_offsets"][0]
+        for s in shards
+        for k, e in json.loads(
+            (out / s).read_bytes()[8 : 8 + int.from_bytes((out / s).read_bytes()[:8], "little")]
+        ).items()
+        if k != "__metadata__"
+    )
     for shard in shards:  # the reference reader opens every shard and every tensor
         with safe_open(str(out / shard), "pt") as f:
             assert all(f.get_tensor(k).numel() >= 0 for k in f.keys())
@@ -434,8 +527,11 @@ def test_every_family_through_gguf_and_back(targets, tmp_path, family):
     conv.execute(p, str(gguf_path))
     convert(gguf_path, back, "f32")
     # the GGUF comes back as the text-only model (Qwen3_5*ForCausalLM, under `model.`): it has no vision tower
-    reference = {n.replace("model.language_model.", "model."): t for n, t in float_weights(targets[family]).items()
-                 if not n.startswith("model.visual.")}
+    reference = {
+        n.replace("model.language_model.", "model."): t
+        for n, t in float_weights(targets[family]).items()
+        if not n.startswith("model.visual.")
+    }
     result = float_weights(back)
     assert set(result) == set(reference)
     for name, tensor in result.items():
@@ -448,8 +544,16 @@ def test_exl3_both_ways(tmp_path):
     """BF16 -> EXL3 (ExLlamaV3's schema, padded to 128, head at 6 bits) -> BF16 -> EXL3 keeps the weights within
     the trellis' error each way; EXL3 -> EXL3 copies the trellis; a trellis that does not fit the config is refused.
     (The head's 6-bit search is the slow one on a CPU: it is planned here, and encoded on the GPU machine.)"""
-    source = build_target(tmp_path / "qwen3", "qwen3", layers=1, hidden=64, intermediate=64, vocab_size=128,
-                          flavour="qwen3", tokenizer=False)
+    source = build_target(
+        tmp_path / "qwen3",
+        "qwen3",
+        layers=1,
+        hidden=64,
+        intermediate=64,
+        vocab_size=128,
+        flavour="qwen3",
+        tokenizer=False,
+    )
     plan = conv.plan(conv.open_source(str(source)), conv.parse_target("exl3:2"))
     assert {o.layout for o in plan.outputs if o.map.name == "lm_head.weight"} == {"exl3-6bpw"}
     out, back, again = tmp_path / "exl3", tmp_path / "back", tmp_path / "again"
@@ -459,8 +563,21 @@ def test_exl3_both_ways(tmp_path):
     assert config["quantization_config"]["quant_method"] == "exl3" and config["quantization_config"]["bits"] == 2
     storage = json.loads((out / "quantization_config.json").read_text())["tensor_storage"]
     assert storage["model.layers.0.mlp.up_proj"]["bits_per_weight"] == 2
-    assert storage["model.layers.0.mlp.up_proj"]["stored_tensors"]["model.layers.0.mlp.up_proj.trellis"]["shape"] == [8, 8, 32]
+    assert storage["model.layers.0.mlp.up_proj"]["stored_tensors"]["model.layers.0.mlp.up_proj.trellis"]["shape"] == [
+        8,
+        8,
+        32,
+    ]
     assert open_checkpoint(str(out)).quantization.method == "exl3"
+    # the model layer reads the EXL3 copy as the same model: config, canonical names, real (unpadded) shapes,
+    # and each trellis kept packed dequantizes to exactly what `load` gives
+    stored, original = open_model(str(out)), open_model(str(source))
+    assert stored.config == original.config and set(stored.names) == set(original.names)
+    assert {n: stored.shape(n) for n in stored.names} == {n: original.shape(n) for n in original.names}
+    trellises = [n for n in stored.names if layout_of(stored.layout(n)).kind == "exl3"]
+    assert len(trellises) == 7  # q, k, v, o, gate, up, down
+    for name in trellises:
+        assert torch.equal(stored.load_packed(name).dequantize(), stored.load(name)), name
     convert(out, back, "bf16")
     reference, result = float_weights(source), float_weights(back)
     assert set(result) == set(reference)
@@ -487,6 +604,7 @@ def test_exl3_both_ways(tmp_path):
 
 # --- feedback (issue 12) -----------------------------------------------------------------------------
 
+
 def test_report_is_summarised_and_its_overall_error_counts_every_lossy_cast(tmp_path):
     """GGUF F32 to bf16: every matrix rounds to bf16. The overall figure is theirs (it read 0.00000 above rows of
     0.0014 when bf16 casts were left out of it); people get per-part totals and the 10 worst tensors, --verbose or
@@ -505,7 +623,10 @@ def test_report_is_summarised_and_its_overall_error_counts_every_lossy_cast(tmp_
     assert sum(g["tensors"] for g in report["groups"]) == len(report["tensors"])
     human = run("convert", str(source), str(tmp_path / "bf16-h"), "--to", "bf16").stdout
     verbose = run("convert", str(source), str(tmp_path / "bf16-v"), "--to", "bf16", "--verbose").stdout
-    rows = lambda text: sum(any(line.startswith(f"│ {t['name']} ") for t in lossy) for line in text.splitlines())
+
+    def rows(text: str) -> int:
+        return sum(any(line.startswith(f"│ {t['name']} ") for t in lossy) for line in text.splitlines())
+
     assert rows(human) == 10 and rows(verbose) == len(lossy)
     assert f"overall relative error {report['rel_error']:.5f} over the {len(lossy)} lossy tensors" in human
     assert "error by part" in human and "attention" in human
@@ -539,7 +660,9 @@ def test_exl3_work_is_estimated_before_it_starts_and_reported_as_it_goes(tmp_pat
     done = run("convert", str(source), str(tmp_path / "out"), "--to", "exl3:2", "--device", "cpu", "--json", *keep)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    assert lines[0].startswith("convert: EXL3 encodes 64 tiles of 256 weights at ") and "measured on cpu now" in lines[0]
+    assert (
+        lines[0].startswith("convert: EXL3 encodes 64 tiles of 256 weights at ") and "measured on cpu now" in lines[0]
+    )
     assert lines[1].startswith("convert: 14 tensors, ") and lines[1].endswith("64 EXL3 tiles to encode")
     tenths = [int(line.split()[1].rstrip("%")) for line in lines[2:-1]]
     assert tenths == sorted(set(tenths)) and tenths[-1] == 100 and all("tiles/s" in line for line in lines[2:-1])
@@ -554,3 +677,28 @@ def test_exl3_estimate_says_when_a_gpu_would_help():
     assert slow.startswith("EXL3 encodes 527,360 tiles of 256 weights at 35 tiles/s measured on cpu now: about 4.2 h")
     assert "a CUDA GPU would take about 12 s" in slow and "--device cuda" in slow
     assert "GPU" not in exl3_estimate(640, 35.0, "cpu") and "GPU" not in exl3_estimate(527_360, 44_000.0, "cuda")
+
+
+@pytest.mark.parametrize("to", ["nvfp4", "fp8", "affine4", "bf16"])
+def test_every_stored_byte_is_read_once(tmp_path, monkeypatch, to):
+    """A fused gate_up_proj feeds 2E per-expert outputs (E for MLX's stacks), and per-tensor scales need the
+    whole tensor's amax first: still every byte the outputs are made from is read once, and none twice."""
+    from specpair.formats import safetensors
+
+    source = build_target(tmp_path / "t", "qwen3_5_moe", layers=4, experts=4, mtp=True, vision=False)
+    p = conv.plan(conv.open_source(str(source)), conv.parse_target(to))
+    reads: list[tuple[str, int, int]] = []
+    original = safetensors.read_bytes
+
+    def recording(path, info):
+        reads.append((path, info.offset, info.nbytes))
+        return original(path, info)
+
+    monkeypatch.setattr(safetensors, "read_bytes", recording)
+    conv.execute(p, str(tmp_path / "out"))
+    ranges = sorted(reads)
+    assert all(a[0] != b[0] or a[1] + a[2] <= b[1] for a, b in zip(ranges, ranges[1:]))  # no byte read twice
+    used = {name for o in p.outputs for name in o.map.sources}
+    assert used and (to != "affine4" or not any(n.startswith("mtp.") for n in used))  # MLX has no MTP head
+    stored = sum(i.nbytes for name, w in p.source.weights.items() if name in used for i in w.parts.values())
+    assert sum(n for _, _, n in reads) == stored

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import TINY_VOCAB as VOCAB
 from fixtures import build_dflash, build_gguf_dflash, build_target, save, smollm2_gguf, tiny_model, vocabulary
 from llama_cpp import Llama
 
-from specpair.formats import convert as conv
+from specpair.convert import converter as conv
 from specpair.formats.weights import read_parts
 from specpair.sources import open_checkpoint
 
@@ -23,8 +22,9 @@ TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, 480, 37)]
 
 
 def convert(source: Path, destination: Path, to: str, donor: Path | None = None) -> conv.Report:
-    p = conv.plan(conv.open_source(str(source)), conv.parse_target(to), [],
-                  conv.open_source(str(donor)) if donor else None)
+    p = conv.plan(
+        conv.open_source(str(source)), conv.parse_target(to), [], conv.open_source(str(donor)) if donor else None
+    )
     return conv.execute(p, str(destination))
 
 
@@ -39,7 +39,7 @@ def transformers_logits(directory: Path) -> np.ndarray:
 def llama_cpp_logits(path: Path) -> np.ndarray:
     llm = Llama(model_path=str(path), logits_all=True, n_threads=1, n_ctx=128, verbose=False)
     llm.eval(TOKENS)
-    return np.array(llm.scores[:len(TOKENS)])
+    return np.array(llm.scores[: len(TOKENS)])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"])
@@ -67,11 +67,20 @@ def test_llama_cpp_runs_every_type_we_write(tmp_path, qtype):
     gguf_path = tmp_path / f"{qtype}.gguf"
     report = convert(source, gguf_path, f"gguf:{qtype}")
     layout = conv.parse_target(f"gguf:{qtype}").layout
-    from specpair.formats.policy import fits
+    from specpair.convert.policy import fits
 
-    shapes = {o.map.name: o.map.shape for o in conv.plan(conv.open_source(str(source)), conv.parse_target(f"gguf:{qtype}")).outputs}
-    fitting = {n for n, shape in shapes.items() if len(shape) == 2 and "norm" not in n and fits(layout, shape)
-               and not (qtype == "NVFP4" and n == "token_embd.weight")}  # llama.cpp looks it up without its scale
+    shapes = {
+        o.map.name: o.map.shape
+        for o in conv.plan(conv.open_source(str(source)), conv.parse_target(f"gguf:{qtype}")).outputs
+    }
+    fitting = {
+        n
+        for n, shape in shapes.items()
+        if len(shape) == 2
+        and "norm" not in n
+        and fits(layout, shape)
+        and not (qtype == "NVFP4" and n == "token_embd.weight")
+    }  # llama.cpp looks it up without its scale
     assert len(fitting) >= 22 and {t.name for t in report.tensors if t.layout == layout} == fitting
     decoded = tmp_path / "decoded"
     convert(gguf_path, decoded, "f32")
@@ -121,9 +130,10 @@ def test_smollm2_round_trip_keeps_its_greedy_answers(tmp_path):
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     answers = []
     for question in ("What is the capital of France?", "Name three primary colors.", "What is 2+2?"):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                               return_dict=True)["input_ids"]
-        want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :].tolist()
         got = []
         for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
             got.append(token)
@@ -158,8 +168,9 @@ def test_dflash_drafter_gets_upstream_arch_and_the_targets_tokenizer(tmp_path):
 
 def test_fork_dflash_draft_gguf_is_written_as_upstream_dflash(tmp_path):
     """A fork's `dflash-draft` GGUF (HF tap ids, dflash_fc names) becomes upstream `dflash` with the same bytes."""
-    fork = build_gguf_dflash(tmp_path / "fork.gguf", "dflash-draft", target_layer_ids=[1, 4], num_target_layers=8,
-                             qtype="Q8_0")
+    fork = build_gguf_dflash(
+        tmp_path / "fork.gguf", "dflash-draft", target_layer_ids=[1, 4], num_target_layers=8, qtype="Q8_0"
+    )
     out = tmp_path / "upstream.gguf"
     report = convert(fork, out, "gguf:Q8_0")
     assert {t.mode for t in report.tensors} <= {"copy", "rows"}

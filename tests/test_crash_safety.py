@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 from fixtures import build_dflash, build_gguf_target, build_target
 from hubserver import LFS_SUFFIXES, FakeHub, Fault, git_blob_id
+
 from specpair.cli import main
 from specpair.sources.lockfile import read_lock
 
@@ -68,23 +69,46 @@ class ForkServer:
         self.count = 0
         # one BLAS thread: the server stays single-threaded, so a fork copies no thread mid-flight
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, str(FORKSERVER)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(
+            [sys.executable, str(FORKSERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
 
-    def run(self, argv: list[str], *, cwd: Path, env: dict[str, str], kill_after_s: float | None = None,
-            file_size_limit: int | None = None, kill_when: dict | None = None, signal: str | None = None) -> Ran:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        kill_after_s: float | None = None,
+        file_size_limit: int | None = None,
+        kill_when: dict | None = None,
+        signal: str | None = None,
+    ) -> Ran:
         self.count += 1
         prefix = self.scratch / f"run-{self.count}"
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "output": str(prefix), "kill_after_s": kill_after_s,
-                   "file_size_limit": file_size_limit, "kill_when": kill_when, "signal": signal}
+        request = {
+            "argv": argv,
+            "cwd": str(cwd),
+            "env": env,
+            "output": str(prefix),
+            "kill_after_s": kill_after_s,
+            "file_size_limit": file_size_limit,
+            "kill_when": kill_when,
+            "signal": signal,
+        }
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         assert line, "the fork server died"
         answer = json.loads(line)
         out, err = (Path(f"{prefix}{suffix}") for suffix in (".out", ".err"))
-        ran = Ran(answer["status"], answer["seconds"], out.read_text(errors="replace"), err.read_text(errors="replace"),
-                  answer["killed_by"])
+        ran = Ran(
+            answer["status"],
+            answer["seconds"],
+            out.read_text(errors="replace"),
+            err.read_text(errors="replace"),
+            answer["killed_by"],
+        )
         out.unlink()
         err.unlink()
         return ran
@@ -133,10 +157,15 @@ def write_report(section: str, lines: list[str]) -> None:
 
 def commit_note() -> str:
     root = REPORT.parents[1]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                            check=False).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                           text=True, check=False).stdout.strip()
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "unknown"
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=False
+    ).stdout.strip()
     return f"commit {commit}{' plus uncommitted changes' if dirty else ''}"
 
 
@@ -152,12 +181,15 @@ class Tally:
 
     def summary(self) -> str:
         tenths = collections.Counter(min(9, int(f * 10)) for f in self.fractions)
-        return (f"{self.kills} kills ({self.finished_first} more runs ended before their kill was due), "
-                f"delays per tenth of [0, T]: {[tenths[d] for d in range(10)]}")
+        return (
+            f"{self.kills} kills ({self.finished_first} more runs ended before their kill was due), "
+            f"delays per tenth of [0, T]: {[tenths[d] for d in range(10)]}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
 # convert
+
 
 @dataclass(frozen=True)
 class Conversion:
@@ -167,8 +199,17 @@ class Conversion:
     options: tuple[str, ...] = ()
 
     def argv(self, destination: Path) -> list[str]:
-        return ["convert", str(self.source), str(destination), "--to", self.to, "--quiet", "--device", "cpu",
-                *self.options]
+        return [
+            "convert",
+            str(self.source),
+            str(destination),
+            "--to",
+            self.to,
+            "--quiet",
+            "--device",
+            "cpu",
+            *self.options,
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +218,11 @@ def conversions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Conversio
     root = tmp_path_factory.mktemp("sources")
     hf = build_target(root / "hf", "qwen3", layers=2, hidden=128, intermediate=256)
     gguf = build_gguf_target(root / "model.gguf", "llama", layers=2, hidden=128, intermediate=256)
-    return {"safetensors shards": Conversion(hf, "fp8", "out", ("--max-shard-size", "150KB")),
-            "one GGUF file": Conversion(hf, "gguf:Q8_0", "out.gguf"),
-            "GGUF to safetensors": Conversion(gguf, "bf16", "out")}
+    return {
+        "safetensors shards": Conversion(hf, "fp8", "out", ("--max-shard-size", "150KB")),
+        "one GGUF file": Conversion(hf, "gguf:Q8_0", "out.gguf"),
+        "GGUF to safetensors": Conversion(gguf, "bf16", "out"),
+    }
 
 
 @dataclass
@@ -227,7 +270,9 @@ def check_after_kill(destination: Path, expected: Reference, source: Path, sourc
     assert tree(source) == source_files, "the source changed"
 
 
-def test_convert_killed_anywhere_leaves_no_partial_output_and_reruns(server: ForkServer, conversions, tmp_path: Path) -> None:
+def test_convert_killed_anywhere_leaves_no_partial_output_and_reruns(
+    server: ForkServer, conversions, tmp_path: Path
+) -> None:
     rng = random.Random(SEED)
     tallies: dict[str, Tally] = {}
     for name, conversion in conversions.items():
@@ -269,21 +314,27 @@ def test_convert_killed_anywhere_leaves_no_partial_output_and_reruns(server: For
             lines.append(f"- **{name}** (`--to {conversions[name].to}`): " + tally.summary())
             lines += [f"  - kill landed {where}: {n}" for where, n in tally.landed.most_common()]
             lines += [f"  - then: {what}: {n}" for what, n in tally.reruns.most_common()]
-        lines += ["", "Every kill: DST absent or identical to the reference (sha256 of every file), nothing but "
-                      "DST.specpair-partial beside it, the source unchanged; every re-run: DST identical to the "
-                      "reference, the partial gone."]
+        lines += [
+            "",
+            "Every kill: DST absent or identical to the reference (sha256 of every file), nothing but "
+            "DST.specpair-partial beside it, the source unchanged; every re-run: DST identical to the "
+            "reference, the partial gone.",
+        ]
         write_report("crash-convert", lines)
 
 
 # ---------------------------------------------------------------------------------------------------
 # download
 
+
 @pytest.fixture(scope="module")
 def hub_pair(fake_hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
     """A target and its drafter on the fake Hub, their weights sent slowly: {repo: {path: bytes}}."""
     root = tmp_path_factory.mktemp("hub")
-    sources = {"org/target": build_target(root / "target", "qwen3", layers=2, hidden=128, intermediate=256),
-               "org/draft": build_dflash(root / "draft")}
+    sources = {
+        "org/target": build_target(root / "target", "qwen3", layers=2, hidden=128, intermediate=256),
+        "org/draft": build_dflash(root / "draft"),
+    }
     pair = {}
     for repo, directory in sources.items():
         files = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
@@ -307,7 +358,9 @@ class Left:
     partial: dict[str, int] = field(default_factory=dict)
 
 
-def download_left(trial: Path, layout: str, pair: dict[str, dict[str, bytes]], commits: dict[str, str]) -> dict[str, Left]:
+def download_left(
+    trial: Path, layout: str, pair: dict[str, dict[str, bytes]], commits: dict[str, str]
+) -> dict[str, Left]:
     """Walk everything the download wrote and check it on the way: a name that is final holds the Hub's bytes,
     a partial holds a prefix of them, and nothing else lies in the snapshot or the local directory."""
     left = {}
@@ -343,19 +396,24 @@ def download_left(trial: Path, layout: str, pair: dict[str, dict[str, bytes]], c
                 if path.startswith(".cache/specpair/download/"):
                     if path.endswith(".lock"):
                         continue
-                    match = re.fullmatch(r"(.+)\.([0-9a-f]{16})\.incomplete", path.removeprefix(".cache/specpair/download/"))
+                    match = re.fullmatch(
+                        r"(.+)\.([0-9a-f]{16})\.incomplete", path.removeprefix(".cache/specpair/download/")
+                    )
                     assert match and match[1] in files and etag(match[1], files[match[1]]).startswith(match[2]), path
                     data = entry.read_bytes()
                     assert files[match[1]].startswith(data), f"{entry}: the partial is not a prefix of {match[1]}"
                     seen.partial[match[1]] = len(data)
                     continue
-                assert path in files and entry.read_bytes() == files[path], f"{entry}: not the Hub's file under a final name"
+                assert path in files and entry.read_bytes() == files[path], (
+                    f"{entry}: not the Hub's file under a final name"
+                )
                 seen.final.add(path)
     lock = lock_of(trial, layout)
     if lock.exists():  # written last, in one rename: complete, and only once every file is final
         locked = {r.repo: {(f.path, f.size, f.sha256) for f in r.files} for r in read_lock(str(lock))}
-        assert locked == {repo: {(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()}
-                          for repo, files in pair.items()}
+        assert locked == {
+            repo: {(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()} for repo, files in pair.items()
+        }
         assert all(seen.final == set(pair[repo]) for repo, seen in left.items())
     return left
 
@@ -376,12 +434,15 @@ def download_landing(left: dict[str, Left], trial: Path, pair: dict[str, dict[st
     return "between files (no partial)" if final else "before the first byte"
 
 
-def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: ForkServer, fake_hub: FakeHub,
-                                                                         hub_pair, tmp_path: Path) -> None:
+def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(
+    server: ForkServer, fake_hub: FakeHub, hub_pair, tmp_path: Path
+) -> None:
     rng = random.Random(SEED)
     commits = {repo: fake_hub.repos[repo].commit for repo in hub_pair}
     argv = ["download", *(f"{repo}@{commit}" for repo, commit in commits.items()), "--json"]
-    source_bytes = {repo: {p: hashlib.sha256(d).hexdigest() for p, d in files.items()} for repo, files in hub_pair.items()}
+    source_bytes = {
+        repo: {p: hashlib.sha256(d).hexdigest() for p, d in files.items()} for repo, files in hub_pair.items()
+    }
     tallies: dict[str, Tally] = {}
     resumed = collections.Counter()
     for layout in ("hf-cache", "local-dir"):
@@ -390,7 +451,9 @@ def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: 
         for k in range(3):
             trial = tmp_path / layout / f"timing-{k}"
             trial.mkdir(parents=True)
-            ran = server.run(argv + options, cwd=trial, env=plain_env(HF_ENDPOINT=fake_hub.url, HF_HOME=str(trial / "hf")))
+            ran = server.run(
+                argv + options, cwd=trial, env=plain_env(HF_ENDPOINT=fake_hub.url, HF_HOME=str(trial / "hf"))
+            )
             assert ran.status == 0, ran.err
             timings.append(ran.seconds)
         duration = sorted(timings)[1]
@@ -429,21 +492,29 @@ def test_download_killed_anywhere_keeps_only_verified_files_and_resumes(server: 
             verified = server.run(["verify", str(lock_of(trial, layout))], cwd=trial, env=env)
             assert verified.status == 0, verified.out + verified.err
             tally.reruns["completed and verified"] += 1
-            assert {repo: {p: hashlib.sha256(d).hexdigest() for p, d in fake_hub.repos[repo].files.items()}
-                    for repo in hub_pair} == source_bytes
+            assert {
+                repo: {p: hashlib.sha256(d).hexdigest() for p, d in fake_hub.repos[repo].files.items()}
+                for repo in hub_pair
+            } == source_bytes
     assert sum(t.kills for t in tallies.values()) >= KILLS
     if DOCUMENT:
-        lines = [f"`specpair download` of a target and its drafter (13 files, 1.8 MB) from the fake Hub, weights "
-                 f"sent at 64 KiB per {CHUNK_DELAY_S * 1000:g} ms, {commit_note()}; T = median uninterrupted run, "
-                 f"seed {SEED}:", ""]
+        lines = [
+            f"`specpair download` of a target and its drafter (13 files, 1.8 MB) from the fake Hub, weights "
+            f"sent at 64 KiB per {CHUNK_DELAY_S * 1000:g} ms, {commit_note()}; T = median uninterrupted run, "
+            f"seed {SEED}:",
+            "",
+        ]
         for layout, tally in tallies.items():
             lines.append(f"- **{layout}**: " + tally.summary())
             lines += [f"  - kill landed {where}: {n}" for where, n in tally.landed.most_common()]
             lines += [f"  - then: {what}: {n}" for what, n in tally.reruns.most_common()]
-        lines += ["", f"Re-runs resumed {resumed['files']} partial files ({resumed['bytes']} bytes kept from killed "
-                      "runs, each file's resumed bytes equal to its partial's size). Every kill: every file under a "
-                      "final name had the Hub's bytes, every partial a prefix of its file, the lockfile absent or "
-                      "complete; every re-run: exit 0 and `specpair verify` clean."]
+        lines += [
+            "",
+            f"Re-runs resumed {resumed['files']} partial files ({resumed['bytes']} bytes kept from killed "
+            "runs, each file's resumed bytes equal to its partial's size). Every kill: every file under a "
+            "final name had the Hub's bytes, every partial a prefix of its file, the lockfile absent or "
+            "complete; every re-run: exit 0 and `specpair verify` clean.",
+        ]
         write_report("crash-download", lines)
 
 
@@ -455,24 +526,45 @@ def test_sigterm_and_ctrl_c_leave_no_partial_behind(server: ForkServer, tmp_path
     source_files = tree(source)
     trial = tmp_path / "trial"
     trial.mkdir()
-    argv = ["convert", str(source), "out", "--to", "exl3:2", "--device", "cpu", "--quiet", "--keep", "*mlp*=bf16",
-            "--keep", "lm_head.weight=bf16"]
-    ran = server.run(argv, cwd=trial, env=plain_env(), kill_after_s=600, signal=signal_name,
-                     kill_when={"glob": "out" + PARTIAL + "/*.safetensors", "min_bytes": 1})
+    argv = [
+        "convert",
+        str(source),
+        "out",
+        "--to",
+        "exl3:2",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--keep",
+        "*mlp*=bf16",
+        "--keep",
+        "lm_head.weight=bf16",
+    ]
+    ran = server.run(
+        argv,
+        cwd=trial,
+        env=plain_env(),
+        kill_after_s=600,
+        signal=signal_name,
+        kill_when={"glob": "out" + PARTIAL + "/*.safetensors", "min_bytes": 1},
+    )
     number = int(getattr(__import__("signal"), signal_name))
     assert (ran.status, ran.killed_by) == (128 + number, "file"), ran.err
     assert one_line(ran.err) == f"error: interrupted by {signal_name}: nothing was left behind\n"
     assert list(trial.iterdir()) == [] and tree(source) == source_files
 
 
-PARTIALS = {"hf-cache": "hf/hub/models--org--target/blobs/*.incomplete",
-            "local-dir": "models/target/.cache/specpair/download/*.incomplete"}
+PARTIALS = {
+    "hf-cache": "hf/hub/models--org--target/blobs/*.incomplete",
+    "local-dir": "models/target/.cache/specpair/download/*.incomplete",
+}
 
 
 @pytest.mark.parametrize("layout", ["hf-cache", "local-dir"])
 @pytest.mark.parametrize("eighths", [1, 4, 7])
-def test_download_killed_mid_file_resumes_from_the_bytes_it_kept(server: ForkServer, fake_hub: FakeHub, hub_pair,
-                                                                  tmp_path: Path, layout: str, eighths: int) -> None:
+def test_download_killed_mid_file_resumes_from_the_bytes_it_kept(
+    server: ForkServer, fake_hub: FakeHub, hub_pair, tmp_path: Path, layout: str, eighths: int
+) -> None:
     """The kill is placed by bytes, not by time: the fake Hub holds the target's weights at a byte offset, and the
     child is killed once its partial file holds half of that. The re-run then resumes from exactly what the partial
     keeps, and verifies."""
@@ -487,8 +579,13 @@ def test_download_killed_mid_file_resumes_from_the_bytes_it_kept(server: ForkSer
     held = Fault(chunk_delay_s=CHUNK_DELAY_S, stall_at=offset, stall_s=30)
     fake_hub.faults[("org/target", weights)], kept_fault = held, fake_hub.faults[("org/target", weights)]
     try:
-        killed = server.run(argv + options, cwd=trial, env=env, kill_after_s=60,
-                            kill_when={"glob": PARTIALS[layout], "min_bytes": offset // 2})
+        killed = server.run(
+            argv + options,
+            cwd=trial,
+            env=env,
+            kill_after_s=60,
+            kill_when={"glob": PARTIALS[layout], "min_bytes": offset // 2},
+        )
     finally:
         fake_hub.faults[("org/target", weights)] = kept_fault
     assert (killed.status, killed.killed_by) == (-9, "file"), killed.err
@@ -506,10 +603,11 @@ def test_download_killed_mid_file_resumes_from_the_bytes_it_kept(server: ForkSer
 # ---------------------------------------------------------------------------------------------------
 # a full disk during convert
 
+
 @pytest.mark.parametrize("name", ["safetensors shards", "one GGUF file"])
-def test_full_disk_during_convert_is_one_line_and_leaves_nothing(conversions, name: str, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_full_disk_during_convert_is_one_line_and_leaves_nothing(
+    conversions, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The writers' files are opened on /dev/full, where every write fails with the kernel's ENOSPC."""
     import gguf.gguf_writer
 
@@ -532,21 +630,25 @@ def test_full_disk_during_convert_is_one_line_and_leaves_nothing(conversions, na
         main()
     err = one_line(capsys.readouterr().err)
     assert exited.value.code == 1
-    assert err == (f"error: {destination}: the disk is full ({os.strerror(errno.ENOSPC)}); nothing was left behind: "
-                   "free some space and run again\n")
+    assert err == (
+        f"error: {destination}: the disk is full ({os.strerror(errno.ENOSPC)}); nothing was left behind: "
+        "free some space and run again\n"
+    )
     assert list(tmp_path.iterdir()) == [] and tree(conversion.source) == source_files
 
 
 @pytest.mark.parametrize("name", ["safetensors shards", "one GGUF file", "GGUF to safetensors"])
-def test_file_size_limit_mid_write_is_one_line_and_leaves_nothing(server: ForkServer, conversions, name: str,
-                                                                  tmp_path: Path) -> None:
+def test_file_size_limit_mid_write_is_one_line_and_leaves_nothing(
+    server: ForkServer, conversions, name: str, tmp_path: Path
+) -> None:
     """RLIMIT_FSIZE below the output's size: the kernel fails a write() part-way into a file (EFBIG)."""
     conversion = conversions[name]
     source_files = tree(conversion.source)
     destination = tmp_path / "out" / conversion.destination
     destination.parent.mkdir()
-    limited = server.run(conversion.argv(destination), cwd=destination.parent, env=plain_env(),
-                         file_size_limit=64 << 10)
+    limited = server.run(
+        conversion.argv(destination), cwd=destination.parent, env=plain_env(), file_size_limit=64 << 10
+    )
     assert limited.status == 1, limited.err
     err = one_line(limited.err)
     assert err.startswith(f"error: {destination}: writing failed (") and "nothing was left behind" in err

@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_check_md_matches_the_rule_table():
-    assert (ROOT / "docs" / "check.md").read_text() == render(), "run: python -m specpair.compat.rules_doc > docs/check.md"
+    assert (ROOT / "docs" / "check.md").read_text() == render(), (
+        "run: python -m specpair.compat.rules_doc > docs/check.md"
+    )
 
 
 def test_every_rule_is_documented_with_a_rendered_example():

@@ -23,11 +23,21 @@ from pathlib import Path
 import pytest
 from fixtures import build_dflash, build_target
 from hubserver import FakeHub, Fault, free_port, olah_cli, start_olah
+
 from specpair.cli import main
 from specpair.sources import download
 
-HF_VARIABLES = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE", "HF_TOKEN", "XDG_CACHE_HOME", "HF_HUB_DOWNLOAD_TIMEOUT")
+HF_VARIABLES = (
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_TOKEN",
+    "XDG_CACHE_HOME",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+)
 WEIGHTS = "model.safetensors"
 CUT = 300_000  # where an injected fault cuts the target's model.safetensors (1.1 MB)
 
@@ -45,6 +55,7 @@ class Result:
 @pytest.fixture
 def specpair(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run the CLI in this process: `specpair(*args) -> Result`."""
+
     def run(*args: str) -> Result:
         monkeypatch.setattr(sys, "argv", ["specpair", *args])
         try:
@@ -54,6 +65,7 @@ def specpair(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
+
     return run
 
 
@@ -68,7 +80,9 @@ def files_of(directory: Path) -> dict[str, bytes]:
     """The files of a checkpoint directory, leaving out the download bookkeeping (.cache/, and the specpair.lock a
     --local-dir download of one repo writes into its directory)."""
     found = {str(p.relative_to(directory)): p for p in sorted(directory.rglob("*")) if p.is_file()}
-    return {name: p.read_bytes() for name, p in found.items() if not name.startswith(".cache/") and name != "specpair.lock"}
+    return {
+        name: p.read_bytes() for name, p in found.items() if not name.startswith(".cache/") and name != "specpair.lock"
+    }
 
 
 @pytest.fixture
@@ -105,8 +119,9 @@ def file_gets(hub: FakeHub, repo: str) -> list[tuple[str, str | None]]:
 # ---------------------------------------------------------------- pairs, revisions, the lockfile
 
 
-def test_pair_is_fetched_each_repo_at_its_own_commit(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                     tmp_path: Path) -> None:
+def test_pair_is_fetched_each_repo_at_its_own_commit(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path
+) -> None:
     from huggingface_hub import hf_hub_download, scan_cache_dir
 
     target_dir, draft_dir = pair_dirs
@@ -120,25 +135,34 @@ def test_pair_is_fetched_each_repo_at_its_own_commit(fake_hub: FakeHub, cache: P
     report = result.json()
     assert report["schema"] == "specpair.download/1" and report["exit_code"] == 0
     assert [(r["repo"], r["role"], r["revision"], r["commit"]) for r in report["repos"]] == [
-        ("org/pair-target", "target", "main", target.commit), ("org/pair-draft", "draft", "v1.0", draft.commit)]
+        ("org/pair-target", "target", "main", target.commit),
+        ("org/pair-draft", "draft", "v1.0", draft.commit),
+    ]
     assert ("GET", "/api/models/org/pair-target/revision/main") in fake_hub.requests
     assert ("GET", "/api/models/org/pair-draft/revision/v1.0") in fake_hub.requests
-    for repo, commit, source in (("org/pair-target", target.commit, target_dir), ("org/pair-draft", draft.commit, draft_dir)):
+    for repo, commit, source in (
+        ("org/pair-target", target.commit, target_dir),
+        ("org/pair-draft", draft.commit, draft_dir),
+    ):
         entry = next(r for r in report["repos"] if r["repo"] == repo)
         assert entry["verified"] and entry["path"] == str(snapshot(cache, repo, commit))
         assert entry["bytes_transferred"] == entry["bytes_total"] == sum(len(d) for d in files_of(source).values())
         assert files_of(Path(entry["path"])) == files_of(source)
         # Every file was fetched at the repo's own commit.
         assert {p for m, p in fake_hub.requests if m == "GET" and p.startswith(f"/{repo}/resolve/")} == {
-            f"/{repo}/resolve/{commit}/{name}" for name in files_of(source)}
+            f"/{repo}/resolve/{commit}/{name}" for name in files_of(source)
+        }
     assert (cache / "models--org--pair-draft" / "refs" / "v1.0").read_text() == draft.commit
 
     lock = json.loads((tmp_path / "specpair.lock").read_text())
     assert lock["schema"] == "specpair.lock/1"
     assert [(r["repo"], r["revision"], r["commit"], r["layout"]) for r in lock["repos"]] == [
-        ("org/pair-target", "main", target.commit, "hf-cache"), ("org/pair-draft", "v1.0", draft.commit, "hf-cache")]
+        ("org/pair-target", "main", target.commit, "hf-cache"),
+        ("org/pair-draft", "v1.0", draft.commit, "hf-cache"),
+    ]
     assert {f["path"]: (f["size"], f["sha256"]) for f in lock["repos"][1]["files"]} == {
-        name: (len(data), hashlib.sha256(data).hexdigest()) for name, data in files_of(draft_dir).items()}
+        name: (len(data), hashlib.sha256(data).hexdigest()) for name, data in files_of(draft_dir).items()
+    }
 
     # huggingface_hub finds the files offline, by tag and by commit; its cache scan sees both snapshots.
     path = hf_hub_download("org/pair-draft", WEIGHTS, revision="v1.0", cache_dir=str(cache), local_files_only=True)
@@ -153,11 +177,14 @@ def test_pair_is_fetched_each_repo_at_its_own_commit(fake_hub: FakeHub, cache: P
     assert from_lock.code == local.code and from_lock.code in (0, 1), from_lock.err
     locked, plain = from_lock.json(), local.json()
     assert locked["target"]["revision"] == target.commit and locked["draft"]["revision"] == draft.commit
-    assert {s: v["status"] for s, v in locked["verdicts"].items()} == {s: v["status"] for s, v in plain["verdicts"].items()}
+    assert {s: v["status"] for s, v in locked["verdicts"].items()} == {
+        s: v["status"] for s, v in plain["verdicts"].items()
+    }
 
 
-def test_moving_ref_is_refused_under_require_sha_with_the_commit_to_pin(fake_hub: FakeHub, cache: Path, pair_dirs,
-                                                                        specpair, tmp_path: Path) -> None:
+def test_moving_ref_is_refused_under_require_sha_with_the_commit_to_pin(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path
+) -> None:
     draft = fake_hub.add("org/moving", files_of(pair_dirs[1]))
     draft.branches["v2"] = draft.commit
 
@@ -173,28 +200,35 @@ def test_moving_ref_is_refused_under_require_sha_with_the_commit_to_pin(fake_hub
     assert json.loads((tmp_path / "specpair.lock").read_text())["repos"][0]["revision"] == draft.commit
     # Without a lockfile, a branch is accepted: its commit is what is fetched and reported.
     unlocked = specpair("download", "org/moving@v2", "--no-lock", "--json")
-    assert unlocked.code == 0 and unlocked.json()["repos"][0]["commit"] == draft.commit and unlocked.json()["lock"] is None
+    assert (
+        unlocked.code == 0 and unlocked.json()["repos"][0]["commit"] == draft.commit and unlocked.json()["lock"] is None
+    )
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["org/a", "org/b", "--revision", "0" * 40], "--revision: applies to a single repo"),
-    (["org/a@v1", "--revision", "v2"], "org/a@v1: the revision is given twice"),
-    (["org/a", "org/b", "org/c"], "give one repo, or two"),
-    (["not a repo"], "not a Hub repo id"),
-    (["org/..", "--local-dir", "d"], "not a Hub repo id"),
-    (["org/a", "--no-lock", "--lock", "x.lock"], "--lock and --no-lock contradict"),
-    (["one/model", "two/model", "--local-dir", "d"], "both repos would be written to"),
-])
-def test_bad_arguments_exit_2_before_any_request(fake_hub: FakeHub, cache: Path, specpair, args: list[str],
-                                                 expected: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["org/a", "org/b", "--revision", "0" * 40], "--revision: applies to a single repo"),
+        (["org/a@v1", "--revision", "v2"], "org/a@v1: the revision is given twice"),
+        (["org/a", "org/b", "org/c"], "give one repo, or two"),
+        (["not a repo"], "not a Hub repo id"),
+        (["org/..", "--local-dir", "d"], "not a Hub repo id"),
+        (["org/a", "--no-lock", "--lock", "x.lock"], "--lock and --no-lock contradict"),
+        (["one/model", "two/model", "--local-dir", "d"], "both repos would be written to"),
+    ],
+)
+def test_bad_arguments_exit_2_before_any_request(
+    fake_hub: FakeHub, cache: Path, specpair, args: list[str], expected: str
+) -> None:
     before = len(fake_hub.requests)
     err = one_line_error(specpair("download", *args), 2)
     assert expected in err
     assert len(fake_hub.requests) == before
 
 
-def test_hf_hub_cache_is_honoured_and_an_unreachable_hub_exits_1(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_hub_cache_is_honoured_and_an_unreachable_hub_exits_1(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = fake_hub.add("org/elsewhere", files_of(pair_dirs[1]))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
     result = specpair("download", f"org/elsewhere@{repo.commit}", "--quiet")
@@ -206,14 +240,16 @@ def test_hf_hub_cache_is_honoured_and_an_unreachable_hub_exits_1(fake_hub: FakeH
     assert f"org/elsewhere@{repo.commit}: the Hub at http://127.0.0.1:" in err and "could not be reached" in err
 
 
-def test_two_runs_fetching_the_same_file_take_turns(fake_hub: FakeHub, cache: Path, pair_dirs,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_runs_fetching_the_same_file_take_turns(
+    fake_hub: FakeHub, cache: Path, pair_dirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")  # seconds; huggingface_hub reads it as an integer
     files = files_of(pair_dirs[1])
     repo = fake_hub.add("org/shared", files)
     fake_hub.faults[("org/shared", WEIGHTS)] = Fault(stall_at=1000, stall_s=60)  # keeps the first run busy a while
-    runs = [download.plan([f"org/shared@{repo.commit}"], None, [], [], None, False, True, lambda p: None)
-            for _ in range(2)]
+    runs = [
+        download.plan([f"org/shared@{repo.commit}"], None, [], [], None, False, True, lambda p: None) for _ in range(2)
+    ]
     results: list[list[download.RepoResult]] = []
 
     def run(plans: list[download.RepoPlan]) -> None:
@@ -242,8 +278,9 @@ def test_offline_mode_is_refused(cache: Path, specpair, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("layout", ["hf-cache", "local-dir"])
-def test_interrupted_download_resumes_with_only_the_missing_bytes(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                                  tmp_path: Path, layout: str) -> None:
+def test_interrupted_download_resumes_with_only_the_missing_bytes(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path, layout: str
+) -> None:
     repo_id = f"org/resume-{layout}"
     files = files_of(pair_dirs[0])
     repo = fake_hub.add(repo_id, files)
@@ -254,7 +291,14 @@ def test_interrupted_download_resumes_with_only_the_missing_bytes(fake_hub: Fake
         final, partial = blob(cache, repo_id, weights), Path(str(blob(cache, repo_id, weights)) + ".incomplete")
     else:
         final = tmp_path / "model" / WEIGHTS
-        partial = tmp_path / "model" / ".cache" / "specpair" / "download" / f"{WEIGHTS}.{hashlib.sha256(weights).hexdigest()[:16]}.incomplete"
+        partial = (
+            tmp_path
+            / "model"
+            / ".cache"
+            / "specpair"
+            / "download"
+            / f"{WEIGHTS}.{hashlib.sha256(weights).hexdigest()[:16]}.incomplete"
+        )
 
     err = one_line_error(specpair("download", f"{repo_id}@{repo.commit}", *options), 1)
 
@@ -284,8 +328,9 @@ def test_interrupted_download_resumes_with_only_the_missing_bytes(fake_hub: Fake
     assert specpair("verify", str(tmp_path / "model") if layout == "local-dir" else "specpair.lock").code == 0
 
 
-def test_local_dir_files_are_current_for_hf_download(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                     tmp_path: Path) -> None:
+def test_local_dir_files_are_current_for_hf_download(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path
+) -> None:
     from huggingface_hub import hf_hub_download
 
     repo = fake_hub.add("org/local", files_of(pair_dirs[1]))
@@ -293,16 +338,18 @@ def test_local_dir_files_are_current_for_hf_download(fake_hub: FakeHub, cache: P
     served = sum(fake_hub.served[("org/local", name)] for name in repo.files)
 
     # huggingface_hub's own --local-dir bookkeeping says the files are current: it fetches nothing.
-    path = hf_hub_download("org/local", WEIGHTS, revision=repo.commit, local_dir=str(tmp_path / "local"),
-                           endpoint=fake_hub.url)
+    path = hf_hub_download(
+        "org/local", WEIGHTS, revision=repo.commit, local_dir=str(tmp_path / "local"), endpoint=fake_hub.url
+    )
     assert Path(path).read_bytes() == repo.files[WEIGHTS]
     assert sum(fake_hub.served[("org/local", name)] for name in repo.files) == served
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [".cache", "config.json", WEIGHTS]
 
 
 @pytest.mark.parametrize(("name", "kind"), [(WEIGHTS, "sha256"), ("config.json", "git blob id")])
-def test_corrupt_bytes_are_never_kept(fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path,
-                                      name: str, kind: str) -> None:
+def test_corrupt_bytes_are_never_kept(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path, name: str, kind: str
+) -> None:
     repo_id = f"org/corrupt-{name.split('.')[0]}"
     repo = fake_hub.add(repo_id, files_of(pair_dirs[1]))
     fake_hub.faults[(repo_id, name)] = Fault(corrupt_at=5)
@@ -322,13 +369,17 @@ def test_corrupt_bytes_are_never_kept(fake_hub: FakeHub, cache: Path, pair_dirs,
     assert (snapshot(cache, repo_id, repo.commit) / name).read_bytes() == repo.files[name]
 
 
-@pytest.mark.parametrize(("fault", "partial"), [
-    (Fault(ignore_range=True), "prefix"),  # 200 to a Range request: start again from byte 0
-    (Fault(refuse_range=True), "prefix"),  # 416: the server will not resume
-    (Fault(), "longer"),  # a partial longer than the file is discarded
-])
-def test_partial_that_cannot_be_resumed_is_fetched_afresh(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                          fault: Fault, partial: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "partial"),
+    [
+        (Fault(ignore_range=True), "prefix"),  # 200 to a Range request: start again from byte 0
+        (Fault(refuse_range=True), "prefix"),  # 416: the server will not resume
+        (Fault(), "longer"),  # a partial longer than the file is discarded
+    ],
+)
+def test_partial_that_cannot_be_resumed_is_fetched_afresh(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, fault: Fault, partial: str
+) -> None:
     repo_id = f"org/restart-{len(fake_hub.repos)}"
     files = files_of(pair_dirs[0])
     repo = fake_hub.add(repo_id, files)
@@ -343,12 +394,15 @@ def test_partial_that_cannot_be_resumed_is_fetched_afresh(fake_hub: FakeHub, cac
     assert result.code == 0, result.err
     assert fake_hub.served[(repo_id, WEIGHTS)] == len(weights)
     entry = next(f for f in result.json()["repos"][0]["files"] if f["path"] == WEIGHTS)
-    assert entry["status"] == "downloaded" and entry["bytes_resumed"] == 0 and entry["bytes_transferred"] == len(weights)
+    assert (
+        entry["status"] == "downloaded" and entry["bytes_resumed"] == 0 and entry["bytes_transferred"] == len(weights)
+    )
     assert blob(cache, repo_id, weights).read_bytes() == weights and not path.exists()
 
 
-def test_corrupt_partial_is_removed_after_the_resume_fails_its_hash(fake_hub: FakeHub, cache: Path, pair_dirs,
-                                                                    specpair) -> None:
+def test_corrupt_partial_is_removed_after_the_resume_fails_its_hash(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair
+) -> None:
     files = files_of(pair_dirs[0])
     repo = fake_hub.add("org/bad-partial", files)
     weights = files[WEIGHTS]
@@ -374,15 +428,18 @@ def test_server_errors_are_retried_then_given_up(fake_hub: FakeHub, cache: Path,
     down = fake_hub.add("org/down", {**files, "extra.json": b"{}"})
     fake_hub.faults[("org/down", WEIGHTS)] = Fault(statuses=[500] * 20)
     err = one_line_error(specpair("download", f"org/down@{down.commit}"), 1)
-    assert f"org/down@{down.commit}/{WEIGHTS}: gave up after {download.RETRIES} retries without progress (HTTP 500)" in err
+    assert (
+        f"org/down@{down.commit}/{WEIGHTS}: gave up after {download.RETRIES} retries without progress (HTTP 500)" in err
+    )
     assert len(fake_hub.faults[("org/down", WEIGHTS)].statuses) == 20 - download.RETRIES - 1
     # The other files were completed and stay in place for the next run.
     assert (snapshot(cache, "org/down", down.commit) / "extra.json").read_bytes() == b"{}"
     assert not (snapshot(cache, "org/down", down.commit) / WEIGHTS).exists()
 
 
-def test_stalled_transfer_times_out_and_resumes(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stalled_transfer_times_out_and_resumes(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The server hangs for a minute (then hangs up): only the read timeout gets the download going again.
     monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")  # seconds; huggingface_hub reads it as an integer
     files = files_of(pair_dirs[0])
@@ -404,8 +461,9 @@ def test_stalled_transfer_times_out_and_resumes(fake_hub: FakeHub, cache: Path, 
     assert f"{CUT} of {len(files[WEIGHTS])} bytes are kept" in err
 
 
-def test_full_disk_mid_transfer_is_a_clean_error(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_disk_mid_transfer_is_a_clean_error(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = files_of(pair_dirs[0])
     repo = fake_hub.add("org/full", files)
     weights = files[WEIGHTS]
@@ -426,7 +484,10 @@ def test_full_disk_mid_transfer_is_a_clean_error(fake_hub: FakeHub, cache: Path,
     assert f"org/full@{repo.commit}/{WEIGHTS}: the disk is full (No space left on device)" in err
     assert "no file was left under its final name" in err and "free some space and run again to resume" in err
     partial = Path(str(blob(cache, "org/full", weights)) + ".incomplete")
-    assert not blob(cache, "org/full", weights).exists() and not (snapshot(cache, "org/full", repo.commit) / WEIGHTS).exists()
+    assert (
+        not blob(cache, "org/full", weights).exists()
+        and not (snapshot(cache, "org/full", repo.commit) / WEIGHTS).exists()
+    )
     kept = partial.stat().st_size
     assert 0 < kept <= CUT and partial.read_bytes() == weights[:kept] and f"the {kept} bytes" in err
 
@@ -435,8 +496,9 @@ def test_full_disk_mid_transfer_is_a_clean_error(fake_hub: FakeHub, cache: Path,
     assert fake_hub.served[("org/full", WEIGHTS)] == len(weights) - kept
 
 
-def test_not_enough_disk_space_is_refused_before_any_byte(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_not_enough_disk_space_is_refused_before_any_byte(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = files_of(pair_dirs[0])
     repo = fake_hub.add("org/big", files)
     weights = files[WEIGHTS]
@@ -459,8 +521,9 @@ def test_not_enough_disk_space_is_refused_before_any_byte(fake_hub: FakeHub, cac
     assert specpair("download", f"org/big@{repo.commit}").code == 0  # exactly enough: the partial counts
 
 
-def test_dry_run_shows_the_plan_and_fetches_nothing(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                    tmp_path: Path) -> None:
+def test_dry_run_shows_the_plan_and_fetches_nothing(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path
+) -> None:
     files = files_of(pair_dirs[0])
     repo = fake_hub.add("org/plan", files)
     assert specpair("download", f"org/plan@{repo.commit}", "--include", "config.json").code == 0
@@ -520,8 +583,12 @@ def test_metadata_only_pair_is_checked_from_the_lock(fake_hub: FakeHub, cache: P
     target = fake_hub.add("org/meta-target", files_of(build_target(tmp_path / "t", "qwen3_5", shards=2)))
     draft = fake_hub.add("org/meta-draft", files_of(build_dflash(tmp_path / "d")))
 
-    assert specpair("download", f"org/meta-target@{target.commit}", f"org/meta-draft@{draft.commit}",
-                    "--metadata-only").code == 0
+    assert (
+        specpair(
+            "download", f"org/meta-target@{target.commit}", f"org/meta-draft@{draft.commit}", "--metadata-only"
+        ).code
+        == 0
+    )
     result = specpair("check", "specpair.lock", "--json")
 
     assert result.code in (0, 1), result.err
@@ -556,9 +623,15 @@ error_cases = [
 
 
 @pytest.mark.parametrize(("repo_id", "token", "expected"), error_cases)
-def test_access_errors_are_one_line_exit_2(error_repos: FakeHub, cache: Path, specpair,
-                                           monkeypatch: pytest.MonkeyPatch, repo_id: str, token: str | None,
-                                           expected: list[str]) -> None:
+def test_access_errors_are_one_line_exit_2(
+    error_repos: FakeHub,
+    cache: Path,
+    specpair,
+    monkeypatch: pytest.MonkeyPatch,
+    repo_id: str,
+    token: str | None,
+    expected: list[str],
+) -> None:
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
     commit = error_repos.repos[repo_id].commit if repo_id in error_repos.repos else "0" * 40
@@ -570,11 +643,14 @@ def test_access_errors_are_one_line_exit_2(error_repos: FakeHub, cache: Path, sp
         assert fragment in err
 
 
-def test_readers_download_private_and_gated_repos(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readers_download_private_and_gated_repos(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = files_of(pair_dirs[1])
-    for repo_id, token, options in (("org/mine", "hf_reader", {"private": True, "readers": {"hf_reader"}}),
-                                    ("org/licensed", "hf_accepted", {"gated": True, "readers": {"hf_accepted"}})):
+    for repo_id, token, options in (
+        ("org/mine", "hf_reader", {"private": True, "readers": {"hf_reader"}}),
+        ("org/licensed", "hf_accepted", {"gated": True, "readers": {"hf_accepted"}}),
+    ):
         repo = fake_hub.add(repo_id, files, **options)
         monkeypatch.setenv("HF_TOKEN", token)
         assert specpair("download", f"{repo_id}@{repo.commit}", "--no-lock").code == 0
@@ -587,12 +663,15 @@ def test_readers_download_private_and_gated_repos(fake_hub: FakeHub, cache: Path
 @pytest.fixture(scope="module")
 def olah(tmp_path_factory: pytest.TempPathFactory, pair_dirs):
     target_dir, draft_dir = pair_dirs
-    with start_olah(olah_cli(), tmp_path_factory.mktemp("olah"), {"org/target": target_dir, "org/draft": draft_dir}) as served:
+    with start_olah(
+        olah_cli(), tmp_path_factory.mktemp("olah"), {"org/target": target_dir, "org/draft": draft_dir}
+    ) as served:
         yield served
 
 
-def test_olah_pair_download_works_offline_everywhere(olah, pair_dirs, specpair, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_olah_pair_download_works_offline_everywhere(
+    olah, pair_dirs, specpair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub import hf_hub_download, scan_cache_dir
 
     endpoint, commits = olah
@@ -609,7 +688,9 @@ def test_olah_pair_download_works_offline_everywhere(olah, pair_dirs, specpair, 
     assert result.code == 0, result.err
     repos = result.json()["repos"]
     assert [(r["revision"], r["commit"]) for r in repos] == [
-        ("main", commits["org/target"]), (commits["org/draft"], commits["org/draft"])]
+        ("main", commits["org/target"]),
+        (commits["org/draft"], commits["org/draft"]),
+    ]
     for entry, source in zip(repos, pair_dirs):
         assert files_of(Path(entry["path"])) == files_of(source)
     assert (cache / "models--org--target" / "refs" / "main").read_text() == commits["org/target"]
@@ -626,8 +707,9 @@ def test_olah_pair_download_works_offline_everywhere(olah, pair_dirs, specpair, 
     checkpoint = inspected.json()["checkpoint"]
     assert checkpoint["source"] == "hf-cache" and checkpoint["revision"] == commits["org/target"]
     assert checkpoint["format"] == "safetensors"
-    by_repo = specpair("check", f"org/target@{commits['org/target']}", f"org/draft@{commits['org/draft']}",
-                       "--offline", "--json")
+    by_repo = specpair(
+        "check", f"org/target@{commits['org/target']}", f"org/draft@{commits['org/draft']}", "--offline", "--json"
+    )
     from_lock = specpair("check", "specpair.lock", "--json")
     local = specpair("check", str(target_dir), str(draft_dir), "--json")
     statuses = [{s: v["status"] for s, v in r.json()["verdicts"].items()} for r in (by_repo, from_lock, local)]

@@ -145,7 +145,10 @@ def test_stored_shapes_describe_quantize(mul1_4bit):
     dtypes = {torch.int16: "I16", torch.float16: "F16", torch.int32: "I32"}
     assert stored == {key: (dtypes[t.dtype], tuple(t.shape)) for key, t in parts.items()}
     assert exl3.stored_shapes((100, 200), 3, "3inst") == {  # [out, in]: tiles of the transposed, padded weight
-        ".trellis": ("I16", (256 // 16, 128 // 16, 48)), ".suh": ("F16", (256,)), ".svh": ("F16", (128,))}
+        ".trellis": ("I16", (256 // 16, 128 // 16, 48)),
+        ".suh": ("F16", (256,)),
+        ".svh": ("F16", (128,)),
+    }
 
 
 def test_zero_and_padded_channels_decode_to_zero():
@@ -160,8 +163,13 @@ def test_zero_and_padded_channels_decode_to_zero():
 
 def test_quantization_config():
     assert exl3.quantization_config(4, 6, "mul1") == {
-        "quant_method": "exl3", "version": "1.6.5", "bits": 4, "head_bits": 6, "out_scales": "always",
-        "codebook": "mul1"}
+        "quant_method": "exl3",
+        "version": "1.6.5",
+        "bits": 4,
+        "head_bits": 6,
+        "out_scales": "always",
+        "codebook": "mul1",
+    }
 
 
 def bad(parts: dict[str, torch.Tensor], **changes: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -173,21 +181,24 @@ GOOD = parts_of("mul1.k4")
 TRELLIS = GOOD[".trellis"]
 
 
-@pytest.mark.parametrize(("parts", "where", "problem"), [
-    (bad(GOOD, **{".trellis": None}), ".trellis", "missing"),
-    (bad(GOOD, **{".trellis": TRELLIS[..., :60]}), ".trellis", "last dim 60 is not 16·bits"),
-    (bad(GOOD, **{".trellis": TRELLIS.float()}), ".trellis", "dtype torch.float32"),
-    (bad(GOOD, **{".trellis": TRELLIS[0]}), ".trellis", "expected [in/16, out/16, 16·bits]"),
-    (bad(GOOD, **{".trellis": TRELLIS[:4]}), ".trellis", "not whole 128-wide blocks"),
-    (bad(GOOD, **{".suh": GOOD[".suh"][:64]}), ".suh", "expected torch.float16 [128]"),
-    (bad(GOOD, **{".svh": GOOD[".svh"].float()}), ".svh", "got torch.float32 [128]"),
-    (bad(GOOD, **{".svh": None}), ".svh", "missing"),
-    (bad(GOOD, **{".sv": torch.zeros(4, dtype=torch.int16), ".svh": None}), ".sv", "expected torch.int16 [8]"),
-    (bad(GOOD, **{".mul1": torch.tensor(5, dtype=torch.int32)}), ".mul1", "holds 0x5, expected 0x83dcd12d"),
-    (bad(GOOD, **{".mul1": torch.zeros(1, dtype=torch.int32)}), ".mul1", "expected an int32 scalar"),
-    (bad(GOOD, **{".mcg": TENSORS["mcg.k4.mcg"]}), ".mcg", "both codebook markers"),
-    (bad(parts_of("mul1.k2_5"), **{".mul1": None}), ".trellis", "2.5 bits per weight exist only with the mul1"),
-])
+@pytest.mark.parametrize(
+    ("parts", "where", "problem"),
+    [
+        (bad(GOOD, **{".trellis": None}), ".trellis", "missing"),
+        (bad(GOOD, **{".trellis": TRELLIS[..., :60]}), ".trellis", "last dim 60 is not 16·bits"),
+        (bad(GOOD, **{".trellis": TRELLIS.float()}), ".trellis", "dtype torch.float32"),
+        (bad(GOOD, **{".trellis": TRELLIS[0]}), ".trellis", "expected [in/16, out/16, 16·bits]"),
+        (bad(GOOD, **{".trellis": TRELLIS[:4]}), ".trellis", "not whole 128-wide blocks"),
+        (bad(GOOD, **{".suh": GOOD[".suh"][:64]}), ".suh", "expected torch.float16 [128]"),
+        (bad(GOOD, **{".svh": GOOD[".svh"].float()}), ".svh", "got torch.float32 [128]"),
+        (bad(GOOD, **{".svh": None}), ".svh", "missing"),
+        (bad(GOOD, **{".sv": torch.zeros(4, dtype=torch.int16), ".svh": None}), ".sv", "expected torch.int16 [8]"),
+        (bad(GOOD, **{".mul1": torch.tensor(5, dtype=torch.int32)}), ".mul1", "holds 0x5, expected 0x83dcd12d"),
+        (bad(GOOD, **{".mul1": torch.zeros(1, dtype=torch.int32)}), ".mul1", "expected an int32 scalar"),
+        (bad(GOOD, **{".mcg": TENSORS["mcg.k4.mcg"]}), ".mcg", "both codebook markers"),
+        (bad(parts_of("mul1.k2_5"), **{".mul1": None}), ".trellis", "2.5 bits per weight exist only with the mul1"),
+    ],
+)
 def test_bad_stored_tensors_name_the_tensor(parts: dict[str, torch.Tensor], where: str, problem: str):
     with pytest.raises(BadInput) as error:
         exl3.dequantize(parts, module=MODULE)
@@ -201,17 +212,20 @@ def test_bad_crop_shape():
         exl3.dequantize(GOOD, (300, 100), MODULE)
 
 
-@pytest.mark.parametrize(("w", "bits", "codebook", "problem"), [
-    (gaussian(), 4, "e8p", "unknown EXL3 codebook 'e8p'"),
-    (gaussian(), 9, "mul1", "1..8 bits per weight, not 9"),
-    (gaussian(), 2.5, "mul1", "not 2.5"),
-    (gaussian(), True, "mul1", "not True"),
-    (gaussian()[0], 4, "mul1", "expected a non-empty float matrix"),
-    (gaussian().to(torch.int32), 4, "mul1", "expected a non-empty float matrix"),
-    (torch.full((128, 128), float("nan")), 4, "mul1", "NaN or infinite"),
-    (gaussian() * 1e6, 4, "mul1", "overflows fp16"),
-    (gaussian() * 1e-9, 4, "mul1", "underflows fp16"),
-])
+@pytest.mark.parametrize(
+    ("w", "bits", "codebook", "problem"),
+    [
+        (gaussian(), 4, "e8p", "unknown EXL3 codebook 'e8p'"),
+        (gaussian(), 9, "mul1", "1..8 bits per weight, not 9"),
+        (gaussian(), 2.5, "mul1", "not 2.5"),
+        (gaussian(), True, "mul1", "not True"),
+        (gaussian()[0], 4, "mul1", "expected a non-empty float matrix"),
+        (gaussian().to(torch.int32), 4, "mul1", "expected a non-empty float matrix"),
+        (torch.full((128, 128), float("nan")), 4, "mul1", "NaN or infinite"),
+        (gaussian() * 1e6, 4, "mul1", "overflows fp16"),
+        (gaussian() * 1e-9, 4, "mul1", "underflows fp16"),
+    ],
+)
 def test_bad_encoder_input_names_the_tensor(w: torch.Tensor, bits: int, codebook: str, problem: str):
     with pytest.raises(BadInput) as error:
         exl3.quantize(w, bits, codebook, name=MODULE)

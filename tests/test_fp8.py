@@ -26,12 +26,19 @@ def bits(t: torch.Tensor) -> list[int]:
 
 # Casting: round to nearest, ties to even mantissa, saturating at ±448 (formats.md §0)
 CASTS = [
-    (448.0, 0x7E), (464.0, 0x7E),  # 464 is halfway to 480 (0x7F would be odd, and is NaN): down to even
-    (232.0, 0x76), (248.0, 0x78),  # halfway 224|240 -> 224 (even); 240|256 -> 256 (even)
-    (1.0625, 0x38), (1.1875, 0x3A),  # halfway 1|1.125 -> 1; 1.125|1.25 -> 1.25
-    (2.0 ** -6, 0x08), (2.0 ** -9, 0x01),  # smallest normal, smallest subnormal
-    (2.0 ** -10, 0x00), (3 * 2.0 ** -10, 0x02), (5 * 2.0 ** -10, 0x02),  # subnormal ties to even
-    (-0.0, 0x80), (-1.0, 0xB8),
+    (448.0, 0x7E),
+    (464.0, 0x7E),  # 464 is halfway to 480 (0x7F would be odd, and is NaN): down to even
+    (232.0, 0x76),
+    (248.0, 0x78),  # halfway 224|240 -> 224 (even); 240|256 -> 256 (even)
+    (1.0625, 0x38),
+    (1.1875, 0x3A),  # halfway 1|1.125 -> 1; 1.125|1.25 -> 1.25
+    (2.0**-6, 0x08),
+    (2.0**-9, 0x01),  # smallest normal, smallest subnormal
+    (2.0**-10, 0x00),
+    (3 * 2.0**-10, 0x02),
+    (5 * 2.0**-10, 0x02),  # subnormal ties to even
+    (-0.0, 0x80),
+    (-1.0, 0xB8),
 ]
 
 
@@ -48,8 +55,9 @@ def test_to_e4m3_saturates() -> None:
 # Per-tensor (ModelOpt)
 
 
-@pytest.mark.parametrize("w", [gaussian(), gaussian(64, 256) * 1e-3, gaussian(64, 256).bfloat16()],
-                         ids=["gaussian", "small", "bf16"])
+@pytest.mark.parametrize(
+    "w", [gaussian(), gaussian(64, 256) * 1e-3, gaussian(64, 256).bfloat16()], ids=["gaussian", "small", "bf16"]
+)
 def test_per_tensor_matches_modelopt(w: torch.Tensor) -> None:
     """Our math is float32 whatever the input (ModelOpt keeps bf16 input in bf16, scale included)."""
     parts = fp8.quantize_per_tensor(w)
@@ -77,8 +85,9 @@ SHAPES = [(256, 4096), (300, 200), (100, 130), (128, 128)]  # partial edge block
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_block_dequantize_matches_transformers_and_the_formula(shape: tuple[int, int],
-                                                               scale_dtype: torch.dtype) -> None:
+def test_block_dequantize_matches_transformers_and_the_formula(
+    shape: tuple[int, int], scale_dtype: torch.dtype
+) -> None:
     parts = fp8.quantize_block(gaussian(*shape), scale_dtype=scale_dtype)
     weight, scale = parts[".weight"], parts[".weight_scale_inv"]
     assert scale.dtype == scale_dtype and scale.shape == (-(-shape[0] // 128), -(-shape[1] // 128))
@@ -136,8 +145,11 @@ def test_leading_dimensions_are_separate_matrices() -> None:
 WEIGHT = fp8.to_e4m3(torch.ones(200, 300))
 BAD = {
     "no scale": ({".weight": WEIGHT}, "m.weight", "exactly one"),
-    "both scales": ({".weight": WEIGHT, ".weight_scale": torch.tensor(1.0), ".weight_scale_inv": torch.ones(2, 3)},
-                    "m.weight", "exactly one"),
+    "both scales": (
+        {".weight": WEIGHT, ".weight_scale": torch.tensor(1.0), ".weight_scale_inv": torch.ones(2, 3)},
+        "m.weight",
+        "exactly one",
+    ),
     "no weight": ({".weight_scale": torch.tensor(1.0)}, "m.weight", "missing"),
     "weight not FP8": ({".weight": torch.ones(200, 300), ".weight_scale": torch.tensor(1.0)}, "m.weight", "F8_E4M3"),
     "block scale shape": ({".weight": WEIGHT, ".weight_scale_inv": torch.ones(2, 2)}, "m.weight_scale_inv", "[2, 3]"),
@@ -155,8 +167,9 @@ def test_bad_parts_name_the_tensor(case: str) -> None:
 
 
 @pytest.mark.parametrize("quantize", [fp8.quantize_per_tensor, fp8.quantize_block])
-@pytest.mark.parametrize("w", [torch.tensor([[1.0, float("nan")]]), torch.ones(3), torch.ones(0, 4)],
-                         ids=["nan", "vector", "empty"])
+@pytest.mark.parametrize(
+    "w", [torch.tensor([[1.0, float("nan")]]), torch.ones(3), torch.ones(0, 4)], ids=["nan", "vector", "empty"]
+)
 def test_bad_weights_are_refused(quantize, w: torch.Tensor) -> None:
     with pytest.raises(BadInput) as caught:
         quantize(w, name="m.weight")

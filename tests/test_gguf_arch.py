@@ -1,4 +1,4 @@
-"""formats/gguf_arch.py: HF <-> GGUF plans of hyper-parameters and tensors.
+"""checkpoint/gguf_arch.py: HF <-> GGUF plans of hyper-parameters and tensors.
 
 Checked against independent oracles that CI has: gguf-py's own HF -> GGUF name maps, the GGUFs our
 fixtures write by hand from the spec, llama.cpp's converter formulas restated here (not imported),
@@ -18,18 +18,26 @@ import gguf
 import pytest
 import torch
 from fixtures import (
-    DEFAULT_FLAVOUR, DFlash2, Dims, build_dflash, build_gguf_dflash, build_gguf_target, dflash_tensors, target_config,
-    target_tensors, vocabulary,
+    DEFAULT_FLAVOUR,
+    DFlash2,
+    Dims,
+    build_dflash,
+    build_gguf_dflash,
+    build_gguf_target,
+    dflash_tensors,
+    target_config,
+    target_tensors,
+    vocabulary,
 )
-from gguf.constants import MODEL_ARCH_NAMES, TENSOR_NAMES, GGUFValueType, MODEL_TENSOR
+from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, GGUFValueType
 from safetensors.torch import save_file
 
+from specpair.checkpoint.gguf_arch import from_gguf, to_gguf
 from specpair.checkpoint.hf import HFMetadata
 from specpair.checkpoint.hf import build as build_hf_checkpoint
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo
 from specpair.formats.gguf import read_local
-from specpair.formats.gguf_arch import from_gguf, to_gguf
 from specpair.formats.transforms import TensorMap
 
 FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -37,10 +45,16 @@ HYBRID = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 DIMS = Dims(layers=4)  # hybrids: linear, linear, linear, full; linear heads 2 key / 4 value, so V heads reorder
 GGUF_ARCH = {v: k for k, v in MODEL_ARCH_NAMES.items()}
 # llama.cpp's converter renames these before its name map (conversion/qwen.py), or names them itself.
-MTP_HEAD = {"fc": MODEL_TENSOR.NEXTN_EH_PROJ, "pre_fc_norm_embedding": MODEL_TENSOR.NEXTN_ENORM,
-            "pre_fc_norm_hidden": MODEL_TENSOR.NEXTN_HNORM, "norm": MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM}
-SELF_NAMED = {"in_proj_qkvz": (MODEL_TENSOR.ATTN_QKV, MODEL_TENSOR.ATTN_GATE),
-              "gate_up_proj": (MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP)}
+MTP_HEAD = {
+    "fc": MODEL_TENSOR.NEXTN_EH_PROJ,
+    "pre_fc_norm_embedding": MODEL_TENSOR.NEXTN_ENORM,
+    "pre_fc_norm_hidden": MODEL_TENSOR.NEXTN_HNORM,
+    "norm": MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM,
+}
+SELF_NAMED = {
+    "in_proj_qkvz": (MODEL_TENSOR.ATTN_QKV, MODEL_TENSOR.ATTN_GATE),
+    "gate_up_proj": (MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
+}
 
 
 def hf_target(family: str, dims: Dims = DIMS, **options: bool) -> tuple[dict, dict[str, tuple[int, ...]]]:
@@ -80,6 +94,7 @@ def text_only(name: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # names
 
+
 def converter_names(hf_name: str, layers: int) -> list[str]:
     """What llama.cpp's converter calls the GGUF tensor(s) made from one HF tensor."""
     block = re.search(r"layers\.(\d+)\.", hf_name)
@@ -108,7 +123,9 @@ def test_gguf_names_are_gguf_py_s(family):
         if hf_name.startswith("model.visual."):
             continue
         for name in converter_names(hf_name, DIMS.layers):
-            expected.add(name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias")))
+            expected.add(
+                name if name.startswith("blk.") else name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+            )
     if family == "llama":  # Llama 3 rope scaling travels as llama.cpp's rope factors tensor
         expected.add(TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight")
     assert None not in expected
@@ -121,8 +138,12 @@ def test_dflash_tensors_and_keys_are_llama_cpp_s(tmp_path, dflash2):
     """Against the hand-written upstream DFlash GGUF of the fixtures (names from llama.cpp's llama-arch.cpp)."""
     drafter = build_dflash(tmp_path / "hf", dflash2=dflash2, target_layer_ids=[1, 3, 5])
     config = json.loads((drafter / "config.json").read_text())
-    shapes = {n: s for n, (_, s) in dflash_tensors(64, 2, 4, 2, 16, 128, fc_inputs=3 * 64, vocab_size=config["vocab_size"],
-                                                   dflash2=dflash2).items()}
+    shapes = {
+        n: s
+        for n, (_, s) in dflash_tensors(
+            64, 2, 4, 2, 16, 128, fc_inputs=3 * 64, vocab_size=config["vocab_size"], dflash2=dflash2
+        ).items()
+    }
     qwen3_5_target = target_config("qwen3_5_moe", DIMS, vocabulary("qwen3_5"))
     plan = to_gguf(config, shapes, target_config=qwen3_5_target)
     written = read_local(str(build_gguf_dflash(tmp_path / "d.gguf", target_layer_ids=[1, 3, 5], dflash2=dflash2)))
@@ -135,8 +156,16 @@ def test_dflash_tensors_and_keys_are_llama_cpp_s(tmp_path, dflash2):
     assert fields["dflash.attention.sliding_window"][0] == 4096
     assert fields["dflash.attention.sliding_window_pattern"][0] == [True, False]
     assert fields["dflash.rope.dimension_sections"][0] == [8, 0, 0, 0]
-    for key in ("block_size", "target_layers", "attention.sliding_window", "attention.sliding_window_pattern",
-                "rope.dimension_sections", "embedding_length", "block_count", "attention.head_count_kv"):
+    for key in (
+        "block_size",
+        "target_layers",
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
+        "rope.dimension_sections",
+        "embedding_length",
+        "block_count",
+        "attention.head_count_kv",
+    ):
         assert fields[f"dflash.{key}"][0] == written.fields[f"dflash.{key}"], key
     assert fields["tokenizer.ggml.mask_token_id"][0] == written.fields["tokenizer.ggml.mask_token_id"]
     if dflash2:
@@ -163,8 +192,9 @@ def test_target_tensors_match_the_fixture_gguf(tmp_path):
     dims = Dims(layers=4, head_dim=32)
     config, shapes = hf_target("qwen3_5_moe", dims)
     plan = to_gguf(config, shapes)
-    written = read_local(str(build_gguf_target(tmp_path / "t.gguf", "qwen35moe", layers=4, head_dim=32,
-                                               vocab_size=dims.vocab_size)))
+    written = read_local(
+        str(build_gguf_target(tmp_path / "t.gguf", "qwen35moe", layers=4, head_dim=32, vocab_size=dims.vocab_size))
+    )
     ours = {m.name: m.shape for m in plan.tensors}
     theirs = {t.name: t.shape for t in written.tensors}
     # llama.cpp's converter keeps shared_expert_gate [1, H]; the fixture writes [H]: one ggml tensor ({H, 1})
@@ -177,14 +207,16 @@ def test_target_tensors_match_the_fixture_gguf(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # values: exact inverses, and llama.cpp's converter formulas restated
 
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hf_gguf_hf_is_the_identity(family):
     config, shapes = hf_target(family)
     plan = to_gguf(config, shapes)
     hf = random_tensors(shapes)
     gguf_tensors = run(plan.tensors, hf)
-    back_plan = from_gguf(header(plan), {n: tuple(t.shape) for n, t in gguf_tensors.items()},
-                          rope_freqs=rope_freqs_of(plan))
+    back_plan = from_gguf(
+        header(plan), {n: tuple(t.shape) for n, t in gguf_tensors.items()}, rope_freqs=rope_freqs_of(plan)
+    )
     back = run(back_plan.tensors, gguf_tensors)
     kept = {text_only(n): n for n in hf if not n.startswith("model.visual.")}
     assert set(back) == set(kept)
@@ -262,27 +294,42 @@ def test_llama_rope_rows_and_factors_follow_llama_cpp():
     plan = to_gguf(config, shapes)
     out = run(plan.tensors, hf)
     q = hf["model.layers.0.self_attn.q_proj.weight"]
-    assert torch.equal(out["blk.0.attn_q.weight"],
-                       q.reshape(DIMS.heads, 2, DIMS.head_dim // 2, -1).swapaxes(1, 2).reshape(q.shape))
+    assert torch.equal(
+        out["blk.0.attn_q.weight"], q.reshape(DIMS.heads, 2, DIMS.head_dim // 2, -1).swapaxes(1, 2).reshape(q.shape)
+    )
     k = hf["model.layers.0.self_attn.k_proj.weight"]
-    assert torch.equal(out["blk.0.attn_k.weight"],
-                       k.reshape(DIMS.kv_heads, 2, DIMS.head_dim // 2, -1).swapaxes(1, 2).reshape(k.shape))
+    assert torch.equal(
+        out["blk.0.attn_k.weight"], k.reshape(DIMS.kv_heads, 2, DIMS.head_dim // 2, -1).swapaxes(1, 2).reshape(k.shape)
+    )
     scaling = config["rope_scaling"]
     theta, dim = config["rope_theta"], DIMS.head_dim
     expected = []
     for i in range(dim // 2):
         wavelength = 2 * math.pi * theta ** (2 * i / dim)
-        low, high = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"], \
-            scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
-        smooth = (scaling["original_max_position_embeddings"] / wavelength - scaling["low_freq_factor"]) / \
-            (scaling["high_freq_factor"] - scaling["low_freq_factor"])
-        expected.append(1.0 if wavelength < high else scaling["factor"] if wavelength > low
-                        else 1 / ((1 - smooth) / scaling["factor"] + smooth))
+        low, high = (
+            scaling["original_max_position_embeddings"] / scaling["low_freq_factor"],
+            scaling["original_max_position_embeddings"] / scaling["high_freq_factor"],
+        )
+        smooth = (scaling["original_max_position_embeddings"] / wavelength - scaling["low_freq_factor"]) / (
+            scaling["high_freq_factor"] - scaling["low_freq_factor"]
+        )
+        expected.append(
+            1.0
+            if wavelength < high
+            else scaling["factor"]
+            if wavelength > low
+            else 1 / ((1 - smooth) / scaling["factor"] + smooth)
+        )
     assert torch.allclose(out["rope_freqs.weight"], torch.tensor(expected), rtol=1e-6, atol=0)
     assert not any(".rope.scaling." in key for key, _, _ in plan.fields)  # llama.cpp reads only the tensor
     back = from_gguf(header(plan), {n: tuple(t.shape) for n, t in out.items()}, rope_freqs=expected)
-    assert back.config["rope_parameters"] == {"rope_type": "llama3", "rope_theta": theta, **{
-        k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+    assert back.config["rope_parameters"] == {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        **{
+            k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        },
+    }
     with pytest.raises(BadInput, match="rope_freqs"):
         from_gguf(header(plan), {n: tuple(t.shape) for n, t in out.items()})
     with pytest.raises(BadInput, match="rope_freqs.weight.*not Llama 3"):
@@ -310,7 +357,9 @@ def test_fused_and_per_expert_storage_make_one_gguf():
     assert from_fused.keys() == from_per_expert.keys()
     assert all(torch.equal(from_fused[n], from_per_expert[n]) for n in from_fused)
     gate = from_fused["blk.0.ffn_gate_exps.weight"]
-    assert torch.equal(gate, fused["model.language_model.layers.0.mlp.experts.gate_up_proj"][:, :DIMS.moe_intermediate])
+    assert torch.equal(
+        gate, fused["model.language_model.layers.0.mlp.experts.gate_up_proj"][:, : DIMS.moe_intermediate]
+    )
 
 
 def test_llama_cpp_fused_gate_up_experts_are_read():
@@ -332,6 +381,7 @@ def test_llama_cpp_fused_gate_up_experts_are_read():
 
 # --------------------------------------------------------------------------------------------------
 # configs: transformers loads them, checkpoint/hf.py reads the same shapes
+
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_transformers_loads_the_hf_side(tmp_path, family):
@@ -355,8 +405,8 @@ def test_transformers_loads_the_hf_side(tmp_path, family):
     if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):
         up = tensors.get("model.layers.0.mlp.experts.1.up_proj.weight")
         fused = tensors.get("model.layers.0.mlp.experts.gate_up_proj")
-        expected = up if up is not None else fused[1, DIMS.moe_intermediate:]
-        assert torch.equal(layer.mlp.experts.gate_up_proj[1, DIMS.moe_intermediate:], expected)
+        expected = up if up is not None else fused[1, DIMS.moe_intermediate :]
+        assert torch.equal(layer.mlp.experts.gate_up_proj[1, DIMS.moe_intermediate :], expected)
 
     def shapes_of(config_json: dict, tensor_shapes: dict[str, tuple[int, ...]]):
         infos = [TensorInfo(n, "F32", tuple(s), 4 * math.prod(s), "x") for n, s in tensor_shapes.items()]
@@ -375,8 +425,17 @@ def test_dflash_round_trip(tmp_path, dflash2):
     back = from_gguf(fields, {n: tuple(t.shape) for n, t in gguf_tensors.items()})
     assert back.config["dflash_config"] == config["dflash_config"]
     assert back.config["architectures"] == config["architectures"]
-    for key in ("layer_types", "sliding_window", "hidden_size", "num_hidden_layers", "head_dim", "vocab_size",
-                "intermediate_size", "num_key_value_heads", "rms_norm_eps"):
+    for key in (
+        "layer_types",
+        "sliding_window",
+        "hidden_size",
+        "num_hidden_layers",
+        "head_dim",
+        "vocab_size",
+        "intermediate_size",
+        "num_key_value_heads",
+        "rms_norm_eps",
+    ):
         assert back.config[key] == config[key], key
     assert back.config.get("is_causal") == config.get("is_causal")
     assert back.config["rope_parameters"]["rope_theta"] == config["rope_parameters"]["rope_theta"]
@@ -386,8 +445,14 @@ def test_dflash_round_trip(tmp_path, dflash2):
     def drafter_of(config_json: dict, tensor_shapes: dict[str, tuple[int, ...]]):
         infos = [TensorInfo(n, "F32", tuple(s), 4 * math.prod(s), "x") for n, s in tensor_shapes.items()]
         checkpoint = build_hf_checkpoint(HFMetadata(config_json, "config.json", tensors=infos), "x", "local")
-        return checkpoint.shapes, checkpoint.drafter.taps.layers, checkpoint.drafter.mask_token_id, \
-            checkpoint.drafter.block_size, checkpoint.drafter.kind, checkpoint.rope.sliding_window
+        return (
+            checkpoint.shapes,
+            checkpoint.drafter.taps.layers,
+            checkpoint.drafter.mask_token_id,
+            checkpoint.drafter.block_size,
+            checkpoint.drafter.kind,
+            checkpoint.rope.sliding_window,
+        )
 
     assert drafter_of(back.config, shapes) == drafter_of(config, shapes)
 
@@ -442,6 +507,7 @@ def test_mtp_and_vision_are_dropped_with_notes():
 # --------------------------------------------------------------------------------------------------
 # bad input
 
+
 def _drafter_config(tmp_path: Path, dflash2: DFlash2 | None = None) -> dict:
     return json.loads((build_dflash(tmp_path / "drafter", dflash2=dflash2) / "config.json").read_text())
 
@@ -459,8 +525,15 @@ def _without(config: dict, key: str) -> dict:
     return config
 
 
-@pytest.mark.parametrize("family,key", [("qwen3", "hidden_size"), ("qwen3_5_moe", "num_experts"),
-                                        ("qwen3_next", "linear_num_value_heads"), ("llama", "rms_norm_eps")])
+@pytest.mark.parametrize(
+    "family,key",
+    [
+        ("qwen3", "hidden_size"),
+        ("qwen3_5_moe", "num_experts"),
+        ("qwen3_next", "linear_num_value_heads"),
+        ("llama", "rms_norm_eps"),
+    ],
+)
 def test_missing_config_key_is_named(family, key):
     config, shapes = hf_target(family)
     with pytest.raises(BadInput, match=f"'{key}'"):

@@ -69,6 +69,7 @@ def relative_error(x: np.ndarray, qtype: str, method: str) -> float:
 
 # ---- formats.md §6, restated per element ------------------------------------------------------------
 
+
 def spec_affine_fields(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, ...]:
     """Q4_K/Q5_K bytes -> (d [n], dmin [n], sc [n, 8], m [n, 8], q [n, 256]) as formats.md §6 reads them."""
     b = raw.reshape(-1, 144 if qtype == "Q4_K" else 176)
@@ -118,6 +119,7 @@ def spec_values(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 # ---- tables ------------------------------------------------------------------------------------------
 
+
 def test_tables_agree_with_gguf_constants() -> None:
     assert set(WRITABLE) == {*GGUF_PY_TYPES, *KQUANTS}
     for name, ggml_type in WRITABLE.items():
@@ -128,6 +130,7 @@ def test_tables_agree_with_gguf_constants() -> None:
 
 # ---- F32, F16, BF16, Q8_0, Q4_0: gguf-py's quantizers --------------------------------------------------
 
+
 @pytest.mark.parametrize("qtype", GGUF_PY_TYPES)
 @pytest.mark.parametrize("shape", [(1, 64), (301, 96), (3, 5, 128)], ids=["one-row", "many-rows", "3d"])
 def test_gguf_py_types_are_gguf_py_bytes(qtype: str, shape: tuple[int, ...]) -> None:
@@ -136,8 +139,9 @@ def test_gguf_py_types_are_gguf_py_bytes(qtype: str, shape: tuple[int, ...]) -> 
     theirs = gguf_quantize(x, GGMLQuantizationType[qtype]).view(np.uint8)
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape
     np.testing.assert_array_equal(ours, theirs)
-    np.testing.assert_array_equal(dequantize(ours, qtype, shape, name=NAME),
-                                  gguf_dequantize(theirs, GGMLQuantizationType[qtype]))
+    np.testing.assert_array_equal(
+        dequantize(ours, qtype, shape, name=NAME), gguf_dequantize(theirs, GGMLQuantizationType[qtype])
+    )
 
 
 def test_lower_case_type_names_are_accepted() -> None:
@@ -146,6 +150,7 @@ def test_lower_case_type_names_are_accepted() -> None:
 
 
 # ---- k-quants: layout, codes, llama.cpp bytes ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("qtype", KQUANTS)
 def test_gguf_py_reads_random_blocks_as_formats_md_says(qtype: str) -> None:
@@ -168,8 +173,9 @@ def test_our_blocks_hold_each_value_at_its_nearest_code(qtype: str, method: str)
     x = np.concatenate([gaussian(16, 2048, seed=5), golden_input()], axis=0)
     raw = quantize(x, qtype, method, name=NAME)
     blocks = x.reshape(-1, 256)
-    np.testing.assert_array_equal(gguf_dequantize(raw, GGMLQuantizationType[qtype]).reshape(-1, 256),
-                                  spec_values(raw, qtype))
+    np.testing.assert_array_equal(
+        gguf_dequantize(raw, GGMLQuantizationType[qtype]).reshape(-1, 256), spec_values(raw, qtype)
+    )
     if qtype == "Q6_K":
         d, scales, q = spec_q6_fields(raw)
         step = d[:, None] * scales[:, np.arange(256) // 16].astype(np.float32)
@@ -180,8 +186,9 @@ def test_our_blocks_hold_each_value_at_its_nearest_code(qtype: str, method: str)
         j = np.arange(256) // 32
         step = d[:, None] * sc[:, j].astype(np.float32)
         with np.errstate(divide="ignore", invalid="ignore"):
-            nearest = np.clip(np.rint((blocks + dmin[:, None] * m[:, j].astype(np.float32)) / step),
-                              0, 15 if qtype == "Q4_K" else 31)
+            nearest = np.clip(
+                np.rint((blocks + dmin[:, None] * m[:, j].astype(np.float32)) / step), 0, 15 if qtype == "Q4_K" else 31
+            )
     used = step != 0
     assert used.mean() > 0.9
     np.testing.assert_array_equal(q[used], nearest[used])
@@ -206,7 +213,9 @@ def test_slices_of_many_blocks_match_rows_alone(qtype: str) -> None:
     rows, cols = 5, 256 * (gguf_quants.CHUNK_BLOCKS // 4 + 3)
     x = gaussian(rows, cols, seed=11)
     whole = quantize(x, qtype, name=NAME)
-    np.testing.assert_array_equal(whole, np.concatenate([quantize(x[r:r + 1], qtype, name=NAME) for r in range(rows)]))
+    np.testing.assert_array_equal(
+        whole, np.concatenate([quantize(x[r : r + 1], qtype, name=NAME) for r in range(rows)])
+    )
 
 
 # ---- errors on N(0, 1) ---------------------------------------------------------------------------------
@@ -229,6 +238,7 @@ def test_relative_error_on_gaussian(qtype: str, normal_matrix: np.ndarray) -> No
 
 # ---- dequantize ----------------------------------------------------------------------------------------
 
+
 def test_dequantize_reads_types_we_do_not_write() -> None:
     rng = np.random.default_rng(9)
     raw = rng.integers(0, 256, (2, 3, 4 * 36), dtype=np.uint8)  # NVFP4: 64 values in 36 bytes
@@ -244,6 +254,7 @@ def test_f32_round_trip_is_exact() -> None:
 
 # ---- bad input -----------------------------------------------------------------------------------------
 
+
 def with_nan() -> np.ndarray:
     x = gaussian(2, 256)
     x[1, 3] = np.nan
@@ -257,27 +268,38 @@ def with_outlier(value: float) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("call, problem", [
-    (lambda: quantize(gaussian(4, 300), "Q4_K", name=NAME), "rows of 300 values do not split into Q4_K blocks of 256"),
-    (lambda: quantize(gaussian(4, 48), "Q8_0", name=NAME), "rows of 48 values do not split into Q8_0 blocks of 32"),
-    (lambda: quantize(gaussian(4, 256), "Q4_K_M", name=NAME), "cannot write GGUF type 'Q4_K_M'"),
-    (lambda: quantize(gaussian(4, 256), "Q3_K", name=NAME), "cannot write GGUF type 'Q3_K'"),
-    (lambda: quantize(gaussian(4, 256), "Q6_K", "kmeans", name=NAME), "unknown GGUF quantization method 'kmeans'"),
-    (lambda: quantize(np.float32(1.0), "F32", name=NAME), "is a scalar"),
-    (lambda: quantize(with_nan(), "Q5_K", name=NAME), "has NaN or infinite values; Q5_K cannot encode them"),
-    (lambda: quantize(with_nan(), "F16", name=NAME), "has NaN or infinite values; F16 cannot encode them"),
-    (lambda: quantize(with_outlier(7e4), "F16", name=NAME), "has values up to 7e+04, too large for F16's f16 numbers"),
-    (lambda: quantize(with_outlier(1e7), "Q8_0", name=NAME), "has values up to 1e+07, too large for Q8_0's"),
-    (lambda: quantize(with_outlier(1e6), "Q4_0", name=NAME), "has values up to 1e+06, too large for Q4_0's"),
-    (lambda: quantize(with_outlier(1e7), "Q4_K", name=NAME), "has values up to 1e+07, too large for Q4_K's"),
-    (lambda: quantize(with_outlier(1e7), "Q5_K", name=NAME), "has values up to 1e+07, too large for Q5_K's"),
-    (lambda: quantize(with_outlier(1e9), "Q6_K", name=NAME), "has values up to 1e+09, too large for Q6_K's"),
-    (lambda: dequantize(np.zeros(100, np.uint8), "Q4_K", (2, 256), name=NAME),
-     "has 100 bytes of data; Q4_K [2, 256] needs 288"),
-    (lambda: dequantize(np.zeros(288, np.uint8), "Q4_K", (2, 100), name=NAME), "does not split into Q4_K rows"),
-    (lambda: dequantize(np.zeros(16, np.uint8), "F64", (2,), name=NAME), "gguf-py cannot dequantize F64"),
-    (lambda: dequantize(np.zeros(16, np.uint8), "Q9_9", (2,), name=NAME), "unknown GGUF type 'Q9_9'"),
-])
+@pytest.mark.parametrize(
+    "call, problem",
+    [
+        (
+            lambda: quantize(gaussian(4, 300), "Q4_K", name=NAME),
+            "rows of 300 values do not split into Q4_K blocks of 256",
+        ),
+        (lambda: quantize(gaussian(4, 48), "Q8_0", name=NAME), "rows of 48 values do not split into Q8_0 blocks of 32"),
+        (lambda: quantize(gaussian(4, 256), "Q4_K_M", name=NAME), "cannot write GGUF type 'Q4_K_M'"),
+        (lambda: quantize(gaussian(4, 256), "Q3_K", name=NAME), "cannot write GGUF type 'Q3_K'"),
+        (lambda: quantize(gaussian(4, 256), "Q6_K", "kmeans", name=NAME), "unknown GGUF quantization method 'kmeans'"),
+        (lambda: quantize(np.float32(1.0), "F32", name=NAME), "is a scalar"),
+        (lambda: quantize(with_nan(), "Q5_K", name=NAME), "has NaN or infinite values; Q5_K cannot encode them"),
+        (lambda: quantize(with_nan(), "F16", name=NAME), "has NaN or infinite values; F16 cannot encode them"),
+        (
+            lambda: quantize(with_outlier(7e4), "F16", name=NAME),
+            "has values up to 7e+04, too large for F16's f16 numbers",
+        ),
+        (lambda: quantize(with_outlier(1e7), "Q8_0", name=NAME), "has values up to 1e+07, too large for Q8_0's"),
+        (lambda: quantize(with_outlier(1e6), "Q4_0", name=NAME), "has values up to 1e+06, too large for Q4_0's"),
+        (lambda: quantize(with_outlier(1e7), "Q4_K", name=NAME), "has values up to 1e+07, too large for Q4_K's"),
+        (lambda: quantize(with_outlier(1e7), "Q5_K", name=NAME), "has values up to 1e+07, too large for Q5_K's"),
+        (lambda: quantize(with_outlier(1e9), "Q6_K", name=NAME), "has values up to 1e+09, too large for Q6_K's"),
+        (
+            lambda: dequantize(np.zeros(100, np.uint8), "Q4_K", (2, 256), name=NAME),
+            "has 100 bytes of data; Q4_K [2, 256] needs 288",
+        ),
+        (lambda: dequantize(np.zeros(288, np.uint8), "Q4_K", (2, 100), name=NAME), "does not split into Q4_K rows"),
+        (lambda: dequantize(np.zeros(16, np.uint8), "F64", (2,), name=NAME), "gguf-py cannot dequantize F64"),
+        (lambda: dequantize(np.zeros(16, np.uint8), "Q9_9", (2,), name=NAME), "unknown GGUF type 'Q9_9'"),
+    ],
+)
 def test_bad_input_names_the_tensor(call, problem: str) -> None:
     with pytest.raises(BadInput) as caught:
         call()
@@ -294,14 +316,21 @@ def test_torch_q8_0_is_gguf_py_byte_for_byte(case):
     from specpair.formats.gguf_quants import dequantize_q8_0, quantize_q8_0
 
     rng = np.random.default_rng(7)
-    x = {"normal": rng.standard_normal((64, 4096)), "zeros": np.zeros((3, 64)),
-         "ties": rng.integers(-8, 8, (50, 256)) / 2 * 127 / 4,  # values on every rounding midpoint
-         "tiny": rng.standard_normal((7, 96)) * 1e-30, "negative zero": np.full((2, 32), -0.0),
-         "large": rng.standard_normal((9, 32)) * 6e4, "many rows": rng.standard_normal((70_000, 32))}[case].astype(np.float32)
+    x = {
+        "normal": rng.standard_normal((64, 4096)),
+        "zeros": np.zeros((3, 64)),
+        "ties": rng.integers(-8, 8, (50, 256)) / 2 * 127 / 4,  # values on every rounding midpoint
+        "tiny": rng.standard_normal((7, 96)) * 1e-30,
+        "negative zero": np.full((2, 32), -0.0),
+        "large": rng.standard_normal((9, 32)) * 6e4,
+        "many rows": rng.standard_normal((70_000, 32)),
+    }[case].astype(np.float32)
     ours = quantize_q8_0(torch.from_numpy(x)).numpy()
     assert np.array_equal(ours, gguf_quantize(x, GGMLQuantizationType.Q8_0).reshape(ours.shape))
-    assert np.array_equal(dequantize_q8_0(torch.from_numpy(ours), x.shape).numpy(),
-                          gguf_dequantize(ours, GGMLQuantizationType.Q8_0).reshape(x.shape))
+    assert np.array_equal(
+        dequantize_q8_0(torch.from_numpy(ours), x.shape).numpy(),
+        gguf_dequantize(ours, GGMLQuantizationType.Q8_0).reshape(x.shape),
+    )
 
 
 def test_quantize_in_processes_gives_the_same_bytes_and_errors(monkeypatch):
@@ -354,8 +383,17 @@ def torch_case(case: str, qtype: str) -> np.ndarray:
     return normal.astype(np.float32)  # gaussian
 
 
-TORCH_CASES = ("llama.cpp branches", "gaussian", "heavy tails", "zeros", "constant sub-blocks", "tiny", "large",
-               "mixed sign", "many rows")
+TORCH_CASES = (
+    "llama.cpp branches",
+    "gaussian",
+    "heavy tails",
+    "zeros",
+    "constant sub-blocks",
+    "tiny",
+    "large",
+    "mixed sign",
+    "many rows",
+)
 
 
 def torch_devices() -> list[str]:
@@ -381,7 +419,7 @@ def test_torch_kquants_are_numpy_bytes(case: str, qtype: str, method: str) -> No
         np.testing.assert_array_equal(ours.cpu().numpy(), theirs)
     if case == "large":  # the case is what it says: f16 scales within 10% of the largest f16
         offset = 208 if qtype == "Q6_K" else 2
-        scales = theirs.reshape(-1, BLOCK_SIZES[qtype][1])[:, offset:offset + 2].copy().view("<f2")
+        scales = theirs.reshape(-1, BLOCK_SIZES[qtype][1])[:, offset : offset + 2].copy().view("<f2")
         assert 0.9 * 65504 < np.abs(scales.astype(np.float32)).max() < 65504
 
 
@@ -401,10 +439,19 @@ def with_inf() -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("values, qtype", [
-    (with_nan(), "Q4_K"), (with_inf(), "Q6_K"), (with_outlier(1e7), "Q4_K"), (with_outlier(1e7), "Q5_K"),
-    (with_outlier(1e9), "Q6_K"), (gaussian(4, 300), "Q5_K"), (np.float32(1.0), "Q6_K"),
-], ids=["nan", "inf", "f16-overflow-Q4_K", "f16-overflow-Q5_K", "f16-overflow-Q6_K", "partial-block", "scalar"])
+@pytest.mark.parametrize(
+    "values, qtype",
+    [
+        (with_nan(), "Q4_K"),
+        (with_inf(), "Q6_K"),
+        (with_outlier(1e7), "Q4_K"),
+        (with_outlier(1e7), "Q5_K"),
+        (with_outlier(1e9), "Q6_K"),
+        (gaussian(4, 300), "Q5_K"),
+        (np.float32(1.0), "Q6_K"),
+    ],
+    ids=["nan", "inf", "f16-overflow-Q4_K", "f16-overflow-Q5_K", "f16-overflow-Q6_K", "partial-block", "scalar"],
+)
 def test_torch_kquants_refuse_what_numpy_refuses(values: np.ndarray, qtype: str) -> None:
     import torch
 

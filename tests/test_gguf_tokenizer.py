@@ -1,4 +1,4 @@
-"""formats/gguf_tokenizer.py against transformers, llama.cpp and itself, on SmolLM2's GGUF and the fixture vocabularies.
+"""checkpoint/gguf_tokenizer.py against transformers, llama.cpp and itself, on SmolLM2's GGUF and the fixture vocabularies.
 
 Oracles: transformers' own GGUF tokenizer loader (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`) for
 GGUF -> HF; the original tokenizer.json for HF -> GGUF -> HF; llama.cpp (llama-cpp-python, when importable) for
@@ -14,35 +14,50 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
+from fixtures import build_gguf_target, smollm2_gguf, tokenizer_json, vocabulary, write_tokenizer
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from transformers import AutoTokenizer
 
-from fixtures import build_gguf_target, smollm2_gguf, tokenizer_json, vocabulary, write_tokenizer
+from specpair.checkpoint.gguf_tokenizer import PRE_TOKENIZERS, gguf_tokenizer_fields, hf_tokenizer_files
 from specpair.checkpoint.tokenizer import from_gguf_fields, from_tokenizer_json
 from specpair.errors import BadInput
 from specpair.formats.gguf import read_local
-from specpair.formats.gguf_tokenizer import PRE_TOKENIZERS, gguf_tokenizer_fields, hf_tokenizer_files
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLAVOURS = ("qwen3", "qwen3_5", "llama3")
 # NFC text (llama.cpp normalizes nothing): ASCII, digits, whitespace runs, newlines, accents, CJK, marks,
 # emoji, contractions in both cases, special tokens inline, and llama.cpp's own pre-tokenizer probe text.
 PROBES = (
-    "Hello world", "3 33 333 3333 33333 3.14159 2024-01-01 1,000,000", "  two  spaces\t\ttabs\n\n\nnewlines \n ",
-    "café naïve résumé Ångström", "日本語のテキスト 中文 한국어", "emoji 🚀😶\u200d🌫️ ✅ 🦙🦙",
-    "I've been 'told he's there, 'RE you sure? 'M", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "x" * 50, "     ", "def f(x):\n    return x**2  # comment\n", "Ünïcödé ŝţŕîñğ ñ ß ﬁ", "कि मानक हिन्दी",
-    "<think>\nreasoning</think>", "a<|endoftext|>b", "URL: https://example.com/path?q=1&r=2", "qQ camelCaseWord",
+    "Hello world",
+    "3 33 333 3333 33333 3.14159 2024-01-01 1,000,000",
+    "  two  spaces\t\ttabs\n\n\nnewlines \n ",
+    "café naïve résumé Ångström",
+    "日本語のテキスト 中文 한국어",
+    "emoji 🚀😶\u200d🌫️ ✅ 🦙🦙",
+    "I've been 'told he's there, 'RE you sure? 'M",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "x" * 50,
+    "     ",
+    "def f(x):\n    return x**2  # comment\n",
+    "Ünïcödé ŝţŕîñğ ñ ß ﬁ",
+    "कि मानक हिन्दी",
+    "<think>\nreasoning</think>",
+    "a<|endoftext|>b",
+    "URL: https://example.com/path?q=1&r=2",
+    "qQ camelCaseWord",
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 "
     "3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
     "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
     "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL",
 )
 DECOMPOSED = "cafe\u0301 n\u0303"  # not NFC: only compared between HF tokenizers, which both normalize or both not
-CONVERSATION = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
-                {"role": "user", "content": "And 3 × 3?"}]
+CONVERSATION = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3 × 3?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +93,19 @@ def write_files(directory: Path, files: dict[str, bytes]) -> Path:
 
 def fields_from_directory(directory: Path, vocab_size: int | None = None):
     """gguf_tokenizer_fields over an HF tokenizer directory, as convert reads one."""
+
     def read_json(name: str) -> dict | None:
         return json.loads((directory / name).read_text()) if (directory / name).exists() else None
 
     template = directory / "chat_template.jinja"
-    return gguf_tokenizer_fields((directory / "tokenizer.json").read_bytes(), read_json("tokenizer_config.json"),
-                                 read_json("generation_config.json"), template.read_text() if template.exists() else None,
-                                 vocab_size, str(directory / "tokenizer.json"))
+    return gguf_tokenizer_fields(
+        (directory / "tokenizer.json").read_bytes(),
+        read_json("tokenizer_config.json"),
+        read_json("generation_config.json"),
+        template.read_text() if template.exists() else None,
+        vocab_size,
+        str(directory / "tokenizer.json"),
+    )
 
 
 def as_dict(fields: list[tuple[str, object, GGUFValueType]]) -> dict[str, object]:
@@ -103,6 +124,7 @@ def test_probes_are_nfc() -> None:
 # --------------------------------------------------------------------------------------------------
 # HF -> GGUF on the fixture vocabularies
 
+
 @pytest.mark.parametrize("merges_as_pairs", [True, False])
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_fixture_vocabularies_to_gguf(tmp_path: Path, flavour: str, merges_as_pairs: bool) -> None:
@@ -120,10 +142,17 @@ def test_fixture_vocabularies_to_gguf(tmp_path: Path, flavour: str, merges_as_pa
     looks_special = {i for i in added if vocab.tokens[i].startswith("<|") and vocab.tokens[i].endswith("|>")}
     control = vocab.special | looks_special
     assert fields["tokenizer.ggml.token_type"] == (
-        [1] * vocab.first_added + [3 if i in control else 4 for i in added] + [5] * (vocab.rows - vocab.length))
+        [1] * vocab.first_added + [3 if i in control else 4 for i in added] + [5] * (vocab.rows - vocab.length)
+    )
     if flavour == "qwen3":  # the FIM and repo tokens are special=false in Qwen's files but look special
         assert {vocab.tokens[i] for i in control - vocab.special} == {
-            "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+            "<|fim_prefix|>",
+            "<|fim_middle|>",
+            "<|fim_suffix|>",
+            "<|fim_pad|>",
+            "<|repo_name|>",
+            "<|file_sep|>",
+        }
     assert fields["tokenizer.ggml.eos_token_id"] == vocab.eos_id
     assert fields.get("tokenizer.ggml.padding_token_id") == vocab.pad_id
     assert fields.get("tokenizer.ggml.bos_token_id") == (vocab.bos_id if flavour == "llama3" else None)
@@ -147,11 +176,18 @@ def test_llama3_notes_and_meta_settings(tmp_path: Path) -> None:
     doc["model"]["ignore_merges"] = True
     bos = vocab.tokens[vocab.bos_id]
     single = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
-    doc["post_processor"] = {"type": "Sequence", "processors": [
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        {"type": "TemplateProcessing", "single": single,
-         "pair": single + [{"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-         "special_tokens": {bos: {"id": bos, "ids": [vocab.bos_id], "tokens": [bos]}}}]}
+    doc["post_processor"] = {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {
+                "type": "TemplateProcessing",
+                "single": single,
+                "pair": single + [{"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bos: {"id": bos, "ids": [vocab.bos_id], "tokens": [bos]}},
+            },
+        ],
+    }
     (directory / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
     out = fields_from_directory(directory)
     assert out.notes == () and out.pre == "llama-bpe"
@@ -178,8 +214,9 @@ def test_generation_config_supplies_missing_special_ids(tmp_path: Path) -> None:
     """As llama.cpp falls back on config.json: Qwen's tokenizer_config has no bos_token."""
     vocab = vocabulary("qwen3_5")
     directory = write_tokenizer(tmp_path, "qwen3_5")
-    (directory / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": vocab.bos_id, "eos_token_id": list(vocab.stop_ids), "pad_token_id": vocab.pad_id}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": vocab.bos_id, "eos_token_id": list(vocab.stop_ids), "pad_token_id": vocab.pad_id})
+    )
     fields = as_dict(fields_from_directory(directory).fields)
     assert fields["tokenizer.ggml.bos_token_id"] == vocab.bos_id
     assert fields["tokenizer.ggml.eos_token_id"] == vocab.eos_id  # tokenizer_config's eos wins over the stop list
@@ -220,6 +257,7 @@ def test_pre_table_goes_both_ways(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # GGUF -> HF on SmolLM2, against transformers' own GGUF loader
 
+
 def test_smollm2_gguf_to_hf_matches_transformers(tmp_path: Path, smollm2_fields, transformers_gguf_tokenizer) -> None:
     ours = AutoTokenizer.from_pretrained(write_files(tmp_path, hf_tokenizer_files(smollm2_fields, "smollm2.gguf")))
     theirs = transformers_gguf_tokenizer
@@ -243,8 +281,18 @@ def test_smollm2_round_trip_gguf_hf_gguf(tmp_path: Path, smollm2_fields) -> None
     out = fields_from_directory(directory, vocab_size=49152)
     assert out.notes == ()
     back = as_dict(out.fields)
-    for key in ("model", "pre", "tokens", "token_type", "merges", "bos_token_id", "eos_token_id", "unknown_token_id",
-                "padding_token_id", "add_bos_token"):
+    for key in (
+        "model",
+        "pre",
+        "tokens",
+        "token_type",
+        "merges",
+        "bos_token_id",
+        "eos_token_id",
+        "unknown_token_id",
+        "padding_token_id",
+        "add_bos_token",
+    ):
         assert back[f"tokenizer.ggml.{key}"] == smollm2_fields[f"tokenizer.ggml.{key}"], key
     assert back["tokenizer.chat_template"] == smollm2_fields["tokenizer.chat_template"]
     assert from_gguf_fields(back, "a") == from_gguf_fields(smollm2_fields, "b")  # fingerprint, ids, pre, template
@@ -261,13 +309,15 @@ def test_fixture_gguf_to_hf(tmp_path: Path) -> None:
     assert len(ours) == vocab.length
     assert encodings(ours, PROBES + (DECOMPOSED,)) == encodings(original, PROBES + (DECOMPOSED,))
     assert ours.apply_chat_template(CONVERSATION, add_generation_prompt=True) == original.apply_chat_template(
-        CONVERSATION, add_generation_prompt=True)
+        CONVERSATION, add_generation_prompt=True
+    )
     tokenizer = from_tokenizer_json((directory / "tokenizer.json").read_bytes(), "x", None, None, None)
     assert tokenizer.fingerprint == from_gguf_fields(fields, "y").fingerprint
 
 
 # --------------------------------------------------------------------------------------------------
 # tokenizer.json -> GGUF -> tokenizer.json encodes as the original
+
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_fixture_round_trip_hf_gguf_hf(tmp_path: Path, flavour: str) -> None:
@@ -292,6 +342,7 @@ def test_transformers_export_round_trip(tmp_path: Path, transformers_export: Pat
 
 # --------------------------------------------------------------------------------------------------
 # llama.cpp loads what we write
+
 
 def write_gguf(path: Path, tokenizer_fields: list[tuple[str, object, GGUFValueType]], like: Path | None = None) -> Path:
     """`like`'s metadata and tensors with its tokenizer keys replaced; with no `like`, a vocabulary-only llama."""
@@ -326,8 +377,9 @@ def llama_ids(model, texts) -> list[list[int]]:
     return [model.tokenize(t.encode(), add_bos=True, special=True) for t in texts]
 
 
-def test_llama_cpp_takes_our_keys_for_smollm2(tmp_path: Path, smollm2: Path, transformers_export: Path,
-                                              transformers_gguf_tokenizer) -> None:
+def test_llama_cpp_takes_our_keys_for_smollm2(
+    tmp_path: Path, smollm2: Path, transformers_export: Path, transformers_gguf_tokenizer
+) -> None:
     """SmolLM2 with its tokenizer keys rebuilt from transformers' export tokenizes, and answers, as the original."""
     fields = fields_from_directory(transformers_export, 49152).fields
     rebuilt = write_gguf(tmp_path / "rebuilt.gguf", fields, like=smollm2)
@@ -387,8 +439,12 @@ def test_llama_cpp_agrees_with_every_pre_tokenizer_in_the_table(tmp_path: Path, 
                 tokens.append(joined)
                 known_tokens.add(joined)
     types = smollm2_fields["tokenizer.ggml.token_type"] + [1] * (len(tokens) - 49152)
-    extended = {**smollm2_fields, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
-                "tokenizer.ggml.token_type": types}
+    extended = {
+        **smollm2_fields,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": types,
+    }
     by_name = {}
     for entry in PRE_TOKENIZERS:
         files = hf_tokenizer_files({**extended, "tokenizer.ggml.pre": entry.name}, "x")
@@ -406,6 +462,7 @@ def test_llama_cpp_agrees_with_every_pre_tokenizer_in_the_table(tmp_path: Path, 
 # --------------------------------------------------------------------------------------------------
 # bad input
 
+
 def qwen3_json(**changes: object) -> dict:
     doc = tokenizer_json(vocabulary("qwen3"))
     for path, value in changes.items():
@@ -417,24 +474,27 @@ def qwen3_json(**changes: object) -> dict:
     return doc
 
 
-@pytest.mark.parametrize(("doc", "problem"), [
-    (b"{not json", "not valid JSON"),
-    ({"added_tokens": []}, "no 'model' object"),
-    ({"model": {"type": "BPE", "merges": []}}, "model.vocab"),
-    (qwen3_json(model__type="Unigram"), "only byte-level BPE"),
-    (qwen3_json(pre_tokenizer={"type": "Metaspace", "replacement": "▁"}), "ByteLevel"),
-    (qwen3_json(added_tokens=[{"id": -1, "content": "<x>"}]), "not an integer"),
-    (qwen3_json(added_tokens=[{"id": 9_999_999, "content": "<x>"}]), "token ids run up to"),
-    (qwen3_json(added_tokens=[{"id": 300, "content": "Ġ"}]), "listed at ids"),
-    (qwen3_json(model__merges="a b"), "model.merges is not a list"),
-    (qwen3_json(model__merges=[1, 2]), "neither 'a b'"),
-    (qwen3_json(model__merges=[["a b", "c"]]), "model.merges[0] ['a b', 'c'] is not 'a b'"),
-    (qwen3_json(model__merges=[["Ġ", ""]]), "without spaces"),
-    (qwen3_json(model__merges=["Ġ  Ġ"]), "model.merges[0]"),
-    (qwen3_json(model__merges=["a"]), "model.merges[0]"),
-    (qwen3_json(model__merges=["☃ ☃"]), "does not join two tokens"),
-    (qwen3_json(model__merges=[]), "without merges"),
-])
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        (b"{not json", "not valid JSON"),
+        ({"added_tokens": []}, "no 'model' object"),
+        ({"model": {"type": "BPE", "merges": []}}, "model.vocab"),
+        (qwen3_json(model__type="Unigram"), "only byte-level BPE"),
+        (qwen3_json(pre_tokenizer={"type": "Metaspace", "replacement": "▁"}), "ByteLevel"),
+        (qwen3_json(added_tokens=[{"id": -1, "content": "<x>"}]), "not an integer"),
+        (qwen3_json(added_tokens=[{"id": 9_999_999, "content": "<x>"}]), "token ids run up to"),
+        (qwen3_json(added_tokens=[{"id": 300, "content": "Ġ"}]), "listed at ids"),
+        (qwen3_json(model__merges="a b"), "model.merges is not a list"),
+        (qwen3_json(model__merges=[1, 2]), "neither 'a b'"),
+        (qwen3_json(model__merges=[["a b", "c"]]), "model.merges[0] ['a b', 'c'] is not 'a b'"),
+        (qwen3_json(model__merges=[["Ġ", ""]]), "without spaces"),
+        (qwen3_json(model__merges=["Ġ  Ġ"]), "model.merges[0]"),
+        (qwen3_json(model__merges=["a"]), "model.merges[0]"),
+        (qwen3_json(model__merges=["☃ ☃"]), "does not join two tokens"),
+        (qwen3_json(model__merges=[]), "without merges"),
+    ],
+)
 def test_bad_tokenizer_json(doc: object, problem: str) -> None:
     raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     with pytest.raises(BadInput) as error:
@@ -456,6 +516,7 @@ def test_bad_sizes_and_ids_around_tokenizer_json() -> None:
 
 def replaced(**changes: object):
     """SmolLM2's fields with keys (dots spelled __) set, or removed where the value is None."""
+
     def change(fields: dict[str, object]) -> dict[str, object]:
         out = dict(fields)
         for name, value in changes.items():
@@ -464,6 +525,7 @@ def replaced(**changes: object):
             else:
                 out[name.replace("__", ".")] = value
         return out
+
     return change
 
 
@@ -471,22 +533,27 @@ def bad_token_type(fields: dict[str, object]) -> dict[str, object]:
     return {**fields, "tokenizer.ggml.token_type": fields["tokenizer.ggml.token_type"][:-1] + [9]}
 
 
-@pytest.mark.parametrize(("change", "problem"), [
-    (replaced(tokenizer__ggml__model="t5"), "only byte-level BPE"),
-    (replaced(tokenizer__ggml__model=None), "only byte-level BPE"),
-    (replaced(tokenizer__ggml__token_type=[1, 1, 3]), "tokenizer.ggml.token_type does not match"),
-    (bad_token_type, "tokenizer.ggml.token_type holds a value that is not a token type"),
-    (replaced(tokenizer__ggml__tokens=[1, 2, 3]), "tokenizer.ggml.tokens is not a list of strings"),
-    (replaced(tokenizer__ggml__merges=[["a", "b"]]), "tokenizer.ggml.merges is not a list of strings"),
-    (replaced(tokenizer__ggml__merges=["☃ ☃"]), "tokenizer.ggml.merges[0]"),
-    (replaced(tokenizer__ggml__pre="chatglm-bpe"), "tokenizer.ggml.pre 'chatglm-bpe'"),
-    (replaced(tokenizer__ggml__eos_token_id=49152), "tokenizer.ggml.eos_token_id 49152"),
-    (replaced(tokenizer__ggml__bos_token_id=True), "tokenizer.ggml.bos_token_id True"),
-    (replaced(tokenizer__ggml__add_bos_token=1), "tokenizer.ggml.add_bos_token 1"),
-    (replaced(tokenizer__ggml__add_eos_token=True, tokenizer__ggml__eos_token_id=None),
-     "no tokenizer.ggml.eos_token_id"),
-    (replaced(tokenizer__chat_template=["a"]), "tokenizer.chat_template"),
-])
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (replaced(tokenizer__ggml__model="t5"), "only byte-level BPE"),
+        (replaced(tokenizer__ggml__model=None), "only byte-level BPE"),
+        (replaced(tokenizer__ggml__token_type=[1, 1, 3]), "tokenizer.ggml.token_type does not match"),
+        (bad_token_type, "tokenizer.ggml.token_type holds a value that is not a token type"),
+        (replaced(tokenizer__ggml__tokens=[1, 2, 3]), "tokenizer.ggml.tokens is not a list of strings"),
+        (replaced(tokenizer__ggml__merges=[["a", "b"]]), "tokenizer.ggml.merges is not a list of strings"),
+        (replaced(tokenizer__ggml__merges=["☃ ☃"]), "tokenizer.ggml.merges[0]"),
+        (replaced(tokenizer__ggml__pre="chatglm-bpe"), "tokenizer.ggml.pre 'chatglm-bpe'"),
+        (replaced(tokenizer__ggml__eos_token_id=49152), "tokenizer.ggml.eos_token_id 49152"),
+        (replaced(tokenizer__ggml__bos_token_id=True), "tokenizer.ggml.bos_token_id True"),
+        (replaced(tokenizer__ggml__add_bos_token=1), "tokenizer.ggml.add_bos_token 1"),
+        (
+            replaced(tokenizer__ggml__add_eos_token=True, tokenizer__ggml__eos_token_id=None),
+            "no tokenizer.ggml.eos_token_id",
+        ),
+        (replaced(tokenizer__chat_template=["a"]), "tokenizer.chat_template"),
+    ],
+)
 def test_bad_gguf_tokenizer_keys(smollm2_fields, change, problem: str) -> None:
     with pytest.raises(BadInput) as error:
         hf_tokenizer_files(change(smollm2_fields), "model.gguf")

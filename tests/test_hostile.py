@@ -58,17 +58,27 @@ class Run:
     seconds: float
 
 
-def specpair(*args: str | Path, tmp: Path, env: dict[str, str] | None = None, memory_cap: int | None = None,
-             timeout: float = 60) -> Run:
+def specpair(
+    *args: str | Path, tmp: Path, env: dict[str, str] | None = None, memory_cap: int | None = None, timeout: float = 60
+) -> Run:
     log = tmp / "opened.log"
     log.unlink(missing_ok=True)
     cap = None if memory_cap is None else lambda: resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", AUDITED_CLI, str(log), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, preexec_fn=cap, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", AUDITED_CLI, str(log), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        preexec_fn=cap,
+        check=False,
+    )
     seconds = time.perf_counter() - start
     paths = log.read_bytes().split(b"\0") if log.exists() else []
-    return Run(done.returncode, done.stdout, done.stderr, {os.path.realpath(os.fsdecode(p)) for p in paths if p}, seconds)
+    return Run(
+        done.returncode, done.stdout, done.stderr, {os.path.realpath(os.fsdecode(p)) for p in paths if p}, seconds
+    )
 
 
 def assert_refused(run: Run, names: Path | str, problem: str) -> None:
@@ -122,12 +132,19 @@ def test_the_audit_sees_every_file_the_cli_reads(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     read = {p.name for p in root.iterdir() if str(p) in run.opened}
     # a complete shard series is read from its headers; its index, which only repeats them, is not opened
-    assert read == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+    assert read == {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
 # index shard names that leave the checkpoint
+
 
 @pytest.fixture
 def sharded(tmp_path: Path) -> tuple[Path, Path]:
@@ -140,22 +157,37 @@ def sharded(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("command", ["inspect", "check"])
-@pytest.mark.parametrize("shard", ["../outside.safetensors", "sub/../../outside.safetensors", "OUTSIDE",
-                                   "../../etc/passwd", "/etc/passwd", "./part-1.safetensors"])
-def test_index_names_outside_the_checkpoint_are_refused_unopened(sharded: tuple[Path, Path], tmp_path: Path,
-                                                                  shard: str, command: str) -> None:
+@pytest.mark.parametrize(
+    "shard",
+    [
+        "../outside.safetensors",
+        "sub/../../outside.safetensors",
+        "OUTSIDE",
+        "../../etc/passwd",
+        "/etc/passwd",
+        "./part-1.safetensors",
+    ],
+)
+def test_index_names_outside_the_checkpoint_are_refused_unopened(
+    sharded: tuple[Path, Path], tmp_path: Path, shard: str, command: str
+) -> None:
     root, outside = sharded
     shard = str(outside) if shard == "OUTSIDE" else shard
     index = root / "model.safetensors.index.json"
-    edit_json(index, lambda d: d["weight_map"].update(
-        {k: shard for k, v in d["weight_map"].items() if v == "part-1.safetensors"}))
+    edit_json(
+        index,
+        lambda d: d["weight_map"].update({k: shard for k, v in d["weight_map"].items() if v == "part-1.safetensors"}),
+    )
     run = specpair(*next(c for c in commands(root) if c[0] == command), tmp=tmp_path)
-    assert_refused(run, index, f"names shard {shard!r}, which is not a plain relative path inside the checkpoint: refused")
+    assert_refused(
+        run, index, f"names shard {shard!r}, which is not a plain relative path inside the checkpoint: refused"
+    )
     assert_never_opened(run, outside, Path("/etc/passwd"))
 
 
 # ---------------------------------------------------------------------------------------------------
 # symlinks
+
 
 def link_out(root: Path, name: str, elsewhere: Path, relative: bool) -> Path:
     """Move root/name to elsewhere/name and leave a symlink to it in its place."""
@@ -167,8 +199,9 @@ def link_out(root: Path, name: str, elsewhere: Path, relative: bool) -> Path:
 
 
 @pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
-                                  "tokenizer_config.json"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "tokenizer_config.json"]
+)
 def test_symlink_out_of_the_checkpoint_is_refused(tmp_path: Path, name: str, relative: bool) -> None:
     root = build_target(tmp_path / "model", "qwen3", layers=1)
     target = link_out(root, name, tmp_path / "elsewhere", relative)
@@ -273,8 +306,11 @@ def test_hf_cache_snapshots_keep_working(tmp_path: Path) -> None:
         run = specpair("inspect", ref, "--json", tmp=tmp_path, env=offline_env(tmp_path / "cache"))
         assert run.returncode == 0, run.stderr
         got = json.loads(run.stdout)["checkpoint"]
-        assert (got["groups"], got["shapes"], got["tokenizer"]) == (expected["groups"], expected["shapes"],
-                                                                      expected["tokenizer"])
+        assert (got["groups"], got["shapes"], got["tokenizer"]) == (
+            expected["groups"],
+            expected["shapes"],
+            expected["tokenizer"],
+        )
     run = specpair("check", "org/tiny", "--gpu", "h200", tmp=tmp_path, env=offline_env(tmp_path / "cache"))
     assert run.returncode in (0, 1) and run.stderr == "", run.stderr
     # A checkpoint in a subfolder of a repo: its symlinks climb one level more to the same blobs/.
@@ -301,15 +337,22 @@ def test_hf_cache_symlink_leaving_the_repo_folder_is_refused(tmp_path: Path, esc
 # ---------------------------------------------------------------------------------------------------
 # names that collide on case-insensitive file systems
 
+
 def test_shards_differing_only_in_case_are_refused(tmp_path: Path) -> None:
     root = build_target(tmp_path / "sharded", "qwen3", layers=1, shards=2)
     shutil.copy(root / "model-00001-of-00002.safetensors", root / "Model-00001-of-00002.safetensors")
     index = root / "model.safetensors.index.json"
-    edit_json(index, lambda d: d["weight_map"].update({"model.embed_tokens.weight": "Model-00001-of-00002.safetensors"}))
+    edit_json(
+        index, lambda d: d["weight_map"].update({"model.embed_tokens.weight": "Model-00001-of-00002.safetensors"})
+    )
     for command in commands(root):
         run = specpair(*command, tmp=tmp_path)
-        assert_refused(run, root, "names shards 'Model-00001-of-00002.safetensors' and "
-                                  "'model-00001-of-00002.safetensors', which differ only in case: refused")
+        assert_refused(
+            run,
+            root,
+            "names shards 'Model-00001-of-00002.safetensors' and "
+            "'model-00001-of-00002.safetensors', which differ only in case: refused",
+        )
 
     single = build_target(tmp_path / "single", "qwen3", layers=1)
     shutil.copy(single / "model.safetensors", single / "MODEL.safetensors")
@@ -350,10 +393,14 @@ def test_custom_code_is_reported_never_run(tmp_path: Path) -> None:
     inspected = specpair("inspect", target, "--json", tmp=tmp_path)
     checked = specpair("check", target, drafter, "--json", "--gpu", "h200", tmp=tmp_path)
     assert inspected.returncode == 0 and checked.returncode in (0, 1), checked.stderr
-    assert "auto_map names custom code (AutoModelForCausalLM=modeling_evil.Evil): reported, never run" in \
-        json.loads(inspected.stdout)["checkpoint"]["notes"]
-    assert "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run" in \
-        json.loads(checked.stdout)["draft"]["notes"]
+    assert (
+        "auto_map names custom code (AutoModelForCausalLM=modeling_evil.Evil): reported, never run"
+        in json.loads(inspected.stdout)["checkpoint"]["notes"]
+    )
+    assert (
+        "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run"
+        in json.loads(checked.stdout)["draft"]["notes"]
+    )
     assert not (target / TRAP_MARKER).exists() and not (drafter / TRAP_MARKER).exists()
     for done in (inspected, checked):
         assert_never_opened(done, target / "modeling_evil.py", drafter / "dflash.py")
@@ -362,10 +409,18 @@ def test_custom_code_is_reported_never_run(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # sizes: sparse giants cost no disk, and must cost no memory or time either
 
-@pytest.mark.parametrize(("name", "sharded"), [
-    ("config.json", False), ("tokenizer.json", False), ("tokenizer_config.json", False),
-    ("generation_config.json", False), ("model.safetensors.index.json", True), ("hf_quant_config.json", False),
-])
+
+@pytest.mark.parametrize(
+    ("name", "sharded"),
+    [
+        ("config.json", False),
+        ("tokenizer.json", False),
+        ("tokenizer_config.json", False),
+        ("generation_config.json", False),
+        ("model.safetensors.index.json", True),
+        ("hf_quant_config.json", False),
+    ],
+)
 def test_a_1_gib_small_file_is_refused_by_size_before_reading(tmp_path: Path, name: str, sharded: bool) -> None:
     root = build_target(tmp_path / "model", "qwen3", layers=1, shards=2 if sharded else 1)
     if sharded:  # an index is read only where the shard names need it
@@ -384,8 +439,11 @@ def test_gguf_counts_that_fit_a_sparse_file_are_refused_quickly(tmp_path: Path) 
 
     # A 2 GiB string inside a 3 GiB file: reading it would need 2 GiB of memory.
     key = b"general.name"
-    string = sparse(tmp_path / "string.gguf", 3 * GIB, b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
-                    + struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, 2 * GIB))
+    string = sparse(
+        tmp_path / "string.gguf",
+        3 * GIB,
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, 2 * GIB),
+    )
     run = specpair("inspect", string, tmp=tmp_path, memory_cap=MEMORY_CAP, timeout=30)
     assert_refused(run, string, "GGUF string length count 2147483648 cannot fit in the")
 
@@ -396,13 +454,23 @@ def test_gguf_counts_that_fit_a_sparse_file_are_refused_quickly(tmp_path: Path) 
     assert_refused(run, tensors, "GGUF tensor count 1099511627776 cannot fit in the")
 
 
-@pytest.mark.parametrize(("header", "problem"), [
-    ({"fc.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-      "norm.weight": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "overlap in the data section"),
-    ({"fc.weight": {"dtype": "U8", "shape": [2**40], "data_offsets": [0, 2**40]}}, "runs past the file's data"),
-], ids=["overlapping", "past-the-end"])
-def test_drafter_offsets_that_overlap_or_run_past_a_sparse_file_fail_check(tmp_path: Path, header: dict,
-                                                                          problem: str) -> None:
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        (
+            {
+                "fc.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "norm.weight": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            "overlap in the data section",
+        ),
+        ({"fc.weight": {"dtype": "U8", "shape": [2**40], "data_offsets": [0, 2**40]}}, "runs past the file's data"),
+    ],
+    ids=["overlapping", "past-the-end"],
+)
+def test_drafter_offsets_that_overlap_or_run_past_a_sparse_file_fail_check(
+    tmp_path: Path, header: dict, problem: str
+) -> None:
     target = build_target(tmp_path / "target", "qwen3_5_moe", layers=8)
     drafter = build_dflash(tmp_path / "drafter")
     raw = json.dumps(header).encode()

@@ -21,19 +21,36 @@ import numpy as np
 import pytest
 from hubserver import FakeHub, git_blob_id, olah_cli, start_olah
 from safetensors.numpy import save as safetensors_bytes
+
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
 from specpair.sources import MAX_CONFIG_BYTES, open_checkpoint
 from specpair.sources.hub import GGUF_FIRST_READ, SAFETENSORS_FIRST_READ
 
-HF_VARIABLES = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE", "HF_TOKEN", "XDG_CACHE_HOME")
+HF_VARIABLES = (
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_TOKEN",
+    "XDG_CACHE_HOME",
+)
 MIB = 1 << 20
 
 CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
-    "intermediate_size": 1024, "rope_theta": 1000000.0, "max_position_embeddings": 4096,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "intermediate_size": 1024,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
 
@@ -44,8 +61,9 @@ CONFIG = {
 def tokenizer_json() -> bytes:
     vocab = {"a": 0, "b": 1, "ab": 2}
     added = [{"id": 3, "content": "<|endoftext|>", "special": True}]
-    return json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]},
-                       "added_tokens": added}).encode()
+    return json.dumps(
+        {"version": "1.0", "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}, "added_tokens": added}
+    ).encode()
 
 
 def tiny_checkpoint() -> dict[str, bytes]:
@@ -55,8 +73,11 @@ def tiny_checkpoint() -> dict[str, bytes]:
         "model.layers.0.self_attn.q_proj.weight": np.ones((64, 64), np.float16),
         "lm_head.weight": np.zeros((128, 64), np.float16),
     }
-    return {"config.json": json.dumps(CONFIG).encode(), "tokenizer.json": tokenizer_json(),
-            "model.safetensors": safetensors_bytes(tensors)}
+    return {
+        "config.json": json.dumps(CONFIG).encode(),
+        "tokenizer.json": tokenizer_json(),
+        "model.safetensors": safetensors_bytes(tensors),
+    }
 
 
 def sharded_checkpoint() -> dict[str, bytes]:
@@ -139,8 +160,9 @@ def closed_port() -> int:
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specpair", *args], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "specpair", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def cli_env(**values: str) -> dict[str, str]:
@@ -216,7 +238,8 @@ def test_oversized_file_is_refused_before_download(fake_hub: FakeHub, hf_home: P
 
 
 def test_offline_runs_rebuild_the_checkpoint_from_the_hf_cache(
-        fake_hub: FakeHub, hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub: FakeHub, hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake_hub.add("org/cached", sharded_checkpoint())
     online = open_checkpoint("org/cached")
     requests_before = len(fake_hub.requests)
@@ -246,7 +269,8 @@ def test_offline_runs_rebuild_the_checkpoint_from_the_hf_cache(
 
 
 def test_offline_gguf_header_comes_from_the_metadata_cache(
-        fake_hub: FakeHub, hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub: FakeHub, hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = gguf_checkpoint(tmp_path / "model.gguf", tokens=1000)
     fake_hub.add("org/gguf-small", {"model.gguf": data})
     online = open_checkpoint("org/gguf-small")
@@ -260,7 +284,8 @@ def test_offline_gguf_header_comes_from_the_metadata_cache(
 
 
 def test_offline_without_a_specpair_record_reads_the_hf_snapshot(
-        fake_hub: FakeHub, hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub: FakeHub, hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub import hf_hub_download
 
     files = sharded_checkpoint()
@@ -274,8 +299,9 @@ def test_offline_without_a_specpair_record_reads_the_hf_snapshot(
     assert config_only.shapes == dataclasses.replace(online.shapes, embedding_rows=None)
 
     for shard in (name for name in files if name.endswith(".safetensors")):
-        hf_hub_download("org/downloaded", shard, revision=online.revision, cache_dir=str(hf_home / "hub"),
-                        endpoint=fake_hub.url)
+        hf_hub_download(
+            "org/downloaded", shard, revision=online.revision, cache_dir=str(hf_home / "hub"), endpoint=fake_hub.url
+        )
     with_shards = open_checkpoint("org/downloaded")
     assert with_shards.source == "hf-cache" and comparable(with_shards) == comparable(online)
 
@@ -321,19 +347,23 @@ def error_repos(fake_hub: FakeHub) -> FakeHub:
     return fake_hub
 
 
-@pytest.mark.parametrize(("ref", "token", "expected"), [
-    ("org/missing", None, ["org/missing: repository not found on", "no token was given"]),
-    ("org/private", None, ["org/private: repository not found on", "no token was given"]),
-    ("org/private", "hf_other", ["org/private: repository not found on", "the token given cannot see it"]),
-    ("org/public@v9", None, ["org/public@v9: revision 'v9' not found"]),
-    ("org/gated", None, ["org/gated: gated repo and no token was given", "/org/gated, then set HF_TOKEN"]),
-    ("org/gated", "hf_other", ["org/gated: gated repo and this token's account has no access"]),
-    ("org/public", "hf_revoked", ["org/public: the Hub rejected the token (401 Unauthorized)"]),
-    ("org/unserved", None, ["org/unserved/config.json: file not found on the Hub"]),
-    ("org/escape", None, ["org/escape: the Hub lists an unsafe file name '../escape.json'"]),
-])
-def test_hub_errors_are_one_line_exit_2(error_repos: FakeHub, tmp_path: Path, ref: str, token: str | None,
-                                        expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("ref", "token", "expected"),
+    [
+        ("org/missing", None, ["org/missing: repository not found on", "no token was given"]),
+        ("org/private", None, ["org/private: repository not found on", "no token was given"]),
+        ("org/private", "hf_other", ["org/private: repository not found on", "the token given cannot see it"]),
+        ("org/public@v9", None, ["org/public@v9: revision 'v9' not found"]),
+        ("org/gated", None, ["org/gated: gated repo and no token was given", "/org/gated, then set HF_TOKEN"]),
+        ("org/gated", "hf_other", ["org/gated: gated repo and this token's account has no access"]),
+        ("org/public", "hf_revoked", ["org/public: the Hub rejected the token (401 Unauthorized)"]),
+        ("org/unserved", None, ["org/unserved/config.json: file not found on the Hub"]),
+        ("org/escape", None, ["org/escape: the Hub lists an unsafe file name '../escape.json'"]),
+    ],
+)
+def test_hub_errors_are_one_line_exit_2(
+    error_repos: FakeHub, tmp_path: Path, ref: str, token: str | None, expected: list[str]
+) -> None:
     env = cli_env(HF_ENDPOINT=error_repos.url, HF_HOME=str(tmp_path / "hf"), **({"HF_TOKEN": token} if token else {}))
 
     result = run_cli("inspect", ref, env=env)

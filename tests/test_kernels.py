@@ -27,6 +27,11 @@ def test_every_kernel_file_has_checks() -> None:
 @pytest.mark.parametrize("checks", CHECKS, ids=lambda p: p.stem)
 def test_kernels_in_triton_interpreter(checks: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider"],
-                            cwd=Path(__file__).parents[1], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider"],
+        cwd=Path(__file__).parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]

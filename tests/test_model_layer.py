@@ -15,22 +15,29 @@ import torch
 from fixtures import DFlash2, build_dflash, build_eagle3, build_target, save, tiny_model
 
 from specpair.checkpoint.config import ModelConfig, parse_config
+from specpair.convert import converter as conv
 from specpair.errors import BadInput
-from specpair.formats import convert as conv
 from specpair.formats import safetensors
 from specpair.sources.model import open_model
 
 FAMILIES = ["llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 # relative Frobenius error of the whole model's weights against the float32 source, per layout
-LAYOUTS = {"bf16": 0.005, "gguf:F32": 1e-7,  # F32: (1 + w) - 1 rounds
-           "gguf:Q8_0": 0.008, "gguf:Q4_K": 0.08, "nvfp4": 0.11, "affine4": 0.11,
-           "fp8": 0.035}
+LAYOUTS = {
+    "bf16": 0.005,
+    "gguf:F32": 1e-7,  # F32: (1 + w) - 1 rounds
+    "gguf:Q8_0": 0.008,
+    "gguf:Q4_K": 0.08,
+    "nvfp4": 0.11,
+    "affine4": 0.11,
+    "fp8": 0.035,
+}
 TOKEN_FIELDS = ("bos_token_id", "eos_token_ids", "pad_token_id")
 
 
 def convert(source: Path, destination: Path, to: str, donor: Path | None = None) -> Path:
-    p = conv.plan(conv.open_source(str(source)), conv.parse_target(to), [],
-                  conv.open_source(str(donor)) if donor else None)
+    p = conv.plan(
+        conv.open_source(str(source)), conv.parse_target(to), [], conv.open_source(str(donor)) if donor else None
+    )
     conv.execute(p, str(destination))
     return destination
 
@@ -39,8 +46,9 @@ def structure(config: ModelConfig) -> ModelConfig:
     """A config without its stop ids (a GGUF keeps one eos id where generation_config lists several) and a
     drafter's informational num_target_layers (llama.cpp's dflash arch has no key for it)."""
     drafter = dataclasses.replace(config.drafter, num_target_layers=None) if config.drafter else None
-    return dataclasses.replace(config, drafter=drafter,
-                               **{f: ModelConfig.__dataclass_fields__[f].default for f in TOKEN_FIELDS})
+    return dataclasses.replace(
+        config, drafter=drafter, **{f: ModelConfig.__dataclass_fields__[f].default for f in TOKEN_FIELDS}
+    )
 
 
 def relative_error(reference: open_model, other: open_model) -> float:
@@ -123,9 +131,15 @@ def test_gguf_value_transforms_are_undone(tmp_path):
     source = save(tiny_model("qwen3_5_moe"), tmp_path / "hf", "qwen3")
     reference = open_model(str(source))
     gguf = open_model(str(convert(source, tmp_path / "m.gguf", "gguf:F32")))
-    for name in ("norm.weight", "layers.0.linear_attn.A_log", "layers.0.linear_attn.conv1d.weight",
-                 "layers.0.linear_attn.in_proj_qkv.weight", "layers.0.linear_attn.out_proj.weight",
-                 "layers.0.linear_attn.dt_bias", "layers.3.self_attn.q_norm.weight"):
+    for name in (
+        "norm.weight",
+        "layers.0.linear_attn.A_log",
+        "layers.0.linear_attn.conv1d.weight",
+        "layers.0.linear_attn.in_proj_qkv.weight",
+        "layers.0.linear_attn.out_proj.weight",
+        "layers.0.linear_attn.dt_bias",
+        "layers.3.self_attn.q_norm.weight",
+    ):
         assert torch.allclose(gguf.load(name), reference.load(name), rtol=0, atol=1e-6), name
 
 
@@ -138,15 +152,17 @@ def test_packed_gguf_out_proj_keeps_its_columns_as_data(tmp_path):
     assert packed is not None and packed.col_order is not None
     x = torch.randn(3, packed.shape[1])
     stored = packed.dequantize()[:, torch.argsort(packed.col_order)]  # the stored matrix
-    assert torch.allclose(packed.inputs(x) @ stored.T, x @ gguf.load("layers.0.linear_attn.out_proj.weight").T,
-                          atol=1e-5)
+    assert torch.allclose(
+        packed.inputs(x) @ stored.T, x @ gguf.load("layers.0.linear_attn.out_proj.weight").T, atol=1e-5
+    )
 
 
 def test_stream_reads_every_stored_byte_once(tmp_path, monkeypatch):
     """Fused gate_up experts feed two canonical weights each and per-expert tensors stack into one: still one
     read per stored tensor, in file order."""
-    source = build_target(tmp_path / "t", "qwen3_5_moe", layers=4, experts=4, mtp=True, vision=False,
-                          quant="nvfp4-modelopt", shards=2)
+    source = build_target(
+        tmp_path / "t", "qwen3_5_moe", layers=4, experts=4, mtp=True, vision=False, quant="nvfp4-modelopt", shards=2
+    )
     model = open_model(str(source))
     reads: list[tuple[str, int, int]] = []
     original = safetensors.read_bytes
@@ -180,8 +196,13 @@ def test_mtp_head_is_named_once(tmp_path):
     model = open_model(str(source))
     assert model.config.mtp_layers == 1
     mtp = {n for n in model.names if n.startswith("mtp.")}
-    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
-            "mtp.norm.weight", "mtp.layers.0.mlp.experts.gate_proj.weight"} <= mtp
+    assert {
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.mlp.experts.gate_proj.weight",
+    } <= mtp
     assert not any("visual" in n for n in model.names)
 
 
@@ -234,15 +255,44 @@ def test_one_parser_for_hf_and_gguf_defaults(tmp_path):
     assert drafted.config.rope_theta == 1e7
 
 
-@pytest.mark.parametrize("config, problem", [
-    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "is not a family specpair models"),
-    ({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": True, "num_attention_heads": 4,
-      "vocab_size": 8}, "'num_hidden_layers' is True, not a positive integer"),
-    ({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "vocab_size": 8, "layer_types": ["full_attention"]}, "'layer_types' is"),
-    ({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "vocab_size": 8, "rope_parameters": {"rope_theta": -1}}, "'rope_theta' is -1, not a positive number"),
-])
+@pytest.mark.parametrize(
+    "config, problem",
+    [
+        ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "is not a family specpair models"),
+        (
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "hidden_size": 64,
+                "num_hidden_layers": True,
+                "num_attention_heads": 4,
+                "vocab_size": 8,
+            },
+            "'num_hidden_layers' is True, not a positive integer",
+        ),
+        (
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 8,
+                "layer_types": ["full_attention"],
+            },
+            "'layer_types' is",
+        ),
+        (
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 8,
+                "rope_parameters": {"rope_theta": -1},
+            },
+            "'rope_theta' is -1, not a positive number",
+        ),
+    ],
+)
 def test_bad_configs_name_the_file_and_the_key(config, problem):
     with pytest.raises(BadInput) as e:
         parse_config(config, "/x/config.json")

@@ -25,12 +25,21 @@ from typing import Any
 
 import pytest
 from fixtures import build_dflash, build_gguf_dflash, build_gguf_target, build_target
+
 from specpair.checkpoint import Checkpoint
 from specpair.sources import open_checkpoint
 
 GGUF_READ_AHEAD = 1 << 20  # formats/gguf.py refills its buffer in chunks of this size
-REAL_SIZE = {"layers": 60, "hidden": 4096, "heads": 32, "kv_heads": 2, "head_dim": 256, "experts": 512,
-             "moe_intermediate": 1024, "vocab_size": 248320}  # Qwen3.5-397B-A17B's shape
+REAL_SIZE = {
+    "layers": 60,
+    "hidden": 4096,
+    "heads": 32,
+    "kv_heads": 2,
+    "head_dim": 256,
+    "experts": 512,
+    "moe_intermediate": 1024,
+    "vocab_size": 248320,
+}  # Qwen3.5-397B-A17B's shape
 
 
 def safetensors_data_start(path: Path) -> int:
@@ -51,7 +60,7 @@ def gguf_data_start(path: Path) -> int:
         nonlocal pos
         (n,) = struct.unpack_from("<Q", raw, pos)
         pos += 8 + n
-        return raw[pos - n:pos]
+        return raw[pos - n : pos]
 
     def skip(vtype: int) -> None:
         nonlocal pos
@@ -84,14 +93,16 @@ def gguf_data_start(path: Path) -> int:
 
 def inspect_json(path: Path) -> tuple[dict[str, Any], float]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "specpair", "inspect", str(path), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specpair", "inspect", str(path), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["checkpoint"], time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------------------
 # (a) sparse real-size files
+
 
 def test_sparse_real_size_safetensors(tmp_path: Path) -> None:
     root = build_target(tmp_path / "big", "qwen3_5_moe", shards=8, sparse=True, **REAL_SIZE)
@@ -119,6 +130,7 @@ def test_sparse_real_size_gguf(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # (b) every read recorded
+
 
 class RecordingFile:
     """A file object that logs the byte range of every read; anything else passes through."""
@@ -224,13 +236,16 @@ def test_drafter_pickles_and_code_are_never_opened(tmp_path: Path, recorder: Rec
     assert_headers_only(recorder, root)
 
 
-@pytest.mark.parametrize("build", [
-    lambda p: build_gguf_target(p, "llama", hidden=1024, layers=8, intermediate=4096, sparse=True),
-    # 248320 token strings make a header of several read-ahead chunks
-    lambda p: build_gguf_dflash(p, hidden=2048, intermediate=6144, vocab_size=248320, sparse=True),
-], ids=["small-header", "multi-chunk-header"])
-def test_gguf_reads_no_byte_past_the_header(tmp_path: Path, recorder: Recorder,
-                                            build: Callable[[Path], Path]) -> None:
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: build_gguf_target(p, "llama", hidden=1024, layers=8, intermediate=4096, sparse=True),
+        # 248320 token strings make a header of several read-ahead chunks
+        lambda p: build_gguf_dflash(p, hidden=2048, intermediate=6144, vocab_size=248320, sparse=True),
+    ],
+    ids=["small-header", "multi-chunk-header"],
+)
+def test_gguf_reads_no_byte_past_the_header(tmp_path: Path, recorder: Recorder, build: Callable[[Path], Path]) -> None:
     path = build(tmp_path / "model.gguf")
     data_start = gguf_data_start(path)
     assert path.stat().st_size > data_start + 16 * GGUF_READ_AHEAD  # a data section far bigger than one chunk

@@ -24,7 +24,7 @@ from specpair.formats import nvfp4
 from specpair.formats.nvfp4 import FLAVOURS, Nvfp4
 
 CT_SCHEME = preset_name_to_scheme("NVFP4", ["Linear"])
-POWER_OF_TWO_AMAX = 2688 * 2.0 ** -8  # global scale exactly 2^-8, so every reference's float math is exact
+POWER_OF_TWO_AMAX = 2688 * 2.0**-8  # global scale exactly 2^-8, so every reference's float math is exact
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 # formats.md §0 (≤0.25→0, <0.75→0.5, ≤1.25→1, <1.75→1.5, ≤2.5→2, <3.5→3, ≤5→4): the codes of the midpoints
 MIDPOINT_CODES = (0, 2, 2, 4, 4, 6, 6)
@@ -41,9 +41,9 @@ def on_rounding_boundaries() -> torch.Tensor:
     The tensor amax gives global scale 2^-8 and each row's amax block scale b (an E4M3 value), so
     w/(block scale·global scale) is exact and lands on the midpoints themselves.
     """
-    unit = 2.0 ** -8
+    unit = 2.0**-8
     rows = []
-    for block in (1.0, 1.125, 0.0625, 2.0 ** -9 * 3):  # normal, odd mantissa, small, subnormal block scales
+    for block in (1.0, 1.125, 0.0625, 2.0**-9 * 3):  # normal, odd mantissa, small, subnormal block scales
         for nudge in (0.0, 100.0, -100.0):
             magnitudes = torch.tensor(MIDPOINTS) * (block * unit)
             if nudge:
@@ -76,14 +76,19 @@ def nasty() -> dict[str, torch.Tensor]:
     outlier = torch.randn(32, 128, generator=g)
     outlier[9, 77] = 1e4
     decades = torch.randn(64, 128, generator=g) * torch.logspace(0, -7, 64)[:, None]  # block scales down past 2^-9
-    return {"zero rows and blocks": zeros, "single huge outlier": outlier, "subnormal block scales": decades,
-            "rounding boundaries": on_rounding_boundaries(),
-            "ties under an arbitrary global scale": ties_under_an_arbitrary_global_scale(),
-            "bf16 input": torch.randn(32, 256, generator=g).bfloat16()}
+    return {
+        "zero rows and blocks": zeros,
+        "single huge outlier": outlier,
+        "subnormal block scales": decades,
+        "rounding boundaries": on_rounding_boundaries(),
+        "ties under an arbitrary global scale": ties_under_an_arbitrary_global_scale(),
+        "bf16 input": torch.randn(32, 256, generator=g).bfloat16(),
+    }
 
 
-def modelopt_quantize(w: torch.Tensor,
-                      global_amax: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def modelopt_quantize(
+    w: torch.Tensor, global_amax: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     scale_2 = None if global_amax is None else torch.tensor(global_amax) / 2688
     qt, scale, scale_2 = NVFP4QTensor.quantize(w.clone(), 16, weights_scaling_factor_2=scale_2)
     return qt._quantized_data, scale, scale_2
@@ -92,7 +97,8 @@ def modelopt_quantize(w: torch.Tensor,
 def modelopt_dequantize(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
     shape = (*packed.shape[:-1], packed.shape[-1] * 2)
     return NVFP4QTensor(shape, torch.float32, packed).dequantize(
-        dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16})
+        dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16}
+    )
 
 
 def assert_same_bits(ours: Nvfp4, other: Nvfp4) -> None:
@@ -178,7 +184,8 @@ def test_ct_tensors_are_what_cts_modelopt_converter_writes() -> None:
     q = nvfp4.quantize(gaussian(64, 512))
     q = Nvfp4(q.codes, q.block_scales, q.global_scale, torch.tensor(0.37))
     theirs = ModelOptNvfp4Converter(targets=["re:.*"]).process(
-        {f"layer{suffix}": t for suffix, t in nvfp4.to_modelopt(q).items()})
+        {f"layer{suffix}": t for suffix, t in nvfp4.to_modelopt(q).items()}
+    )
     ours = nvfp4.to_ct(q)
     assert sorted(f"layer{suffix}" for suffix in ours) == sorted(theirs)
     for suffix, tensor in ours.items():
@@ -191,8 +198,14 @@ def test_ct_tensors_are_what_cts_modelopt_converter_writes() -> None:
 def test_cts_compressor_packs_the_same_bytes(case: str) -> None:
     w = gaussian() if case == "gaussian" else on_rounding_boundaries()
     ours = nvfp4.to_ct(nvfp4.quantize(w))
-    theirs = NVFP4PackedCompressor.compress({"weight": w, "weight_scale": ours[".weight_scale"].float(),
-                                             "weight_global_scale": ours[".weight_global_scale"]}, CT_SCHEME)
+    theirs = NVFP4PackedCompressor.compress(
+        {
+            "weight": w,
+            "weight_scale": ours[".weight_scale"].float(),
+            "weight_global_scale": ours[".weight_global_scale"],
+        },
+        CT_SCHEME,
+    )
     assert torch.equal(theirs["weight_packed"], ours[".weight_packed"])
     assert torch.equal(theirs["weight_scale"].view(torch.uint8), ours[".weight_scale"].view(torch.uint8))
     assert_same_bits(nvfp4.from_ct({f".{k}": v for k, v in theirs.items()}), nvfp4.from_ct(ours))
@@ -211,9 +224,13 @@ def test_cts_dequantize_of_our_tensors(global_amax: float | None) -> None:
     w = gaussian()
     q = nvfp4.quantize(w, global_amax=global_amax)
     ct = nvfp4.to_ct(q)
-    theirs = ct_dequantize(unpack_fp4_from_uint8(ct[".weight_packed"], *w.shape, torch.float32),
-                           ct[".weight_scale"].float(), args=CT_SCHEME.weights,
-                           global_scale=ct[".weight_global_scale"], dtype=torch.float32)
+    theirs = ct_dequantize(
+        unpack_fp4_from_uint8(ct[".weight_packed"], *w.shape, torch.float32),
+        ct[".weight_scale"].float(),
+        args=CT_SCHEME.weights,
+        global_scale=ct[".weight_global_scale"],
+        dtype=torch.float32,
+    )
     ours = nvfp4.dequantize(q)
     if global_amax is None:
         assert 0 < ulps_apart(theirs, ours) <= 2  # CT divides by the inverted scale: two roundings more
@@ -226,9 +243,15 @@ def test_cts_dequantize_of_our_tensors(global_amax: float | None) -> None:
 
 def mlx_dequantize(parts: dict[str, torch.Tensor]) -> torch.Tensor:
     global_scale = parts.get(".global_scale")
-    result = mx.dequantize(mx.array(parts[".weight"].numpy()), mx.array(parts[".scales"].numpy()), mode="nvfp4",
-                           group_size=16, bits=4, dtype=mx.float32,
-                           global_scale=None if global_scale is None else mx.array(global_scale.numpy()))
+    result = mx.dequantize(
+        mx.array(parts[".weight"].numpy()),
+        mx.array(parts[".scales"].numpy()),
+        mode="nvfp4",
+        group_size=16,
+        bits=4,
+        dtype=mx.float32,
+        global_scale=None if global_scale is None else mx.array(global_scale.numpy()),
+    )
     return torch.from_numpy(np.array(result))
 
 
@@ -299,8 +322,9 @@ def test_modelopt_gguf_ct_mlx_modelopt_is_lossless() -> None:
 @pytest.mark.parametrize("target", FLAVOURS)
 def test_every_pair_keeps_codes_and_block_scales(source: str, target: str) -> None:
     q = nvfp4.quantize(nasty()["subnormal block scales"])
-    there = FLAVOURS[target].from_parts(FLAVOURS[target].to_parts(FLAVOURS[source].from_parts(
-        FLAVOURS[source].to_parts(q, "m"), "m"), "m"), "m")
+    there = FLAVOURS[target].from_parts(
+        FLAVOURS[target].to_parts(FLAVOURS[source].from_parts(FLAVOURS[source].to_parts(q, "m"), "m"), "m"), "m"
+    )
     assert torch.equal(there.codes, q.codes) and torch.equal(there.block_scales, q.block_scales)
 
 
@@ -345,40 +369,90 @@ def modelopt_parts(cols: int = 64, **replace: torch.Tensor | None) -> dict[str, 
 
 
 BAD = {
-    "quantize: 40 columns": (lambda: nvfp4.quantize(gaussian(4, 40), name="m.weight"), "m.weight",
-                             "multiple of the 16"),
-    "quantize: negative global amax": (lambda: nvfp4.quantize(gaussian(4, 16), global_amax=-1.0, name="m.weight"),
-                                       "m.weight", "≥ 0"),
+    "quantize: 40 columns": (
+        lambda: nvfp4.quantize(gaussian(4, 40), name="m.weight"),
+        "m.weight",
+        "multiple of the 16",
+    ),
+    "quantize: negative global amax": (
+        lambda: nvfp4.quantize(gaussian(4, 16), global_amax=-1.0, name="m.weight"),
+        "m.weight",
+        "≥ 0",
+    ),
     "quantize: NaN": (lambda: nvfp4.quantize(torch.full((4, 16), float("nan")), name="m.weight"), "m.weight", "NaN"),
-    "modelopt: 40 columns": (lambda: nvfp4.from_modelopt(
-        {".weight": torch.zeros(4, 20, dtype=torch.uint8), ".weight_scale": torch.zeros(4, 2).to(torch.float8_e4m3fn),
-         ".weight_scale_2": torch.tensor(1.0)}, "m"), "m.weight", "multiple of the 16"),
-    "modelopt: scale shape": (lambda: nvfp4.from_modelopt(
-        modelopt_parts(**{".weight_scale": torch.ones(4, 3).to(torch.float8_e4m3fn)}), "m"),
-        "m.weight_scale", "[4, 4]"),
-    "modelopt: scale dtype": (lambda: nvfp4.from_modelopt(
-        modelopt_parts(**{".weight_scale": torch.ones(4, 4)}), "m"), "m.weight_scale", "dtype"),
-    "modelopt: no block scales": (lambda: nvfp4.from_modelopt(
-        modelopt_parts(**{".weight_scale": None}), "m"), "m.weight_scale", "missing"),
-    "modelopt: no weight_scale_2": (lambda: nvfp4.from_modelopt(
-        modelopt_parts(**{".weight_scale_2": None}), "m"), "m.weight_scale_2", "missing"),
-    "modelopt: vector weight_scale_2": (lambda: nvfp4.from_modelopt(
-        modelopt_parts(**{".weight_scale_2": torch.ones(2)}), "m"), "m.weight_scale_2", "one per-tensor"),
-    "ct: no global scale": (lambda: nvfp4.from_ct(
-        {k: v for k, v in nvfp4.to_ct(q_of(64)).items() if k != ".weight_global_scale"}, "m"),
-        "m.weight_global_scale", "missing"),
-    "ct: zero global scale": (lambda: nvfp4.from_ct(
-        {**nvfp4.to_ct(q_of(64)), ".weight_global_scale": torch.zeros(1)}, "m"), "m.weight_global_scale", "positive"),
-    "mlx: scales shape": (lambda: nvfp4.from_mlx(
-        {**nvfp4.to_mlx(q_of(64)), ".scales": torch.zeros(4, 8, dtype=torch.uint8)}, "m"), "m.scales", "[4, 4]"),
+    "modelopt: 40 columns": (
+        lambda: nvfp4.from_modelopt(
+            {
+                ".weight": torch.zeros(4, 20, dtype=torch.uint8),
+                ".weight_scale": torch.zeros(4, 2).to(torch.float8_e4m3fn),
+                ".weight_scale_2": torch.tensor(1.0),
+            },
+            "m",
+        ),
+        "m.weight",
+        "multiple of the 16",
+    ),
+    "modelopt: scale shape": (
+        lambda: nvfp4.from_modelopt(modelopt_parts(**{".weight_scale": torch.ones(4, 3).to(torch.float8_e4m3fn)}), "m"),
+        "m.weight_scale",
+        "[4, 4]",
+    ),
+    "modelopt: scale dtype": (
+        lambda: nvfp4.from_modelopt(modelopt_parts(**{".weight_scale": torch.ones(4, 4)}), "m"),
+        "m.weight_scale",
+        "dtype",
+    ),
+    "modelopt: no block scales": (
+        lambda: nvfp4.from_modelopt(modelopt_parts(**{".weight_scale": None}), "m"),
+        "m.weight_scale",
+        "missing",
+    ),
+    "modelopt: no weight_scale_2": (
+        lambda: nvfp4.from_modelopt(modelopt_parts(**{".weight_scale_2": None}), "m"),
+        "m.weight_scale_2",
+        "missing",
+    ),
+    "modelopt: vector weight_scale_2": (
+        lambda: nvfp4.from_modelopt(modelopt_parts(**{".weight_scale_2": torch.ones(2)}), "m"),
+        "m.weight_scale_2",
+        "one per-tensor",
+    ),
+    "ct: no global scale": (
+        lambda: nvfp4.from_ct({k: v for k, v in nvfp4.to_ct(q_of(64)).items() if k != ".weight_global_scale"}, "m"),
+        "m.weight_global_scale",
+        "missing",
+    ),
+    "ct: zero global scale": (
+        lambda: nvfp4.from_ct({**nvfp4.to_ct(q_of(64)), ".weight_global_scale": torch.zeros(1)}, "m"),
+        "m.weight_global_scale",
+        "positive",
+    ),
+    "mlx: scales shape": (
+        lambda: nvfp4.from_mlx({**nvfp4.to_mlx(q_of(64)), ".scales": torch.zeros(4, 8, dtype=torch.uint8)}, "m"),
+        "m.scales",
+        "[4, 4]",
+    ),
     "gguf: 48 columns": (lambda: nvfp4.to_gguf(q_of(48), "m"), "m.weight", "multiple of the 64"),
-    "gguf: 40-byte rows": (lambda: nvfp4.from_gguf({".weight": torch.zeros(4, 40, dtype=torch.uint8)}, "m"),
-                           "m.weight", "36-byte blocks"),
-    "gguf: scale byte with a sign": (lambda: nvfp4.from_gguf(
-        {".weight": torch.full((4, 36), 0x80, dtype=torch.uint8)}, "m"), "m.weight", "0x7e"),
-    "gguf: negative block scale": (lambda: nvfp4.to_gguf(Nvfp4(
-        torch.zeros(1, 32, dtype=torch.uint8), torch.full((1, 4), 0xB8, dtype=torch.uint8), torch.tensor(1.0)), "m"),
-        "m.weight", "negative"),
+    "gguf: 40-byte rows": (
+        lambda: nvfp4.from_gguf({".weight": torch.zeros(4, 40, dtype=torch.uint8)}, "m"),
+        "m.weight",
+        "36-byte blocks",
+    ),
+    "gguf: scale byte with a sign": (
+        lambda: nvfp4.from_gguf({".weight": torch.full((4, 36), 0x80, dtype=torch.uint8)}, "m"),
+        "m.weight",
+        "0x7e",
+    ),
+    "gguf: negative block scale": (
+        lambda: nvfp4.to_gguf(
+            Nvfp4(
+                torch.zeros(1, 32, dtype=torch.uint8), torch.full((1, 4), 0xB8, dtype=torch.uint8), torch.tensor(1.0)
+            ),
+            "m",
+        ),
+        "m.weight",
+        "negative",
+    ),
 }
 
 

@@ -30,13 +30,25 @@ def test_installed_llama_cpp_uses_no_instruction_set_of_the_build_machine_only()
 
 
 def test_no_test_tool_or_benchmark_reads_outside_the_repository() -> None:
-    outside = re.compile(r"""\.\./shared|parents?\[?\d*\]?\s*/\s*["']shared["']|/work/shared|\.parent\s*/\s*["']shared""")
-    readers = [p for folder in ("tests", "tools", "benchmarks", "scripts") for p in (ROOT / folder).rglob("*")
-               if p.is_file() and p.suffix in (".py", ".sh", "") and p != Path(__file__)]
-    found = [f"{p.relative_to(ROOT)}:{n}" for p in readers for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
-             if outside.search(line)]
+    outside = re.compile(
+        r"""\.\./shared|parents?\[?\d*\]?\s*/\s*["']shared["']|/work/shared|\.parent\s*/\s*["']shared"""
+    )
+    readers = [
+        p
+        for folder in ("tests", "tools", "benchmarks", "scripts")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and p.suffix in (".py", ".sh", "") and p != Path(__file__)
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in readers
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
     assert found == []
-    assert (ROOT / "catalog" / "sources" / "real-configs" / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").is_file()
+    assert (
+        ROOT / "catalog" / "sources" / "real-configs" / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json"
+    ).is_file()
 
 
 def test_help_names_only_commands_that_exist() -> None:

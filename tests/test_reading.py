@@ -16,12 +16,20 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from fixtures import (
+    TRAP_MARKER,
+    DFlash2,
+    build_dflash,
+    build_draft_model,
+    build_eagle3,
+    build_gguf_dflash,
+    build_gguf_target,
+    build_target,
+    vocabulary,
+    write_tokenizer,
+)
 from safetensors import safe_open
 
-from fixtures import (
-    TRAP_MARKER, DFlash2, build_dflash, build_draft_model, build_eagle3, build_gguf_dflash, build_gguf_target,
-    build_target, vocabulary, write_tokenizer,
-)
 from specpair.checkpoint import Checkpoint, Mtp
 from specpair.formats import safetensors as safetensors_format
 from specpair.sources import open_checkpoint
@@ -29,8 +37,14 @@ from specpair.sources import open_checkpoint
 HYBRID_8 = ["linear", "linear", "linear", "full"] * 2  # full attention every 4th layer
 TOKENS = {"qwen3": 482, "qwen3_5": 529, "llama3": 512}  # 256 bytes + merges + added tokens
 ROWS = {"qwen3": 512, "qwen3_5": 576, "llama3": 512}  # Qwen pads the rows past the tokenizer, Llama 3 does not
-FLAVOUR = {"llama": "llama3", "qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3", "qwen3_5": "qwen3_5",
-           "qwen3_5_moe": "qwen3_5"}
+FLAVOUR = {
+    "llama": "llama3",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "qwen3_next": "qwen3",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+}
 
 
 def read(path: Path) -> Checkpoint:
@@ -53,20 +67,77 @@ def group_tensors(checkpoint: Checkpoint, group: str) -> int:
 
 TARGETS = {
     # family: architecture, model_type, layer types, head_dim, theta, rope schema, vocabulary flavour, groups
-    "llama": ("LlamaForCausalLM", "llama", ["full"] * 8, 16, 500000.0, "rope_theta", "llama3",
-              {"attention", "embedding", "lm_head", "mlp", "norm"}),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", ["full"] * 8, 16, 1e6, "rope_theta", "qwen3",
-              {"attention", "embedding", "lm_head", "mlp", "norm"}),
-    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe", ["full"] * 8, 16, 1e6, "rope_theta", "qwen3",
-                  {"attention", "embedding", "experts", "lm_head", "norm", "router"}),
-    "qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next", HYBRID_8, 32, 1e7, "rope_theta", "qwen3",
-                   {"attention", "embedding", "experts", "linear_attention", "lm_head", "mtp", "norm", "router",
-                    "shared_expert"}),
-    "qwen3_5": ("Qwen3_5ForConditionalGeneration", "qwen3_5_text", HYBRID_8, 32, 1e7, "rope_parameters", "qwen3_5",
-                {"attention", "embedding", "linear_attention", "lm_head", "mlp", "mtp", "norm", "vision"}),
-    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", HYBRID_8, 32, 1e7, "rope_parameters",
-                    "qwen3_5", {"attention", "embedding", "experts", "linear_attention", "lm_head", "mtp", "norm",
-                                "router", "shared_expert", "vision"}),
+    "llama": (
+        "LlamaForCausalLM",
+        "llama",
+        ["full"] * 8,
+        16,
+        500000.0,
+        "rope_theta",
+        "llama3",
+        {"attention", "embedding", "lm_head", "mlp", "norm"},
+    ),
+    "qwen3": (
+        "Qwen3ForCausalLM",
+        "qwen3",
+        ["full"] * 8,
+        16,
+        1e6,
+        "rope_theta",
+        "qwen3",
+        {"attention", "embedding", "lm_head", "mlp", "norm"},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        ["full"] * 8,
+        16,
+        1e6,
+        "rope_theta",
+        "qwen3",
+        {"attention", "embedding", "experts", "lm_head", "norm", "router"},
+    ),
+    "qwen3_next": (
+        "Qwen3NextForCausalLM",
+        "qwen3_next",
+        HYBRID_8,
+        32,
+        1e7,
+        "rope_theta",
+        "qwen3",
+        {"attention", "embedding", "experts", "linear_attention", "lm_head", "mtp", "norm", "router", "shared_expert"},
+    ),
+    "qwen3_5": (
+        "Qwen3_5ForConditionalGeneration",
+        "qwen3_5_text",
+        HYBRID_8,
+        32,
+        1e7,
+        "rope_parameters",
+        "qwen3_5",
+        {"attention", "embedding", "linear_attention", "lm_head", "mlp", "mtp", "norm", "vision"},
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeForConditionalGeneration",
+        "qwen3_5_moe_text",
+        HYBRID_8,
+        32,
+        1e7,
+        "rope_parameters",
+        "qwen3_5",
+        {
+            "attention",
+            "embedding",
+            "experts",
+            "linear_attention",
+            "lm_head",
+            "mtp",
+            "norm",
+            "router",
+            "shared_expert",
+            "vision",
+        },
+    ),
 }
 # mtp.fc + 3 norms + one layer: 2 norms, 6 attention tensors, then the MLP: dense 3; MoE router,
 # 4 experts x 3 (the MTP layer stores experts one by one), 3 shared-expert projections, shared gate.
@@ -135,7 +206,11 @@ def test_sharded_checkpoint_reads_like_one_file(tmp_path: Path) -> None:
     single = read(build_target(tmp_path / "single", "qwen3_5_moe"))
     sharded = read(build_target(tmp_path / "sharded", "qwen3_5_moe", shards=3))
     files = {f.path for f in sharded.files}
-    assert {"model.safetensors.index.json", "model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"} <= files
+    assert {
+        "model.safetensors.index.json",
+        "model-00001-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+    } <= files
     one, many = single.to_json(), sharded.to_json()
     for key in ("ref", "files"):
         del one[key], many[key]
@@ -146,31 +221,88 @@ def test_sharded_checkpoint_reads_like_one_file(tmp_path: Path) -> None:
 # quantized targets
 
 QUANTIZED = [
-    ("qwen3_5_moe", "nvfp4-modelopt", {
-        "experts": {"nvfp4-modelopt"}, "shared_expert": {"nvfp4-modelopt"}, "lm_head": {"nvfp4-modelopt"},
-        "attention": {"fp8-tensor"}, "linear_attention": {"fp8-tensor", "bf16"}, "router": {"bf16"},
-        "embedding": {"bf16"}, "mtp": {"bf16"}, "vision": {"bf16"}}, ("modelopt", "MIXED_PRECISION")),
-    ("qwen3_5_moe", "nvfp4-ct", {
-        "experts": {"nvfp4-ct"}, "shared_expert": {"nvfp4-ct"}, "attention": {"nvfp4-ct"},
-        "linear_attention": {"bf16"}, "lm_head": {"bf16"}, "router": {"bf16"}}, ("compressed-tensors", "nvfp4-pack-quantized")),
-    ("qwen3_5_moe", "fp8-block", {
-        "experts": {"fp8-block"}, "attention": {"fp8-block"}, "linear_attention": {"fp8-block", "bf16"},
-        "lm_head": {"bf16"}, "router": {"bf16"}, "norm": {"bf16"}}, ("fp8", "block128x128")),
-    ("qwen3_moe", "mlx-affine4", {
-        "experts": {"affine4-g64"}, "attention": {"affine4-g64"}, "embedding": {"affine4-g64"},
-        "lm_head": {"affine4-g64"}, "router": {"affine8-g64"}, "norm": {"bf16"}}, ("mlx", "affine")),
-    ("qwen3", "exl3", {
-        "attention": {"exl3-4bpw"}, "mlp": {"exl3-4bpw"}, "lm_head": {"exl3-6bpw"}, "embedding": {"bf16"},
-        "norm": {"bf16"}}, ("exl3", "mul1")),
-    ("llama", "nvfp4-modelopt", {
-        "mlp": {"nvfp4-modelopt"}, "lm_head": {"nvfp4-modelopt"}, "attention": {"fp8-tensor"}, "embedding": {"bf16"}},
-     ("modelopt", "MIXED_PRECISION")),
+    (
+        "qwen3_5_moe",
+        "nvfp4-modelopt",
+        {
+            "experts": {"nvfp4-modelopt"},
+            "shared_expert": {"nvfp4-modelopt"},
+            "lm_head": {"nvfp4-modelopt"},
+            "attention": {"fp8-tensor"},
+            "linear_attention": {"fp8-tensor", "bf16"},
+            "router": {"bf16"},
+            "embedding": {"bf16"},
+            "mtp": {"bf16"},
+            "vision": {"bf16"},
+        },
+        ("modelopt", "MIXED_PRECISION"),
+    ),
+    (
+        "qwen3_5_moe",
+        "nvfp4-ct",
+        {
+            "experts": {"nvfp4-ct"},
+            "shared_expert": {"nvfp4-ct"},
+            "attention": {"nvfp4-ct"},
+            "linear_attention": {"bf16"},
+            "lm_head": {"bf16"},
+            "router": {"bf16"},
+        },
+        ("compressed-tensors", "nvfp4-pack-quantized"),
+    ),
+    (
+        "qwen3_5_moe",
+        "fp8-block",
+        {
+            "experts": {"fp8-block"},
+            "attention": {"fp8-block"},
+            "linear_attention": {"fp8-block", "bf16"},
+            "lm_head": {"bf16"},
+            "router": {"bf16"},
+            "norm": {"bf16"},
+        },
+        ("fp8", "block128x128"),
+    ),
+    (
+        "qwen3_moe",
+        "mlx-affine4",
+        {
+            "experts": {"affine4-g64"},
+            "attention": {"affine4-g64"},
+            "embedding": {"affine4-g64"},
+            "lm_head": {"affine4-g64"},
+            "router": {"affine8-g64"},
+            "norm": {"bf16"},
+        },
+        ("mlx", "affine"),
+    ),
+    (
+        "qwen3",
+        "exl3",
+        {
+            "attention": {"exl3-4bpw"},
+            "mlp": {"exl3-4bpw"},
+            "lm_head": {"exl3-6bpw"},
+            "embedding": {"bf16"},
+            "norm": {"bf16"},
+        },
+        ("exl3", "mul1"),
+    ),
+    (
+        "llama",
+        "nvfp4-modelopt",
+        {"mlp": {"nvfp4-modelopt"}, "lm_head": {"nvfp4-modelopt"}, "attention": {"fp8-tensor"}, "embedding": {"bf16"}},
+        ("modelopt", "MIXED_PRECISION"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("family", "scheme", "expected", "method"), QUANTIZED, ids=[f"{f}-{s}" for f, s, _, _ in QUANTIZED])
-def test_quantized_layouts(tmp_path: Path, family: str, scheme: str, expected: dict[str, set[str]],
-                           method: tuple[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("family", "scheme", "expected", "method"), QUANTIZED, ids=[f"{f}-{s}" for f, s, _, _ in QUANTIZED]
+)
+def test_quantized_layouts(
+    tmp_path: Path, family: str, scheme: str, expected: dict[str, set[str]], method: tuple[str, str]
+) -> None:
     c = read(build_target(tmp_path / "q", family, quant=scheme))
     found = layouts(c)
     assert {group: found.get(group) for group in expected} == expected
@@ -180,7 +312,11 @@ def test_quantized_layouts(tmp_path: Path, family: str, scheme: str, expected: d
 
 def test_quantization_details(tmp_path: Path) -> None:
     modelopt = read(build_target(tmp_path / "mo", "qwen3_5_moe", quant="nvfp4-modelopt")).quantization
-    assert (modelopt.kv_cache, modelopt.producer, modelopt.exclude) == ("FP8", "modelopt 0.37.0", ["mtp.layers.0*", "mtp*"])
+    assert (modelopt.kv_cache, modelopt.producer, modelopt.exclude) == (
+        "FP8",
+        "modelopt 0.37.0",
+        ["mtp.layers.0*", "mtp*"],
+    )
     mlx = read(build_target(tmp_path / "mlx", "qwen3_5_moe", quant="mlx-affine4"))
     assert (mlx.quantization.bits, mlx.quantization.group_size) == (4.0, 64)
     assert mlx.role == "target" and mlx.mtp == Mtp(1, 0, 0)  # mlx-lm drops the MTP head
@@ -195,23 +331,31 @@ def test_quantization_details(tmp_path: Path) -> None:
 def test_fixture_files_agree_with_the_safetensors_library(tmp_path: Path) -> None:
     """The hand-written files parse with the reference parser, and specpair's header reader sees the
     same names, dtypes and shapes in them."""
-    checkpoints = [build_target(tmp_path / s, "qwen3_5_moe", quant=s) for s in ("nvfp4-modelopt", "nvfp4-ct", "fp8-block")]
-    checkpoints += [build_target(tmp_path / "mlx", "qwen3_moe", quant="mlx-affine4"),
-                    build_target(tmp_path / "exl3", "qwen3", quant="exl3"),
-                    build_target(tmp_path / "sharded", "qwen3_next", shards=2),
-                    build_dflash(tmp_path / "dflash2", dflash2=DFlash2()), build_eagle3(tmp_path / "eagle3")]
+    checkpoints = [
+        build_target(tmp_path / s, "qwen3_5_moe", quant=s) for s in ("nvfp4-modelopt", "nvfp4-ct", "fp8-block")
+    ]
+    checkpoints += [
+        build_target(tmp_path / "mlx", "qwen3_moe", quant="mlx-affine4"),
+        build_target(tmp_path / "exl3", "qwen3", quant="exl3"),
+        build_target(tmp_path / "sharded", "qwen3_next", shards=2),
+        build_dflash(tmp_path / "dflash2", dflash2=DFlash2()),
+        build_eagle3(tmp_path / "eagle3"),
+    ]
     files = [f for directory in checkpoints for f in sorted(directory.glob("*.safetensors"))]
     assert len(files) == 9
     for path in files:
         ours, _ = safetensors_format.read_local(str(path))
         with safe_open(str(path), framework="numpy") as reference:
-            theirs = {name: (reference.get_slice(name).get_dtype(), tuple(reference.get_slice(name).get_shape()))
-                      for name in reference.keys()}
+            theirs = {
+                name: (reference.get_slice(name).get_dtype(), tuple(reference.get_slice(name).get_shape()))
+                for name in reference.keys()
+            }
         assert {t.name: (t.dtype, t.shape) for t in ours} == theirs
 
 
 # ---------------------------------------------------------------------------------------------------
 # HF drafters
+
 
 def test_dflash(tmp_path: Path) -> None:
     c = read(build_dflash(tmp_path / "d", target_layer_ids=[1, 5], target_hidden=64))
@@ -241,8 +385,9 @@ def test_dflash_legacy_top_level_keys(tmp_path: Path) -> None:
     assert (d.block_size_source, d.mask_token_source, d.missing_keys) == ("block_size", "mask_token_id", [])
 
 
-@pytest.mark.parametrize(("key", "field"), [("target_layer_ids", "taps"), ("mask_token_id", "mask_token_id"),
-                                            ("block_size", "block_size")])
+@pytest.mark.parametrize(
+    ("key", "field"), [("target_layer_ids", "taps"), ("mask_token_id", "mask_token_id"), ("block_size", "block_size")]
+)
 @pytest.mark.parametrize("schema", ["nested", "legacy"])
 def test_dflash_missing_keys(tmp_path: Path, key: str, field: str, schema: str) -> None:
     d = read(build_dflash(tmp_path / "d", schema=schema, omit=[key])).drafter
@@ -268,7 +413,11 @@ def test_eagle3(tmp_path: Path) -> None:
     d = c.drafter
     assert (c.role, c.family, c.architecture, d.kind) == ("drafter", "llama", "LlamaForCausalLMEagle3", "eagle3")
     # vLLM's aux id j is the residual stream entering layer j = the output of layer j - 1.
-    assert (d.taps.layers, d.taps.raw, d.taps.source) == ([1, 3, 4], [2, 4, 5], "eagle_config.eagle_aux_hidden_state_layer_ids")
+    assert (d.taps.layers, d.taps.raw, d.taps.source) == (
+        [1, 3, 4],
+        [2, 4, 5],
+        "eagle_config.eagle_aux_hidden_state_layer_ids",
+    )
     assert (d.draft_vocab_size, d.target_hidden_size, d.fc_shape) == (128, 64, [64, 192])
     assert d.has_d2t and d.has_lm_head and not d.has_embeddings
     assert c.shapes.vocab_size == 512
@@ -286,12 +435,15 @@ def test_custom_code_and_pickles_are_reported_never_run(tmp_path: Path) -> None:
     path = build_dflash(tmp_path / "d", auto_map=True, mask_embedding=True)
     marker = path / TRAP_MARKER
     c = read(path)
-    assert c.notes == ["auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run",
-                       "pickle file mask_embedding.pt: reported, never loaded"]
+    assert c.notes == [
+        "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run",
+        "pickle file mask_embedding.pt: reported, never loaded",
+    ]
     assert c.drafter.mask_embedding_file == "mask_embedding.pt"
     for extra in ([], ["--json"]):
-        done = subprocess.run([sys.executable, "-m", "specpair", "inspect", str(path), *extra],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "specpair", "inspect", str(path), *extra], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
     assert not marker.exists()
     # The traps are live: loading the pickle, or running the code, does create the marker.
@@ -305,6 +457,7 @@ def test_custom_code_and_pickles_are_reported_never_run(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # GGUF
 
+
 @pytest.mark.parametrize(("qtype", "weights", "algo"), [("F32", "f32", "ALL_F32"), ("Q8_0", "gguf-Q8_0", "Q8_0")])
 def test_gguf_llama(tmp_path: Path, qtype: str, weights: str, algo: str) -> None:
     c = read(build_gguf_target(tmp_path / "llama.gguf", "llama", layers=4, qtype=qtype))
@@ -314,7 +467,13 @@ def test_gguf_llama(tmp_path: Path, qtype: str, weights: str, algo: str) -> None
     assert (s.vocab_size, s.embedding_rows, s.tie_word_embeddings) == (512, 512, False)
     assert (c.rope.theta, c.rope.schema) == (500000.0, "gguf")
     assert (c.tokenizer.length, c.tokenizer.source) == (512, "gguf")
-    assert layouts(c) == {"attention": {weights}, "mlp": {weights}, "embedding": {weights}, "lm_head": {weights}, "norm": {"f32"}}
+    assert layouts(c) == {
+        "attention": {weights},
+        "mlp": {weights},
+        "embedding": {weights},
+        "lm_head": {weights},
+        "norm": {"f32"},
+    }
     assert (c.quantization.method, c.quantization.algo) == ("gguf", algo)
     if qtype == "Q8_0":  # 34 bytes per 32 weights
         assert c.bytes_of("attention") == 4 * (64 + 32 + 32 + 64) * 64 // 32 * 34
@@ -325,7 +484,12 @@ def test_gguf_qwen35moe_with_nextn(tmp_path: Path) -> None:
     assert (c.family, c.role) == ("qwen3_5_moe", "both")
     s = c.shapes
     assert (s.num_layers, s.layer_types, s.head_dim) == (8, HYBRID_8, 32)  # block_count 9 = 8 layers + 1 NextN
-    assert (s.num_experts, s.experts_per_token, s.moe_intermediate_size, s.shared_expert_intermediate_size) == (4, 2, 64, 64)
+    assert (s.num_experts, s.experts_per_token, s.moe_intermediate_size, s.shared_expert_intermediate_size) == (
+        4,
+        2,
+        64,
+        64,
+    )
     assert (s.linear_key_heads, s.linear_value_heads, s.linear_conv_kernel) == (2, 4, 4)
     assert (s.linear_key_head_dim, s.linear_value_head_dim) == (16, 16)
     assert (s.vocab_size, c.tokenizer.length) == (576, 529)
@@ -353,7 +517,12 @@ def test_gguf_dflash_upstream_taps_are_shifted_back(tmp_path: Path, ids: list[in
 @pytest.mark.parametrize("ids", [[1, 5], [1, 6, 11, 16, 22]])
 def test_gguf_dflash_fork_taps_stay(tmp_path: Path, ids: list[int]) -> None:
     d = read(build_gguf_dflash(tmp_path / "f.gguf", "dflash-draft", target_layer_ids=ids)).drafter
-    assert (d.kind, d.taps.layers, d.taps.raw, d.taps.source) == ("dflash", ids, ids, "dflash-draft.dflash.target_layer_ids")
+    assert (d.kind, d.taps.layers, d.taps.raw, d.taps.source) == (
+        "dflash",
+        ids,
+        ids,
+        "dflash-draft.dflash.target_layer_ids",
+    )
     assert (d.mask_token_id, d.mask_token_source) == (529, "dflash-draft.dflash.mask_token_id")
     assert (d.block_size, d.fc_shape, d.missing_keys) == (16, [64, 64 * len(ids)], [])
 
@@ -369,10 +538,14 @@ def test_gguf_dflash2(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # tokenizer identity across formats
 
-@pytest.mark.parametrize(("family", "flavour", "arch"), [("llama", "llama3", "llama"), ("qwen3_5_moe", "qwen3_5", "qwen35moe"),
-                                                         ("qwen3", "qwen3", "llama")])
-def test_tokenizer_fingerprint_is_the_same_in_tokenizer_json_and_gguf(tmp_path: Path, family: str, flavour: str,
-                                                                      arch: str) -> None:
+
+@pytest.mark.parametrize(
+    ("family", "flavour", "arch"),
+    [("llama", "llama3", "llama"), ("qwen3_5_moe", "qwen3_5", "qwen35moe"), ("qwen3", "qwen3", "llama")],
+)
+def test_tokenizer_fingerprint_is_the_same_in_tokenizer_json_and_gguf(
+    tmp_path: Path, family: str, flavour: str, arch: str
+) -> None:
     hf = read(build_target(tmp_path / "hf", family, flavour=flavour)).tokenizer
     gguf = read(build_gguf_target(tmp_path / "t.gguf", arch, flavour=flavour, vocab_size=ROWS[flavour] + 64)).tokenizer
     assert (hf.source, gguf.source) == ("tokenizer.json", "gguf")

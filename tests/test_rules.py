@@ -11,8 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from specpair.checkpoint import Checkpoint, FileEntry, TensorGroup, Taps
-from specpair.checkpoint import hf
+from specpair.checkpoint import Checkpoint, FileEntry, Taps, TensorGroup, hf
 from specpair.checkpoint.tokenizer import Tokenizer, fingerprint
 from specpair.compat.memory import GPUS
 from specpair.compat.pair import Deployment
@@ -26,15 +25,34 @@ GB = 10**9
 
 def tokenizer(length: int = TOKENS, flavour: str = "a", pre: str = "pipeline:x") -> Tokenizer:
     tokens = [f"{flavour}{i}" if i >= 100 else f"t{i}" for i in range(length)]
-    return Tokenizer(length=length, source="tokenizer.json", fingerprint=fingerprint(tokens, ["t1 t2"]), merges=1,
-                     eos_ids=[TOKENS - 2], pad_id=TOKENS - 1, pre=pre, tokens=tokens)
+    return Tokenizer(
+        length=length,
+        source="tokenizer.json",
+        fingerprint=fingerprint(tokens, ["t1 t2"]),
+        merges=1,
+        eos_ids=[TOKENS - 2],
+        pad_id=TOKENS - 1,
+        pre=pre,
+        tokens=tokens,
+    )
 
 
-def build(config: dict, tensors: list[tuple[str, str, tuple[int, ...]]], ref: str, tok: Tokenizer | None = None,
-          quant_files: dict | None = None) -> Checkpoint:
+def build(
+    config: dict,
+    tensors: list[tuple[str, str, tuple[int, ...]]],
+    ref: str,
+    tok: Tokenizer | None = None,
+    quant_files: dict | None = None,
+) -> Checkpoint:
     infos = [TensorInfo(name, dtype, shape, 2 * _numel(shape), "model.safetensors") for name, dtype, shape in tensors]
-    meta = hf.HFMetadata(config=config, config_where=f"{ref}/config.json", tokenizer=tok, tensors=infos,
-                         quant_files=quant_files or {}, files=[FileEntry("config.json"), FileEntry("model.safetensors")])
+    meta = hf.HFMetadata(
+        config=config,
+        config_where=f"{ref}/config.json",
+        tokenizer=tok,
+        tensors=infos,
+        quant_files=quant_files or {},
+        files=[FileEntry("config.json"), FileEntry("model.safetensors")],
+    )
     return hf.build(meta, ref, "local")
 
 
@@ -46,26 +64,53 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def qwen3_target(layers: int = LAYERS, rows: int = ROWS, ref: str = "target") -> Checkpoint:
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": HIDDEN,
-              "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "intermediate_size": 128, "vocab_size": rows, "max_position_embeddings": 40960, "rope_theta": 1e6}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": rows,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+    }
     tensors = [("model.embed_tokens.weight", "BF16", (rows, HIDDEN)), ("lm_head.weight", "BF16", (rows, HIDDEN))]
     tensors += [(f"model.layers.{i}.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)) for i in range(layers)]
     return build(config, tensors, ref, tokenizer())
 
 
 def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
-    text = {"model_type": "qwen3_5_moe_text", "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": ROWS,
-            "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
-            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}}
+    text = {
+        "model_type": "qwen3_5_moe_text",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": ROWS,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    }
     config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text}
-    tensors = [("model.language_model.embed_tokens.weight", "BF16", (ROWS, HIDDEN)), ("lm_head.weight", "BF16", (ROWS, HIDDEN)),
-               ("model.language_model.layers.0.linear_attn.in_proj_qkv.weight", "BF16", (128, HIDDEN)),
-               ("model.language_model.layers.3.self_attn.q_proj.weight", "BF16", (128, HIDDEN))]
+    tensors = [
+        ("model.language_model.embed_tokens.weight", "BF16", (ROWS, HIDDEN)),
+        ("lm_head.weight", "BF16", (ROWS, HIDDEN)),
+        ("model.language_model.layers.0.linear_attn.in_proj_qkv.weight", "BF16", (128, HIDDEN)),
+        ("model.language_model.layers.3.self_attn.q_proj.weight", "BF16", (128, HIDDEN)),
+    ]
     if mtp:
         tensors.append(("mtp.fc.weight", "BF16", (HIDDEN, 2 * HIDDEN)))
     return build(config, tensors, ref, tokenizer())
@@ -74,11 +119,23 @@ def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
 def dflash_draft(taps: list[int] | None = None, dflash2: dict | None = None, **changes: object) -> Checkpoint:
     taps = [1, 3, 5] if taps is None else taps
     dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16, **(dflash2 or {})}
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": HIDDEN, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-              "vocab_size": ROWS, "max_position_embeddings": 40960, "num_target_layers": LAYERS,
-              "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 2048,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 1e7}, "dflash_config": dflash_config}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": ROWS,
+        "max_position_embeddings": 40960,
+        "num_target_layers": LAYERS,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 2048,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7},
+        "dflash_config": dflash_config,
+    }
     for key, value in changes.items():
         if key in dflash_config:
             dflash_config[key] = value
@@ -87,8 +144,12 @@ def dflash_draft(taps: list[int] | None = None, dflash2: dict | None = None, **c
         else:
             config[key] = value
     fc_width = len(taps) * HIDDEN
-    tensors = [("fc.weight", "BF16", (config["hidden_size"], fc_width)), ("hidden_norm.weight", "BF16", (HIDDEN,)),
-               ("layers.0.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)), ("norm.weight", "BF16", (HIDDEN,))]
+    tensors = [
+        ("fc.weight", "BF16", (config["hidden_size"], fc_width)),
+        ("hidden_norm.weight", "BF16", (HIDDEN,)),
+        ("layers.0.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)),
+        ("norm.weight", "BF16", (HIDDEN,)),
+    ]
     return build(config, tensors, "dflash-draft")
 
 
@@ -100,20 +161,43 @@ def dflash2_draft(**params: int) -> Checkpoint:
 
 
 def eagle3_draft(**changes: object) -> Checkpoint:
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
-              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": ROWS,
-              "draft_vocab_size": 128, "max_position_embeddings": 40960, "rope_theta": 1e6,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 6], "use_aux_hidden_state": True}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": ROWS,
+        "draft_vocab_size": 128,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 6], "use_aux_hidden_state": True},
+    }
     config.update(changes)
-    tensors = [("fc.weight", "BF16", (HIDDEN, 3 * HIDDEN)), ("midlayer.hidden_norm.weight", "BF16", (HIDDEN,)),
-               ("lm_head.weight", "BF16", (128, HIDDEN)), ("d2t", "I64", (128,))]
+    tensors = [
+        ("fc.weight", "BF16", (HIDDEN, 3 * HIDDEN)),
+        ("midlayer.hidden_norm.weight", "BF16", (HIDDEN,)),
+        ("lm_head.weight", "BF16", (128, HIDDEN)),
+        ("d2t", "I64", (128,)),
+    ]
     return build(config, tensors, "eagle3-draft")
 
 
 def draft_model(rows: int = ROWS, tok: Tokenizer | None = None) -> Checkpoint:
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 64,
-              "vocab_size": rows, "max_position_embeddings": 40960, "rope_theta": 1e6}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "intermediate_size": 64,
+        "vocab_size": rows,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+    }
     tensors = [("model.embed_tokens.weight", "BF16", (rows, 32))]
     return build(config, tensors, "small-draft", tok or tokenizer())
 
@@ -136,6 +220,7 @@ def _set_drafter(**values: object) -> Callable[[Checkpoint], None]:
     def change(c: Checkpoint) -> None:
         for key, value in values.items():
             setattr(c.drafter, key, value)
+
     return change
 
 
@@ -144,6 +229,7 @@ def _gguf_dflash_draft(arch: str = "dflash", tokenizer_present: bool = True) -> 
         c.format, c.architecture = "gguf", arch
         c.tokenizer = tokenizer() if tokenizer_present else None
         c.groups = [TensorGroup("drafter_io", "f16", 2, 1000)]
+
     return with_(dflash_draft(), change)
 
 
@@ -151,13 +237,18 @@ def _gguf_target(layout: str = "gguf-Q8_0") -> Checkpoint:
     def change(c: Checkpoint) -> None:
         c.format = "gguf"
         c.groups = [TensorGroup("attention", layout, 8, 10**6)]
+
     return with_(qwen3_target(), change)
 
 
 def _modelopt_target() -> Checkpoint:
     def change(c: Checkpoint) -> None:
-        c.groups = [TensorGroup("experts", "nvfp4-modelopt", 8, 10**6), TensorGroup("attention", "fp8-tensor", 8, 10**6)]
+        c.groups = [
+            TensorGroup("experts", "nvfp4-modelopt", 8, 10**6),
+            TensorGroup("attention", "fp8-tensor", 8, 10**6),
+        ]
         c.quantization = hf.Quantization(method="modelopt", algo="MIXED_PRECISION")
+
     return with_(qwen35_target(), change)
 
 
@@ -176,6 +267,7 @@ def _note(note: str) -> Callable[[Checkpoint], None]:
 def _source(source: str, ref: str) -> Callable[[Checkpoint], None]:
     def change(c: Checkpoint) -> None:
         c.source, c.ref, c.revision = source, ref, "c69b185"
+
     return change
 
 
@@ -222,8 +314,19 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "format.draft": (_gguf_target, dflash_draft, "llama.cpp", {}),
     "family.supported": (T, dflash_draft, "tensorfold", {}),
     "draft.quant_inherit": (_modelopt_target, dflash_draft, "sglang", {}),
-    "tensorfold.single_file": (H, lambda: with_(dflash_draft(), lambda c: setattr(c, "files", [
-        FileEntry("model-00001-of-00002.safetensors"), FileEntry("model-00002-of-00002.safetensors")])), "tensorfold", {}),
+    "tensorfold.single_file": (
+        H,
+        lambda: with_(
+            dflash_draft(),
+            lambda c: setattr(
+                c,
+                "files",
+                [FileEntry("model-00001-of-00002.safetensors"), FileEntry("model-00002-of-00002.safetensors")],
+            ),
+        ),
+        "tensorfold",
+        {},
+    ),
     "gguf.dflash2_build": (_gguf_target, dflash2_draft, "llama.cpp", {}),
     "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
     "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
@@ -234,11 +337,33 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "hybrid.rollback": (H, dflash_draft, "sglang", {}),
     "hybrid.rollback_build": (H, dflash_draft, "llama.cpp", {}),
     "revision.pinned": (T, lambda: with_(dflash_draft(), _source("hub", "z-lab/drafter")), "vllm", {}),
-    "revision.tensorfold": (lambda: with_(qwen35_target(), _source("hub", "Qwen/target@c69b185")), dflash_draft, "tensorfold", {}),
-    "trust.remote_code": (T, lambda: with_(dflash_draft(), _note("auto_map names custom code (AutoModel=x): reported, never run")), "vllm", {}),
-    "trust.pickle": (T, lambda: with_(dflash_draft(), _note("pickle file mask_embedding.pt: reported, never loaded")), "sglang", {}),
+    "revision.tensorfold": (
+        lambda: with_(qwen35_target(), _source("hub", "Qwen/target@c69b185")),
+        dflash_draft,
+        "tensorfold",
+        {},
+    ),
+    "trust.remote_code": (
+        T,
+        lambda: with_(dflash_draft(), _note("auto_map names custom code (AutoModel=x): reported, never run")),
+        "vllm",
+        {},
+    ),
+    "trust.pickle": (
+        T,
+        lambda: with_(dflash_draft(), _note("pickle file mask_embedding.pt: reported, never loaded")),
+        "sglang",
+        {},
+    ),
     "catalog.source": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
-    "download.incomplete": (lambda: with_(qwen3_target(), _note("incomplete download model.safetensors.incomplete: a transfer was interrupted here")), dflash_draft, "vllm", {}),
+    "download.incomplete": (
+        lambda: with_(
+            qwen3_target(), _note("incomplete download model.safetensors.incomplete: a transfer was interrupted here")
+        ),
+        dflash_draft,
+        "vllm",
+        {},
+    ),
     "drafter.sample_from_anchor": (T, lambda: with_(dflash_draft(), _set_drafter(sample_from_anchor=True)), "vllm", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
     "vllm.token_budget": (T, dflash_draft, "vllm", {}),
@@ -263,14 +388,27 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
 @pytest.mark.parametrize("stack", ["sglang", "vllm"])
 def test_good_dflash_pair_is_ok(stack: str):
     found = findings(qwen3_target(), dflash_draft(), stack)
-    assert {r for r in found if r not in ("mask.padded_row", "memory.plan", "vllm.runner", "vllm.token_budget")} == set(), found
+    assert {
+        r for r in found if r not in ("mask.padded_row", "memory.plan", "vllm.runner", "vllm.token_budget")
+    } == set(), found
 
 
 def test_good_pair_silences_every_pair_rule():
     """Rules that fire only on a defect stay silent on a well-matched DFlash pair, on every stack."""
-    always = {"runtime.runs", "taps.convention", "memory.plan", "mask.padded_row", "family.supported",
-              "vllm.runner", "vllm.token_budget",
-              "format.target", "format.draft", "rope.schema", "base.num_target_layers_strict", "vocab.rows_equal"}
+    always = {
+        "runtime.runs",
+        "taps.convention",
+        "memory.plan",
+        "mask.padded_row",
+        "family.supported",
+        "vllm.runner",
+        "vllm.token_budget",
+        "format.target",
+        "format.draft",
+        "rope.schema",
+        "base.num_target_layers_strict",
+        "vocab.rows_equal",
+    }
     for stack in ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"):
         found = set(findings(qwen3_target(), dflash_draft(), stack)) - always
         assert found == set(), (stack, found)
@@ -366,6 +504,7 @@ COMMIT = "c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f"
 def _on_hub(ref: str) -> Callable[[Checkpoint], None]:
     def change(c: Checkpoint) -> None:
         c.source, c.ref, c.revision = "hub", ref, COMMIT  # the commit the Hub resolved the reference to
+
     return change
 
 
@@ -376,8 +515,12 @@ def test_pinned_means_a_full_40_hex_commit():
 
     assert pinned(f"z-lab/drafter@{COMMIT}") == []
     (branch,) = pinned("z-lab/drafter@main")
-    assert branch.startswith(f"z-lab/drafter@main names the branch or tag 'main', not a commit (it points to {COMMIT} now)")
-    assert branch.endswith(f"Pin it as z-lab/drafter@{COMMIT}.") and "drafter configs change between revisions" in branch
+    assert branch.startswith(
+        f"z-lab/drafter@main names the branch or tag 'main', not a commit (it points to {COMMIT} now)"
+    )
+    assert (
+        branch.endswith(f"Pin it as z-lab/drafter@{COMMIT}.") and "drafter configs change between revisions" in branch
+    )
     (abbreviated,) = pinned("z-lab/drafter@c69b185")
     assert "names the abbreviated commit c69b185, not a full 40-hex one" in abbreviated
     (bare,) = pinned("z-lab/drafter")
@@ -403,7 +546,9 @@ def test_a_fix_is_offered_only_when_it_clears_every_error():
 def test_memory_message_and_verdict_agree_at_every_size(gigabytes: float):
     """Around the A100's 72.0 GB usable: memory.fit fires exactly when the per-GPU figure it shows exceeds the
     usable figure it shows, and memory.plan's figures fit."""
-    target = with_(qwen3_target(), lambda c: setattr(c, "groups", [TensorGroup("experts", "bf16", 1, int(gigabytes * GB))]))
+    target = with_(
+        qwen3_target(), lambda c: setattr(c, "groups", [TensorGroup("experts", "bf16", 1, int(gigabytes * GB))])
+    )
     _, verdicts = judge(target, dflash_draft(), Deployment(gpu=GPUS["a100"]), ["vllm"])
     v = verdicts["vllm"]
     fit = [f for f in v.reasons if f.rule == "memory.fit"]

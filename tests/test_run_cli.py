@@ -21,8 +21,9 @@ from specpair.sources.model import open_model
 
 def run(*args: str) -> subprocess.CompletedProcess:
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "specpair", "run", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specpair", "run", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +40,17 @@ def test_json_document_holds_the_generation(target):
     Draft202012Validator(schema).validate(report)
     model = open_model(str(target))
     tokenizer = model.tokenizer()
-    (expected,), _ = generate(load(plan_load(model, "cpu")), [tokenizer.encode(prompt)], 5, Sampling(),
-                              tokenizer.stop_ids)
+    (expected,), _ = generate(
+        load(plan_load(model, "cpu")), [tokenizer.encode(prompt)], 5, Sampling(), tokenizer.stop_ids
+    )
     assert report["schema"] == "specpair.run/1"
     assert report["tokens"] == expected.tokens
     assert report["text"] == tokenizer.decode(expected.tokens[:-1] if expected.stopped else expected.tokens)
-    assert report["prompt"] == {"sha256": hashlib.sha256(prompt.encode()).hexdigest(),
-                                "tokens": len(tokenizer.encode(prompt)), "chat": False}
+    assert report["prompt"] == {
+        "sha256": hashlib.sha256(prompt.encode()).hexdigest(),
+        "tokens": len(tokenizer.encode(prompt)),
+        "chat": False,
+    }
     assert report["device"] == "cpu" and report["dtype"] == "float32"
     assert report["target"]["revision"] is None and report["target"]["family"] == "qwen3_5"
     assert report["tokens_per_s"] > 0 and set(report["seconds"]) == {"load", "prefill", "decode"}
@@ -54,11 +59,36 @@ def test_json_document_holds_the_generation(target):
 def test_text_streams_to_stdout_and_speed_to_stderr(target, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Tell me a story", encoding="utf-8")
-    done = run(str(target), "--prompt-file", str(prompt), "--chat", "--max-tokens", "4", "--temperature", "0.9",
-               "--seed", "3", "--device", "cpu")
+    done = run(
+        str(target),
+        "--prompt-file",
+        str(prompt),
+        "--chat",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0, done.stderr
-    again = run(str(target), "--prompt-file", str(prompt), "--chat", "--max-tokens", "4", "--temperature", "0.9",
-                "--seed", "3", "--device", "cpu", "--quiet")
+    again = run(
+        str(target),
+        "--prompt-file",
+        str(prompt),
+        "--chat",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert again.stdout == done.stdout and again.stderr == ""  # seeded: the same text; quiet: nothing else
     assert done.stdout.endswith("\n")
     assert "loading" in done.stderr and "tok/s" in done.stderr and "qwen3_5" in done.stderr
@@ -72,7 +102,10 @@ def test_bad_input_is_one_line_or_one_json_document(target, tmp_path):
     drafter = build_dflash(tmp_path / "drafter", target_layer_ids=[1, 2])
     done = run(str(drafter), "--prompt", "hi", "--device", "cpu")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and "is a dflash drafter, not a target model: `specpair run` takes the target" in done.stderr
+    assert (
+        done.stderr.count("\n") == 1
+        and "is a dflash drafter, not a target model: `specpair run` takes the target" in done.stderr
+    )
 
 
 def test_a_model_too_big_for_the_gpu_is_told_what_it_needs_and_what_fits(target):
@@ -94,10 +127,12 @@ def test_bad_arguments_are_refused_before_loading(target, tmp_path):
     from specpair.cli import app
     from specpair.errors import BadInput
 
-    cases = {("--prompt", "x", "--device", "tpu"): "'tpu' is not cuda, cuda:N or cpu",
-             ("--prompt", "x", "--prompt-file", "p.txt"): "exactly one of --prompt TEXT and --prompt-file FILE",
-             ("--prompt-file", str(tmp_path / "missing.txt")): "cannot be read as UTF-8 text",
-             ("--prompt", "x", "--top-p", "0", "--device", "cpu"): "0 keeps no token"}
+    cases = {
+        ("--prompt", "x", "--device", "tpu"): "'tpu' is not cuda, cuda:N or cpu",
+        ("--prompt", "x", "--prompt-file", "p.txt"): "exactly one of --prompt TEXT and --prompt-file FILE",
+        ("--prompt-file", str(tmp_path / "missing.txt")): "cannot be read as UTF-8 text",
+        ("--prompt", "x", "--top-p", "0", "--device", "cpu"): "0 keeps no token",
+    }
     for args, problem in cases.items():
         result = CliRunner().invoke(app, ["run", str(target), *args])
         assert isinstance(result.exception, BadInput) and problem in str(result.exception), (args, result.exception)
@@ -116,7 +151,8 @@ def test_a_repo_in_the_hf_cache_reports_its_commit(target, tmp_path, monkeypatch
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    result = CliRunner().invoke(app, ["run", "tiny/qwen3_5", "--prompt", "hi", "--max-tokens", "2", "--device", "cpu",
-                                      "--json", "--quiet"])
+    result = CliRunner().invoke(
+        app, ["run", "tiny/qwen3_5", "--prompt", "hi", "--max-tokens", "2", "--device", "cpu", "--json", "--quiet"]
+    )
     assert result.exception is None, result.exception
     assert json.loads(result.stdout)["target"]["revision"] == commit

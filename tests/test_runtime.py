@@ -60,7 +60,7 @@ def steps(model, ids: torch.Tensor, sizes: list[int], cache=None, start: int = 0
     out = []
     for size in sizes:
         positions = torch.arange(start, start + size)[None]
-        out.append(model.forward(ids[:, start:start + size], positions, cache).logits)
+        out.append(model.forward(ids[:, start : start + size], positions, cache).logits)
         start += size
     return torch.cat(out, dim=1)
 
@@ -77,17 +77,30 @@ def test_logits_equal_transformers(checkpoints, family):
     assert (steps(model, ids, [9, 1, 6, 1, 7]) - reference).abs().max() <= TOLERANCE  # multi-token steps
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16},
-    {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+    ],
+)
 def test_rope_scaling_equals_transformers(tmp_path, rope):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                                      max_position_embeddings=64, rope_parameters=rope)).eval()
+    hf = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            rope_parameters=rope,
+        )
+    ).eval()
     model = runtime(save(hf, tmp_path / "hf", "qwen3"))
     ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -99,10 +112,21 @@ def test_sliding_window_layers_equal_transformers(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                                      use_sliding_window=True, sliding_window=5, max_window_layers=1,
-                                      attn_implementation="eager")).eval()
+    hf = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,
+            attn_implementation="eager",
+        )
+    ).eval()
     directory = save(hf, tmp_path / "hf", "qwen3")
     assert open_model(str(directory)).config.layer_types == ("full", "sliding", "sliding")
     model = runtime(directory)
@@ -145,14 +169,14 @@ def test_rollback_to_every_prefix_is_a_run_of_that_prefix(checkpoints, family):
     for accepted in range(block + 1):
         cache = model.new_cache(1, 16)
         steps(model, ids, [prompt], cache)
-        model.forward(ids[:, prompt:prompt + block], torch.arange(prompt, prompt + block)[None], cache, verify=True)
+        model.forward(ids[:, prompt : prompt + block], torch.arange(prompt, prompt + block)[None], cache, verify=True)
         cache.commit(torch.tensor([accepted]))
         alone = model.new_cache(1, 16)
         steps(model, ids, [prompt] + ([accepted] if accepted else []), alone)
         assert all(torch.equal(a, b) for a, b in zip(cache_state(cache), cache_state(alone))), accepted
         kept = prompt + accepted
         on = steps(model, ids, [1, 1, 1], cache, start=kept)
-        fresh = steps(model, ids[:, :kept + 3], [kept + 3])[:, kept:]
+        fresh = steps(model, ids[:, : kept + 3], [kept + 3])[:, kept:]
         assert (on - fresh).abs().max() <= 1e-5, accepted
 
 
@@ -167,7 +191,7 @@ def test_rollback_of_a_batch_keeps_each_sequence_its_own_prefix(checkpoints):
     cache.commit(torch.tensor(accepted))
     for row, kept in enumerate(accepted):
         alone = model.new_cache(1, 12)
-        model.forward(ids[row:row + 1, :5 + kept], torch.arange(5 + kept)[None], alone)
+        model.forward(ids[row : row + 1, : 5 + kept], torch.arange(5 + kept)[None], alone)
         assert all(torch.equal(a, b) for a, b in zip(cache_state(cache, slice(row, row + 1)), cache_state(alone))), row
 
 
@@ -195,19 +219,24 @@ def test_a_sequence_has_the_same_bits_alone_in_a_batch_and_in_a_verify_block(che
     next_tokens = torch.randint(0, model.config.vocab_size, (4, 3), generator=gen)
     positions = torch.tensor([len(p) for p in prompts])
     for t in range(3):
-        together.append(model.forward(next_tokens[:, t:t + 1], (positions + t)[:, None], together_cache).logits[:, 0])
+        together.append(model.forward(next_tokens[:, t : t + 1], (positions + t)[:, None], together_cache).logits[:, 0])
     for row, p in enumerate(prompts):
         cache = model.new_cache(1, 16)
         alone = [model.head(prefill(model, cache, [p]))]
         for t in range(3):
-            step = model.forward(next_tokens[row:row + 1, t:t + 1], torch.tensor([[len(p) + t]]), cache)
+            step = model.forward(next_tokens[row : row + 1, t : t + 1], torch.tensor([[len(p) + t]]), cache)
             alone.append(step.logits[:, 0])
         assert all(torch.equal(a[0], b[row]) for a, b in zip(alone, together)), row
     sequence = torch.tensor([prompts[2]])
     decoded = steps(model, sequence, [1] * 11)
     cache = model.new_cache(1, 11)
-    blocks = torch.cat([model.forward(sequence[:, :3], torch.arange(3)[None], cache).logits,
-                        model.forward(sequence[:, 3:], torch.arange(3, 11)[None], cache, verify=True).logits], dim=1)
+    blocks = torch.cat(
+        [
+            model.forward(sequence[:, :3], torch.arange(3)[None], cache).logits,
+            model.forward(sequence[:, 3:], torch.arange(3, 11)[None], cache, verify=True).logits,
+        ],
+        dim=1,
+    )
     assert torch.equal(decoded, blocks)
 
 
@@ -260,12 +289,18 @@ def test_what_the_runtime_cannot_run_is_named(checkpoints, tmp_path):
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
     config["intermediate_size"] = 96
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(BadInput, match=r"weight 'layers.0.mlp.gate_proj.weight' is \[128, 64\], where its config "
-                                       r"makes it \[96, 64\]"):
+    with pytest.raises(
+        BadInput,
+        match=r"weight 'layers.0.mlp.gate_proj.weight' is \[128, 64\], where its config "
+        r"makes it \[96, 64\]",
+    ):
         plan_load(open_model(str(directory)), "cpu")
     config["intermediate_size"] = 128
     config["num_hidden_layers"], config["layer_types"] = 3, config["layer_types"][:3]
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(BadInput, match=r"has weights a qwen3 model does not use: layers.3.input_layernorm.weight, "
-                                       r".* and 7 more"):
+    with pytest.raises(
+        BadInput,
+        match=r"has weights a qwen3 model does not use: layers.3.input_layernorm.weight, "
+        r".* and 7 more",
+    ):
         plan_load(open_model(str(directory)), "cpu")

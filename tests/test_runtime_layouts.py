@@ -15,8 +15,8 @@ import pytest
 import torch
 from fixtures import save, tiny_model
 
-from specpair.formats import convert as conv
-from specpair.formats.policy import parse_keep
+from specpair.convert import converter as conv
+from specpair.convert.policy import parse_keep
 from specpair.runtime.loading import load, plan_load
 from specpair.sources.model import open_model
 
@@ -42,8 +42,12 @@ def hybrid(tmp_path_factory) -> Path:
 
 def convert(source: Path, destination: Path, to: str, keep: tuple[str, ...] = ()) -> Path:
     rules = [parse_keep(k, conv.parse_layout) for k in keep]
-    conv.execute(conv.plan(conv.open_source(str(source)), conv.parse_target(to), rules), str(destination),
-                 device="cpu", workers=1)
+    conv.execute(
+        conv.plan(conv.open_source(str(source)), conv.parse_target(to), rules),
+        str(destination),
+        device="cpu",
+        workers=1,
+    )
     return destination
 
 

@@ -36,6 +36,7 @@ def test_greedy_continuations_equal_transformers():
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     for prompt, generated in zip(prompts, ours):
         with torch.no_grad():
-            theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 min_new_tokens=NEW_TOKENS)[0, len(prompt):]
+            theirs = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS
+            )[0, len(prompt) :]
         assert generated.tokens == theirs.tolist(), tokenizer.decode(prompt)

@@ -16,9 +16,18 @@ from test_download import cache, files_of, pair_dirs, specpair  # noqa: F401 (fi
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schemas"
-BY_NAME = {"specpair.check/1": "check", "specpair.inspect/1": "inspect", "specpair.catalog/1": "catalog",
-           "specpair.download/1": "download", "specpair.verify/1": "verify", "specpair.convert/1": "convert",
-           "specpair.convert.plan/1": "convert-plan", "specpair.error/1": "error", "specpair.run/1": "run"}
+BY_NAME = {
+    "specpair.check/1": "check",
+    "specpair.inspect/1": "inspect",
+    "specpair.catalog/1": "catalog",
+    "specpair.download/1": "download",
+    "specpair.verify/1": "verify",
+    "specpair.convert/1": "convert",
+    "specpair.convert.plan/1": "convert-plan",
+    "specpair.error/1": "error",
+    "specpair.run/1": "run",
+    "specpair.bench/1": "bench",
+}
 
 
 def registry() -> Registry:
@@ -36,8 +45,9 @@ def validate(document: dict) -> None:
 
 
 def run(*args: str, cwd: Path | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "specpair", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
     assert done.stderr == "" or "--json" not in args or done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -56,12 +66,14 @@ def test_check_inspect_and_catalog_documents(tmp_path: Path) -> None:
     fork = build_gguf_dflash(tmp_path / "fork.gguf", "dflash-draft", tokenizer=False)
     target = build_target(tmp_path / "target", "qwen3_5_moe", layers=4)
     draft = build_dflash(tmp_path / "draft")
-    for args in (["Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--gpu", "a100"],
-                 ["Qwen/Qwen3.5-122B-A10B", "--gpu", "h200", "--gpus", "2"],  # MTP, tensor parallel
-                 ["Qwen/Qwen3-8B"],  # no MTP head: no memory, blocked fixes
-                 ["unsloth/Qwen3.6-35B-A3B-GGUF", "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF"],
-                 [str(gguf_target), str(fork)],  # a weights-only drafter: vocab_size null
-                 [str(target), str(draft)]):
+    for args in (
+        ["Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--gpu", "a100"],
+        ["Qwen/Qwen3.5-122B-A10B", "--gpu", "h200", "--gpus", "2"],  # MTP, tensor parallel
+        ["Qwen/Qwen3-8B"],  # no MTP head: no memory, blocked fixes
+        ["unsloth/Qwen3.6-35B-A3B-GGUF", "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF"],
+        [str(gguf_target), str(fork)],  # a weights-only drafter: vocab_size null
+        [str(target), str(draft)],
+    ):
         validate(run("check", *args, "--offline", "--json"))
     for ref in ("Qwen/Qwen3.6-35B-A3B", "UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw"):
         validate(run("inspect", ref, "--offline", "--json"))
@@ -75,18 +87,71 @@ def test_convert_documents(tmp_path: Path) -> None:
 
     source = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
     gguf = build_gguf_target(tmp_path / "m.gguf", "llama", layers=1, hidden=64, intermediate=128)
-    for src, dst, to in ((source, tmp_path / "fp8", "fp8"), (source, tmp_path / "q8.gguf", "gguf:Q8_0"),
-                         (gguf, tmp_path / "bf16", "bf16")):
+    for src, dst, to in (
+        (source, tmp_path / "fp8", "fp8"),
+        (source, tmp_path / "q8.gguf", "gguf:Q8_0"),
+        (gguf, tmp_path / "bf16", "bf16"),
+    ):
         validate(run("convert", str(src), str(dst), "--to", to, "--dry-run", "--json"))
         validate(run("convert", str(src), str(dst), "--to", to, "--json"))
 
 
+def test_bench_document(tmp_path: Path) -> None:
+    """In this process (a subprocess would spend most of the test importing torch), on one torch thread."""
+    import torch
+    from fixtures import build_draft_model, build_target
+    from typer.testing import CliRunner
+
+    from specpair.cli import app
+
+    target, draft = build_target(tmp_path / "t", "qwen3", layers=2), build_draft_model(tmp_path / "d")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        done = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                str(target),
+                str(draft),
+                "--depth",
+                "0,9",
+                "--users",
+                "1,2",
+                "--tokens",
+                "3",
+                "--device",
+                "cpu",
+                "--json",
+                "--quiet",
+                "--plot",
+                str(tmp_path / "depth.png"),
+            ],
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    validate(report)
+    assert report["identical"] is True and [r["users"] for r in report["users"]] == [1, 2]
+    assert [r["depth"] for r in report["depth"]] == [0, 9] and report["depth"][1]["prompt_tokens"] == 9
+    assert all(
+        r["drafted"]["identical"] and r["drafted"]["first_difference"] is None
+        for r in report["users"] + report["depth"]
+    )
+    assert report["draft"]["kind"] == "draft_model" and report["plot"] == str(tmp_path / "depth.png")
+
+
 def test_error_documents(tmp_path: Path) -> None:
-    for args in (["check", "nobody/nothing", "--offline", "--json"], ["check", "--json"],
-                 ["inspect", str(tmp_path / "missing"), "--json"], ["verify", str(tmp_path), "--json"],
-                 ["catalog", "--no-such-option", "--json"],
-                 ["convert", str(tmp_path), str(tmp_path / "o"), "--to", "q9", "--json"],
-                 ["download", "not a repo", "--json"]):
+    for args in (
+        ["check", "nobody/nothing", "--offline", "--json"],
+        ["check", "--json"],
+        ["inspect", str(tmp_path / "missing"), "--json"],
+        ["verify", str(tmp_path), "--json"],
+        ["catalog", "--no-such-option", "--json"],
+        ["convert", str(tmp_path), str(tmp_path / "o"), "--to", "q9", "--json"],
+        ["download", "not a repo", "--json"],
+    ):
         done = subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and done.stderr == "", (args, done.stderr)
         document = json.loads(done.stdout)
@@ -94,8 +159,13 @@ def test_error_documents(tmp_path: Path) -> None:
         validate(document)
 
 
-def test_download_and_verify_documents(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,  # noqa: F811
-                                       tmp_path: Path) -> None:
+def test_download_and_verify_documents(
+    fake_hub: FakeHub,
+    cache: Path,
+    pair_dirs,
+    specpair,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     target = fake_hub.add("org/schema-target", files_of(pair_dirs[0]))
     draft = fake_hub.add("org/schema-draft", files_of(pair_dirs[1]))
     refs = [f"org/schema-target@{target.commit}", f"org/schema-draft@{draft.commit}"]
@@ -109,17 +179,32 @@ def test_download_and_verify_documents(fake_hub: FakeHub, cache: Path, pair_dirs
         validate(result.json())
     (tmp_path / "pair" / "schema-target" / "config.json").write_text("{}")
     result = specpair("verify", "pair", "--json")
-    assert result.code == 1 and {f["status"] for r in result.json()["repos"] for f in r["files"]} == {"ok", "size_differs"}
+    assert result.code == 1 and {f["status"] for r in result.json()["repos"] for f in r["files"]} == {
+        "ok",
+        "size_differs",
+    }
     validate(result.json())
 
 
 @pytest.mark.parametrize("stack", ["sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold", "specpair"])
 def test_values_are_json_and_carry_the_numbers_of_each_message(stack: str) -> None:
     """Each reason's `values` are the numbers and names its message was rendered from."""
-    report = run("check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.5-122B-A10B-DFlash", "--offline", "--json", "--gpu",
-                 "rtx4090", "--stack", stack)
+    report = run(
+        "check",
+        "Qwen/Qwen3.6-35B-A3B",
+        "z-lab/Qwen3.5-122B-A10B-DFlash",
+        "--offline",
+        "--json",
+        "--gpu",
+        "rtx4090",
+        "--stack",
+        stack,
+    )
     for reason in report["verdicts"][stack]["reasons"]:
         for value in reason["values"].values():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                assert f"{value}" in reason["message"] or f"{value:.1f}" in reason["message"] or \
-                       f"{value:.0%}" in reason["message"], (reason["rule"], value)
+                assert (
+                    f"{value}" in reason["message"]
+                    or f"{value:.1f}" in reason["message"]
+                    or f"{value:.0%}" in reason["message"]
+                ), (reason["rule"], value)

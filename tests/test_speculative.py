@@ -14,12 +14,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from drafting import (FAMILIES, HYBRID, MASK_TOKEN, continuations, dflash_checkpoint, differentiable_kernels,
-                      eagle3_checkpoint, load_target, prompts, tiny_target, trained_drafter)
+from drafting import (
+    FAMILIES,
+    HYBRID,
+    MASK_TOKEN,
+    dflash_checkpoint,
+    differentiable_kernels,
+    eagle3_checkpoint,
+    load_target,
+    prompts,
+    tiny_target,
+    trained_drafter,
+)
 from fixtures import write_json
 from safetensors.torch import load_file, save_file
 
-from specpair.formats import convert as conv
+from specpair.convert import converter as conv
 from specpair.runtime import acceptance
 from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.loading import load_drafter
@@ -33,8 +43,13 @@ PROMPT_LENGTHS = (5, 9, 13, 3)
 KINDS = ("dflash", "dflash2", "eagle3", "mtp", "draft_model")
 GRID = [(f, k) for f in FAMILIES for k in KINDS if k != "mtp" or f in HYBRID]
 # block sizes over the grid (test_every_block_size_from_2_to_16 runs them all)
-BLOCKS = {"dflash": (2, 3, 4, 5, 6, 7), "dflash2": (3, 4, 5, 6, 7, 8), "eagle3": (2, 3, 4, 5, 6, 3),
-          "mtp": (2, 3, 4), "draft_model": (4, 5, 6, 7, 8, 4)}
+BLOCKS = {
+    "dflash": (2, 3, 4, 5, 6, 7),
+    "dflash2": (3, 4, 5, 6, 7, 8),
+    "eagle3": (2, 3, 4, 5, 6, 3),
+    "mtp": (2, 3, 4),
+    "draft_model": (4, 5, 6, 7, 8, 4),
+}
 SOLO = {"dflash": "qwen3_5_moe", "dflash2": "qwen3", "eagle3": "qwen3_moe", "mtp": "qwen3_next", "draft_model": "llama"}
 GREEDY = Sampling()
 
@@ -81,13 +96,22 @@ class Workshop:
             if kind == "draft_model":
                 self.drafters[key] = noisy_copy(s.path, where)
             else:
-                checkpoint = {"dflash": lambda: dflash_checkpoint(where, family, s.model.config),
-                              "dflash2": lambda: dflash_checkpoint(where, family, s.model.config, dflash2=True),
-                              "eagle3": lambda: eagle3_checkpoint(where, s.model.config),
-                              "mtp": lambda: None}[kind]()
+                checkpoint = {
+                    "dflash": lambda: dflash_checkpoint(where, family, s.model.config),
+                    "dflash2": lambda: dflash_checkpoint(where, family, s.model.config, dflash2=True),
+                    "eagle3": lambda: eagle3_checkpoint(where, s.model.config),
+                    "mtp": lambda: None,
+                }[kind]()
                 sequences = [p + r for p, r in zip(s.prompts, s.reference)]
-                trained_drafter(checkpoint, s.path, s.model, s.target, sequences, min(PROMPT_LENGTHS) - 1,
-                                steps=200 if kind == "dflash2" else 120)
+                trained_drafter(
+                    checkpoint,
+                    s.path,
+                    s.model,
+                    s.target,
+                    sequences,
+                    min(PROMPT_LENGTHS) - 1,
+                    steps=200 if kind == "dflash2" else 120,
+                )
                 self.drafters[key] = checkpoint
                 if kind == "mtp":  # the target's file changed (its MTP head): reload it
                     s.model, s.target = load_target(s.path)
@@ -118,7 +142,7 @@ def workshop(tmp_path_factory) -> Workshop:
 
 def first_difference(a: list[int], b: list[int]) -> str:
     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"first difference at token {at}: {a[at:at + 3]} vs {b[at:at + 3]}"
+    return f"first difference at token {at}: {a[at : at + 3]} vs {b[at : at + 3]}"
 
 
 @pytest.mark.parametrize("family,kind", GRID)
@@ -144,8 +168,10 @@ def test_a_sequence_alone_drafts_as_in_a_batch(workshop, kind):
     s = workshop.setup(family)
     block = BLOCKS[kind][FAMILIES.index(family) % len(BLOCKS[kind])]
     longest = PROMPT_LENGTHS.index(max(PROMPT_LENGTHS))
-    batch = workshop.batch_runs.get((family, kind)) or \
-        speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=block)[0]
+    batch = (
+        workshop.batch_runs.get((family, kind))
+        or speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=block)[0]
+    )
     (alone,), _ = speculative_generate(s.target, drafter, [s.prompts[longest]], TOKENS, GREEDY, block_size=block)
     assert alone.tokens == s.reference[longest]
     assert alone.accepted == batch[longest].accepted
@@ -173,8 +199,9 @@ def test_rounds_that_keep_nothing_and_rounds_that_keep_everything(workshop, tmp_
     out, _ = speculative_generate(s.target, itself, s.prompts, 30, GREEDY, block_size=5)
     assert all(set(r.accepted[:-1]) == {4} for r in out)
     assert [r.tokens for r in out] == [r[:30] for r in s.reference]
-    random_dflash = load_drafter(open_model(str(dflash_checkpoint(tmp_path / "d", "qwen3_5", s.model.config))),
-                                 s.model, s.target)
+    random_dflash = load_drafter(
+        open_model(str(dflash_checkpoint(tmp_path / "d", "qwen3_5", s.model.config))), s.model, s.target
+    )
     out, _ = speculative_generate(s.target, random_dflash, s.prompts, 30, GREEDY, block_size=5)
     assert [r.tokens for r in out] == [r[:30] for r in s.reference]
     assert all(r.accepted.count(0) >= len(r.accepted) - 2 for r in out)
@@ -204,10 +231,21 @@ def test_seeded_sampling_equals_undrafted_and_repeats(workshop, kind):
     undrafted, _ = generate(s.target, s.prompts, 24, sampling)
     out, _ = speculative_generate(s.target, drafter, s.prompts, 24, sampling, block_size=4)
     assert [r.tokens for r in out] == [r.tokens for r in undrafted]
-    assert sum(sum(r.accepted) for r in out) > 0  # the drafts were kept at times: the rule did not just reject
     rejection, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
     again, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
     assert [r.tokens for r in rejection] == [r.tokens for r in again]
+
+
+def test_a_sampling_drafter_with_the_targets_own_draws_keeps_every_draft(workshop):
+    """The exact rule at a temperature does not just reject: the target as its own draft model draws with the
+    same keyed noise, so every draft of every round is the target's own draw and is kept."""
+    s = workshop.setup("llama")
+    itself = load_drafter(open_model(str(s.path)), s.model, s.target)
+    sampling = Sampling(temperature=0.8, top_k=20, seed=7)
+    undrafted, _ = generate(s.target, s.prompts, 24, sampling)
+    out, _ = speculative_generate(s.target, itself, s.prompts, 24, sampling, block_size=4)
+    assert [r.tokens for r in out] == [r.tokens for r in undrafted]
+    assert all(set(r.accepted[:-1]) == {3} for r in out), [r.accepted for r in out]
 
 
 def chi_squared_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -215,8 +253,9 @@ def chi_squared_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     cells = expected > 0
     assert bool((counts[~cells] == 0).all())
     statistic = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum()
-    return float(torch.special.gammaincc(torch.tensor((int(cells.sum()) - 1) / 2, dtype=torch.float64),
-                                         statistic.double() / 2))
+    return float(
+        torch.special.gammaincc(torch.tensor((int(cells.sum()) - 1) / 2, dtype=torch.float64), statistic.double() / 2)
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -235,11 +274,13 @@ def test_rejection_rule_emits_the_targets_distribution_with_each_drafters_q(work
     tokens = torch.tensor([prompt[:-1]])
     rows = torch.arange(len(prompt) - 1)[None]
     out = s.target.forward(tokens, rows, cache, taps=drafter.taps, hidden=drafter.hidden)
-    drafter.observe(Committed(tokens, rows, torch.tensor([prompt[1:]]), torch.tensor([len(prompt) - 1]),
-                              out.taps, out.hidden))
+    drafter.observe(
+        Committed(tokens, rows, torch.tensor([prompt[1:]]), torch.tensor([len(prompt) - 1]), out.taps, out.hidden)
+    )
     anchor_at = torch.tensor([len(prompt) - 1])
-    proposal = drafter.propose(torch.tensor([prompt[-1]]), anchor_at, 1,
-                               Drafting(sampling, drafter.samples, DRAFT_STREAM))
+    proposal = drafter.propose(
+        torch.tensor([prompt[-1]]), anchor_at, 1, Drafting(sampling, drafter.samples, DRAFT_STREAM)
+    )
     p = sampling.probabilities(s.target.forward(torch.tensor([[prompt[-1]]]), anchor_at[:, None], cache).logits)[0]
     if proposal.q_ids is None:
         q_ids, q_probs = proposal.tokens[..., None], torch.ones(1, 1, 1)
@@ -250,9 +291,13 @@ def test_rejection_rule_emits_the_targets_distribution_with_each_drafters_q(work
     drafts = torch.where(q > 0, q.log() + gumbel(5, DRAFT_STREAM, rounds[:, 0], q.shape[-1]), float("-inf")).argmax(-1)
     p_rows = torch.cat((p, p)).expand(draws, 2, -1)  # the second row is never reached on a rejection
     accepted, following = acceptance.rejection(
-        p_rows, drafts[:, None], q_ids[0].expand(draws, -1, -1), q_probs[0].expand(draws, -1, -1),
+        p_rows,
+        drafts[:, None],
+        q_ids[0].expand(draws, -1, -1),
+        q_probs[0].expand(draws, -1, -1),
         uniform(5, ACCEPT_STREAM, rounds, torch.zeros(1, dtype=torch.int64))[..., 0],
-        gumbel(5, TOKEN_STREAM, rounds * 2 + torch.arange(2), p.shape[-1]))
+        gumbel(5, TOKEN_STREAM, rounds * 2 + torch.arange(2), p.shape[-1]),
+    )
     emitted = torch.where(accepted >= 1, drafts, following)
     assert chi_squared_p(torch.bincount(emitted, minlength=p.shape[-1]).double(), p[0].double()) > 0.01
     overlap = float(torch.minimum(p, q).sum())
@@ -291,15 +336,25 @@ def test_sliding_windows_crossed_by_target_and_drafter(tmp_path):
     model.config.use_sliding_window, model.config.sliding_window, model.config.max_window_layers = True, 8, 2
     path = save(model, tmp_path / "target", "qwen3")
     config = json.loads((path / "config.json").read_text())
-    config.update(use_sliding_window=True, sliding_window=8, max_window_layers=2,
-                  layer_types=["full_attention"] * 2 + ["sliding_attention"] * 2)
+    config.update(
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=2,
+        layer_types=["full_attention"] * 2 + ["sliding_attention"] * 2,
+    )
     write_json(path / "config.json", config)
     target_model, target = load_target(path)
     assert target_model.config.layer_types == ("full", "full", "sliding", "sliding")
     asked = prompts((11, 4))
     reference, _ = generate(target, asked, 28, GREEDY)
-    draft = dflash_checkpoint(tmp_path / "d", "qwen3", target_model.config, layers=2, sliding_window=6,
-                              layer_types=["sliding_attention", "full_attention"])
+    draft = dflash_checkpoint(
+        tmp_path / "d",
+        "qwen3",
+        target_model.config,
+        layers=2,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     sequences = [p + r.tokens for p, r in zip(asked, reference)]
     trained_drafter(draft, path, target_model, target, sequences, 3, steps=120)
     drafter = load_drafter(open_model(str(draft)), target_model, target)
@@ -330,8 +385,10 @@ def test_every_drafter_layout_gives_the_same_output(workshop, tmp_path):
     bf16 = tmp_path / "bf16"
     conv.execute(conv.plan(conv.open_source(str(checkpoint)), conv.parse_target("bf16"), []), str(bf16))
     gguf = tmp_path / "d.gguf"
-    conv.execute(conv.plan(conv.open_source(str(checkpoint)), conv.parse_target("gguf:Q8_0"), [],
-                           conv.open_source(str(s.path))), str(gguf))
+    conv.execute(
+        conv.plan(conv.open_source(str(checkpoint)), conv.parse_target("gguf:Q8_0"), [], conv.open_source(str(s.path))),
+        str(gguf),
+    )
     for path, bits in ((bf16, None), (checkpoint, 4), (gguf, None)):
         drafter = load_drafter(open_model(str(path)), s.model, s.target, bits)
         if bits == 4:
@@ -355,10 +412,24 @@ def test_muse_glimmer_block_logits_equal_transformers_candidate_generator(tmp_pa
     target_hf = tiny_model("qwen3")
     target_path = save(target_hf, tmp_path / "target", "qwen3")
     config = MuseGlimmerAssistantConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=512, block_size=6, mask_token_id=MASK_TOKEN, target_layer_ids=[0, 2],
-        layer_types=["sliding_attention", "full_attention"], sliding_window=8, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4}, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        block_size=6,
+        mask_token_id=MASK_TOKEN,
+        target_layer_ids=[0, 2],
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     assistant = MuseGlimmerAssistantModel(config).eval()
     with torch.no_grad():
         for p in assistant.parameters():
@@ -367,8 +438,12 @@ def test_muse_glimmer_block_logits_equal_transformers_candidate_generator(tmp_pa
     prompt = torch.tensor([prompts((14,))[0] + [5]])  # the prompt and the target's "bonus" token
     with torch.no_grad():
         outputs = target_hf(prompt[:, :-1], output_hidden_states=True)
-        generator = DFlashTokenCandidateGenerator(assistant, target_hf.get_input_embeddings(),
-                                                  target_hf.get_output_embeddings(), GenerationConfig(max_length=64))
+        generator = DFlashTokenCandidateGenerator(
+            assistant,
+            target_hf.get_input_embeddings(),
+            target_hf.get_output_embeddings(),
+            GenerationConfig(max_length=64),
+        )
         kwargs = {"position_ids": torch.arange(prompt.shape[1])[None], "attention_mask": None}
         _, reference = generator.get_candidates(prompt, kwargs, outputs, is_first_iteration=False, n_last_matches=0)
     target_model, target = load_target(target_path)
@@ -382,6 +457,16 @@ def test_muse_glimmer_block_logits_equal_transformers_candidate_generator(tmp_pa
     ours = drafter.logits(block[:, 1:])
     assert ours.shape == reference.shape
     assert torch.allclose(ours, reference.float(), atol=1e-4, rtol=0), float((ours - reference).abs().max())
+
+
+def test_what_check_says_the_runtime_runs_is_what_it_runs():
+    """runtime.AVAILABLE is data for `check` (no torch behind it): the family files and drafter loaders here."""
+    from specpair import runtime
+    from specpair.runtime.drafters.loading import LOADERS
+    from specpair.runtime.models import FAMILIES as MODEL_FILES
+
+    assert set(runtime.AVAILABLE.families) == set(MODEL_FILES)
+    assert set(runtime.AVAILABLE.drafter_kinds) == set(LOADERS)
 
 
 def test_acceptance_by_position_counts_rounds_that_reach_each_draft():

@@ -23,40 +23,118 @@ import jinja2
 import llama_cpp
 import pytest
 import sentencepiece
+from fixtures import build_target, smollm2_gguf
 from gguf import GGUFWriter
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from transformers import AutoTokenizer
 
-from fixtures import build_target, smollm2_gguf
+from specpair.checkpoint.gguf_tokenizer import QWEN2_SPLIT, QWEN35_SPLIT, hf_tokenizer_files
 from specpair.checkpoint.text_tokenizer import TextTokenizer
 from specpair.errors import BadInput
 from specpair.formats.gguf import read_local
-from specpair.formats.gguf_tokenizer import QWEN2_SPLIT, QWEN35_SPLIT, hf_tokenizer_files
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FRAGMENTS = (
-    "Hello", " world", "the quick brown fox", "I've", " 'RE", "you'll", "DON'T", "3", " 42", "1234567", "3.14159",
-    "  ", "   ", "\t", "\t\t", "\n", "\n\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2028",
-    "日本語のテキスト", "中文", "한국어", "😀", "🚀🦙", "👩\u200d👩\u200d👧", "🏳️\u200d🌈", "✅",
-    "cafe\u0301", "n\u0303", "Z\u0351\u036b\u0343\u036a\u0302", "a\u0308\u0304", "ﬁ", "ß", "İstanbul", "ΑΒΓ",
-    "مرحبا بالعالم", "שלום", "\u200f\u200e", "कि मानक हिन्दी", "ไทย", "កាន់តែពិសេស",
-    "def f(x):\n    return x**2  # sq\n", "if (a && b) { c[i] = 0; }", "<div class=\"x\">&amp;</div>", "$ ls -la | grep .py",
-    "SELECT * FROM t WHERE id=1;", "https://example.com/a?b=1&c=2", "----====", "''''\"\"\"```", "...!!!???",
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "<|im_", "im_end|>",
-    "<s>", "</s>", "<unk>", "[PAD5]", "\ufffd", "\x00", "\x7f", "\U0010ffff",
+    "Hello",
+    " world",
+    "the quick brown fox",
+    "I've",
+    " 'RE",
+    "you'll",
+    "DON'T",
+    "3",
+    " 42",
+    "1234567",
+    "3.14159",
+    "  ",
+    "   ",
+    "\t",
+    "\t\t",
+    "\n",
+    "\n\n\n",
+    "\r\n",
+    " \n ",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "日本語のテキスト",
+    "中文",
+    "한국어",
+    "😀",
+    "🚀🦙",
+    "👩\u200d👩\u200d👧",
+    "🏳️\u200d🌈",
+    "✅",
+    "cafe\u0301",
+    "n\u0303",
+    "Z\u0351\u036b\u0343\u036a\u0302",
+    "a\u0308\u0304",
+    "ﬁ",
+    "ß",
+    "İstanbul",
+    "ΑΒΓ",
+    "مرحبا بالعالم",
+    "שלום",
+    "\u200f\u200e",
+    "कि मानक हिन्दी",
+    "ไทย",
+    "កាន់តែពិសេស",
+    "def f(x):\n    return x**2  # sq\n",
+    "if (a && b) { c[i] = 0; }",
+    '<div class="x">&amp;</div>',
+    "$ ls -la | grep .py",
+    "SELECT * FROM t WHERE id=1;",
+    "https://example.com/a?b=1&c=2",
+    "----====",
+    "''''\"\"\"```",
+    "...!!!???",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "<|im_",
+    "im_end|>",
+    "<s>",
+    "</s>",
+    "<unk>",
+    "[PAD5]",
+    "\ufffd",
+    "\x00",
+    "\x7f",
+    "\U0010ffff",
 )
 CONVERSATIONS = (
     [{"role": "user", "content": "What is 2+2?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi 👋"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "日本語で?"}],
-    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\ny"},
-     {"role": "user", "content": "again  <|im_end|> inside"}],
-    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "because"},
-     {"role": "user", "content": "c", "name": None}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi 👋"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "日本語で?"},
+    ],
+    [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\ny"},
+        {"role": "user", "content": "again  <|im_end|> inside"},
+    ],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning_content": "because"},
+        {"role": "user", "content": "c", "name": None},
+    ],
 )
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place «quoted»",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather at a place «quoted»",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def probe_texts() -> list[str]:
@@ -92,7 +170,8 @@ def assert_same_chats(ours: TextTokenizer, theirs, **template_kwargs: object) ->
             expected = theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=prompt, **template_kwargs)
             assert ours.apply_chat_template(chat, add_generation_prompt=prompt, **template_kwargs) == expected
             assert ours.encode(expected, add_special_tokens=False) == theirs.apply_chat_template(
-                chat, add_generation_prompt=prompt, return_dict=False, **template_kwargs)
+                chat, add_generation_prompt=prompt, return_dict=False, **template_kwargs
+            )
 
 
 def backend_json(tokenizer) -> dict:
@@ -108,16 +187,23 @@ def write_files(directory: Path, files: dict[str, bytes]) -> Path:
 
 def from_directory(directory: Path) -> TextTokenizer:
     """from_files over a directory, as the model layer reads a checkpoint."""
+
     def read_json(name: str) -> dict | None:
         return json.loads((directory / name).read_text()) if (directory / name).exists() else None
+
     template = directory / "chat_template.jinja"
-    return TextTokenizer.from_files((directory / "tokenizer.json").read_bytes(), read_json("tokenizer_config.json"),
-                                    read_json("generation_config.json"),
-                                    template.read_text() if template.exists() else None, str(directory))
+    return TextTokenizer.from_files(
+        (directory / "tokenizer.json").read_bytes(),
+        read_json("tokenizer_config.json"),
+        read_json("generation_config.json"),
+        template.read_text() if template.exists() else None,
+        str(directory),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # SmolLM2, real
+
 
 @pytest.fixture(scope="module")
 def smollm2_fields() -> dict[str, object]:
@@ -171,8 +257,16 @@ def test_smollm2_where_llama_cpp_and_transformers_part(smollm2_fields, smollm2_t
 # --------------------------------------------------------------------------------------------------
 # Qwen-style, trained here
 
-QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+QWEN_SPECIAL = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+)
 QWEN_PLAIN = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 QWEN3_TEMPLATE = r"""{%- if not messages %}{{- raise_exception('no messages') }}{%- endif %}
 {%- if tools %}
@@ -229,12 +323,16 @@ def qwen_tokenizer(regex: str) -> Tokenizer:
     """A small byte-level BPE trained with Qwen's pre-tokenizer, NFC, ChatML specials at the end of the vocabulary."""
     tokenizer = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=900, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=900, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tokenizer.train_from_iterator(corpus(), trainer)
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in QWEN_SPECIAL])
     tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in QWEN_PLAIN])
@@ -249,13 +347,31 @@ def write_qwen(directory: Path, flavour: str, tokenizer_class: str, **config_cha
     if flavour == "qwen3_5":
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.save(str(directory / "tokenizer.json"))
-    added = {str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": t.special}
-             for i, t in tokenizer.get_added_tokens_decoder().items()}
-    config: dict[str, object] = {"add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
-                                 "bos_token": None, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
-                                 "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
-                                 "split_special_tokens": False, "tokenizer_class": tokenizer_class, "unk_token": None}
+    added = {
+        str(i): {
+            "content": t.content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t.special,
+        }
+        for i, t in tokenizer.get_added_tokens_decoder().items()
+    }
+    config: dict[str, object] = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": tokenizer_class,
+        "unk_token": None,
+    }
     if flavour == "qwen3_5":
         config["image_token"] = "<|image_pad|>"
         (directory / "chat_template.jinja").write_text(QWEN35_TEMPLATE, encoding="utf-8")
@@ -264,16 +380,28 @@ def write_qwen(directory: Path, flavour: str, tokenizer_class: str, **config_cha
     config |= config_changes
     (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
     ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
-    (directory / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-         "pad_token_id": ids["<|endoftext|>"]}))
+    (directory / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": ids["<|endoftext|>"],
+                "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+                "pad_token_id": ids["<|endoftext|>"],
+            }
+        )
+    )
     return directory
 
 
-@pytest.mark.parametrize(("flavour", "tokenizer_class"), [
-    ("qwen3", "Qwen2Tokenizer"), ("qwen3", "Qwen2TokenizerFast"), ("qwen3", "PreTrainedTokenizerFast"),
-    ("qwen3_5", "TokenizersBackend"), ("qwen3_5", "Qwen3_5Tokenizer"),
-])
+@pytest.mark.parametrize(
+    ("flavour", "tokenizer_class"),
+    [
+        ("qwen3", "Qwen2Tokenizer"),
+        ("qwen3", "Qwen2TokenizerFast"),
+        ("qwen3", "PreTrainedTokenizerFast"),
+        ("qwen3_5", "TokenizersBackend"),
+        ("qwen3_5", "Qwen3_5Tokenizer"),
+    ],
+)
 def test_qwen_style_tokenizers_are_transformers(tmp_path: Path, flavour: str, tokenizer_class: str) -> None:
     directory = write_qwen(tmp_path, flavour, tokenizer_class)
     ours, theirs = from_directory(directory), AutoTokenizer.from_pretrained(directory)
@@ -325,30 +453,37 @@ def test_template_errors_and_sandbox(tmp_path: Path) -> None:
     theirs = AutoTokenizer.from_pretrained(tmp_path)
     with pytest.raises(jinja2.TemplateError, match="bad role tool"):
         theirs.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
-    template = ("{{ strftime_now('%Y') | length }}|{{ {'b': 'é<&>', 'a': [1]} | tojson }}|{{ x | tojson(indent=2) }}|"
-                "{% set d = dict(k=1) %}{{ d.k }}|{% generation %}{{ eos_token }}{% endgeneration %}|"
-                "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.content }}{% endfor %}")
+    template = (
+        "{{ strftime_now('%Y') | length }}|{{ {'b': 'é<&>', 'a': [1]} | tojson }}|{{ x | tojson(indent=2) }}|"
+        "{% set d = dict(k=1) %}{{ d.k }}|{% generation %}{{ eos_token }}{% endgeneration %}|"
+        "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.content }}{% endfor %}"
+    )
     chat = CONVERSATIONS[1]
     assert ours.apply_chat_template(chat, template=template, x={"k": [1, 2]}) == theirs.apply_chat_template(
-        chat, chat_template=template, tokenize=False, x={"k": [1, 2]})
+        chat, chat_template=template, tokenize=False, x={"k": [1, 2]}
+    )
     assert ours.apply_chat_template(chat, template=template, x=None).startswith('4|{"b": "é<&>", "a": [1]}|null|1|')
 
 
 def test_named_chat_templates(tmp_path: Path) -> None:
     directory = write_qwen(tmp_path, "qwen3", "Qwen2Tokenizer")
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    config["chat_template"] = [{"name": "default", "template": "D{{ messages | length }}"},
-                               {"name": "tool_use", "template": "T{{ tools | length }}"}]
+    config["chat_template"] = [
+        {"name": "default", "template": "D{{ messages | length }}"},
+        {"name": "tool_use", "template": "T{{ tools | length }}"},
+    ]
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     ours, theirs = from_directory(directory), AutoTokenizer.from_pretrained(directory)
     for tools in (None, TOOLS):
         assert ours.apply_chat_template(CONVERSATIONS[1], tools=tools) == theirs.apply_chat_template(
-            CONVERSATIONS[1], tools=tools, tokenize=False, add_generation_prompt=True)
+            CONVERSATIONS[1], tools=tools, tokenize=False, add_generation_prompt=True
+        )
     assert ours.apply_chat_template(CONVERSATIONS[1], template="tool_use", tools=[]) == "T0"
 
 
 # --------------------------------------------------------------------------------------------------
 # SentencePiece, trained here and written as llama.cpp writes it
+
 
 @pytest.fixture(scope="module")
 def spm_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -358,10 +493,20 @@ def spm_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Not beside the GGUF: AutoTokenizer(dir, gguf_file=...) would read a tokenizer.model it finds there instead.
     (trained / "corpus.txt").write_text("\n".join(corpus()), encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(
-        input=str(trained / "corpus.txt"), model_prefix=str(trained / "tokenizer"), vocab_size=700,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0, split_digits=True,
-        allow_whitespace_only_pieces=True, remove_extra_whitespaces=False, normalization_rule_name="identity",
-        user_defined_symbols=["<|im_start|>", "<|im_end|>"], num_threads=1, minloglevel=2)
+        input=str(trained / "corpus.txt"),
+        model_prefix=str(trained / "tokenizer"),
+        vocab_size=700,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        user_defined_symbols=["<|im_start|>", "<|im_end|>"],
+        num_threads=1,
+        minloglevel=2,
+    )
     model = sentencepiece.SentencePieceProcessor(model_file=str(trained / "tokenizer.model"))
     tokens, scores, types = [], [], []
     for i in range(model.vocab_size()):
@@ -371,8 +516,13 @@ def spm_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for token in ("<|im_start|>", "<|im_end|>"):  # added_tokens_decoder special -> CONTROL, score -1000
         types[tokens.index(token)], scores[tokens.index(token)] = 3, -1000.0
     writer = GGUFWriter(str(directory / "spm.gguf"), arch="llama")
-    for add, value in ((writer.add_context_length, 256), (writer.add_embedding_length, 64), (writer.add_block_count, 1),
-                       (writer.add_feed_forward_length, 128), (writer.add_head_count, 4)):
+    for add, value in (
+        (writer.add_context_length, 256),
+        (writer.add_embedding_length, 64),
+        (writer.add_block_count, 1),
+        (writer.add_feed_forward_length, 128),
+        (writer.add_head_count, 4),
+    ):
         add(value)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_tokenizer_model("llama")
@@ -416,8 +566,11 @@ def test_sentencepiece_converted_files(tmp_path: Path, spm_gguf: Path, spm_trans
     assert_same(from_directory(directory), AutoTokenizer.from_pretrained(directory))
     assert_same(from_directory(directory), spm_transformers)
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    for changes in ({"tokenizer_class": "LlamaTokenizerFast"}, {"tokenizer_class": "LlamaTokenizer", "legacy": True},
-                    {"tokenizer_class": "LlamaTokenizer", "add_prefix_space": False}):
+    for changes in (
+        {"tokenizer_class": "LlamaTokenizerFast"},
+        {"tokenizer_class": "LlamaTokenizer", "legacy": True},
+        {"tokenizer_class": "LlamaTokenizer", "add_prefix_space": False},
+    ):
         (directory / "tokenizer_config.json").write_text(json.dumps({**config, **changes}))
         ours, theirs = from_directory(directory), AutoTokenizer.from_pretrained(directory)
         assert json.loads(ours.backend.to_str()) == backend_json(theirs), changes
@@ -431,7 +584,9 @@ def test_sentencepiece_where_llama_cpp_and_transformers_part(spm_gguf: Path, spm
     special token (about a quarter of TEXTS here): the runtime follows transformers. On text without either, all
     three agree."""
     llama = llama_cpp.Llama(str(spm_gguf), vocab_only=True, verbose=False)
-    model = sentencepiece.SentencePieceProcessor(model_file=str(spm_gguf.parent.parent / "spm-model0" / "tokenizer.model"))
+    model = sentencepiece.SentencePieceProcessor(
+        model_file=str(spm_gguf.parent.parent / "spm-model0" / "tokenizer.model")
+    )
     ours = TextTokenizer.from_gguf(read_local(str(spm_gguf)).fields, str(spm_gguf))
     plain = [t for t in TEXTS if t and t[0] not in " \t\n\r\u3000\u00a0" and "  " not in t and "<" not in t][:40]
     for text in plain:
@@ -442,6 +597,7 @@ def test_sentencepiece_where_llama_cpp_and_transformers_part(spm_gguf: Path, spm
 
 # --------------------------------------------------------------------------------------------------
 # bad input and import cost
+
 
 def test_bad_tokenizer_files(tmp_path: Path) -> None:
     directory = write_qwen(tmp_path, "qwen3", "Qwen2Tokenizer")
@@ -465,7 +621,8 @@ def test_bad_tokenizer_files(tmp_path: Path) -> None:
         TextTokenizer.from_files(raw, config, {"eos_token_id": "a"}, None, "repo")
     with pytest.raises(BadInput, match="no chat template"):
         TextTokenizer.from_files(raw, {**config, "chat_template": None}, None, None, "repo").apply_chat_template(
-            CONVERSATIONS[0])
+            CONVERSATIONS[0]
+        )
 
 
 def test_bad_gguf_tokenizer_keys(spm_gguf: Path, smollm2_fields) -> None:
@@ -488,9 +645,11 @@ def test_bad_gguf_tokenizer_keys(spm_gguf: Path, smollm2_fields) -> None:
 
 def test_check_imports_neither_tokenizers_nor_jinja2(tmp_path: Path) -> None:
     target = build_target(tmp_path / "target", "qwen3")
-    code = ("import sys\nfrom specpair.cli import main\nsys.argv = ['specpair', 'check', sys.argv[1], '--offline', "
-            "'--json']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('tokenizers', 'jinja2', 'transformers') if m in sys.modules), file=sys.stderr)")
+    code = (
+        "import sys\nfrom specpair.cli import main\nsys.argv = ['specpair', 'check', sys.argv[1], '--offline', "
+        "'--json']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('tokenizers', 'jinja2', 'transformers') if m in sys.modules), file=sys.stderr)"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, check=True)
     report = json.loads(out.stdout)
     assert report["target"]["tokenizer"]["source"] == "tokenizer.json"  # check read the tokenizer, as metadata

@@ -17,21 +17,31 @@ def downloaded(fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Pa
     target_id, draft_id = f"org/verify-target-{len(fake_hub.repos)}", f"org/verify-draft-{len(fake_hub.repos)}"
     target = fake_hub.add(target_id, files_of(pair_dirs[0]))
     draft = fake_hub.add(draft_id, files_of(pair_dirs[1]))
-    result = specpair("download", f"{target_id}@{target.commit}", f"{draft_id}@{draft.commit}",
-                      "--local-dir", "pair", "--lock", "pair/specpair.lock")
+    result = specpair(
+        "download",
+        f"{target_id}@{target.commit}",
+        f"{draft_id}@{draft.commit}",
+        "--local-dir",
+        "pair",
+        "--lock",
+        "pair/specpair.lock",
+    )
     assert result.code == 0, result.err
     lock = tmp_path / "pair" / "specpair.lock"
     return lock, lock.parent / json.loads(lock.read_text())["repos"][0]["path"]
 
 
-def test_verify_dir_right_after_download_local_dir(fake_hub: FakeHub, cache: Path, pair_dirs, specpair,
-                                                   tmp_path: Path) -> None:
+def test_verify_dir_right_after_download_local_dir(
+    fake_hub: FakeHub, cache: Path, pair_dirs, specpair, tmp_path: Path
+) -> None:
     """The lock goes where the files went: `verify DIR` checks what `download ... --local-dir DIR` just wrote."""
     target = fake_hub.add("org/dir-target", files_of(pair_dirs[0]))
     draft = fake_hub.add("org/dir-draft", files_of(pair_dirs[1]))
     single = fake_hub.add("org/dir-single", files_of(pair_dirs[1]))
 
-    pair = specpair("download", f"org/dir-target@{target.commit}", f"org/dir-draft@{draft.commit}", "--local-dir", "models")
+    pair = specpair(
+        "download", f"org/dir-target@{target.commit}", f"org/dir-draft@{draft.commit}", "--local-dir", "models"
+    )
     one = specpair("download", f"org/dir-single@{single.commit}", "--local-dir", "single")
 
     assert pair.code == one.code == 0, pair.err + one.err
@@ -40,7 +50,10 @@ def test_verify_dir_right_after_download_local_dir(fake_hub: FakeHub, cache: Pat
         result = specpair("verify", directory, "--json")
         assert result.code == 0, result.err
         assert {f["status"] for r in result.json()["repos"] for f in r["files"]} == {"ok"}
-    assert {r["repo"] for r in specpair("verify", "models", "--json").json()["repos"]} == {"org/dir-target", "org/dir-draft"}
+    assert {r["repo"] for r in specpair("verify", "models", "--json").json()["repos"]} == {
+        "org/dir-target",
+        "org/dir-draft",
+    }
 
 
 def test_untouched_download_verifies(downloaded: tuple[Path, Path], specpair, pair_dirs) -> None:
@@ -84,7 +97,9 @@ def test_flipped_byte_truncation_and_missing_file_are_reported(downloaded: tuple
     assert status["tokenizer.json"]["status"] == "size_differs"
     assert status["tokenizer.json"]["found_size"] == status["tokenizer.json"]["size"] - 1
     assert status["config.json"]["status"] == "missing"
-    assert {f["status"] for name, f in status.items() if name not in (WEIGHTS, "tokenizer.json", "config.json")} == {"ok"}
+    assert {f["status"] for name, f in status.items() if name not in (WEIGHTS, "tokenizer.json", "config.json")} == {
+        "ok"
+    }
     assert {f["status"] for f in report["repos"][1]["files"]} == {"ok"}
     for text in ("hash differs", "size differs", "missing", "3 of 8 files differ from the lock"):
         assert text in human.out
@@ -100,37 +115,73 @@ def test_cache_blob_that_vanished_is_missing(fake_hub: FakeHub, cache: Path, pai
     result = specpair("verify", "specpair.lock", "--json")
 
     assert result.code == 1
-    assert {f["path"]: f["status"] for f in result.json()["repos"][0]["files"]} == {"config.json": "ok", WEIGHTS: "missing"}
+    assert {f["path"]: f["status"] for f in result.json()["repos"][0]["files"]} == {
+        "config.json": "ok",
+        WEIGHTS: "missing",
+    }
 
 
 def good_lock(tmp_path: Path) -> dict:
     (tmp_path / "model").mkdir(exist_ok=True)
-    return {"schema": "specpair.lock/1", "repos": [{
-        "repo": "org/model", "role": "target", "revision": None, "commit": "a" * 40, "endpoint": "http://127.0.0.1:9",
-        "layout": "local-dir", "path": "model", "selection": {"include": [], "exclude": [], "metadata_only": False},
-        "files": [{"path": "config.json", "size": 2, "sha256": "b" * 64}]}]}
+    return {
+        "schema": "specpair.lock/1",
+        "repos": [
+            {
+                "repo": "org/model",
+                "role": "target",
+                "revision": None,
+                "commit": "a" * 40,
+                "endpoint": "http://127.0.0.1:9",
+                "layout": "local-dir",
+                "path": "model",
+                "selection": {"include": [], "exclude": [], "metadata_only": False},
+                "files": [{"path": "config.json", "size": 2, "sha256": "b" * 64}],
+            }
+        ],
+    }
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    (lambda d: "{not json", "not valid JSON"),
-    (lambda d: {**d, "schema": "specpair.lock/9"}, "not a specpair.lock/1 file"),
-    (lambda d: {**d, "repos": []}, "'repos' must list one or two repos"),
-    (lambda d: {**d, "repos": d["repos"] * 3}, "'repos' must list one or two repos"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "commit": "main"}]}, "repos[0]: 'commit' is not a 40-hex commit id"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "repo": "../x"}]}, "'repo' is not a Hub repo id"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "layout": "zip"}]}, "'layout' must be one of"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "selection": None}]}, "'selection' must hold"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "../../etc/passwd", "size": 1, "sha256": "b" * 64}]}]},
-     "repos[0]: files[0]: needs a relative 'path' inside the repo"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "/etc/passwd", "size": 1, "sha256": "b" * 64}]}]},
-     "files[0]: needs a relative 'path'"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "a", "size": True, "sha256": "b" * 64}]}]},
-     "files[0]: needs a relative 'path'"),
-    (lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "a", "size": 1, "sha256": "B" * 64}]}]},
-     "files[0]: needs a relative 'path'"),
-])
-def test_malformed_lock_is_bad_input_for_verify_and_check(tmp_path: Path, specpair, monkeypatch: pytest.MonkeyPatch,
-                                                          edit, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: "{not json", "not valid JSON"),
+        (lambda d: {**d, "schema": "specpair.lock/9"}, "not a specpair.lock/1 file"),
+        (lambda d: {**d, "repos": []}, "'repos' must list one or two repos"),
+        (lambda d: {**d, "repos": d["repos"] * 3}, "'repos' must list one or two repos"),
+        (
+            lambda d: {**d, "repos": [{**d["repos"][0], "commit": "main"}]},
+            "repos[0]: 'commit' is not a 40-hex commit id",
+        ),
+        (lambda d: {**d, "repos": [{**d["repos"][0], "repo": "../x"}]}, "'repo' is not a Hub repo id"),
+        (lambda d: {**d, "repos": [{**d["repos"][0], "layout": "zip"}]}, "'layout' must be one of"),
+        (lambda d: {**d, "repos": [{**d["repos"][0], "selection": None}]}, "'selection' must hold"),
+        (
+            lambda d: {
+                **d,
+                "repos": [{**d["repos"][0], "files": [{"path": "../../etc/passwd", "size": 1, "sha256": "b" * 64}]}],
+            },
+            "repos[0]: files[0]: needs a relative 'path' inside the repo",
+        ),
+        (
+            lambda d: {
+                **d,
+                "repos": [{**d["repos"][0], "files": [{"path": "/etc/passwd", "size": 1, "sha256": "b" * 64}]}],
+            },
+            "files[0]: needs a relative 'path'",
+        ),
+        (
+            lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "a", "size": True, "sha256": "b" * 64}]}]},
+            "files[0]: needs a relative 'path'",
+        ),
+        (
+            lambda d: {**d, "repos": [{**d["repos"][0], "files": [{"path": "a", "size": 1, "sha256": "B" * 64}]}]},
+            "files[0]: needs a relative 'path'",
+        ),
+    ],
+)
+def test_malformed_lock_is_bad_input_for_verify_and_check(
+    tmp_path: Path, specpair, monkeypatch: pytest.MonkeyPatch, edit, expected: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     document = edit(good_lock(tmp_path))
     (tmp_path / "specpair.lock").write_text(document if isinstance(document, str) else json.dumps(document))

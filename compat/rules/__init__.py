@@ -55,8 +55,16 @@ class Finding:
 RULES: list[Rule] = []
 
 
-def rule(id: str, severity: str, stacks: Iterable[str], kinds: Iterable[str], title: str, message: str,
-         example: Values, fix: Fix | None = None) -> Callable[[Check], Check]:
+def rule(
+    id: str,
+    severity: str,
+    stacks: Iterable[str],
+    kinds: Iterable[str],
+    title: str,
+    message: str,
+    example: Values,
+    fix: Fix | None = None,
+) -> Callable[[Check], Check]:
     """Register the decorated check function as a row of the rule table."""
     stacks, kinds = tuple(stacks), tuple(kinds)
     assert severity in SEVERITIES and set(stacks) <= set(STACK_NAMES) and set(kinds) <= set(ALL_KINDS), id

@@ -9,7 +9,10 @@ from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTE
 
 
 @rule(
-    "rope.context", "warn", ALL_STACKS, SEPARATE_DRAFTERS,
+    "rope.context",
+    "warn",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="The serving context stays within what the drafter was trained for.",
     message="You serve {target} at {context} tokens, but {draft} {limit}: past that its positions are extrapolated and acceptance falls (speculators#613; vllm#58080 drafted token 0 past the draft's max positions). Serve at --context {safe} or use a drafter trained longer.",
     example={"context": 65536, "limit": "was trained at 4096 tokens (max_position_embeddings 40960)", "safe": 4096},
@@ -18,14 +21,19 @@ def _context(p: Pair, stack: str) -> Iterable[Values]:
     rope = p.draft.rope
     trained, max_positions = rope.trained_context, rope.max_position_embeddings
     if trained and p.context > trained:
-        limit = f"was trained at {trained} tokens" + (f" (max_position_embeddings {max_positions})" if max_positions else "")
+        limit = f"was trained at {trained} tokens" + (
+            f" (max_position_embeddings {max_positions})" if max_positions else ""
+        )
         yield {"context": p.context, "limit": limit, "safe": trained}
     elif max_positions and p.context > max_positions:
         yield {"context": p.context, "limit": f"has max_position_embeddings {max_positions}", "safe": max_positions}
 
 
 @rule(
-    "rope.target_context", "error", ALL_STACKS, ALL_KINDS,
+    "rope.target_context",
+    "error",
+    ALL_STACKS,
+    ALL_KINDS,
     title="The serving context stays within the target's own max positions.",
     message="--context {context} exceeds {target}'s max_position_embeddings {max_positions}.",
     example={"context": 524288, "max_positions": 262144},
@@ -37,28 +45,44 @@ def _target_context(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "rope.scaling", "warn", ALL_STACKS, ("eagle3", "mtp", "draft_model"),
+    "rope.scaling",
+    "warn",
+    ALL_STACKS,
+    ("eagle3", "mtp", "draft_model"),
     title="A drafter that shares the target's positions uses the same RoPE scaling (YaRN).",
     message="{target} uses {target_rope} RoPE but {draft} uses {draft_rope}: {consequence}",
-    example={"target_rope": "yarn (factor 4)", "draft_rope": "default",
-             "consequence": "past the draft's native length its positions disagree with the target's (Automodel#2399)."},
+    example={
+        "target_rope": "yarn (factor 4)",
+        "draft_rope": "default",
+        "consequence": "past the draft's native length its positions disagree with the target's (Automodel#2399).",
+    },
 )
 def _scaling(p: Pair, stack: str) -> Iterable[Values]:
     target_type = p.target.rope.rope_type or "default"
     if p.kind == "mtp":
         if stack == "vllm" and p.target.rope.scaling:
-            yield {"target_rope": target_type, "draft_rope": "the MTP head's own config",
-                   "consequence": "vLLM does not pass --hf-overrides YaRN to the MTP draft (vllm#58080): set it in the config itself."}
+            yield {
+                "target_rope": target_type,
+                "draft_rope": "the MTP head's own config",
+                "consequence": "vLLM does not pass --hf-overrides YaRN to the MTP draft (vllm#58080): set it in the config itself.",
+            }
         return
     draft_type = p.draft.rope.rope_type or "default"
-    if draft_type != target_type or (p.kind == "eagle3" and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta):
-        yield {"target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,
-               "draft_rope": f"{draft_type} (theta {p.draft.rope.theta:g})" if p.draft.rope.theta else draft_type,
-               "consequence": "the drafter places tokens at other positions than the target; acceptance drops with length."}
+    if draft_type != target_type or (
+        p.kind == "eagle3" and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta
+    ):
+        yield {
+            "target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,
+            "draft_rope": f"{draft_type} (theta {p.draft.rope.theta:g})" if p.draft.rope.theta else draft_type,
+            "consequence": "the drafter places tokens at other positions than the target; acceptance drops with length.",
+        }
 
 
 @rule(
-    "rope.schema", "error", ("tensorfold",), DFLASH,
+    "rope.schema",
+    "error",
+    ("tensorfold",),
+    DFLASH,
     title="TensorFold's DFlash loader reads rope_parameters.rope_theta (the transformers-5 schema).",
     message="TensorFold reads rope_parameters.rope_theta, but {draft} gives RoPE as {schema} (its loader raises KeyError); move it to rope_parameters.rope_theta = {theta} (rope_type 'default').",
     example={"schema": "a top-level rope_theta", "theta": "1e+07"},

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint.families import FAMILIES
 from specpair.compat.fixes import WEIGHT_GROUPS, convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
+from specpair.formats.layouts import layout_of
 
 # Tensor groups that are not weights a stack computes with (vision towers load through their own path).
 SKIPPED_GROUPS = ("vision",)
 # TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
 TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
+
+
 def _layouts(p: Pair, which: str) -> set[str]:
     checkpoint = p.target if which == "target" else p.draft
     skipped = SKIPPED_GROUPS + (() if which == "target" and p.kind == "mtp" else ("mtp",))
@@ -36,8 +40,12 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
     checkpoint = p.target if which == "target" else p.draft
     layouts = _layouts(p, which)
     if s.file_format not in ("any", checkpoint.format) and checkpoint.format != "config-only":
-        yield {"which": which, "name": checkpoint.ref, "wanted": s.file_format,
-               "have": _describe(checkpoint.format, layouts)}
+        yield {
+            "which": which,
+            "name": checkpoint.ref,
+            "wanted": s.file_format,
+            "have": _describe(checkpoint.format, layouts),
+        }
         return
     # A plain draft model loads like any model; dedicated drafters often only unquantized.
     accepted = s.target_layouts if which == "target" or p.kind == "draft_model" else s.draft_layouts
@@ -49,15 +57,25 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         # Quantized-only stacks still read float norms and embeddings; they refuse float weight matrices.
         weights = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS}
         refused |= weights & FLOAT_LAYOUTS if weights and weights <= FLOAT_LAYOUTS else set()
-    if stack == "tensorfold" and which == "target" and p.target.family == "qwen3_5_moe":
-        refused |= {layout for layout in layouts if layout.startswith("affine") and layout not in TENSORFOLD_MOE_AFFINE}
+    family = FAMILIES.get(p.target.family or "")
+    if stack == "tensorfold" and which == "target" and family and family.experts:
+        refused |= {
+            layout for layout in layouts if layout_of(layout).kind == "affine" and layout not in TENSORFOLD_MOE_AFFINE
+        }
     if refused:
-        yield {"which": which, "name": checkpoint.ref, "wanted": ", ".join(accepted),
-               "have": f"{checkpoint.format} with {', '.join(sorted(refused))} weights"}
+        yield {
+            "which": which,
+            "name": checkpoint.ref,
+            "wanted": ", ".join(accepted),
+            "have": f"{checkpoint.format} with {', '.join(sorted(refused))} weights",
+        }
 
 
 @rule(
-    "format.target", "error", ALL_STACKS, ALL_KINDS,
+    "format.target",
+    "error",
+    ALL_STACKS,
+    ALL_KINDS,
     title="The stack loads the target's file format and every weight layout in it.",
     message="{stack} loads {which}s as {wanted}; {name} is {have}.",
     example={"which": "target", "name": "Qwen/Qwen3.6-35B-A3B", "wanted": "gguf", "have": "safetensors (bf16)"},
@@ -68,7 +86,10 @@ def _target_format(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "format.draft", "error", ALL_STACKS, SEPARATE_DRAFTERS,
+    "format.draft",
+    "error",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="The stack loads the drafter's file format and weight layouts (many stacks take only unquantized drafters).",
     message="{stack} loads {which}s as {wanted}; {name} is {have}.",
     example={"which": "draft", "name": "z-lab/Qwen3.6-35B-A3B-DFlash", "wanted": "gguf", "have": "safetensors (bf16)"},
@@ -79,7 +100,10 @@ def _draft_format(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "family.supported", "error", ALL_STACKS, ALL_KINDS,
+    "family.supported",
+    "error",
+    ALL_STACKS,
+    ALL_KINDS,
     title="The stack has a model family for the target's model_type.",
     message="{stack} has no family for model_type {model_type!r} ({target}); it serves {known}.",
     example={"model_type": "qwen3_moe", "known": "qwen3_5, qwen3_5_moe"},
@@ -91,27 +115,39 @@ def _family(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "draft.quant_inherit", "warn", ("sglang", "vllm"), SEPARATE_DRAFTERS,
+    "draft.quant_inherit",
+    "warn",
+    ("sglang", "vllm"),
+    SEPARATE_DRAFTERS,
     title="An unquantized drafter is not built under the quantized target's quantization config.",
     message="{target} is quantized ({method}) and {draft} is not: {detail}",
-    example={"method": "modelopt MIXED_PRECISION",
-             "detail": "SGLang applies the target's quantization to the draft by default and then drafts garbage (club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant."},
+    example={
+        "method": "modelopt MIXED_PRECISION",
+        "detail": "SGLang applies the target's quantization to the draft by default and then drafts garbage (club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant.",
+    },
 )
 def _quant_inherit(p: Pair, stack: str) -> Iterable[Values]:
     if p.target.quantization is None or p.target.quantization.method == "gguf" or p.draft.quantization is not None:
         return
     method = " ".join(x for x in (p.target.quantization.method, p.target.quantization.algo) if x)
     if stack == "sglang":
-        detail = ("SGLang applies the target's quantization to the draft by default and then drafts garbage "
-                  "(club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant.")
+        detail = (
+            "SGLang applies the target's quantization to the draft by default and then drafts garbage "
+            "(club-3090#1261); the launch line passes --speculative-draft-model-quantization unquant."
+        )
     else:
-        detail = ("vLLM has built drafts under the target's quant config (vllm#49133, vllm#44087): a draft without its own "
-                  "quantization_config loads as BF16 in 0.33, but check acceptance after upgrades.")
+        detail = (
+            "vLLM has built drafts under the target's quant config (vllm#49133, vllm#44087): a draft without its own "
+            "quantization_config loads as BF16 in 0.33, but check acceptance after upgrades."
+        )
     yield {"method": method, "detail": detail}
 
 
 @rule(
-    "tensorfold.single_file", "error", ("tensorfold",), DFLASH,
+    "tensorfold.single_file",
+    "error",
+    ("tensorfold",),
+    DFLASH,
     title="TensorFold's drafter loader opens exactly one model.safetensors.",
     message="TensorFold opens exactly model.safetensors for a drafter, but {draft} stores its weights in {files}.",
     example={"files": "model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"},

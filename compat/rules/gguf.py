@@ -10,7 +10,10 @@ from specpair.compat.rules import ALL_KINDS, DFLASH, Values, rule
 
 
 @rule(
-    "gguf.dflash2_build", "info", ("llama.cpp",), ("dflash2",),
+    "gguf.dflash2_build",
+    "info",
+    ("llama.cpp",),
+    ("dflash2",),
     title="DFlash2 GGUFs need a llama.cpp build that has DFlash2.",
     message="{draft} is a DFlash2 drafter: llama.cpp loads it only in builds with PR #27342; older builds and forks fail with a tensor-count mismatch.",
     example={},
@@ -20,7 +23,10 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "gguf.draft_tokenizer", "warn", ("llama.cpp",), DFLASH,
+    "gguf.draft_tokenizer",
+    "warn",
+    ("llama.cpp",),
+    DFLASH,
     title="A DFlash GGUF carries the target's tokenizer (upstream's converter copies it).",
     message="{draft} carries no tokenizer; upstream llama.cpp converts DFlash drafters with --target-model-dir so the GGUF holds {target}'s vocabulary, and some loaders refuse weights-only files (ROCmFPX#96).",
     example={},
@@ -32,7 +38,10 @@ def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "gguf.nvfp4_build", "info", ("llama.cpp",), ALL_KINDS,
+    "gguf.nvfp4_build",
+    "info",
+    ("llama.cpp",),
+    ALL_KINDS,
     title="NVFP4 GGUF tensors (type 40) load only in recent llama.cpp builds.",
     message="{name} stores NVFP4 (ggml type 40) tensors: only recent llama.cpp builds load them; older ones stop at an unknown type.",
     example={"name": "target.gguf"},

@@ -23,7 +23,9 @@ def _evidence(p: Pair) -> list[str]:
     if d and d.fc_shape and len(d.fc_shape) == 2 and taps and taps.layers and d.fc_shape[1] % len(taps.layers) == 0:
         implied = d.fc_shape[1] // len(taps.layers)
         if implied != t.hidden_size:
-            found.append(f"fc input {d.fc_shape[1]} = {len(taps.layers)} taps x hidden {implied} (target {t.hidden_size})")
+            found.append(
+                f"fc input {d.fc_shape[1]} = {len(taps.layers)} taps x hidden {implied} (target {t.hidden_size})"
+            )
     if taps and taps.layers and max(taps.layers) >= t.num_layers:
         found.append(f"taps up to layer {max(taps.layers)} (target has {t.num_layers})")
     if d and d.num_target_layers and d.num_target_layers not in (t.num_layers, t.num_layers + 1):
@@ -32,7 +34,10 @@ def _evidence(p: Pair) -> list[str]:
 
 
 @rule(
-    "base.lineage", "error", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "base.lineage",
+    "error",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="The drafter's shapes point at the target it is paired with (not another base model).",
     message="{draft} looks trained for another target than {target}: {evidence}. Use the drafter published for {target}.",
     example={"evidence": "vocabulary 151936 rows (target 248320); num_target_layers 36 (target has 40)"},
@@ -45,7 +50,10 @@ def _lineage(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "base.num_target_layers", "warn", ALL_BUT_TENSORFOLD, HIDDEN_STATE_DRAFTERS,
+    "base.num_target_layers",
+    "warn",
+    ALL_BUT_TENSORFOLD,
+    HIDDEN_STATE_DRAFTERS,
     title="The drafter's num_target_layers matches the target's depth (z-lab's layers + 1 is tolerated).",
     message="{draft} says it was trained against a {declared}-layer target, but {target} has {layers} layers: probably a drafter for another model of the family; SGLang only warns and uses the runtime count.",
     example={"declared": 64, "layers": 40},
@@ -57,7 +65,10 @@ def _num_target_layers(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "base.num_target_layers_strict", "error", ("tensorfold",), ("dflash", "dflash2"),
+    "base.num_target_layers_strict",
+    "error",
+    ("tensorfold",),
+    ("dflash", "dflash2"),
     title="TensorFold requires num_target_layers, when present, to equal the target's layer count exactly.",
     message="TensorFold requires num_target_layers to equal the target's num_hidden_layers: {draft} says {declared}, {target} has {layers} (\"drafter num_target_layers must match the target's num_hidden_layers\").",
     example={"declared": 41, "layers": 40},
@@ -69,24 +80,36 @@ def _num_target_layers_strict(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "mtp.present", "error", ALL_STACKS, ("mtp",),
+    "mtp.present",
+    "error",
+    ALL_STACKS,
+    ("mtp",),
     title="A target used as its own MTP drafter declares MTP layers and still ships their weights.",
     message="{target} {problem}, so it has no MTP head to draft with; {what}.",
-    example={"problem": "declares 1 MTP layer in its config but ships no mtp.* tensors",
-             "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)"},
+    example={
+        "problem": "declares 1 MTP layer in its config but ships no mtp.* tensors",
+        "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)",
+    },
 )
 def _mtp(p: Pair, stack: str) -> Iterable[Values]:
     mtp = p.target.mtp
     if mtp is None:
-        yield {"problem": "declares no MTP layers (mtp_num_hidden_layers / num_nextn_predict_layers)",
-               "what": "pair it with a separate drafter"}
+        yield {
+            "problem": "declares no MTP layers (mtp_num_hidden_layers / num_nextn_predict_layers)",
+            "what": "pair it with a separate drafter",
+        }
     elif mtp.tensors == 0:
-        yield {"problem": f"declares {mtp.layers} MTP layer(s) in its config but ships no MTP tensors",
-               "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)"}
+        yield {
+            "problem": f"declares {mtp.layers} MTP layer(s) in its config but ships no MTP tensors",
+            "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)",
+        }
 
 
 @rule(
-    "draft_model.size", "warn", ALL_STACKS, ("draft_model",),
+    "draft_model.size",
+    "warn",
+    ALL_STACKS,
+    ("draft_model",),
     title="A plain draft model is much smaller than its target.",
     message="{draft} is {share:.0%} of {target}'s weight bytes: drafting with it costs nearly as much as the target step it saves.",
     example={"share": 0.6},

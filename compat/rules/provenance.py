@@ -24,9 +24,9 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 HEX = re.compile(r"^[0-9a-f]{7,39}$")
 WHY_PIN = {
     "drafter": "drafter configs change between revisions of one repo (z-lab's Qwen3.6-35B-A3B-DFlash changed its "
-               "layers, taps and mask id), and stacks have let a draft fall back to the target's revision (sglang#5255)",
+    "layers, taps and mask id), and stacks have let a draft fall back to the target's revision (sglang#5255)",
     "target": "a branch can move to other weights or another config after this check, and what is served is "
-              "then not what was checked",
+    "then not what was checked",
 }
 RESOLVED_SOURCES = ("hub", "hf-cache")  # where `revision` is the commit a branch points to now
 
@@ -51,12 +51,18 @@ def pin_state(checkpoint: Checkpoint) -> tuple[str, str] | None:
 
 
 @rule(
-    "revision.pinned", "warn", ALL_STACKS, ALL_KINDS,
+    "revision.pinned",
+    "warn",
+    ALL_STACKS,
+    ALL_KINDS,
     title="Hub checkpoints are pinned to a 40-hex commit, target and drafter each (a branch, tag or abbreviation is not a pin).",
     message="{name} {state}: {why}. Pin it as {pinned}.",
-    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash@main",
-             "state": "names the branch or tag 'main', not a commit (it points to c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f now)",
-             "why": WHY_PIN["drafter"], "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f"},
+    example={
+        "name": "z-lab/Qwen3.6-35B-A3B-DFlash@main",
+        "state": "names the branch or tag 'main', not a commit (it points to c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f now)",
+        "why": WHY_PIN["drafter"],
+        "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f",
+    },
 )
 def _pinned(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:
@@ -68,7 +74,10 @@ def _pinned(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "revision.tensorfold", "warn", ("tensorfold",), ALL_KINDS,
+    "revision.tensorfold",
+    "warn",
+    ("tensorfold",),
+    ALL_KINDS,
     title="TensorFold has no --revision: it serves whatever the default branch holds.",
     message="TensorFold has no --revision flag and serves {name} from its default branch (or the first cached snapshot): download the pinned revision first and pass the local directory.",
     example={"name": "z-lab/Qwen3.8-27B-DFlash2"},
@@ -80,11 +89,16 @@ def _tensorfold_revision(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "trust.remote_code", "info", ALL_STACKS, ALL_KINDS,
+    "trust.remote_code",
+    "info",
+    ALL_STACKS,
+    ALL_KINDS,
     title="Custom code named by auto_map is reported, never run.",
     message="{name}: {note}; no serving stack needs it to load safetensors or GGUF weights.",
-    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash",
-             "note": "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run"},
+    example={
+        "name": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "note": "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run",
+    },
 )
 def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint, note in _notes(p, "auto_map"):
@@ -92,25 +106,40 @@ def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "trust.pickle", "warn", ALL_STACKS, ALL_KINDS,
+    "trust.pickle",
+    "warn",
+    ALL_STACKS,
+    ALL_KINDS,
     title="Pickle files (.bin, .pt, .pth) are reported, never loaded.",
     message="{name}: {note}; a pickle can run code when loaded — {consequence}.",
-    example={"name": "org/drafter", "note": "pickle file mask_embedding.pt: reported, never loaded",
-             "consequence": "SGLang and vLLM load mask_embedding.pt with torch.load; only serve it from a source you trust"},
+    example={
+        "name": "org/drafter",
+        "note": "pickle file mask_embedding.pt: reported, never loaded",
+        "consequence": "SGLang and vLLM load mask_embedding.pt with torch.load; only serve it from a source you trust",
+    },
 )
 def _pickle(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint, note in _notes(p, "pickle file"):
         loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
-        consequence = (f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
-                       if loads else f"{stack} does not need it when safetensors weights are present")
+        consequence = (
+            f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
+            if loads
+            else f"{stack} does not need it when safetensors weights are present"
+        )
         yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
 
 
 @rule(
-    "download.incomplete", "warn", ALL_STACKS, ALL_KINDS,
+    "download.incomplete",
+    "warn",
+    ALL_STACKS,
+    ALL_KINDS,
     title="No interrupted-download leftovers (*.incomplete) sit in a checkpoint directory.",
     message="{name}: {note}; the download did not finish (hf download can exit 0 with incomplete blobs, hf_hub#4223): fetch it again and verify its hashes before serving.",
-    example={"name": "./Qwen3.6-35B-A3B", "note": "incomplete download model-00003-of-00014.safetensors.incomplete: a transfer was interrupted here"},
+    example={
+        "name": "./Qwen3.6-35B-A3B",
+        "note": "incomplete download model-00003-of-00014.safetensors.incomplete: a transfer was interrupted here",
+    },
 )
 def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint, note in _notes(p, "incomplete download"):
@@ -118,11 +147,16 @@ def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "catalog.source", "info", ALL_STACKS, ALL_KINDS,
+    "catalog.source",
+    "info",
+    ALL_STACKS,
+    ALL_KINDS,
     title="Facts that come from the built-in catalog, and how sure they are.",
     message="{name}: metadata from the built-in catalog ({provenance}; `specpair catalog --json` has the details); verify against the real files before a big download.",
-    example={"name": "z-lab/Qwen3.6-35B-A3B-DFlash",
-             "provenance": "reconstructed from secondary sources (SGLang test tables, model card)"},
+    example={
+        "name": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "provenance": "reconstructed from secondary sources (SGLang test tables, model card)",
+    },
 )
 def _catalog(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:

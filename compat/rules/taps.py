@@ -9,10 +9,19 @@ from specpair.compat.rules import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rul
 
 
 @rule(
-    "taps.range", "error", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "taps.range",
+    "error",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="Every tap is a decoder layer the target has (0-based, output of layer k).",
     message="{draft} taps target layers {taps} (from {source}), but {target} has {layers} decoder layers (0..{last}): layer {bad} does not exist; this drafter was built for a deeper target.",
-    example={"taps": [1, 10, 19, 28, 37, 46], "source": "dflash_config.target_layer_ids", "layers": 40, "last": 39, "bad": 46},
+    example={
+        "taps": [1, 10, 19, 28, 37, 46],
+        "source": "dflash_config.target_layer_ids",
+        "layers": 40,
+        "last": 39,
+        "bad": 46,
+    },
 )
 def _range(p: Pair, stack: str) -> Iterable[Values]:
     taps = p.taps
@@ -25,9 +34,12 @@ def _range(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "taps.unique", "error", ("exllamav3", "tensorfold", "specpair"), HIDDEN_STATE_DRAFTERS,
+    "taps.unique",
+    "error",
+    ("exllamav3", "tensorfold", "specpair"),
+    HIDDEN_STATE_DRAFTERS,
     title="Taps are a nonempty list without repeats.",
-    message="{draft}: target_layer_ids {taps} {problem}; {stack} refuses it (\"target_layer_ids must be nonempty, unique\").",
+    message='{draft}: target_layer_ids {taps} {problem}; {stack} refuses it ("target_layer_ids must be nonempty, unique").',
     example={"taps": [1, 6, 6, 11], "problem": "repeats layer 6"},
 )
 def _unique(p: Pair, stack: str) -> Iterable[Values]:
@@ -42,7 +54,10 @@ def _unique(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "taps.fc_width", "error", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "taps.fc_width",
+    "error",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="fc.weight (read from the tensor header) is [draft hidden, taps x target hidden].",
     message="{draft} fc.weight is {fc_shape}, but {count} taps x {target} hidden size {target_hidden} needs [{draft_hidden}, {expected}]: the tap list and the projection disagree, or the drafter was trained on another target.",
     example={"fc_shape": [2048, 10240], "count": 8, "target_hidden": 2048, "draft_hidden": 2048, "expected": 16384},
@@ -56,12 +71,20 @@ def _fc_width(p: Pair, stack: str) -> Iterable[Values]:
         target_hidden = d.target_hidden_size  # vLLM sizes the fc input from target_hidden_size
     expected = [p.draft.shapes.hidden_size, len(taps.layers) * target_hidden]
     if list(d.fc_shape) != expected:
-        yield {"fc_shape": list(d.fc_shape), "count": len(taps.layers), "target_hidden": target_hidden,
-               "draft_hidden": expected[0], "expected": expected[1]}
+        yield {
+            "fc_shape": list(d.fc_shape),
+            "count": len(taps.layers),
+            "target_hidden": target_hidden,
+            "draft_hidden": expected[0],
+            "expected": expected[1],
+        }
 
 
 @rule(
-    "taps.fc_unknown", "info", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "taps.fc_unknown",
+    "info",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="The fc.weight header could be read, so the tap count was checked against it.",
     message="{draft}: no fc.weight header was available ({why}), so the tap count was not checked against the projection width.",
     example={"why": "tensor headers not read"},
@@ -69,11 +92,18 @@ def _fc_width(p: Pair, stack: str) -> Iterable[Values]:
 def _fc_unknown(p: Pair, stack: str) -> Iterable[Values]:
     d = p.draft.drafter
     if d is not None and d.fc_shape is None:
-        yield {"why": "tensor headers not read" if p.draft.format == "config-only" else "the checkpoint has no fc.weight tensor"}
+        yield {
+            "why": "tensor headers not read"
+            if p.draft.format == "config-only"
+            else "the checkpoint has no fc.weight tensor"
+        }
 
 
 @rule(
-    "taps.convention", "warn", ("exllamav3",), ("dflash",),
+    "taps.convention",
+    "warn",
+    ("exllamav3",),
+    ("dflash",),
     title="Stacks that read DFlash taps one layer off from the reference convention.",
     message="ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later than SGLang, vLLM and llama.cpp (tap_shift +1, set empirically); {draft} was trained on outputs of layers {taps} of {target}: compare acceptance, and set dflash_config.tap_shift if it is low.",
     example={"taps": [1, 6, 11, 16, 22, 27, 32, 37]},
@@ -84,7 +114,10 @@ def _convention(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "taps.eagle3_convention", "info", ("sglang",), ("eagle3",),
+    "taps.eagle3_convention",
+    "info",
+    ("sglang",),
+    ("eagle3",),
     title="How SGLang reads EAGLE-3 aux layer ids.",
     message="SGLang infers the EAGLE-3 aux-id convention from the first id (sglang#25454): {draft} starts at {first}, read as {reading}; vLLM always reads id j as the input of layer j.",
     example={"first": 2, "reading": "the input of layer 2"},
@@ -98,7 +131,10 @@ def _eagle3_convention(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "hidden.match", "error", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "hidden.match",
+    "error",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="Draft hidden size equals the target's (the drafter embeds tokens with the target's embedding table).",
     message="{draft} has hidden size {draft_hidden} but {target} has {target_hidden}: the drafter embeds tokens with the target's embedding table, so the two must match; this drafter belongs to another target.",
     example={"draft_hidden": 4096, "target_hidden": 2048},
@@ -112,7 +148,10 @@ def _hidden(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "hidden.target_hidden_size", "error", ALL_STACKS, HIDDEN_STATE_DRAFTERS,
+    "hidden.target_hidden_size",
+    "error",
+    ALL_STACKS,
+    HIDDEN_STATE_DRAFTERS,
     title="A drafter that declares target_hidden_size declares the target's.",
     message="{draft} declares target_hidden_size {declared} but {target} has hidden size {target_hidden}; it was trained on another target.",
     example={"declared": 4096, "target_hidden": 2048},

@@ -16,7 +16,10 @@ def _target_tokens(p: Pair) -> int | None:
 
 
 @rule(
-    "vocab.tokens", "error", ALL_STACKS, SEPARATE_DRAFTERS,
+    "vocab.tokens",
+    "error",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="Draft and target tokenizers map the shared ids to the same strings.",
     message="{draft} and {target} tokenize differently: {detail}; drafted ids would decode to other text and almost never be accepted. Use a drafter built on {target}'s tokenizer.",
     example={"detail": "151669 vs 248077 tokens (tokenizer families qwen3 vs qwen3_5)"},
@@ -35,7 +38,10 @@ def _tokens(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "vocab.extended", "warn", ALL_STACKS, SEPARATE_DRAFTERS,
+    "vocab.extended",
+    "warn",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="One tokenizer extends the other: same strings on the shared ids, extra tokens on one side.",
     message="{draft} ({draft_len} tokens) and {target} ({target_len} tokens) agree on every shared id, but ids {first}..{last} exist only in {longer}: text that uses them drafts poorly.",
     example={"draft_len": 151665, "target_len": 151669, "first": 151665, "last": 151668, "longer": "Qwen/Qwen3-8B"},
@@ -45,12 +51,20 @@ def _extended(p: Pair, stack: str) -> Iterable[Values]:
     if a is None or b is None or a.length == b.length or shared_prefix_differences(a, b) != 0:
         return
     longer = p.draft.ref if a.length > b.length else p.target.ref
-    yield {"draft_len": a.length, "target_len": b.length, "first": min(a.length, b.length),
-           "last": max(a.length, b.length) - 1, "longer": longer}
+    yield {
+        "draft_len": a.length,
+        "target_len": b.length,
+        "first": min(a.length, b.length),
+        "last": max(a.length, b.length) - 1,
+        "longer": longer,
+    }
 
 
 @rule(
-    "vocab.pretokenizer", "warn", ALL_STACKS, SEPARATE_DRAFTERS,
+    "vocab.pretokenizer",
+    "warn",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="Same tokens, but a different normalizer / pre-tokenizer (text splits differently).",
     message="{draft} and {target} share their tokens but split text differently (pre-tokenizer {draft_pre} vs {target_pre}): the draft sees other token boundaries than the target.",
     example={"draft_pre": "qwen2", "target_pre": "qwen35"},
@@ -74,18 +88,31 @@ def _padding_only(p: Pair) -> bool:
         return False
     if p.kind == "draft_model":
         a, b = p.draft.tokenizer, p.target.tokenizer
-        same = a is not None and b is not None and (
-            (a.fingerprint and a.fingerprint == b.fingerprint) or (a.family and a.family == b.family and a.length == b.length))
+        same = (
+            a is not None
+            and b is not None
+            and (
+                (a.fingerprint and a.fingerprint == b.fingerprint)
+                or (a.family and a.family == b.family and a.length == b.length)
+            )
+        )
         return bool(same) and min(draft_rows, target_rows) >= a.length
     return tokens is not None and draft_rows >= tokens
 
 
 @rule(
-    "vocab.rows", "error", ALL_STACKS, SEPARATE_DRAFTERS,
+    "vocab.rows",
+    "error",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="The drafter's vocabulary covers every real token of the target (a difference beyond padding rows).",
     message="{draft} has a vocabulary of {draft_rows} rows but {target} has {target_rows} ({tokens} real tokens): {reason}; this drafter was trained for another vocabulary.",
-    example={"draft_rows": 151936, "target_rows": 248320, "tokens": 248077,
-             "reason": "ids 151936 and above cannot be drafted or embedded"},
+    example={
+        "draft_rows": 151936,
+        "target_rows": 248320,
+        "tokens": 248077,
+        "reason": "ids 151936 and above cannot be drafted or embedded",
+    },
 )
 def _vocab_rows(p: Pair, stack: str) -> Iterable[Values]:
     draft_rows, target_rows, tokens = _rows(p)
@@ -93,13 +120,19 @@ def _vocab_rows(p: Pair, stack: str) -> Iterable[Values]:
         return
     if p.kind == "draft_model" and p.draft.tokenizer and p.target.tokenizer:
         return  # vocab.tokens speaks for tokenizer differences of draft models
-    reason = (f"ids {draft_rows} and above cannot be drafted or embedded" if draft_rows < target_rows
-              else "its rows index another token table")
+    reason = (
+        f"ids {draft_rows} and above cannot be drafted or embedded"
+        if draft_rows < target_rows
+        else "its rows index another token table"
+    )
     yield {"draft_rows": draft_rows, "target_rows": target_rows, "tokens": tokens or "unknown", "reason": reason}
 
 
 @rule(
-    "vocab.padding", "warn", ALL_STACKS, SEPARATE_DRAFTERS,
+    "vocab.padding",
+    "warn",
+    ALL_STACKS,
+    SEPARATE_DRAFTERS,
     title="Embedding rows differ only by padding past the tokenizer: fine, reported with the numbers.",
     message="{draft} has {draft_rows} vocabulary rows and {target} {target_rows}, but the tokenizer has {tokens} tokens, so only padding rows differ ({difference}); keep the target's padded rows (never trim them) — vLLM before #46435 dropped acceptance to 0 on exactly this.",
     example={"draft_rows": 152064, "target_rows": 152576, "tokens": 151665, "difference": 512},
@@ -108,16 +141,26 @@ def _padding(p: Pair, stack: str) -> Iterable[Values]:
     if _padding_only(p):
         draft_rows, target_rows, tokens = _rows(p)
         tokens = tokens if p.kind != "draft_model" else p.draft.tokenizer.length
-        yield {"draft_rows": draft_rows, "target_rows": target_rows, "tokens": tokens,
-               "difference": abs(target_rows - draft_rows)}
+        yield {
+            "draft_rows": draft_rows,
+            "target_rows": target_rows,
+            "tokens": tokens,
+            "difference": abs(target_rows - draft_rows),
+        }
 
 
 @rule(
-    "vocab.rows_equal", "error", ("vllm", "tensorfold", "llama.cpp"), SEPARATE_DRAFTERS,
+    "vocab.rows_equal",
+    "error",
+    ("vllm", "tensorfold", "llama.cpp"),
+    SEPARATE_DRAFTERS,
     title="Stacks that demand equal vocabulary sizes even when only padding differs.",
     message="{stack} requires {requirement}; {draft} has {draft_rows} and {target} {target_rows}.",
-    example={"requirement": "a draft model's vocab_size to equal the target's (allow_draft_model_vocab_padding is not in 0.33)",
-             "draft_rows": 151936, "target_rows": 152064},
+    example={
+        "requirement": "a draft model's vocab_size to equal the target's (allow_draft_model_vocab_padding is not in 0.33)",
+        "draft_rows": 151936,
+        "target_rows": 152064,
+    },
 )
 def _rows_equal(p: Pair, stack: str) -> Iterable[Values]:
     draft_rows, target_rows, _ = _rows(p)
@@ -125,17 +168,30 @@ def _rows_equal(p: Pair, stack: str) -> Iterable[Values]:
         return
     values = {"draft_rows": draft_rows, "target_rows": target_rows}
     if stack == "vllm" and p.kind == "draft_model":
-        yield {**values, "requirement": "a draft model's vocab_size to equal the target's (vllm#7252; allow_draft_model_vocab_padding is only proposed, vllm#42775)"}
+        yield {
+            **values,
+            "requirement": "a draft model's vocab_size to equal the target's (vllm#7252; allow_draft_model_vocab_padding is only proposed, vllm#42775)",
+        }
     elif stack == "tensorfold" and p.kind in DFLASH:
-        yield {**values, "requirement": "\"drafter vocab_size must match the target's vocab_size\""}
-    elif stack == "llama.cpp" and p.kind == "draft_model" and abs(draft_rows - target_rows) > LLAMA_CPP_MAX_VOCAB_DIFFERENCE:
-        yield {**values, "requirement": f"draft and target vocabularies to differ by at most {LLAMA_CPP_MAX_VOCAB_DIFFERENCE} tokens"}
+        yield {**values, "requirement": '"drafter vocab_size must match the target\'s vocab_size"'}
+    elif (
+        stack == "llama.cpp"
+        and p.kind == "draft_model"
+        and abs(draft_rows - target_rows) > LLAMA_CPP_MAX_VOCAB_DIFFERENCE
+    ):
+        yield {
+            **values,
+            "requirement": f"draft and target vocabularies to differ by at most {LLAMA_CPP_MAX_VOCAB_DIFFERENCE} tokens",
+        }
 
 
 @rule(
-    "mask.range", "error", ALL_STACKS, DFLASH,
+    "mask.range",
+    "error",
+    ALL_STACKS,
+    DFLASH,
     title="The mask token id is a row of the target's embedding table.",
-    message="{draft} fills masked block slots with token {mask} (from {source}), but {target}'s embedding has {rows} rows (0..{last}); {stack} cannot look it up (\"mask_token_id is outside the target vocab size\").",
+    message='{draft} fills masked block slots with token {mask} (from {source}), but {target}\'s embedding has {rows} rows (0..{last}); {stack} cannot look it up ("mask_token_id is outside the target vocab size").',
     example={"mask": 248077, "source": "dflash_config.mask_token_id", "rows": 151936, "last": 151935},
 )
 def _mask_range(p: Pair, stack: str) -> Iterable[Values]:
@@ -146,7 +202,10 @@ def _mask_range(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "mask.padded_row", "info", ALL_STACKS, DFLASH,
+    "mask.padded_row",
+    "info",
+    ALL_STACKS,
+    DFLASH,
     title="The mask token is a padded embedding row past the tokenizer (fine, if the padding is kept).",
     message="{draft}'s mask token {mask} lies past {target}'s tokenizer ({tokens} tokens) in its padded embedding rows: fine, as long as nothing trims the vocabulary to the tokenizer size.",
     example={"mask": 248077, "tokens": 248077},
@@ -158,7 +217,10 @@ def _mask_padded(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "mask.special", "warn", ALL_STACKS, DFLASH,
+    "mask.special",
+    "warn",
+    ALL_STACKS,
+    DFLASH,
     title="The mask token is not also the target's end/pad token.",
     message="{draft}'s mask token {mask} is {target}'s {role} token: the reference generator strips every generated token equal to the mask id (dflash#73), and trainers that fall back to pad_token_id produce drafters with silently low acceptance (Automodel#2461).",
     example={"mask": 151643, "role": "pad"},
@@ -175,12 +237,21 @@ def _mask_special(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "eagle3.d2t", "error", ALL_STACKS, ("eagle3",),
+    "eagle3.d2t",
+    "error",
+    ALL_STACKS,
+    ("eagle3",),
     title="A reduced-vocabulary EAGLE-3 head ships its d2t map to target ids.",
     message="{draft} drafts over {draft_vocab} ids, fewer than {target}'s {rows}, but has no d2t tensor to map them to target ids.",
     example={"draft_vocab": 32000, "rows": 151936},
 )
 def _d2t(p: Pair, stack: str) -> Iterable[Values]:
     d = p.draft.drafter
-    if d and d.draft_vocab_size and d.draft_vocab_size < p.target.shapes.rows and not d.has_d2t and p.draft.format != "config-only":
+    if (
+        d
+        and d.draft_vocab_size
+        and d.draft_vocab_size < p.target.shapes.rows
+        and not d.has_d2t
+        and p.draft.format != "config-only"
+    ):
         yield {"draft_vocab": d.draft_vocab_size, "rows": p.target.shapes.rows}

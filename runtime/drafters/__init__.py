@@ -2,8 +2,8 @@
 
 Every drafter speaks the same three calls to the speculative loop (runtime/speculative.py):
 
-    drafter.start(batch, context)      # preallocate its caches
-    drafter.observe(committed)         # after every target step: the rows the target kept, with their features
+    drafter.start(batch, context, graphs)   # preallocate its caches; graphs: capture its fixed-shape steps
+    drafter.observe(committed)              # after every target step: the rows the target kept, with their features
     drafter.propose(anchors, positions, drafts, drafting) -> Proposal
 
 Positions are the target's. The anchor of sequence b is the last token chosen and not yet run through the
@@ -16,6 +16,10 @@ drafter's docstring says why), so no drafter needs a rollback of its own.
 
 Drafts never change the output (the target verifies them), only how many tokens a round commits: a wrong
 proposal costs speed, never exactness.
+
+With `graphs`, a drafter runs the steps whose shapes recur (a proposal's steps, and the observation of a round's
+block, which is one row wider than the proposal's drafts) through runtime/graphs.py's StepGraphs: CUDA graphs
+captured at the second call of each shape, on CUDA; the same steps eagerly through static buffers on the CPU.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ class Drafter(Protocol):
     samples: bool  # at a temperature it draws from its q (DFlash2, draft models); else it drafts its argmax
     resident_bytes: int  # its weights on the device
 
-    def start(self, batch: int, context: int) -> None: ...
+    def start(self, batch: int, context: int, graphs: bool = False) -> None: ...
 
     def observe(self, committed: Committed) -> None: ...
 

@@ -34,6 +34,7 @@ from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, _bias, project
 from specpair.runtime.drafters import Committed, Drafting, KVCache, Proposal
 from specpair.runtime.drafters.dflash2 import CandidateSelector, DynamicConv
 from specpair.runtime.drafters.weights import load_weights
+from specpair.runtime.graphs import StepGraphs
 from specpair.runtime.kernels import attention
 from specpair.runtime.model import Transformer
 from specpair.runtime.rope import Rope
@@ -69,21 +70,33 @@ class DFlashLayer:
         inclusive: a window of W reaches W positions away (transformers' bidirectional mask), not W - 1."""
         p, hidden = f"layers.{i}.", config.hidden_size
         heads, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
-        shapes = {"q_proj": (heads * d, hidden), "k_proj": (kv * d, hidden), "v_proj": (kv * d, hidden),
-                  "o_proj": (hidden, heads * d)}
+        shapes = {
+            "q_proj": (heads * d, hidden),
+            "k_proj": (kv * d, hidden),
+            "v_proj": (kv * d, hidden),
+            "o_proj": (hidden, heads * d),
+        }
         weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
         biases = tuple(_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items())
         sliding = config.layer_types[i] == "sliding"
         dflash2 = config.drafter.kind == "dflash2"
-        return cls(i, Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
-                   Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch), *weights, biases,
-                   Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
-                   Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
-                   MLP.build(config, p + "mlp.", config.intermediate_size, fetch), heads, kv, d,
-                   sliding if causal is None else causal,
-                   (config.sliding_window - (0 if inclusive else 1)) if sliding else None,
-                   DynamicConv.build(config, p + "attention_conv.", fetch) if dflash2 else None,
-                   DynamicConv.build(config, p + "mlp_conv.", fetch) if dflash2 else None)
+        return cls(
+            i,
+            Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
+            Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch),
+            *weights,
+            biases,
+            Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
+            Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
+            MLP.build(config, p + "mlp.", config.intermediate_size, fetch),
+            heads,
+            kv,
+            d,
+            sliding if causal is None else causal,
+            (config.sliding_window - (0 if inclusive else 1)) if sliding else None,
+            DynamicConv.build(config, p + "attention_conv.", fetch) if dflash2 else None,
+            DynamicConv.build(config, p + "mlp_conv.", fetch) if dflash2 else None,
+        )
 
     def context_kv(self, c: Tensor, cos: Tensor, sin: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
         B, T, _ = c.shape
@@ -91,8 +104,9 @@ class DFlashLayer:
         v = project(c, self.v_proj, self.biases[2]).view(B, T, self.kv_heads, self.head_dim)
         return rope.rotate(k, cos, sin), v
 
-    def __call__(self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope,
-                 cache: KVCache) -> Tensor:
+    def __call__(
+        self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: KVCache
+    ) -> Tensor:
         B, T, _ = h.shape
         x = self.input_norm(h)
         if self.attention_conv is not None:
@@ -109,7 +123,7 @@ class DFlashLayer:
             start = (positions - self.reach).clamp(min=0)
             if not self.causal:
                 end = torch.minimum(end, positions + self.reach + 1)
-        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim ** -0.5)
+        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim**-0.5)
         y = project(o.reshape(B, T, -1), self.o_proj, bo)
         if self.attention_conv is not None:
             y = self.attention_conv.finish(y, finish)
@@ -126,8 +140,16 @@ class DFlashLayer:
 class DFlash:
     hidden = False
 
-    def __init__(self, config: ModelConfig, target: Transformer, fc: Weight, hidden_norm: Norm,
-                 layers: list[DFlashLayer], norm: Norm, selector: CandidateSelector | None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: Transformer,
+        fc: Weight,
+        hidden_norm: Norm,
+        layers: list[DFlashLayer],
+        norm: Norm,
+        selector: CandidateSelector | None,
+    ) -> None:
         d = config.drafter
         self.kind, self.config, self.target = d.kind, config, target
         self.fc, self.hidden_norm, self.layers, self.norm, self.selector = fc, hidden_norm, layers, norm, selector
@@ -140,6 +162,9 @@ class DFlash:
         self.samples = selector is not None
         self.rope = Rope(config, target.device)
         self.cache: KVCache | None = None
+        self.drafting: StepGraphs | None = None  # `_drafted` for a proposal's block
+        self.observing: StepGraphs | None = None  # `_context` for a round's block
+        self.round = 0  # rows of a round's block: drafts + 1
 
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> DFlash:
@@ -150,24 +175,38 @@ class DFlash:
         causal = False if d.is_causal is None and muse else d.is_causal
 
         def build(fetch: Fetch) -> DFlash:
-            fc = fetch("fc.weight", (config.hidden_size, len(d.target_layer_ids) * target.config.hidden_size),
-                       matmul=True)
+            fc = fetch(
+                "fc.weight", (config.hidden_size, len(d.target_layer_ids) * target.config.hidden_size), matmul=True
+            )
             layers = [DFlashLayer.build(config, i, fetch, causal, muse) for i in range(config.num_layers)]
             selector = CandidateSelector.build(config, fetch) if d.kind == "dflash2" else None
-            return cls(config, target, fc, Norm.build(config, "hidden_norm.weight", config.hidden_size, fetch), layers,
-                       Norm.build(config, "norm.weight", config.hidden_size, fetch), selector)
+            return cls(
+                config,
+                target,
+                fc,
+                Norm.build(config, "hidden_norm.weight", config.hidden_size, fetch),
+                layers,
+                Norm.build(config, "norm.weight", config.hidden_size, fetch),
+                selector,
+            )
 
         return load_weights(model, build, target.device, target.dtype, bits)
 
-    def start(self, batch: int, context: int) -> None:
+    def start(self, batch: int, context: int, graphs: bool = False) -> None:
         self.cache = KVCache(self.config, batch, context, self.target.dtype, self.target.device)
+        self.drafting, self.observing = StepGraphs(self._drafted, graphs), StepGraphs(self._context, graphs)
+        self.round = 0
 
     def observe(self, committed: Committed) -> None:
-        c = self.hidden_norm(project(committed.taps, self.fc))
-        cos, sin = self.rope.tables(committed.positions)
+        rows = self.observing if committed.tokens.shape[1] == self.round else self._context  # prefill: as they come
+        rows(committed.taps, committed.positions)
+
+    def _context(self, taps: Tensor, positions: Tensor) -> None:
+        c = self.hidden_norm(project(taps, self.fc))
+        cos, sin = self.rope.tables(positions)
         for layer in self.layers:
             k, v = layer.context_kv(c, cos, sin, self.rope)
-            self.cache.write(layer.layer, committed.positions, k, v)
+            self.cache.write(layer.layer, positions, k, v)
 
     def block(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor]:
         """The normed output rows [B, size, H] of the block [anchor, mask x (size - 1)] at positions .. + size,
@@ -193,9 +232,13 @@ class DFlash:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def _drafted(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
+        out, block_positions = self.block(anchors, positions, size)
+        return out, self.logits(out[:, 1:]), block_positions
+
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
-        out, block_positions = self.block(anchors, positions, drafts + 1)
-        logits = self.logits(out[:, 1:])
+        self.round = drafts + 1
+        out, logits, block_positions = self.drafting(anchors, positions, size=drafts + 1)
         if self.selector is not None:
             return self.selector.walk(out[:, 1:], logits, anchors, block_positions[:, 1:], drafting)
         return drafting.pick(logits, block_positions[:, 1:])
@@ -208,16 +251,23 @@ def check_pair(model: Model, target: Transformer) -> None:
     if not d.target_layer_ids:
         raise BadInput(model.ref, "has no dflash_config.target_layer_ids: which target layers feed it is unknown")
     if max(d.target_layer_ids) >= t.num_layers or min(d.target_layer_ids) < 0:
-        raise BadInput(model.ref, f"taps target layers {list(d.target_layer_ids)}, but the target has layers "
-                                  f"0..{t.num_layers - 1}")
+        raise BadInput(
+            model.ref, f"taps target layers {list(d.target_layer_ids)}, but the target has layers 0..{t.num_layers - 1}"
+        )
     if config.hidden_size != t.hidden_size:
-        raise BadInput(model.ref, f"hidden_size {config.hidden_size} differs from the target's {t.hidden_size}: its "
-                                  "block reads the target's embedding and its output the target's head")
+        raise BadInput(
+            model.ref,
+            f"hidden_size {config.hidden_size} differs from the target's {t.hidden_size}: its "
+            "block reads the target's embedding and its output the target's head",
+        )
     if d.mask_token_id is None or not 0 <= d.mask_token_id < t.vocab_size:
-        raise BadInput(model.ref, f"mask_token_id {d.mask_token_id} is not a row of the target's embedding "
-                                  f"(0..{t.vocab_size - 1})")
+        raise BadInput(
+            model.ref, f"mask_token_id {d.mask_token_id} is not a row of the target's embedding (0..{t.vocab_size - 1})"
+        )
     if d.kind == "dflash2" and None in (d.conv_kernel_size, d.conv_group_size, d.selector_rank, d.selector_top_k):
-        raise BadInput(model.ref, "is a DFlash2 drafter without all of conv_kernel_size, conv_group_size, "
-                                  "selector_rank and selector_top_k")
+        raise BadInput(
+            model.ref,
+            "is a DFlash2 drafter without all of conv_kernel_size, conv_group_size, selector_rank and selector_top_k",
+        )
     if "sliding" in config.layer_types and not config.sliding_window:
         raise BadInput(model.ref, "has sliding_attention layers but no sliding_window")

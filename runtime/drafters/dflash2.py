@@ -38,9 +38,11 @@ class DynamicConv:
     def build(cls, config: ModelConfig, prefix: str, fetch: Fetch) -> DynamicConv:
         d, hidden = config.drafter, config.hidden_size
         taps, groups = d.conv_kernel_size, hidden // d.conv_group_size
-        return cls(fetch(prefix + "base_kernel", (2, taps, hidden), fp32=True),
-                   fetch(prefix + "kernel_projection.weight", (2 * taps * groups, hidden), matmul=True),
-                   d.conv_group_size)
+        return cls(
+            fetch(prefix + "base_kernel", (2, taps, hidden), fp32=True),
+            fetch(prefix + "kernel_projection.weight", (2 * taps * groups, hidden), matmul=True),
+            d.conv_group_size,
+        )
 
     def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, T, H] (one block per sequence) -> (the convolved x, the coefficients `finish` takes)."""
@@ -74,9 +76,12 @@ class CandidateSelector:
         d, vocab = config.drafter, config.vocab_size
         rank = d.selector_rank
         p = "candidate_selector."
-        return cls(fetch(p + "hidden_projection.weight", (rank, config.hidden_size), matmul=True),
-                   fetch(p + "predecessor_codebook", (vocab, rank), fp32=True),
-                   fetch(p + "successor_codebook", (vocab, rank), fp32=True), d.selector_top_k)
+        return cls(
+            fetch(p + "hidden_projection.weight", (rank, config.hidden_size), matmul=True),
+            fetch(p + "predecessor_codebook", (vocab, rank), fp32=True),
+            fetch(p + "successor_codebook", (vocab, rank), fp32=True),
+            d.selector_top_k,
+        )
 
     def walk(self, out: Tensor, logits: Tensor, anchors: Tensor, positions: Tensor, drafting: Drafting) -> Proposal:
         """out [B, k, H] the drafter's normed rows after the anchor, logits [B, k, V] their (scaled) logits,

@@ -25,6 +25,7 @@ from specpair.errors import BadInput
 from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, _bias, project
 from specpair.runtime.drafters import Committed, Drafting, KVCache, Proposal
 from specpair.runtime.drafters.weights import load_weights
+from specpair.runtime.graphs import StepGraphs
 from specpair.runtime.kernels import attention
 from specpair.runtime.model import Transformer
 from specpair.runtime.rope import Rope
@@ -51,15 +52,28 @@ class MidLayer:
     def build(cls, config: ModelConfig, fetch: Fetch) -> MidLayer:
         p, hidden = "midlayer.", config.hidden_size
         heads, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
-        shapes = {"q_proj": (heads * d, 2 * hidden), "k_proj": (kv * d, 2 * hidden), "v_proj": (kv * d, 2 * hidden),
-                  "o_proj": (hidden, heads * d)}
+        shapes = {
+            "q_proj": (heads * d, 2 * hidden),
+            "k_proj": (kv * d, 2 * hidden),
+            "v_proj": (kv * d, 2 * hidden),
+            "o_proj": (hidden, heads * d),
+        }
         weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
         biases = tuple(_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items())
-        norms = [Norm.build(config, f"{p}{n}.weight", hidden, fetch)
-                 for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")]
-        return cls(*norms, *weights, biases, MLP.build(config, p + "mlp.", config.intermediate_size, fetch,
-                                                      bias=config.mlp_bias),
-                   heads, kv, d, config.drafter.norm_before_residual)
+        norms = [
+            Norm.build(config, f"{p}{n}.weight", hidden, fetch)
+            for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+        ]
+        return cls(
+            *norms,
+            *weights,
+            biases,
+            MLP.build(config, p + "mlp.", config.intermediate_size, fetch, bias=config.mlp_bias),
+            heads,
+            kv,
+            d,
+            config.drafter.norm_before_residual,
+        )
 
     def __call__(self, embeds: Tensor, feature: Tensor, positions: Tensor, rope: Rope, cache: KVCache) -> Tensor:
         B, T, _ = embeds.shape
@@ -73,8 +87,9 @@ class MidLayer:
         cos, sin = rope.tables(positions)
         q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
         k_cache, v_cache = cache.write(0, positions, k, v)
-        o = attention.attention(q.contiguous(), k_cache, v_cache, torch.zeros_like(positions), positions + 1,
-                                self.head_dim ** -0.5)
+        o = attention.attention(
+            q.contiguous(), k_cache, v_cache, torch.zeros_like(positions), positions + 1, self.head_dim**-0.5
+        )
         h = residual + project(o.reshape(B, T, -1), self.o_proj, bo)
         return h + self.mlp(self.post_norm(h))
 
@@ -85,8 +100,18 @@ class Eagle3:
     samples = False
     block_size = 8  # seven chained drafts a round, as vLLM's EAGLE-3 examples run
 
-    def __init__(self, config: ModelConfig, target: Transformer, taps: tuple[int, ...], fc: Weight,
-                 embed_tokens: Tensor | None, layer: MidLayer, norm: Norm, lm_head: Weight, d2t: Tensor) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: Transformer,
+        taps: tuple[int, ...],
+        fc: Weight,
+        embed_tokens: Tensor | None,
+        layer: MidLayer,
+        norm: Norm,
+        lm_head: Weight,
+        d2t: Tensor,
+    ) -> None:
         self.config, self.target, self.taps = config, target, taps
         self.fc, self.embed_tokens, self.layer, self.norm, self.lm_head = fc, embed_tokens, layer, norm, lm_head
         self.to_target = torch.arange(d2t.shape[0], device=d2t.device) + d2t
@@ -95,27 +120,45 @@ class Eagle3:
         self.cache: KVCache | None = None
         self.last_feature: Tensor | None = None
         self.last_logits: Tensor | None = None
+        self.steps: StepGraphs | None = None  # `step` for a proposal's rows
+        self.observing: StepGraphs | None = None  # `_observed` for a round's block
+        self.round = 0  # rows of a round's block: drafts + 1
 
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> Eagle3:
         config, t = model.config, target.config
         taps = config.drafter.target_layer_ids or (1, t.num_layers // 2 - 1, t.num_layers - 4)
         if max(taps) >= t.num_layers or min(taps) < 0:
-            raise BadInput(model.ref, f"reads the target's layers {[k + 1 for k in taps]} (aux ids), but the target has "
-                                      f"{t.num_layers} layers")
+            raise BadInput(
+                model.ref,
+                f"reads the target's layers {[k + 1 for k in taps]} (aux ids), but the target has "
+                f"{t.num_layers} layers",
+            )
         hidden, vocab = config.hidden_size, config.drafter.draft_vocab_size or config.vocab_size
         target_hidden = config.drafter.target_hidden_size or t.hidden_size
         if target_hidden != t.hidden_size:
-            raise BadInput(model.ref, f"target_hidden_size {target_hidden} is not the target's hidden size {t.hidden_size}")
+            raise BadInput(
+                model.ref, f"target_hidden_size {target_hidden} is not the target's hidden size {t.hidden_size}"
+            )
         own_embedding = "embed_tokens.weight" in model.names
         if not own_embedding and hidden != t.hidden_size:
-            raise BadInput(model.ref, f"has no embedding of its own and hidden_size {hidden}, not the target's {t.hidden_size}")
+            raise BadInput(
+                model.ref, f"has no embedding of its own and hidden_size {hidden}, not the target's {t.hidden_size}"
+            )
 
         def build(fetch: Fetch) -> Eagle3:
             embed = fetch("embed_tokens.weight", (config.vocab_size, hidden)) if own_embedding else None
-            return cls(config, target, taps, fetch("fc.weight", (hidden, len(taps) * t.hidden_size), matmul=True),
-                       embed, MidLayer.build(config, fetch), Norm.build(config, "norm.weight", hidden, fetch),
-                       fetch("lm_head.weight", (vocab, hidden), matmul=True), fetch("d2t", (vocab,), fp32=True))
+            return cls(
+                config,
+                target,
+                taps,
+                fetch("fc.weight", (hidden, len(taps) * t.hidden_size), matmul=True),
+                embed,
+                MidLayer.build(config, fetch),
+                Norm.build(config, "norm.weight", hidden, fetch),
+                fetch("lm_head.weight", (vocab, hidden), matmul=True),
+                fetch("d2t", (vocab,), fp32=True),
+            )
 
         drafter = load_weights(model, build, target.device, target.dtype, bits, ignored=("t2d",))
         drafter.to_target = drafter.to_target.to(torch.int64)
@@ -123,20 +166,25 @@ class Eagle3:
             raise BadInput(model.ref, "has d2t offsets that map draft ids outside the target's vocabulary")
         return drafter
 
-    def start(self, batch: int, context: int) -> None:
+    def start(self, batch: int, context: int, graphs: bool = False) -> None:
         t = self.target
         one_layer = dataclasses.replace(self.config, num_layers=1, layer_types=("full",))
         self.cache = KVCache(one_layer, batch, context, t.dtype, t.device)
         self.last_feature = torch.zeros(batch, self.config.hidden_size, dtype=t.dtype, device=t.device)
         self.last_logits = torch.zeros(batch, self.lm_head.shape[0], dtype=t.dtype, device=t.device)
+        self.steps, self.observing, self.round = StepGraphs(self.step, graphs), StepGraphs(self._observed, graphs), 0
 
     def step(self, feature: Tensor, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         embeds = self.embed_tokens[tokens] if self.embed_tokens is not None else self.target.embed(tokens)
         z = self.layer(embeds, feature, positions, self.rope, self.cache)
         return z, project(self.norm(z), self.lm_head)
 
+    def _observed(self, taps: Tensor, following: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.step(project(taps, self.fc), following, positions)
+
     def observe(self, committed: Committed) -> None:
-        z, logits = self.step(project(committed.taps, self.fc), committed.following, committed.positions)
+        rows = self.observing if committed.tokens.shape[1] == self.round else self._observed  # prefill: as they come
+        z, logits = rows(committed.taps, committed.following, committed.positions)
         last = (committed.kept - 1).clamp(min=0)
         rows = torch.arange(z.shape[0], device=z.device)
         some = (committed.kept > 0)[:, None]
@@ -146,9 +194,10 @@ class Eagle3:
 
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
         batch = anchors.shape[0]
+        self.round = drafts + 1
         draft_ids = [drafting.pick(self.last_logits[:batch, None], positions[:, None] + 1).tokens[:, 0]]
         feature, at = self.last_feature[:batch, None], positions[:, None]
         for i in range(1, drafts):
-            feature, logits = self.step(feature, self.to_target[draft_ids[-1]][:, None], at + i - 1)
+            feature, logits = self.steps(feature, self.to_target[draft_ids[-1]][:, None], at + i - 1)
             draft_ids.append(drafting.pick(logits, at + i + 1).tokens[:, 0])
         return Proposal(self.to_target[torch.stack(draft_ids[:drafts], dim=1)])

@@ -11,8 +11,13 @@ from specpair.runtime.drafters.mtp import MTP
 from specpair.runtime.model import Transformer
 from specpair.sources.model import Model
 
-LOADERS = {"dflash": DFlash.load, "dflash2": DFlash.load, "eagle3": Eagle3.load, "mtp": MTP.load,
-           "draft_model": DraftModel.load}
+LOADERS = {
+    "dflash": DFlash.load,
+    "dflash2": DFlash.load,
+    "eagle3": Eagle3.load,
+    "mtp": MTP.load,
+    "draft_model": DraftModel.load,
+}
 
 
 def drafter_kind(draft: Model | None) -> str:

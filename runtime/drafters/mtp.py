@@ -28,6 +28,7 @@ from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, pro
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting, Proposal
 from specpair.runtime.drafters.weights import load_weights
+from specpair.runtime.graphs import StepGraphs
 from specpair.runtime.model import Transformer
 from specpair.runtime.models import FAMILIES
 from specpair.sources.model import Model
@@ -40,22 +41,41 @@ class MTP:
     samples = False
     block_size = 4  # three chained drafts a round: vLLM's and SGLang's usual num_speculative_tokens
 
-    def __init__(self, config: ModelConfig, target: Transformer, fc: Weight, norm_embedding: Norm,
-                 norm_hidden: Norm, layer: DecoderLayer, norm: Norm) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: Transformer,
+        fc: Weight,
+        norm_embedding: Norm,
+        norm_hidden: Norm,
+        layer: DecoderLayer,
+        norm: Norm,
+    ) -> None:
         self.config, self.target = config, target
-        self.fc, self.norm_embedding, self.norm_hidden, self.layer, self.norm = fc, norm_embedding, norm_hidden, layer, norm
+        self.fc, self.norm_embedding, self.norm_hidden, self.layer, self.norm = (
+            fc,
+            norm_embedding,
+            norm_hidden,
+            layer,
+            norm,
+        )
         self.max_positions = target.config.max_position_embeddings
         self.cache: Cache | None = None
         self.last_hidden: Tensor | None = None  # [batch, H] g of each sequence's last committed row
         self.last_logits: Tensor | None = None  # [batch, V]
+        self.steps: StepGraphs | None = None  # `step` for a proposal's rows and a round's block
+        self.round = 0  # rows of a round's block: drafts + 1
 
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> MTP:
         """The MTP head inside `model`, the target's own checkpoint (`target` loaded from it)."""
         t = model.config
         if t.mtp_layers < 1 or not any(n.startswith("mtp.") for n in model.names):
-            raise BadInput(model.ref, f"has no MTP head (mtp.* weights) to draft with; its {t.family} config "
-                                      f"declares {t.mtp_layers} MTP layers")
+            raise BadInput(
+                model.ref,
+                f"has no MTP head (mtp.* weights) to draft with; its {t.family} config "
+                f"declares {t.mtp_layers} MTP layers",
+            )
         if t.mtp_use_dedicated_embeddings:
             raise BadInput(model.ref, "declares MTP layers with dedicated embeddings, which the runtime does not build")
         config = dataclasses.replace(t, num_layers=1, layer_types=("full",), mlp_only_layers=(), drafter=None)
@@ -63,18 +83,24 @@ class MTP:
 
         def build(fetch: Fetch) -> MTP:
             layer = FAMILIES[t.family].decoder_layer(config, 0, fetch, target.rope)
-            return cls(config, target, fetch("fc.weight", (hidden, 2 * hidden), matmul=True),
-                       Norm.build(config, "pre_fc_norm_embedding.weight", hidden, fetch),
-                       Norm.build(config, "pre_fc_norm_hidden.weight", hidden, fetch), layer,
-                       Norm.build(config, "norm.weight", hidden, fetch))
+            return cls(
+                config,
+                target,
+                fetch("fc.weight", (hidden, 2 * hidden), matmul=True),
+                Norm.build(config, "pre_fc_norm_embedding.weight", hidden, fetch),
+                Norm.build(config, "pre_fc_norm_hidden.weight", hidden, fetch),
+                layer,
+                Norm.build(config, "norm.weight", hidden, fetch),
+            )
 
         return load_weights(model, build, target.device, target.dtype, bits, prefix="mtp.")
 
-    def start(self, batch: int, context: int) -> None:
+    def start(self, batch: int, context: int, graphs: bool = False) -> None:
         t = self.target
         self.cache = Cache(self.config, batch, context, t.dtype, t.device)
         self.last_hidden = torch.zeros(batch, self.config.hidden_size, dtype=t.dtype, device=t.device)
         self.last_logits = torch.zeros(batch, self.config.vocab_size, dtype=t.dtype, device=t.device)
+        self.steps, self.round = StepGraphs(self.step, graphs), 0
 
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Rows (hidden [B, T, H], next tokens [B, T]) at positions [B, T] -> (g [B, T, H], logits [B, T, V])."""
@@ -86,7 +112,8 @@ class MTP:
         return g, self.target.head(g)
 
     def observe(self, committed: Committed) -> None:
-        g, logits = self.step(committed.hidden, committed.following, committed.positions)
+        step = self.steps if committed.tokens.shape[1] == self.round else self.step  # prefill chunks: as they come
+        g, logits = step(committed.hidden, committed.following, committed.positions)
         last = (committed.kept - 1).clamp(min=0)
         rows = torch.arange(g.shape[0], device=g.device)
         some = (committed.kept > 0)[:, None]
@@ -96,9 +123,10 @@ class MTP:
 
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
         batch = anchors.shape[0]
+        self.round = drafts + 1
         tokens = [drafting.pick(self.last_logits[:batch, None], positions[:, None] + 1).tokens[:, 0]]
         hidden, at = self.last_hidden[:batch, None], positions[:, None]
         for i in range(1, drafts):
-            hidden, logits = self.step(hidden, tokens[-1][:, None], at + i - 1)
+            hidden, logits = self.steps(hidden, tokens[-1][:, None], at + i - 1)
             tokens.append(drafting.pick(logits, at + i + 1).tokens[:, 0])
         return Proposal(torch.stack(tokens[:drafts], dim=1))

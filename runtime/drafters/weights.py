@@ -32,8 +32,15 @@ AFFINE_GROUP = 64
 AFFINE_LAYOUT = "affine4-g64"
 
 
-def load_weights(model: Model, build: Callable[..., Built], device: torch.device, dtype: torch.dtype,
-                 bits: int | None = None, prefix: str = "", ignored: Iterable[str] = ()) -> Built:
+def load_weights(
+    model: Model,
+    build: Callable[..., Built],
+    device: torch.device,
+    dtype: torch.dtype,
+    bits: int | None = None,
+    prefix: str = "",
+    ignored: Iterable[str] = (),
+) -> Built:
     """`build(fetch)` over `model`'s weights named `prefix + name`; every weight under `prefix` must be used, but
     for `ignored` ones. bits: None keeps the stored layout, 4 quantizes to affine-4 at load."""
     if bits not in (None, 4):
@@ -43,10 +50,15 @@ def load_weights(model: Model, build: Callable[..., Built], device: torch.device
     def record(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
         full = prefix + name
         if full not in model.maps:
-            raise BadInput(model.ref, f"has no weight {full!r}, which its {model.config.drafter.kind if model.config.drafter else 'drafter'} "
-                                      "layers need")
+            raise BadInput(
+                model.ref,
+                f"has no weight {full!r}, which its {model.config.drafter.kind if model.config.drafter else 'drafter'} "
+                "layers need",
+            )
         if tuple(model.shape(full)) != tuple(shape):
-            raise BadInput(model.ref, f"weight {full!r} is {list(model.shape(full))}, where its config makes it {list(shape)}")
+            raise BadInput(
+                model.ref, f"weight {full!r} is {list(model.shape(full))}, where its config makes it {list(shape)}"
+            )
         needs[full] = (tuple(shape), matmul, fp32)
         return torch.empty(shape, device="meta")
 
@@ -54,12 +66,16 @@ def load_weights(model: Model, build: Callable[..., Built], device: torch.device
     skipped = set(ignored)
     unused = [n for n in model.names if n.startswith(prefix) and n not in needs and n not in skipped]
     if unused:
-        raise BadInput(model.ref, f"has weights the drafter does not use: {', '.join(unused[:4])}"
-                                  + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""))
+        raise BadInput(
+            model.ref,
+            f"has weights the drafter does not use: {', '.join(unused[:4])}"
+            + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""),
+        )
     keep_packed = device.type == "cuda"
     loaded: dict[str, torch.Tensor | Packed] = {}
-    stored_packed = {n for n, (_, matmul, _) in needs.items()
-                     if keep_packed and matmul and _kernel_reads(model.layout(n))}
+    stored_packed = {
+        n for n, (_, matmul, _) in needs.items() if keep_packed and matmul and _kernel_reads(model.layout(n))
+    }
     for name, value in model.stream(needs, packed=lambda n: n in stored_packed, dtype=torch.float32, device=device):
         shape, matmul, fp32 = needs[name]
         if isinstance(value, Packed):

@@ -38,8 +38,9 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_
     return attention_reference(q, k_cache, v_cache, kv_start, kv_end, scale)
 
 
-def attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor,
-                        scale: float) -> Tensor:
+def attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float
+) -> Tensor:
     batch, tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
@@ -52,23 +53,29 @@ def attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: T
             for h in range(kv_heads):
                 # the [group, L] shape of each step depends on the model and this row's range alone, and the
                 # cache slices are copied, so neither depends on which cache tensor (or batch) holds them
-                queries = q[b, t, h * group:(h + 1) * group]
+                queries = q[b, t, h * group : (h + 1) * group]
                 scores = rows_mm(queries, k_cache[b, start:end, h].clone().T) * scale
                 probs = torch.softmax(scores, dim=-1)
-                out[b, t, h * group:(h + 1) * group] = rows_mm(probs, v_cache[b, start:end, h].clone())
+                out[b, t, h * group : (h + 1) * group] = rows_mm(probs, v_cache[b, start:end, h].clone())
     return out
 
 
-def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor,
-                     scale: float) -> Tensor:
+def attention_triton(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float
+) -> Tensor:
     require_triton("attention")
     batch, tokens, q_heads, head_dim = q.shape
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
-    if (q_heads % kv_heads or k_cache.shape != v_cache.shape or k_cache.shape[0] != batch
-            or k_cache.shape[3] != head_dim):
-        raise ValueError(f"attention: q {list(q.shape)} does not fit caches {list(k_cache.shape)}, "
-                         f"{list(v_cache.shape)}")
+    if (
+        q_heads % kv_heads
+        or k_cache.shape != v_cache.shape
+        or k_cache.shape[0] != batch
+        or k_cache.shape[3] != head_dim
+    ):
+        raise ValueError(
+            f"attention: q {list(q.shape)} does not fit caches {list(k_cache.shape)}, {list(v_cache.shape)}"
+        )
     out = torch.empty(batch, tokens, q_heads, head_dim, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
@@ -80,34 +87,110 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tens
     # query rows per launch: a whole number of tokens, bounded so the partials fit SCRATCH_BYTES
     per_token = batch * q_heads * splits * (head_dim + 2) * 4
     chunk = tokens if splits == 1 else max(1, min(tokens, SCRATCH_BYTES // per_token))
-    partial = m = l = out  # unused when there is one split
+    partial = m = sums = out  # unused when there is one split
     if splits > 1:
         rows = batch * kv_heads * chunk * group
         partial = torch.empty(rows, splits, head_dim, dtype=torch.float32, device=q.device)
         m = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
-        l = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
+        sums = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
     for t0 in range(0, tokens, chunk):
         t1 = min(tokens, t0 + chunk)
         grid = (batch * kv_heads, triton.cdiv((t1 - t0) * group, BLOCK_M), splits)
         _attention_kernel[grid](
-            q, k_cache, v_cache, starts, ends, out, partial, m, l,
-            t0, t1 - t0, tokens, kv_heads, group, head_dim, cache_len, scale,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-            SPLITS=splits, SPLIT_LEN=SPLIT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, F32=f32)
+            q,
+            k_cache,
+            v_cache,
+            starts,
+            ends,
+            out,
+            partial,
+            m,
+            sums,
+            t0,
+            t1 - t0,
+            tokens,
+            kv_heads,
+            group,
+            head_dim,
+            cache_len,
+            scale,
+            *q.stride(),
+            *k_cache.stride(),
+            *v_cache.stride(),
+            *out.stride(),
+            SPLITS=splits,
+            SPLIT_LEN=SPLIT,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_D=block_d,
+            F32=f32,
+        )
         if splits > 1:
             _merge_kernel[(batch * kv_heads * (t1 - t0) * group,)](
-                starts, ends, out, partial, m, l, t0, t1 - t0, tokens, kv_heads, group, head_dim,
-                *out.stride(), SPLITS=splits, SPLIT_LEN=SPLIT, BLOCK_D=block_d)
+                starts,
+                ends,
+                out,
+                partial,
+                m,
+                sums,
+                t0,
+                t1 - t0,
+                tokens,
+                kv_heads,
+                group,
+                head_dim,
+                *out.stride(),
+                SPLITS=splits,
+                SPLIT_LEN=SPLIT,
+                BLOCK_D=block_d,
+            )
     return out
 
 
 if triton is not None:
+
     @triton.jit(do_not_specialize=["t0", "chunk", "tokens"], do_not_specialize_on_alignment=["q_ptr", "out_ptr"])
-    def _attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, end_ptr, out_ptr, partial_ptr, m_ptr, l_ptr,
-                          t0, chunk, tokens, kv_heads, group, head_dim, cache_len, scale,
-                          sqb, sqt, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sot, soh, sod,
-                          SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr):
+    def _attention_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        start_ptr,
+        end_ptr,
+        out_ptr,
+        partial_ptr,
+        m_ptr,
+        l_ptr,
+        t0,
+        chunk,
+        tokens,
+        kv_heads,
+        group,
+        head_dim,
+        cache_len,
+        scale,
+        sqb,
+        sqt,
+        sqh,
+        sqd,
+        skb,
+        sks,
+        skh,
+        skd,
+        svb,
+        svs,
+        svh,
+        svd,
+        sob,
+        sot,
+        soh,
+        sod,
+        SPLITS: tl.constexpr,
+        SPLIT_LEN: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        F32: tl.constexpr,
+    ):
         bh = tl.program_id(0)
         b = bh // kv_heads
         kv_head = bh % kv_heads
@@ -118,8 +201,11 @@ if triton is not None:
         head = kv_head * group + rows % group
         d = tl.arange(0, BLOCK_D)
         d_in = d < head_dim
-        q = tl.load(q_ptr + b.to(tl.int64) * sqb + t[:, None] * sqt + head[:, None] * sqh + d[None, :] * sqd,
-                    mask=valid[:, None] & d_in[None, :], other=0.0).to(tl.float32)
+        q = tl.load(
+            q_ptr + b.to(tl.int64) * sqb + t[:, None] * sqt + head[:, None] * sqh + d[None, :] * sqd,
+            mask=valid[:, None] & d_in[None, :],
+            other=0.0,
+        ).to(tl.float32)
         start = tl.load(start_ptr + b * tokens + t, mask=valid, other=0)
         end = tl.load(end_ptr + b * tokens + t, mask=valid, other=0)
         row_lo = tl.maximum(start, split * SPLIT_LEN)
@@ -151,19 +237,43 @@ if triton is not None:
 
         if SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty range: acc is 0
-            tl.store(out_ptr + b.to(tl.int64) * sob + t[:, None] * sot + head[:, None] * soh + d[None, :] * sod,
-                     rounded(o, out_ptr.dtype.element_ty), mask=valid[:, None] & d_in[None, :])
+            tl.store(
+                out_ptr + b.to(tl.int64) * sob + t[:, None] * sot + head[:, None] * soh + d[None, :] * sod,
+                rounded(o, out_ptr.dtype.element_ty),
+                mask=valid[:, None] & d_in[None, :],
+            )
         else:
             row = (bh * chunk * group + rows).to(tl.int64)
-            tl.store(partial_ptr + (row[:, None] * SPLITS + split) * head_dim + d[None, :], acc,
-                     mask=some[:, None] & d_in[None, :])
+            tl.store(
+                partial_ptr + (row[:, None] * SPLITS + split) * head_dim + d[None, :],
+                acc,
+                mask=some[:, None] & d_in[None, :],
+            )
             tl.store(m_ptr + row * SPLITS + split, m_i, mask=some)
             tl.store(l_ptr + row * SPLITS + split, l_i, mask=some)
 
     @triton.jit(do_not_specialize=["t0", "chunk", "tokens"], do_not_specialize_on_alignment=["out_ptr"])
-    def _merge_kernel(start_ptr, end_ptr, out_ptr, partial_ptr, m_ptr, l_ptr, t0, chunk, tokens, kv_heads,
-                      group, head_dim, sob, sot, soh, sod,
-                      SPLITS: tl.constexpr, SPLIT_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _merge_kernel(
+        start_ptr,
+        end_ptr,
+        out_ptr,
+        partial_ptr,
+        m_ptr,
+        l_ptr,
+        t0,
+        chunk,
+        tokens,
+        kv_heads,
+        group,
+        head_dim,
+        sob,
+        sot,
+        soh,
+        sod,
+        SPLITS: tl.constexpr,
+        SPLIT_LEN: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
         row = tl.program_id(0)  # (b, kv head, token in chunk, head in group), as the first kernel numbers them
         bh = row // (chunk * group)
         in_tile = row % (chunk * group)
@@ -188,5 +298,8 @@ if triton is not None:
             total += tl.load(l_ptr + base + s) * weight
             acc += tl.load(partial_ptr + (base + s) * head_dim + d, mask=d_in, other=0.0) * weight
         o = acc / tl.where(total > 0, total, 1.0)  # an empty range: acc is 0
-        tl.store(out_ptr + b.to(tl.int64) * sob + t * sot + head * soh + d * sod,
-                 rounded(o, out_ptr.dtype.element_ty), mask=d_in)
+        tl.store(
+            out_ptr + b.to(tl.int64) * sob + t * sot + head * soh + d * sod,
+            rounded(o, out_ptr.dtype.element_ty),
+            mask=d_in,
+        )

@@ -27,8 +27,9 @@ L2_EPS = 1e-6
 BLOCK_V = 32  # value columns per program: the [dk, BLOCK_V] float32 state tile stays in registers
 
 
-def gdn_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                  step_states: Tensor | None = None) -> Tensor:
+def gdn_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+) -> Tensor:
     if v.is_cuda:
         return gdn_recurrent_triton(q, k, v, g, beta, state, step_states)
     return gdn_recurrent_reference(q, k, v, g, beta, state, step_states)
@@ -38,8 +39,9 @@ def _l2norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
 
 
-def gdn_recurrent_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                            step_states: Tensor | None = None) -> Tensor:
+def gdn_recurrent_reference(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+) -> Tensor:
     batch, tokens, key_heads, key_dim = k.shape
     value_heads = v.shape[2]
     per_key = value_heads // key_heads
@@ -49,7 +51,7 @@ def gdn_recurrent_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
         for t in range(tokens):
             q_t = _l2norm(q[b, t].float().repeat_interleave(per_key, dim=0))  # [Hv, dk]
             k_t = _l2norm(k[b, t].float().repeat_interleave(per_key, dim=0))
-            q_t = q_t / (key_dim ** 0.5)
+            q_t = q_t / (key_dim**0.5)
             v_t = v[b, t].float()  # [Hv, dv]
             s = s * g[b, t].float().exp()[:, None, None]
             kv_mem = (s * k_t.unsqueeze(-1)).sum(dim=-2)
@@ -62,38 +64,81 @@ def gdn_recurrent_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
     return out
 
 
-def gdn_recurrent_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                         step_states: Tensor | None = None) -> Tensor:
+def gdn_recurrent_triton(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+) -> Tensor:
     require_triton("gdn_recurrent")
     batch, tokens, key_heads, key_dim = k.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     if q.shape != k.shape or value_heads % key_heads or tuple(state.shape) != (batch, value_heads, key_dim, value_dim):
-        raise ValueError(f"gdn_recurrent: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, "
-                         f"state {list(state.shape)} do not fit together")
+        raise ValueError(
+            f"gdn_recurrent: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, "
+            f"state {list(state.shape)} do not fit together"
+        )
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("gdn_recurrent: state must be a contiguous float32 tensor (it is updated in place)")
-    if step_states is not None and (step_states.dtype != torch.float32 or not step_states.is_contiguous()
-                                    or tuple(step_states.shape) != (batch, tokens, value_heads, key_dim, value_dim)):
-        raise ValueError(f"gdn_recurrent: step_states must be contiguous float32 "
-                         f"{[batch, tokens, value_heads, key_dim, value_dim]}")
+    if step_states is not None and (
+        step_states.dtype != torch.float32
+        or not step_states.is_contiguous()
+        or tuple(step_states.shape) != (batch, tokens, value_heads, key_dim, value_dim)
+    ):
+        raise ValueError(
+            f"gdn_recurrent: step_states must be contiguous float32 {[batch, tokens, value_heads, key_dim, value_dim]}"
+        )
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if tokens == 0 or batch == 0:
         return out
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     grid = (batch * value_heads, triton.cdiv(value_dim, BLOCK_V))
     _gdn_kernel[grid](
-        q, k, v, g, beta, state, step_states if step_states is not None else state, out,
-        tokens, key_heads, value_heads, key_dim, value_dim, key_dim ** 0.5, L2_EPS,
-        STEPS=step_states is not None, BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=BLOCK_V)
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        step_states if step_states is not None else state,
+        out,
+        tokens,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+        key_dim**0.5,
+        L2_EPS,
+        STEPS=step_states is not None,
+        BLOCK_K=triton.next_power_of_2(key_dim),
+        BLOCK_V=BLOCK_V,
+    )
     return out
 
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["tokens"],
-                do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "out_ptr"])
-    def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, steps_ptr, out_ptr,
-                    tokens, key_heads, value_heads, key_dim, value_dim, sqrt_dk, eps,
-                    STEPS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+
+    @triton.jit(
+        do_not_specialize=["tokens"],
+        do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "out_ptr"],
+    )
+    def _gdn_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        g_ptr,
+        beta_ptr,
+        state_ptr,
+        steps_ptr,
+        out_ptr,
+        tokens,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+        sqrt_dk,
+        eps,
+        STEPS: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
         bh = tl.program_id(0)
         b = bh // value_heads
         head = bh % value_heads

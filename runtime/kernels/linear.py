@@ -5,21 +5,36 @@ x [M, K] (bf16 on the GPU, float32 on the CPU); W [N, K]; y [M, N] in x's dtype,
 y[t, s] = W[expert_ids[t, s]] @ x[t].
 
 The CPU path (`*_reference`) dequantizes through the layout's codec (formats/codecs.py, bit-exact with the
-reference libraries) and multiplies row by row (cpu_rows.py). The Triton path reads the stored parts and
-dequantizes in registers, one pass over W for all rows of a tile. Layouts with a Triton kernel (LAYOUTS):
-dense bf16/f16/f32, fp8-tensor, fp8-block, nvfp4-modelopt (other NVFP4 flavours: `to_kernel_layout`, exact),
-affine4/affine8 in groups of 32/64/128, gguf-Q8_0, gguf-Q4_K, gguf-Q5_K, gguf-Q6_K.
+reference libraries) and multiplies row by row (cpu_rows.py). The Triton path streams the stored parts once
+and dequantizes in registers. Layouts with a Triton kernel (LAYOUTS): dense bf16/f16/f32, fp8-tensor,
+fp8-block, nvfp4-modelopt (other NVFP4 flavours: `to_kernel_layout`, exact), affine4/affine8 in groups of
+32/64/128, gguf-Q8_0, gguf-Q4_K, gguf-Q5_K, gguf-Q6_K.
 
-Exact products: every tl.dot takes operands whose values are exact in bf16 (the bf16 activation; FP8 values;
-E2M1 codes times their E4M3 block scale; integer codes; an f16 weight as two bf16 halves), and what a layout
-scales by groups is applied to each group's float32 dot: s·Σx·q + b·Σx for affine and Q4_K/Q5_K, d·Σx·q for
-Q8_0 and Q6_K, the 128x128 FP8 scale per block, per-tensor scales at the end. So y differs from x @ dequantize()
-by float32 summation order only.
+How the GPU kernel streams weights (few rows of x against a large W):
+- The weight is the tensor core's wide operand: a program computes acc[BLOCK_N weight rows, BLOCK_M = 16
+  tokens] += W_tile @ x_tileᵀ (on an H200, wgmma with the dequantized weights in registers and x in shared
+  memory), so rows of x past M cost nothing but masked loads, and one pass over W serves up to 16 rows.
+- Packed codes are read as 32-bit words (so a row must be whole words: an FP8 weight's K a multiple of 4,
+  refused otherwise) and decoded two values at a time in 16-bit lanes with shifts, masks and bf16x2 FMAs
+  (no integer-to-float conversion instructions, which are slow on Hopper): the values land in the
+  lanes in pairs (s, s + 4) for 4-bit codes and (s, s + 2) for bytes. A dot sums over K in any order, so
+  the kernel does not move the decoded values back: it feeds the tensor core the pairs where the registers
+  hold them and permutes the x tile (small, in shared memory) the same way (`_x_w4`, `_x_w8`). The
+  permutation only renames which product goes to which lane; every product is still x_k·w_k.
+- GGUF Q8_0 and Q6_K blocks (34 and 210 bytes) are only 2-byte aligned: their words are read at the
+  4-byte boundary below and realigned with a 16-bit funnel shift (`_words_at`).
 
-Batch invariance: BLOCK_M = 16 rows per tile whatever M (rows past M are zeros), one tile configuration per
+Exact products: every tensor-core dot takes operands whose values are exact in bf16 (the bf16 activation;
+FP8 values; E2M1 codes times their E4M3 block scale (times 2^-8, undone on the per-tensor scale); integer
+codes; an f16 weight as two bf16 halves), and what a layout scales by groups is applied to each group's
+float32 dot: s·Σx·q + b·Σx for affine and Q4_K/Q5_K, d·Σx·q for Q8_0 and Q6_K, the 128x128 FP8 scale per
+block, per-tensor scales at the end. So y differs from x @ dequantize() by float32 summation order only (an
+E4M3 NaN code, which no quantizer writes, decodes to a finite value here).
+
+Batch invariance: BLOCK_M = 16 tokens per tile whatever M (rows past M are zeros), one tile configuration per
 (layout, N, K) (`_config`), never chosen by M or by the routing; a split of K, where the weight's shape asks
 for one, sums its float32 partials in a fixed order in a second kernel (never atomics). A row's position in a
-tile does not change its bits: the tensor-core dot treats every row alike.
+tile, and which other rows share it, do not change its bits: the tensor core treats every token column alike.
 """
 
 from __future__ import annotations
@@ -34,12 +49,31 @@ from specpair.formats import nvfp4
 from specpair.formats.codecs import FLOAT_LAYOUTS, nvfp4_read
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels.cpu_rows import rows_mm
-from specpair.runtime.kernels.triton_common import (INTERPRETED, device_function, dot, require_triton, rounded, tl,
-                                                    triton)
+from specpair.runtime.kernels.triton_common import (
+    INTERPRETED,
+    device_function,
+    dot,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
-BLOCK_M = 16
-BLOCK_N = 32
+BLOCK_M = 16  # tokens per tile: the tensor core's narrow side
 TARGET_PROGRAMS = 264  # two per SM of an H200 (132): K is split when the weight's N alone gives fewer
+WINDOW_TOP_K = 16  # routed calls of at most BLOCK_M tokens with top-k up to this find their rows in the kernel
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How the kernel cuts one weight: rows per program, K values per loop step, splits of K, warps, and
+    software-pipeline stages. A function of the layout and the weight's shape only (`_config`)."""
+
+    block_n: int
+    step: int
+    splits: int
+    warps: int
+    stages: int
 
 
 def matmul(x: Tensor, w: Tensor | Packed) -> Tensor:
@@ -71,7 +105,7 @@ def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) 
             e = int(expert_ids[t, s])
             if e not in weights:
                 weights[e] = _float_weight(w.expert(e) if isinstance(w, Packed) else w[e])
-            out[t, s] = rows_mm(x[t:t + 1], weights[e].T)[0]
+            out[t, s] = rows_mm(x[t : t + 1], weights[e].T)[0]
     return out
 
 
@@ -81,8 +115,9 @@ def to_kernel_layout(w: Packed) -> Packed:
     if w.layout not in nvfp4.FLAVOURS or w.layout == "nvfp4-modelopt":
         return w
     experts = [w.expert(e) for e in range(w.experts)] if w.experts is not None else [w]
-    parts = [nvfp4.to_modelopt(nvfp4_read(w.layout, one.parts, w.name), w.name.removesuffix(".weight"))
-             for one in experts]
+    parts = [
+        nvfp4.to_modelopt(nvfp4_read(w.layout, one.parts, w.name), w.name.removesuffix(".weight")) for one in experts
+    ]
     parts = [{k: v for k, v in p.items() if k != ".input_scale"} for p in parts]
     stacked = parts[0] if w.experts is None else {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
     return replace(w, layout="nvfp4-modelopt", parts=stacked)
@@ -90,22 +125,30 @@ def to_kernel_layout(w: Packed) -> Packed:
 
 # ---- the Triton path -----------------------------------------------------------------------------------
 
-# Kernel codes per layout; the K step is the span of one iteration: a layout's block, or 128 columns.
 DENSE, FP8_TENSOR, FP8_BLOCK, NVFP4, AFFINE4, AFFINE8, Q8_0, Q4_K, Q5_K, Q6_K = range(10)
 LAYOUTS = {
-    **{layout: DENSE for layout in FLOAT_LAYOUTS}, "fp8-tensor": FP8_TENSOR, "fp8-block": FP8_BLOCK,
-    "nvfp4-modelopt": NVFP4, "gguf-Q8_0": Q8_0, "gguf-Q4_K": Q4_K, "gguf-Q5_K": Q5_K, "gguf-Q6_K": Q6_K,
+    **{layout: DENSE for layout in FLOAT_LAYOUTS},
+    "fp8-tensor": FP8_TENSOR,
+    "fp8-block": FP8_BLOCK,
+    "nvfp4-modelopt": NVFP4,
+    "gguf-Q8_0": Q8_0,
+    "gguf-Q4_K": Q4_K,
+    "gguf-Q5_K": Q5_K,
+    "gguf-Q6_K": Q6_K,
     **{f"affine{bits}-g{group}": AFFINE4 if bits == 4 else AFFINE8 for bits in (4, 8) for group in (32, 64, 128)},
 }
-GGUF_BLOCKS = {Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}  # values, bytes
-FIXED_STEPS = {FP8_BLOCK: 128, NVFP4: 128, **{code: values for code, (values, _) in GGUF_BLOCKS.items()}}
-DENSE_STEP = 128
+WORD_ALIGNED_ROWS = {FP8_TENSOR: 4, FP8_BLOCK: 4, NVFP4: 8, Q4_K: 256, Q5_K: 256}  # K multiple for word rows
+REALIGNED = (Q8_0, Q6_K)  # blocks at 2-byte boundaries: read as words of the whole tensor, realigned
+# how many bf16 values sum to any value of a dtype exactly (8 significant bits each): an affine bias's parts
+BF16_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 
 
 @dataclass(frozen=True)
 class _Operand:
     """A weight as the kernel reads it: three part pointers, each with its expert and row strides (in its
-    own elements; 0 where it has none), the layout's code and group, and the logical shape."""
+    own elements; 0 where it has none), the layout's code and group, and the logical shape. Packed codes
+    travel as int32 words: part 0 viewed per row (bytes or words of a row), or for REALIGNED layouts the
+    whole tensor as words, with part 0's strides then in bytes."""
 
     code: int
     group: int
@@ -117,6 +160,9 @@ class _Operand:
     experts: int | None
     f16_halves: bool  # a dense f16 weight, fed to bf16 dots as two exact halves
     f32_weight: bool  # a dense f32 weight: its values are not bf16, so the dot runs in float32
+    # elements per row of parts 0 and 1 (masks; as kernel arguments their divisibility lets loads vectorize);
+    # for REALIGNED layouts part 0's count is the whole tensor's words
+    cols: tuple[int, int]
 
 
 def _strides(part: Tensor, stacked: bool) -> tuple[int, int]:
@@ -125,6 +171,17 @@ def _strides(part: Tensor, stacked: bool) -> tuple[int, int]:
     expert = part.stride(0) if stacked and part.ndim else 0
     row = part.stride(lead) if part.ndim >= lead + 2 else 0
     return expert, row
+
+
+def _words(part: Tensor) -> Tensor:
+    """The bytes of a contiguous part as int32 words, copied into a fresh buffer when they do not start at a
+    4-byte boundary or do not fill whole words (zero-padded)."""
+    flat = part.reshape(-1).view(torch.uint8)
+    if flat.data_ptr() % 4 or flat.numel() % 4:
+        padded = torch.zeros((flat.numel() + 3) // 4 * 4, dtype=torch.uint8, device=flat.device)
+        padded[: flat.numel()] = flat
+        flat = padded
+    return flat.view(torch.int32)
 
 
 def _operand(w: Tensor | Packed) -> _Operand:
@@ -139,82 +196,181 @@ def _operand(w: Tensor | Packed) -> _Operand:
             raise BadInput(w.name, f"layout {w.layout} has no Triton matmul kernel{hint}")
         code = LAYOUTS[w.layout]
         group = int(w.layout.rsplit("-g", 1)[1]) if code in (AFFINE4, AFFINE8) else 0
-        p = w.parts
+        if k % WORD_ALIGNED_ROWS.get(code, 1):
+            raise BadInput(
+                w.name,
+                f"{w.layout} rows of {k} values are not whole words; the Triton kernel needs "
+                f"a multiple of {WORD_ALIGNED_ROWS[code]}",
+            )
+        p = {key: part.contiguous() for key, part in w.parts.items()}
         if code == DENSE:
             parts = [p[""]]
         elif code in (FP8_TENSOR, FP8_BLOCK):
-            parts = [p[".weight"], p[".weight_scale" if code == FP8_TENSOR else ".weight_scale_inv"]]
+            parts = [p[".weight"].view(torch.int32), p[".weight_scale" if code == FP8_TENSOR else ".weight_scale_inv"]]
         elif code == NVFP4:
-            parts = [p[".weight"], p[".weight_scale"], p[".weight_scale_2"]]
-        elif code in (AFFINE4, AFFINE8):  # the U32 words as bytes: LSB-first codes are little-endian bytes
-            parts = [p[".weight"].contiguous().view(torch.uint8), p[".scales"], p[".biases"]]
-        else:
+            parts = [p[".weight"].view(torch.int32), p[".weight_scale"], p[".weight_scale_2"]]
+        elif code in (AFFINE4, AFFINE8):
+            parts = [p[".weight"].view(torch.int32), p[".scales"], p[".biases"]]
+        elif code in REALIGNED:
             parts = [p[""].view(torch.uint8).reshape(*w.shape[:-1], -1)]
+        else:
+            parts = [p[""].view(torch.uint8).reshape(*w.shape[:-1], -1).view(torch.int32)]
         dtype = parts[0].dtype
-        parts = [part.contiguous() for part in parts]
     parts += [parts[0]] * (3 - len(parts))
     strides = [_strides(part, stacked) for part in parts]
-    return _Operand(code, group, tuple(parts), tuple(s[0] for s in strides), tuple(s[1] for s in strides),
-                    n, k, w.shape[0] if stacked else None, f16_halves=code == DENSE and dtype == torch.float16,
-                    f32_weight=code == DENSE and dtype == torch.float32)
+    if code in REALIGNED:
+        parts[0] = _words(parts[0])
+    cols = (
+        parts[0].numel() if code in REALIGNED else parts[0].shape[-1],
+        parts[1].shape[-1] if code in (NVFP4, AFFINE4, AFFINE8) else 0,
+    )
+    return _Operand(
+        code,
+        group,
+        tuple(parts),
+        tuple(s[0] for s in strides),
+        tuple(s[1] for s in strides),
+        n,
+        k,
+        w.shape[0] if stacked else None,
+        f16_halves=code == DENSE and dtype == torch.float16,
+        f32_weight=code == DENSE and dtype == torch.float32,
+        cols=cols,
+    )
 
 
-def _config(op: _Operand) -> tuple[int, int, int]:
-    """(K step, splits of K, columns per split), from the layout and the weight's shape alone."""
-    step = FIXED_STEPS.get(op.code, op.group if op.code in (AFFINE4, AFFINE8) else DENSE_STEP)
+# K values per loop step, per layout: a multiple of the layout's block (two groups for affine, one
+# 128-column scale block for fp8-block)
+STEPS = {DENSE: 128, FP8_TENSOR: 128, FP8_BLOCK: 128, NVFP4: 256, Q8_0: 128, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+
+
+def _config(op: _Operand) -> Tiles:
+    """The tiles of a weight, from its layout and shape alone."""
+    step = 2 * op.group if op.code in (AFFINE4, AFFINE8) else STEPS[op.code]
+    if op.f32_weight:  # float32 dots run on the FMA units: a narrower step keeps their operands in registers
+        step = 32
+    block_n = 64
     steps = triton.cdiv(op.k, step)
-    splits = max(1, min(TARGET_PROGRAMS // triton.cdiv(op.n, BLOCK_N), steps // 2))
-    per_split = triton.cdiv(steps, splits) * step
-    return step, triton.cdiv(op.k, per_split), per_split
+    splits = max(1, min(TARGET_PROGRAMS // triton.cdiv(op.n, block_n), steps // 2))
+    return Tiles(block_n, step, splits, warps=4, stages=3)
 
 
-def _launch(x: Tensor, op: _Operand, out_rows: int, tiles: int, table: Tensor | None = None,
-            order: Tensor | None = None, top_k: int = 0) -> Tensor:
-    """y [out_rows, N]: rows of x in tiles of BLOCK_M, or with `table` (top_k > 0) the tiles of routed pairs."""
-    step, splits, per_split = _config(op)
+def tiles_of(w: Tensor | Packed) -> Tiles:
+    """The tiles the kernel cuts `w` into (benchmarks derive candidate configurations from them)."""
+    return _config(_operand(w))
+
+
+def _launch(
+    x: Tensor,
+    op: _Operand,
+    out_rows: int,
+    tiles: int,
+    tiling: Tiles,
+    routing: int = 0,
+    table: Tensor | None = None,
+    order: Tensor | None = None,
+    top_k: int = 0,
+) -> Tensor:
+    """y [out_rows, N]: rows of x in tiles of BLOCK_M (routing 0); the routed pairs of a tile table
+    (routing 1: `table` rows (expert, begin, end) over the expert-sorted `order`); or, for at most BLOCK_M
+    tokens, the pairs each program finds itself in expert_ids, given as `table` (routing 2)."""
     f32 = INTERPRETED or x.dtype != torch.bfloat16 or op.f32_weight
     y = torch.empty(out_rows, op.n, dtype=x.dtype, device=x.device)
     if out_rows == 0 or op.n == 0:
         return y
+    step = tiling.step
+    per_split = triton.cdiv(triton.cdiv(op.k, step), tiling.splits) * step
+    splits = triton.cdiv(op.k, per_split)
     partial = y if splits == 1 else torch.empty(splits, out_rows, op.n, dtype=torch.float32, device=x.device)
-    if table is None:  # int32 pointers the kernel never reads (its loads are masked off)
-        table = order = torch.empty(3, dtype=torch.int32, device=x.device)
-    grid = (tiles, triton.cdiv(op.n, BLOCK_N), splits)
+    if table is None:  # int32 pointers the kernel never reads
+        table = torch.empty(3, dtype=torch.int32, device=x.device)
+    if order is None:
+        order = table
+    tokens = x.shape[0]
+    grid = (tiles, triton.cdiv(op.n, tiling.block_n), splits)
     _matmul_kernel[grid](
-        x, y, partial, *op.parts, table, order,
-        out_rows, op.n, op.k, x.stride(0), per_split, splits, top_k,
-        *op.expert_strides, *op.row_strides,
-        LAYOUT=op.code, GROUP=op.group, STEP=step, F16_HALVES=op.f16_halves and not f32, F32=f32,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        x,
+        y,
+        partial,
+        *op.parts,
+        table,
+        order,
+        out_rows,
+        op.n,
+        op.k,
+        x.stride(0),
+        per_split // step,
+        splits,
+        routing,
+        top_k,
+        tokens,
+        *op.expert_strides,
+        *op.row_strides,
+        *op.cols,
+        LAYOUT=op.code,
+        GROUP=op.group,
+        STEP=step,
+        F16_HALVES=op.f16_halves and not f32,
+        F32=f32,
+        WDT=tl.float32 if INTERPRETED else tl.bfloat16,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=tiling.block_n,
+        TOPK=WINDOW_TOP_K,
+        BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.code in (AFFINE4, AFFINE8) else 1,
+        num_warps=tiling.warps,
+        num_stages=tiling.stages,
+    )
     if splits > 1:
         _sum_splits_kernel[(out_rows, triton.cdiv(op.n, 256))](partial, y, splits, out_rows * op.n, op.n, BLOCK=256)
     return y
 
 
-def matmul_triton(x: Tensor, w: Tensor | Packed) -> Tensor:
+def _activations(x: Tensor) -> Tensor:
+    """x contiguous and 16-byte aligned: the kernel is compiled for aligned activations, so a call never
+    runs another binary (a misaligned view is copied)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def matmul_triton(x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None) -> Tensor:
+    """`tiles` overrides the weight's configuration (benchmarks compare candidates with it)."""
     require_triton("matmul")
     op = _operand(w)
     if isinstance(w, Packed):
         x = w.inputs(x)
     if len(w.shape) != 2 or x.shape[-1] != op.k:
         raise ValueError(f"matmul: x {list(x.shape)} and weight {list(w.shape)} do not fit")
-    x = x.contiguous()
-    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], BLOCK_M))
+    x = _activations(x)
+    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], BLOCK_M), tiles or _config(op))
 
 
-def matmul_experts_triton(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
-    """Pairs (t, s) are sorted by expert on the device and cut into tiles of one expert's rows, so each
-    touched expert is read once per tile of its tokens; the tile table is built with a size bound that depends
-    on T·k and E alone (no host synchronisation, fit for CUDA graphs)."""
+def matmul_experts_triton(
+    x: Tensor, w: Tensor | Packed, expert_ids: Tensor, tiles: Tiles | None = None, window: bool | None = None
+) -> Tensor:
+    """Each touched expert is read once per tile of its tokens. Up to BLOCK_M tokens (decode, a verify
+    block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
+    computes them all if it is the first of them, so no sorting runs before the matmul. Longer calls sort the
+    pairs by expert on the device and cut them into tiles of one expert's rows, with a size bound that depends
+    on T·k and E alone (no host synchronisation, fit for CUDA graphs). Either way a pair's bits are the same.
+    `window` forces one way or the other (tests compare them)."""
     require_triton("matmul_experts")
     op = _operand(w)
     if isinstance(w, Packed):
         x = w.inputs(x)
     if op.experts is None or x.shape[-1] != op.k or expert_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"matmul_experts: x {list(x.shape)}, weight {list(w.shape)}, expert_ids "
-                         f"{list(expert_ids.shape)} do not fit")
+        raise ValueError(
+            f"matmul_experts: x {list(x.shape)}, weight {list(w.shape)}, expert_ids {list(expert_ids.shape)} do not fit"
+        )
     tokens, top_k = expert_ids.shape
     pairs = tokens * top_k
+    x = _activations(x)
+    tiling = tiles or _config(op)
+    if window is None:
+        window = tokens <= BLOCK_M and top_k <= WINDOW_TOP_K
+    if window:
+        ids = expert_ids.to(torch.int32).contiguous()
+        y = _launch(x, op, pairs, pairs, tiling, routing=2, table=ids, top_k=top_k)
+        return y.reshape(tokens, top_k, op.n)
     flat = expert_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True).to(torch.int32)
     # scatter_add, not bincount: bincount sizes its output from the data, a host synchronisation on CUDA
@@ -222,182 +378,462 @@ def matmul_experts_triton(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> 
     first_pair = torch.cumsum(counts, 0) - counts
     tiles_per_expert = (counts + BLOCK_M - 1) // BLOCK_M
     tiles_end = torch.cumsum(tiles_per_expert, 0)
-    tiles = triton.cdiv(pairs, BLOCK_M) + min(op.experts, pairs)
-    tile = torch.arange(tiles, device=x.device)
+    n_tiles = triton.cdiv(pairs, BLOCK_M) + min(op.experts, pairs)
+    tile = torch.arange(n_tiles, device=x.device)
     expert = torch.searchsorted(tiles_end, tile, right=True).clamp_max(op.experts - 1)
     begin = first_pair[expert] + (tile - (tiles_end[expert] - tiles_per_expert[expert])) * BLOCK_M
     end = torch.minimum(begin + BLOCK_M, first_pair[expert] + counts[expert])
     end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
     table = torch.stack([expert, begin, end], 1).to(torch.int32).contiguous()
-    y = _launch(x.contiguous(), op, pairs, tiles, table, order, top_k)
+    y = _launch(x, op, pairs, n_tiles, tiling, routing=1, table=table, order=order, top_k=top_k)
     return y.reshape(tokens, top_k, op.n)
 
 
 if triton is not None:
-    @device_function
-    def _f16_at(ptr, n_in):
-        """The little-endian f16 at byte pointers `ptr` (one per weight row), as float32."""
-        low = tl.load(ptr, mask=n_in, other=0).to(tl.uint16)
-        high = tl.load(ptr + 1, mask=n_in, other=0).to(tl.uint16)
-        return (low | (high << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    # bit patterns of 2^k as float constants for exact power-of-two scalings
+    _ASM = tl.constexpr(not INTERPRETED)
+    _TWO_118 = tl.constexpr(2.0**118)  # E2M1 bits in bf16 places read as value·2^-126; the block scale brings 2^118
 
     @device_function
-    def _e2m1(code):
-        """E2M1 codes (uint8, 0..15) as float32, built from their bits: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and signs."""
-        c = code.to(tl.uint32)
-        magnitude = c & 7
-        exponent = magnitude >> 1
-        bits = tl.where(exponent == 0, tl.where(magnitude == 1, 0x3F000000, 0),
-                        ((exponent + 126) << 23) | ((magnitude & 1) << 22))
-        return (bits | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
+    def _halves(v, WDT: tl.constexpr):
+        """32-bit words -> the bf16 values in their low and high 16 bits, in WDT: bf16, or float32 under the
+        interpreter, whose bf16 arithmetic is wrong and whose bf16 -> float32 cast flushes subnormals (so
+        there the bits move to the top of a float32 instead). Every operation on them here is exact."""
+        if WDT == tl.float32:
+            low = ((v & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+            high = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+        else:
+            low = (v & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            high = (v >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return low, high
 
     @device_function
-    def _x_tile(x_ptr, x_rows, valid, stride_xm, cols, K):
-        return tl.load(x_ptr + x_rows[:, None] * stride_xm + cols[None, :],
-                       mask=valid[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
+    def _x_cols(x_ptr, x_rows, valid, stride_xm, k0, K, G: tl.constexpr):
+        """x [BLOCK_M, G]: columns k0.. of the tile's rows, zeros past K and for rows not in the tile."""
+        cols = k0 + tl.arange(0, G)
+        return tl.load(
+            x_ptr + x_rows[:, None] * stride_xm + cols[None, :], mask=valid[:, None] & (cols < K)[None, :], other=0.0
+        )
+
+    # Where the tensor core wants a weight tile's values: a thread (lane q = 0..3 of its quad) holds, per row,
+    # the k pairs 16c + 8h + 2q + {0, 1}. The decode gives each thread the pairs of its own words (a thread's
+    # words are consecutive, so they load as one vector); `_tile_*` name those pairs' k, `_x_*` put x in the
+    # same order. Word layout [rows, q, u]: word q·U + u of the group. The decode's last arithmetic (a scale,
+    # an offset) runs on the joined pairs, so each bf16x2 register stays one pair of one word.
 
     @device_function
-    def _bytes(ptr, n_in, offsets):
-        """Bytes at offsets [1, X] from each weight row's pointer in `ptr` [BLOCK_N]: [BLOCK_N, X]."""
-        return tl.load(ptr[:, None] + offsets, mask=n_in[:, None], other=0)
+    def _w4(v0, v1, v2, v3, WDT: tl.constexpr):
+        """bf16 bit pairs v_p (p = 2·ph + h) of 4-bit words, [BLOCK_N, 4, U] each (lanes: values p and p + 4)
+        -> values [BLOCK_N, 4, U, h, ph, lane]."""
+        a0, b0 = _halves(v0, WDT)
+        a1, b1 = _halves(v1, WDT)
+        a2, b2 = _halves(v2, WDT)
+        a3, b3 = _halves(v3, WDT)
+        return tl.join(tl.join(tl.join(a0, a1), tl.join(a2, a3)), tl.join(tl.join(b0, b1), tl.join(b2, b3)))
 
     @device_function
-    def _byte(ptr, n_in):
-        return tl.load(ptr, mask=n_in, other=0)
+    def _tile_w4(v, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """`_w4` values -> the tile [BLOCK_N, G] at k = 32u + 16ph + 8h + 2q + lane."""
+        return tl.permute(v, (0, 2, 4, 3, 1, 5)).reshape(BLOCK_N, G)
 
-    # Routed or not, final store or float32 partials: runtime branches on unspecialised scalars, so each layout
-    # compiles once (a K-quant kernel takes seconds to compile), whatever the call.
-    @triton.jit(do_not_specialize=["out_rows", "splits", "top_k"], do_not_specialize_on_alignment=["x_ptr", "y_ptr"])
-    def _matmul_kernel(x_ptr, y_ptr, partial_ptr, p0, p1, p2, table_ptr, order_ptr,
-                       out_rows, N, K, stride_xm, per_split, splits, top_k,
-                       e0, e1, e2, r0, r1, r2,
-                       LAYOUT: tl.constexpr, GROUP: tl.constexpr, STEP: tl.constexpr, F16_HALVES: tl.constexpr,
-                       F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    @device_function
+    def _x_w4(xs, BLOCK_M: tl.constexpr, G: tl.constexpr):
+        """x [BLOCK_M, G] in stored order -> [G, BLOCK_M] in `_tile_w4`'s order: stored s = 8(q·U + u) +
+        4·lane + 2·ph + h."""
+        U: tl.constexpr = G // 32
+        return tl.permute(xs.reshape(BLOCK_M, 4, U, 2, 2, 2), (2, 4, 5, 1, 3, 0)).reshape(G, BLOCK_M)
+
+    @device_function
+    def _w8(v0, v1, WDT: tl.constexpr):
+        """bf16 bit pairs v_h of byte words, [BLOCK_N, 4, U] each (lanes: bytes h and h + 2) -> values
+        [BLOCK_N, 4, U, h, lane]."""
+        a0, b0 = _halves(v0, WDT)
+        a1, b1 = _halves(v1, WDT)
+        return tl.join(tl.join(a0, a1), tl.join(b0, b1))
+
+    @device_function
+    def _tile_w8(v, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """`_w8` values -> the tile [BLOCK_N, G] at k = 16u + 8h + 2q + lane."""
+        return tl.permute(v, (0, 2, 3, 1, 4)).reshape(BLOCK_N, G)
+
+    @device_function
+    def _x_w8(xs, BLOCK_M: tl.constexpr, G: tl.constexpr):
+        """x [BLOCK_M, G] in stored order -> [G, BLOCK_M] in `_tile_w8`'s order: stored s = 4(q·U + u) +
+        2·lane + h."""
+        U: tl.constexpr = G // 16
+        return tl.permute(xs.reshape(BLOCK_M, 4, U, 2, 2), (2, 4, 1, 3, 0)).reshape(G, BLOCK_M)
+
+    @device_function
+    def _load_words(ptr, rows_ptr, n_in, first, count, G: tl.constexpr):
+        """Words first.. (G of them) of each row (`rows_ptr` [BLOCK_N] points at a row's word 0), zero past
+        `count` words; as uint32."""
+        i = first + tl.arange(0, G)
+        words = tl.load(rows_ptr[:, None] + i[None, :], mask=n_in[:, None] & (i < count)[None, :], other=0)
+        return words.to(tl.uint32, bitcast=True)
+
+    @device_function
+    def _words_at(word_ptr, offset, n_in, n_words, G: tl.constexpr):
+        """G words of the bytes at each row's byte `offset` [BLOCK_N] (even, not always a multiple of 4):
+        the aligned words below and above, funnel-shifted by 16 bits where the offset is 2 mod 4."""
+        base = offset >> 2
+        i = base[:, None] + tl.arange(0, G)[None, :]
+        low = tl.load(word_ptr + i, mask=n_in[:, None] & (i < n_words), other=0).to(tl.uint32, bitcast=True)
+        high = tl.load(word_ptr + i + 1, mask=n_in[:, None] & (i + 1 < n_words), other=0).to(tl.uint32, bitcast=True)
+        return tl.where((offset & 2)[:, None] == 0, low, (low >> 16) | (high << 16))
+
+    @device_function
+    def _word_at(word_ptr, offset, n_in, n_words):
+        """The 16 bits at each row's even byte `offset`, in the low half of a uint32."""
+        word = tl.load(word_ptr + (offset >> 2), mask=n_in & ((offset >> 2) < n_words), other=0)
+        return (word.to(tl.uint32, bitcast=True) >> ((offset & 2) * 8).to(tl.uint32)) & 0xFFFF
+
+    @device_function
+    def _f16(bits):
+        """uint32 with an f16 in its low 16 bits -> float32."""
+        return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    # bf16 pairs as 32-bit words: the constants below, and packed arithmetic on them. On the GPU one PTX
+    # instruction a pair (ptxas pairs scalar bf16 arithmetic badly and shuffles the halves back); under the
+    # interpreter, the same arithmetic on the two lanes in float32 (every result here is exact in bf16).
+    _ONES = tl.constexpr(0x3F803F80)  # 1.0, 1.0
+    _MINUS_ONES = tl.constexpr(0xBF80BF80)
+    _TWO_120_PAIR = tl.constexpr(0x7B807B80)  # 2^120: E4M3 bits in bf16 places read as value·2^-120
+    _MINUS_128 = tl.constexpr(0xC300C300)
+    _PLUS_128 = tl.constexpr(0x43004300)
+    _MINUS_160 = tl.constexpr(0xC320C320)
+
+    @device_function
+    def _lanes(v):
+        return ((v & 0xFFFF) << 16).to(tl.float32, bitcast=True), (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+    @device_function
+    def _fma2(a, b, c):
+        """a·b + c on bf16 pairs."""
+        if _ASM:
+            return tl.inline_asm_elementwise(
+                "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.uint32, is_pure=True, pack=1
+            )
+        else:
+            a0, a1 = _lanes(a)
+            b0, b1 = _lanes(b)
+            c0, c1 = _lanes(c)
+            low = (a0 * b0 + c0).to(tl.uint32, bitcast=True) >> 16
+            return low | ((a1 * b1 + c1).to(tl.uint32, bitcast=True) & 0xFFFF0000)
+
+    @device_function
+    def _fma2_const(a, B: tl.constexpr, C: tl.constexpr):
+        return _fma2(a, tl.full(a.shape, B, tl.uint32), tl.full(a.shape, C, tl.uint32))
+
+    @device_function
+    def _fp8_tile(w, WDT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """E4M3 bytes of words: sign and the 7 other bits moved to their bf16 places read as value·2^-120
+        (subnormals included), times 2^120."""
+        v0 = _fma2_const(((w << 4) & 0x07F007F0) | ((w << 8) & 0x80008000), _TWO_120_PAIR, 0)
+        v1 = _fma2_const(((w >> 4) & 0x07F007F0) | (w & 0x80008000), _TWO_120_PAIR, 0)
+        return _tile_w8(_w8(v0, v1, WDT), BLOCK_N, G)
+
+    @device_function
+    def _signed_bytes(t):
+        """Signed bytes 0 and 2 of t: 128 + (b & 127) from the bits of bf16 128, less 128 or 256 by the sign."""
+        minus_ones = tl.full(t.shape, _MINUS_ONES, tl.uint32)
+        return _fma2((t & 0x00800080) | 0x43004300, minus_ones, (t & 0x007F007F) | 0x43004300)
+
+    @device_function
+    def _byte_tile(w, SIGNED: tl.constexpr, WDT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """Bytes of words as integers; unsigned bytes as the signed bytes of b ^ 0x80 (value − 128), plus 128."""
+        if SIGNED:
+            v0 = _signed_bytes(w)
+            v1 = _signed_bytes(w >> 8)
+        else:
+            v0 = _fma2_const(_signed_bytes(w ^ 0x00800080), _ONES, _PLUS_128)
+            v1 = _fma2_const(_signed_bytes((w >> 8) ^ 0x00800080), _ONES, _PLUS_128)
+        return _tile_w8(_w8(v0, v1, WDT), BLOCK_N, G)
+
+    @device_function
+    def _code_pair(codes, OFFSET: tl.constexpr):
+        """Unsigned codes below 128 in the two 16-bit lanes: 128 + q from the bits of bf16 128, plus OFFSET
+        (−128, or −160 for Q6_K's q − 32)."""
+        return _fma2_const(codes | 0x43004300, _ONES, OFFSET)
+
+    @device_function
+    def _nibble_tile(w, WDT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """Unsigned 4-bit codes of words (8 a word, LSB first)."""
+        v = _w4(
+            _code_pair(w & 0x000F000F, _MINUS_128),
+            _code_pair((w >> 4) & 0x000F000F, _MINUS_128),
+            _code_pair((w >> 8) & 0x000F000F, _MINUS_128),
+            _code_pair((w >> 12) & 0x000F000F, _MINUS_128),
+            WDT,
+        )
+        return _tile_w4(v, BLOCK_N, G)
+
+    @device_function
+    def _e2m1_tile(w, scale, WDT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr):
+        """E2M1 codes of words (8 a word, LSB first): magnitude bits and sign moved to their bf16 places read
+        as value·2^-126 (0.5 is a subnormal), times the block scale·2^118 (bf16 [BLOCK_N, 4, U])."""
+        bits = scale.to(tl.uint16, bitcast=True).to(tl.uint32)
+        s2 = bits | (bits << 16)
+        zero = tl.full(w.shape, 0, tl.uint32)
+        v = _w4(
+            _fma2(((w << 6) & 0x01C001C0) | ((w << 12) & 0x80008000), s2, zero),
+            _fma2(((w << 2) & 0x01C001C0) | ((w << 8) & 0x80008000), s2, zero),
+            _fma2(((w >> 2) & 0x01C001C0) | ((w << 4) & 0x80008000), s2, zero),
+            _fma2(((w >> 6) & 0x01C001C0) | (w & 0x80008000), s2, zero),
+            WDT,
+        )
+        return _tile_w4(v, BLOCK_N, G)
+
+    @device_function
+    def _add_broadcast_dot(acc, b, xt, PARTS: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, F32: tl.constexpr):
+        """acc + b·Σ_k xt[k] (b float32 [BLOCK_N], one value a weight row) as tensor-core dots of b broadcast
+        along the group, in PARTS exact bf16 parts: the products b·x are exact, as in the dequantized weight's
+        product, and no separate sum of x is needed."""
+        rest = b
+        for _ in tl.static_range(PARTS):
+            part = rest.to(tl.bfloat16)
+            acc += dot(tl.broadcast_to(part[:, None], (BLOCK_N, G)), xt, F32)
+            rest = rest - part.to(tl.float32)
+        return acc
+
+    @device_function
+    def _kq_scales(h1, h2, h3, J: tl.constexpr):
+        """Q4_K / Q5_K sub-block J's 6-bit scale and min from the 12 scale bytes (words h1, h2, h3)."""
+        if J < 4:
+            sc = (h1 >> (8 * J)) & 63
+            m = (h2 >> (8 * J)) & 63
+        else:
+            sc = ((h3 >> (8 * (J - 4))) & 15) | (((h1 >> (8 * (J - 4) + 6)) & 3) << 4)
+            m = ((h3 >> (8 * (J - 4) + 4)) & 15) | (((h2 >> (8 * (J - 4) + 6)) & 3) << 4)
+        return sc.to(tl.float32), m.to(tl.float32)
+
+    @device_function
+    def _split4(t):
+        """[R, 4] -> its four columns."""
+        even, odd = tl.split(t.reshape(t.shape[0], 2, 2))
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+        return c0, c1, c2, c3
+
+    # Routed or not, final store or float32 partials: runtime branches on unspecialised scalars, so a weight's
+    # calls all run one binary, whatever the call (the routing table's alignment is not specialised on either).
+    @triton.jit(
+        do_not_specialize=["out_rows", "split_steps", "splits", "routing", "top_k", "tokens"],
+        do_not_specialize_on_alignment=["table_ptr", "order_ptr"],
+    )
+    def _matmul_kernel(
+        x_ptr,
+        y_ptr,
+        partial_ptr,
+        p0,
+        p1,
+        p2,
+        table_ptr,
+        order_ptr,
+        out_rows,
+        N,
+        K,
+        stride_xm,
+        split_steps,
+        splits,
+        routing,
+        top_k,
+        tokens,
+        e0,
+        e1,
+        e2,
+        r0,
+        r1,
+        r2,
+        cols0,
+        cols1,
+        LAYOUT: tl.constexpr,
+        GROUP: tl.constexpr,
+        STEP: tl.constexpr,
+        F16_HALVES: tl.constexpr,
+        F32: tl.constexpr,
+        WDT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        TOPK: tl.constexpr,
+        BIAS_PARTS: tl.constexpr,
+    ):
         tile = tl.program_id(0)
         slot = tl.arange(0, BLOCK_M)
-        # a tile is rows begin..end of the list of output rows: x's rows (top_k = 0), or the (token, slot) pairs
-        # of one expert, sorted, with (expert, begin, end) in the table (top_k > 0)
-        routed = top_k > 0
-        expert = tl.load(table_ptr + tile * 3, mask=routed, other=0).to(tl.int64)
-        begin = tl.where(routed, tl.load(table_ptr + tile * 3 + 1, mask=routed, other=0), tile * BLOCK_M)
-        end = tl.where(routed, tl.load(table_ptr + tile * 3 + 2, mask=routed, other=0), out_rows)
-        index = begin + slot
-        valid = index < end
-        pair = tl.where(routed, tl.load(order_ptr + index, mask=index < tl.where(routed, end, 0), other=0), index)
-        x_rows = (pair // tl.maximum(top_k, 1)).to(tl.int64)
-        y_rows = pair.to(tl.int64)
+        # the tile's output rows: rows of x (routing 0), or (token, slot) pairs of one expert (1, 2)
+        x_rows = tile * BLOCK_M + slot
+        y_rows = x_rows
+        valid = x_rows < out_rows
+        expert = tile * 0
+        if routing == 1:  # (expert, begin, end) of the expert-sorted pairs
+            expert = tl.load(table_ptr + tile * 3)
+            begin = tl.load(table_ptr + tile * 3 + 1)
+            end = tl.load(table_ptr + tile * 3 + 2)
+            index = begin + slot
+            valid = index < end
+            pair = tl.load(order_ptr + index, mask=valid, other=0)
+            x_rows = pair // top_k
+            y_rows = pair
+        if routing == 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
+            ss = tl.arange(0, TOPK)
+            ids = tl.load(
+                table_ptr + slot[:, None] * top_k + ss[None, :],
+                mask=(slot < tokens)[:, None] & (ss < top_k)[None, :],
+                other=-1,
+            )
+            # a token may name an expert twice: its n-th naming goes with the others' n-th, so a tile never
+            # holds a token twice
+            same = (ids[:, :, None] == ids[:, None, :]) & (ss[None, :] < ss[:, None])[None, :, :]
+            nth = tl.sum(same.to(tl.int32), axis=2)
+            here = (slot[:, None] == tile // top_k) & (ss[None, :] == tile % top_k)
+            expert = tl.sum(tl.where(here, ids, 0))
+            match = (ids == expert) & (nth == tl.sum(tl.where(here, nth, 0)))
+            flat = slot[:, None] * TOPK + ss[None, :]
+            leader = tl.min(tl.where(match, flat, BLOCK_M * TOPK)) == tl.sum(tl.where(here, flat, 0))
+            valid = tl.where(leader, tl.max(match.to(tl.int32), axis=1), 0) > 0
+            x_rows = slot
+            y_rows = slot * top_k + tl.sum(tl.where(match, ss[None, :], 0), axis=1)
+        expert = expert.to(tl.int64)
+        x_rows = x_rows.to(tl.int64)
+        y_rows = y_rows.to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_in = n < N
         n64 = n.to(tl.int64)
-        w0 = p0 + expert * e0 + n64 * r0  # each weight row's first element (byte) of part 0
-        k_lo = tl.program_id(2) * per_split
-        k_hi = tl.where(begin < end, tl.minimum(K, k_lo + per_split), k_lo)  # an empty tile reads no weights
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        w0 = p0 + expert * e0 + n64 * r0  # each weight row's first element (word) of part 0
+        k_lo = tl.program_id(2) * split_steps * STEP  # a multiple of STEP, known to the compiler
+        k_hi = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, tl.minimum(K, k_lo + split_steps * STEP), k_lo)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for k0 in range(k_lo, k_hi, STEP):
-            if LAYOUT == 0 or LAYOUT == 1:  # dense, fp8-tensor
+            if LAYOUT == 0:  # dense
                 cols = k0 + tl.arange(0, STEP)
-                x = _x_tile(x_ptr, x_rows, valid, stride_xm, cols, K)
-                w = tl.load(w0[:, None] + cols[None, :], mask=n_in[:, None] & (cols < K)[None, :],
-                            other=0.0).to(tl.float32)
+                w = tl.load(w0[:, None] + cols[None, :], mask=n_in[:, None] & (cols < K)[None, :], other=0.0)
+                xt = tl.trans(_x_cols(x_ptr, x_rows, valid, stride_xm, k0, K, STEP))
                 if F16_HALVES:
-                    high = w.to(tl.bfloat16).to(tl.float32)
-                    acc += dot(x, tl.trans(high), F32) + dot(x, tl.trans(w - high), F32)
+                    high = w.to(tl.float32).to(tl.bfloat16)
+                    acc += dot(high, xt, F32) + dot((w.to(tl.float32) - high.to(tl.float32)).to(tl.bfloat16), xt, F32)
                 else:
-                    acc += dot(x, tl.trans(w), F32)
-            elif LAYOUT == 2:  # fp8-block: a 128x128 scale per block, applied to the block's dot
-                cols = k0 + tl.arange(0, STEP)
-                x = _x_tile(x_ptr, x_rows, valid, stride_xm, cols, K)
-                w = tl.load(w0[:, None] + cols[None, :], mask=n_in[:, None] & (cols < K)[None, :],
-                            other=0.0).to(tl.float32)
-                scale = tl.load(p1 + expert * e1 + (n64 // 128) * r1 + k0 // 128, mask=n_in, other=0.0)
-                acc += dot(x, tl.trans(w), F32) * scale.to(tl.float32)[None, :]
-            elif LAYOUT == 3:  # nvfp4: byte i holds elements 2i (low nibble) and 2i+1 (high)
-                pairs = tl.arange(0, STEP // 2)
-                even = k0 + 2 * pairs
-                codes = tl.load(w0[:, None] + (k0 // 2 + pairs)[None, :],
-                                mask=n_in[:, None] & (even < K)[None, :], other=0)
-                scale = tl.load(p1 + expert * e1 + n64[:, None] * r1 + (k0 + 2 * pairs)[None, :] // 16,
-                                mask=n_in[:, None] & (even < K)[None, :], other=0.0).to(tl.float32)
-                low = _e2m1(codes & 0xF) * scale  # exact: E2M1 times E4M3 fits in bf16
-                high = _e2m1(codes >> 4) * scale
-                acc += dot(_x_tile(x_ptr, x_rows, valid, stride_xm, even, K), tl.trans(low), F32)
-                acc += dot(_x_tile(x_ptr, x_rows, valid, stride_xm, even + 1, K), tl.trans(high), F32)
-            elif LAYOUT == 4 or LAYOUT == 5:  # affine: s·Σx·q + b·Σx per group of STEP = GROUP columns
-                if LAYOUT == 4:
-                    pairs = tl.arange(0, STEP // 2)
-                    codes = _bytes(w0, n_in, (k0 // 2 + pairs)[None, :])
-                    x_even = _x_tile(x_ptr, x_rows, valid, stride_xm, k0 + 2 * pairs, K)
-                    x_odd = _x_tile(x_ptr, x_rows, valid, stride_xm, k0 + 2 * pairs + 1, K)
-                    xq = dot(x_even, tl.trans((codes & 0xF).to(tl.float32)), F32)
-                    xq += dot(x_odd, tl.trans((codes >> 4).to(tl.float32)), F32)
-                    x_sum = tl.sum(x_even, axis=1) + tl.sum(x_odd, axis=1)
-                else:
-                    cols = k0 + tl.arange(0, STEP)
-                    codes = _bytes(w0, n_in, cols[None, :])
-                    x = _x_tile(x_ptr, x_rows, valid, stride_xm, cols, K)
-                    xq = dot(x, tl.trans(codes.to(tl.float32)), F32)
-                    x_sum = tl.sum(x, axis=1)
-                group = n64 * r1 + k0 // GROUP
-                scale = tl.load(p1 + expert * e1 + group, mask=n_in, other=0.0).to(tl.float32)
-                bias = tl.load(p2 + expert * e2 + group, mask=n_in, other=0.0).to(tl.float32)
-                acc += xq * scale[None, :] + x_sum[:, None] * bias[None, :]
-            elif LAYOUT == 6:  # Q8_0: 34 bytes per 32 values, f16 d then int8 codes
-                block = w0 + (k0 // 32) * 34
-                d = _f16_at(block, n_in)
-                i = tl.arange(0, 32)
-                codes = _bytes(block + 2, n_in, i[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
-                x = _x_tile(x_ptr, x_rows, valid, stride_xm, k0 + i, K)
-                acc += dot(x, tl.trans(codes), F32) * d[None, :]
-            elif LAYOUT == 7 or LAYOUT == 8:  # Q4_K / Q5_K: 8 sub-blocks of 32, d·sc·Σx·q − dmin·m·Σx
-                if LAYOUT == 7:
-                    block = w0 + (k0 // 256) * 144
-                    qs = block + 16
-                else:
-                    block = w0 + (k0 // 256) * 176
-                    qs = block + 48
-                d = _f16_at(block, n_in)
-                dmin = _f16_at(block + 2, n_in)
-                i = tl.arange(0, 32)
-                if LAYOUT == 8:
-                    qh = _bytes(block + 16, n_in, i[None, :])
-                for j in tl.static_range(8):
-                    if j < 4:  # 6-bit scale and min, packed in the 12 bytes at 4
-                        sc = _byte(block + 4 + j, n_in) & 63
-                        m = _byte(block + 8 + j, n_in) & 63
+                    acc += dot(w, xt, F32)
+            elif LAYOUT == 1 or LAYOUT == 2:  # fp8-tensor, fp8-block: 4 values a word
+                words = _load_words(p0, w0, n_in, k0 // 4, cols0, STEP // 4).reshape(BLOCK_N, 4, STEP // 16)
+                xs = _x_cols(x_ptr, x_rows, valid, stride_xm, k0, K, STEP)
+                part = dot(_fp8_tile(words, WDT, BLOCK_N, STEP), _x_w8(xs, BLOCK_M, STEP), F32)
+                if LAYOUT == 2:  # the 128x128 block's scale
+                    scale = tl.load(p1 + expert * e1 + (n64 // 128) * r1 + k0 // 128, mask=n_in, other=0.0)
+                    part = part * scale.to(tl.float32)[:, None]
+                acc += part
+            elif LAYOUT == 3:  # nvfp4: 8 E2M1 codes a word, an E4M3 scale per 16 values (2 words)
+                U: tl.constexpr = STEP // 32
+                words = _load_words(p0, w0, n_in, k0 // 8, cols0, STEP // 8).reshape(BLOCK_N, 4, U)
+                g = k0 // 16 + tl.arange(0, STEP // 16)
+                scale = tl.load(
+                    p1 + expert * e1 + n64[:, None] * r1 + g[None, :],
+                    mask=n_in[:, None] & (g < cols1)[None, :],
+                    other=0.0,
+                )
+                scale = (scale.to(tl.float32) * _TWO_118).to(tl.bfloat16)  # exact: E4M3 values are bf16 values
+                scale = tl.broadcast_to(scale.reshape(BLOCK_N, 4, U // 2, 1), (BLOCK_N, 4, U // 2, 2))
+                scale = scale.reshape(BLOCK_N, 4, U)
+                xs = _x_cols(x_ptr, x_rows, valid, stride_xm, k0, K, STEP)
+                acc += dot(_e2m1_tile(words, scale, WDT, BLOCK_N, STEP), _x_w4(xs, BLOCK_M, STEP), F32)
+            elif LAYOUT == 4 or LAYOUT == 5:  # affine: two groups a step, s·Σx·q + b·Σx each
+                g = k0 // GROUP + tl.arange(0, 2)
+                g_in = n_in[:, None] & (g < cols1)[None, :]
+                s_first, s_second = tl.split(
+                    tl.load(p1 + expert * e1 + n64[:, None] * r1 + g[None, :], mask=g_in, other=0.0).to(tl.float32)
+                )
+                b_first, b_second = tl.split(
+                    tl.load(p2 + expert * e2 + n64[:, None] * r2 + g[None, :], mask=g_in, other=0.0).to(tl.float32)
+                )
+                for j in tl.static_range(2):
+                    kj = k0 + j * GROUP
+                    xs = _x_cols(x_ptr, x_rows, valid, stride_xm, kj, K, GROUP)
+                    if LAYOUT == 4:
+                        words = _load_words(p0, w0, n_in, kj // 8, cols0, GROUP // 8).reshape(BLOCK_N, 4, GROUP // 32)
+                        xt = _x_w4(xs, BLOCK_M, GROUP)
+                        xq = dot(_nibble_tile(words, WDT, BLOCK_N, GROUP), xt, F32)
                     else:
-                        sc = (_byte(block + 8 + j, n_in) & 15) | ((_byte(block + j, n_in) >> 6) << 4)
-                        m = (_byte(block + 8 + j, n_in) >> 4) | ((_byte(block + 4 + j, n_in) >> 6) << 4)
-                    codes = (_bytes(qs + 32 * (j // 2), n_in, i[None, :]) >> (4 * (j % 2))) & 0xF
-                    if LAYOUT == 8:
-                        codes = codes | (((qh >> j) & 1) << 4)
-                    x = _x_tile(x_ptr, x_rows, valid, stride_xm, k0 + 32 * j + i, K)
-                    xq = dot(x, tl.trans(codes.to(tl.float32)), F32)
-                    acc += xq * (d * sc.to(tl.float32))[None, :]
-                    acc -= tl.sum(x, axis=1)[:, None] * (dmin * m.to(tl.float32))[None, :]
+                        words = _load_words(p0, w0, n_in, kj // 4, cols0, GROUP // 4).reshape(BLOCK_N, 4, GROUP // 16)
+                        xt = _x_w8(xs, BLOCK_M, GROUP)
+                        xq = dot(_byte_tile(words, False, WDT, BLOCK_N, GROUP), xt, F32)
+                    if j == 0:
+                        acc += xq * s_first[:, None]
+                        acc = _add_broadcast_dot(acc, b_first, xt, BIAS_PARTS, BLOCK_N, GROUP, F32)
+                    else:
+                        acc += xq * s_second[:, None]
+                        acc = _add_broadcast_dot(acc, b_second, xt, BIAS_PARTS, BLOCK_N, GROUP, F32)
+            elif LAYOUT == 6:  # Q8_0: 34 bytes per 32 values, f16 d then int8 codes
+                row = expert * e0 + n64 * r0  # bytes
+                for j in tl.static_range(STEP // 32):
+                    block = row + (k0 // 32 + j) * 34
+                    b_in = n_in & (n * 0 + k0 + 32 * j < K)
+                    d = _f16(_word_at(p0, block, b_in, cols0))
+                    words = _words_at(p0, block + 2, b_in, cols0, 8).reshape(BLOCK_N, 4, 2)
+                    xs = _x_cols(x_ptr, x_rows, valid, stride_xm, k0 + 32 * j, K, 32)
+                    acc += dot(_byte_tile(words, True, WDT, BLOCK_N, 32), _x_w8(xs, BLOCK_M, 32), F32) * d[:, None]
+            elif LAYOUT == 7 or LAYOUT == 8:  # Q4_K / Q5_K: 8 sub-blocks of 32, d·sc·Σx·q − dmin·Σ m·Σx
+                block = (k0 // 256) * (36 if LAYOUT == 7 else 44)  # in words
+                h0, h1, h2, h3 = _split4(_load_words(p0, w0, n_in, block, r0, 4))
+                d = _f16(h0 & 0xFFFF)
+                dmin = _f16(h0 >> 16)
+                qh3 = h0  # Q5_K only: the 32 high-bit bytes, laid out as a qs chunk's words
+                if LAYOUT == 8:
+                    qh3 = _load_words(p0, w0, n_in, block + 4, r0, 8).reshape(BLOCK_N, 4, 2)
+                mins = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # Σ_j m_j·Σx of the sub-blocks, times dmin below
+                for c in tl.static_range(4):  # 32-byte chunks: low nibbles sub-block 2c, high 2c + 1
+                    qs = block + (4 if LAYOUT == 7 else 12) + 8 * c
+                    w3 = _load_words(p0, w0, n_in, qs, r0, 8).reshape(BLOCK_N, 4, 2)
+                    for par in tl.static_range(2):
+                        j = 2 * c + par
+                        low = (w3 >> (4 * par)) & 0x000F000F  # bytes 0, 2 of each word
+                        high = (w3 >> (4 * par + 8)) & 0x000F000F  # bytes 1, 3
+                        if LAYOUT == 8:  # the 5th bit: bit j of the qh byte at the same position
+                            low |= ((qh3 >> j) & 0x00010001) << 4
+                            high |= ((qh3 >> (j + 8)) & 0x00010001) << 4
+                        xs = _x_cols(x_ptr, x_rows, valid, stride_xm, k0 + 32 * j, K, 32)
+                        sc, m = _kq_scales(h1, h2, h3, j)
+                        w = _tile_w8(_w8(_code_pair(low, _MINUS_128), _code_pair(high, _MINUS_128), WDT), BLOCK_N, 32)
+                        xt = _x_w8(xs, BLOCK_M, 32)
+                        xq = dot(w, xt, F32)
+                        acc += xq * (d * sc)[:, None]
+                        mins = _add_broadcast_dot(mins, m, xt, 1, BLOCK_N, 32, F32)
+                acc -= mins * dmin[:, None]
             else:  # Q6_K: 16 sub-blocks of 16, d·sc·Σx·(q − 32); q = 4 low bits (ql) | 2 high bits (qh)
-                block = w0 + (k0 // 256) * 210
-                d = _f16_at(block + 208, n_in)
-                i = tl.arange(0, 16)
-                for sub in tl.static_range(16):  # values 16·sub.. : half h, quarter q, 16-run r
-                    h = sub // 8
-                    q = (sub // 2) % 4
-                    r = sub % 2
-                    low = _bytes(block + 64 * h + 32 * (q % 2) + 16 * r, n_in, i[None, :])
-                    high = _bytes(block + 128 + 32 * h + 16 * r, n_in, i[None, :])
-                    codes = ((low >> (4 * (q // 2))) & 0xF) | (((high >> (2 * q)) & 3) << 4)
-                    sc = _byte(block + 192 + sub, n_in).to(tl.int8, bitcast=True).to(tl.float32)
-                    x = _x_tile(x_ptr, x_rows, valid, stride_xm, k0 + 16 * sub + i, K)
-                    acc += dot(x, tl.trans(codes.to(tl.float32) - 32.0), F32) * (d * sc)[None, :]
+                block = expert * e0 + n64 * r0 + (k0 // 256) * 210  # bytes
+                d = _f16(_word_at(p0, block + 208, n_in, cols0))
+                s0, s1, s2, s3 = _split4(_words_at(p0, block + 192, n_in, cols0, 4))
+                for half in tl.static_range(2):  # values 128·half..: ql bytes 64·half.., qh bytes 128 + 32·half..
+                    for l0 in tl.static_range(0, 32, 16):
+                        qh = _words_at(p0, block + 128 + 32 * half + l0, n_in, cols0, 4).reshape(BLOCK_N, 4, 1)
+                        for odd in tl.static_range(2):  # quarters 1, 3 read ql bytes 32.. of the half
+                            ql = _words_at(p0, block + 64 * half + 32 * odd + l0, n_in, cols0, 4)
+                            ql = ql.reshape(BLOCK_N, 4, 1)
+                            for high in tl.static_range(2):  # quarters 2, 3: the high nibbles
+                                i = 2 * high + odd
+                                sub = 8 * half + 2 * i + l0 // 16
+                                v0 = ((ql >> (4 * high)) & 0x000F000F) | (((qh >> (2 * i)) & 0x00030003) << 4)
+                                v1 = ((ql >> (4 * high + 8)) & 0x000F000F) | (((qh >> (2 * i + 8)) & 0x00030003) << 4)
+                                w = _w8(_code_pair(v0, _MINUS_160), _code_pair(v1, _MINUS_160), WDT)
+                                w = _tile_w8(w, BLOCK_N, 16)
+                                xs = _x_cols(x_ptr, x_rows, valid, stride_xm, k0 + 128 * half + 32 * i + l0, K, 16)
+                                if sub % 16 < 4:
+                                    sw = s0
+                                elif sub % 16 < 8:
+                                    sw = s1
+                                elif sub % 16 < 12:
+                                    sw = s2
+                                else:
+                                    sw = s3
+                                sc = ((sw >> (8 * (sub % 4))) & 0xFF).to(tl.uint8).to(tl.int8, bitcast=True)
+                                acc += dot(w, _x_w8(xs, BLOCK_M, 16), F32) * (d * sc.to(tl.float32))[:, None]
         if LAYOUT == 1:
             acc = acc * tl.load(p1 + expert * e1).to(tl.float32)
-        if LAYOUT == 3:
-            acc = acc * tl.load(p2 + expert * e2).to(tl.float32)
-        mask = valid[:, None] & n_in[None, :]
+        if LAYOUT == 3:  # the 2^-8 the E2M1 decode left in every product
+            acc = acc * (tl.load(p2 + expert * e2).to(tl.float32) * 256.0)
+        mask = n_in[:, None] & valid[None, :]
         if splits > 1:  # float32 partials [splits, out_rows, N], summed in order by _sum_splits_kernel
             split_rows = tl.program_id(2).to(tl.int64) * out_rows + y_rows
-            tl.store(partial_ptr + split_rows[:, None] * N + n64[None, :], acc, mask=mask)
+            tl.store(partial_ptr + split_rows[None, :] * N + n64[:, None], acc, mask=mask)
         else:
-            tl.store(y_ptr + y_rows[:, None] * N + n64[None, :], rounded(acc, y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + y_rows[None, :] * N + n64[:, None], rounded(acc, y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["plane"])
     def _sum_splits_kernel(partial_ptr, y_ptr, splits, plane, N, BLOCK: tl.constexpr):

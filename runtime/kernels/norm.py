@@ -65,9 +65,17 @@ def _launch(x: Tensor, gate: Tensor | None, weight: Tensor, eps: float, zero_cen
     middle = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](
-            rows, gates, weight.contiguous(), out, width, eps,
-            ZERO_CENTRED=zero_centred, GATED=gate is not None, MIDDLE=middle,
-            BLOCK=triton.next_power_of_2(width))
+            rows,
+            gates,
+            weight.contiguous(),
+            out,
+            width,
+            eps,
+            ZERO_CENTRED=zero_centred,
+            GATED=gate is not None,
+            MIDDLE=middle,
+            BLOCK=triton.next_power_of_2(width),
+        )
     return out.reshape(x.shape)
 
 
@@ -83,8 +91,18 @@ if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
     @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
-    def _rms_norm_kernel(x_ptr, gate_ptr, w_ptr, out_ptr, width, eps, ZERO_CENTRED: tl.constexpr,
-                         GATED: tl.constexpr, MIDDLE: tl.constexpr, BLOCK: tl.constexpr):
+    def _rms_norm_kernel(
+        x_ptr,
+        gate_ptr,
+        w_ptr,
+        out_ptr,
+        width,
+        eps,
+        ZERO_CENTRED: tl.constexpr,
+        GATED: tl.constexpr,
+        MIDDLE: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < width

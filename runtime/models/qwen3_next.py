@@ -12,6 +12,9 @@ from specpair.runtime.rope import Rope
 
 def decoder_layer(config: ModelConfig, i: int, fetch: Fetch, rope: Rope) -> DecoderLayer:
     before, after = norms(config, i, fetch)
-    mlp = MoE.build(config, i, fetch, shared_expert=True) if config.is_moe_layer(i) else \
-        MLP.build(config, f"layers.{i}.mlp.", config.intermediate_size, fetch)
+    mlp = (
+        MoE.build(config, i, fetch, shared_expert=True)
+        if config.is_moe_layer(i)
+        else MLP.build(config, f"layers.{i}.mlp.", config.intermediate_size, fetch)
+    )
     return DecoderLayer(before, mixer(config, i, fetch, rope), after, mlp)

@@ -40,8 +40,9 @@ def check_codes() -> list[dict]:
         cpu_seconds = time.time() - start
         cuda = exl3.quantize(w.to(DEVICE), bits, codebook, seed=bits)
         same = cpu.keys() == cuda.keys() and all(torch.equal(cpu[key], cuda[key].cpu()) for key in cpu)
-        results.append({"codebook": codebook, "bits": bits, "cpu_equals_cuda": same,
-                        "cpu_seconds": round(cpu_seconds, 2)})
+        results.append(
+            {"codebook": codebook, "bits": bits, "cpu_equals_cuda": same, "cpu_seconds": round(cpu_seconds, 2)}
+        )
         print(json.dumps(results[-1]), flush=True)
     return results
 
@@ -56,31 +57,50 @@ def write_exl3(model: torch.nn.Module, config: dict, out: Path) -> None:
         module = name.removesuffix(".weight")
         if module in linears:
             bits = HEAD_BITS if module == "lm_head" else BITS
-            parts = {module + suffix: part.cpu().contiguous()
-                     for suffix, part in exl3.quantize(tensor.float().to(DEVICE), bits, CODEBOOK, name=name).items()}
-            storage[module] = {"quant_format": "exl3", "bits_per_weight": bits,
-                               f"{CODEBOOK}_multiplier": exl3.MULTIPLIERS[CODEBOOK]}
+            parts = {
+                module + suffix: part.cpu().contiguous()
+                for suffix, part in exl3.quantize(tensor.float().to(DEVICE), bits, CODEBOOK, name=name).items()
+            }
+            storage[module] = {
+                "quant_format": "exl3",
+                "bits_per_weight": bits,
+                f"{CODEBOOK}_multiplier": exl3.MULTIPLIERS[CODEBOOK],
+            }
         else:  # embeddings and norms stay as they are
             parts = {name: tensor.contiguous()}
         tensors.update(parts)
         storage.setdefault(module, {})["stored_tensors"] = {
             key: {"shape": list(t.shape), "n_bytes": t.numel() * t.element_size(), "dtype": str(t.dtype)}
-            for key, t in parts.items()}
+            for key, t in parts.items()
+        }
     save_file(tensors, out / "model.safetensors")
-    config = {**config, "tie_word_embeddings": False,
-              "quantization_config": exl3.quantization_config(BITS, HEAD_BITS, CODEBOOK)}
+    config = {
+        **config,
+        "tie_word_embeddings": False,
+        "quantization_config": exl3.quantization_config(BITS, HEAD_BITS, CODEBOOK),
+    }
     (out / "config.json").write_text(json.dumps(config, indent=4))
-    (out / "quantization_config.json").write_text(json.dumps({**config["quantization_config"],
-                                                              "tensor_storage": storage}, indent=4))
+    (out / "quantization_config.json").write_text(
+        json.dumps({**config["quantization_config"], "tensor_storage": storage}, indent=4)
+    )
 
 
 def check_model(work: Path) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
     config_dict = model.config.to_dict()
     config_dict["architectures"] = ["Qwen3ForCausalLM"]
@@ -95,29 +115,38 @@ def check_model(work: Path) -> dict:
         stored = load_file(work / "exl3" / "model.safetensors")
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear):
-                parts = {key.removeprefix(name): t.to(DEVICE) for key, t in stored.items()
-                         if key.startswith(name + ".") and key.count(".") == name.count(".") + 1}
+                parts = {
+                    key.removeprefix(name): t.to(DEVICE)
+                    for key, t in stored.items()
+                    if key.startswith(name + ".") and key.count(".") == name.count(".") + 1
+                }
                 module.weight.copy_(exl3.dequantize(parts, tuple(module.weight.shape), name))
         decoded_logits = model(ids.to(DEVICE)).logits[0]
 
     from exllamav3 import Config, Model
+
     exl_model = Model.from_config(Config.from_directory(str(work / "exl3")))
     exl_model.load(DEVICE)
     with torch.inference_mode():
+
         def exl_last(sequence: torch.Tensor) -> torch.Tensor:
             return exl_model.forward(sequence, {"attn_mode": "flash_attn_nc"})[0, -1]
+
         exl_logits = exl_model.forward(ids, {"attn_mode": "flash_attn_nc"})[0].float().to(DEVICE)
         exl_greedy = greedy(exl_last, ids)
 
     def relative(a: torch.Tensor, b: torch.Tensor) -> float:
         return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
 
-    return {"logits_exllamav3_vs_float": relative(exl_logits, float_logits),
-            "logits_exllamav3_vs_our_dequantized": relative(exl_logits, decoded_logits),
-            "logits_our_dequantized_vs_float": relative(decoded_logits, float_logits),
-            "max_abs_logit_float": float_logits.abs().max().item(),
-            "top1_agreement_exllamav3_vs_float": (exl_logits.argmax(-1) == float_logits.argmax(-1)).float().mean().item(),
-            "greedy_exllamav3": exl_greedy, "greedy_float": float_greedy}
+    return {
+        "logits_exllamav3_vs_float": relative(exl_logits, float_logits),
+        "logits_exllamav3_vs_our_dequantized": relative(exl_logits, decoded_logits),
+        "logits_our_dequantized_vs_float": relative(decoded_logits, float_logits),
+        "max_abs_logit_float": float_logits.abs().max().item(),
+        "top1_agreement_exllamav3_vs_float": (exl_logits.argmax(-1) == float_logits.argmax(-1)).float().mean().item(),
+        "greedy_exllamav3": exl_greedy,
+        "greedy_float": float_greedy,
+    }
 
 
 def check_convert(work: Path) -> dict:
@@ -126,14 +155,25 @@ def check_convert(work: Path) -> dict:
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(work / "bf16")
     for to, out in (("exl3:4", "exl3"), ("f32", "decoded")):
         source = work / ("bf16" if to == "exl3:4" else "exl3")
-        subprocess.run([sys.executable, "-m", "specpair", "convert", str(source), str(work / out), "--to", to,
-                        "--device", "cuda"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "specpair", "convert", str(source), str(work / out), "--to", to, "--device", "cuda"],
+            check=True,
+        )
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         float_model = AutoModelForCausalLM.from_pretrained(work / "bf16", dtype=torch.float32).to(DEVICE)
@@ -143,6 +183,7 @@ def check_convert(work: Path) -> dict:
         decoded_logits = decoded_model(ids.to(DEVICE)).logits[0]
 
     from exllamav3 import Config, Model
+
     exl_model = Model.from_config(Config.from_directory(str(work / "exl3")))
     exl_model.load(DEVICE)
     with torch.inference_mode():
@@ -152,11 +193,14 @@ def check_convert(work: Path) -> dict:
     def relative(a: torch.Tensor, b: torch.Tensor) -> float:
         return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
 
-    return {"files": sorted(p.name for p in (work / "exl3").iterdir()),
-            "logits_exllamav3_vs_float": relative(exl_logits, float_logits),
-            "logits_exllamav3_vs_our_dequantized": relative(exl_logits, decoded_logits),
-            "logits_our_dequantized_vs_float": relative(decoded_logits, float_logits),
-            "greedy_exllamav3": exl_greedy, "greedy_float": float_greedy}
+    return {
+        "files": sorted(p.name for p in (work / "exl3").iterdir()),
+        "logits_exllamav3_vs_float": relative(exl_logits, float_logits),
+        "logits_exllamav3_vs_our_dequantized": relative(exl_logits, decoded_logits),
+        "logits_our_dequantized_vs_float": relative(decoded_logits, float_logits),
+        "greedy_exllamav3": exl_greedy,
+        "greedy_float": float_greedy,
+    }
 
 
 def greedy(last_logits, ids: torch.Tensor, tokens: int = 8) -> list[int]:
@@ -164,7 +208,7 @@ def greedy(last_logits, ids: torch.Tensor, tokens: int = 8) -> list[int]:
     for _ in range(tokens):
         token = int(last_logits(sequence).argmax())
         sequence = torch.cat((sequence, torch.tensor([[token]])), 1)
-    return sequence[0, ids.shape[1]:].tolist()
+    return sequence[0, ids.shape[1] :].tolist()
 
 
 def main() -> None:
@@ -179,6 +223,7 @@ def main() -> None:
             report = (check_model if mode == "model" else check_convert)(work)
         except Exception:  # noqa: BLE001 (keep what ExLlamaV3 said)
             import traceback
+
             report = {"error": traceback.format_exc()}
         print(json.dumps(report, indent=1), flush=True)
     (out / f"{mode}.json").write_text(json.dumps(report, indent=1))

@@ -46,16 +46,31 @@ def exllamav3_quantize(w: torch.Tensor, bits: float, codebook: str, seed: int) -
     """exllamav3's uncalibrated quantize_exl3 of w [out, in] (already padded): {suh, svh, trellis, marker}."""
     weight = w.T.contiguous().float().to(DEVICE)  # exllamav3 quantizes [in, out]
     h_data = {"H": torch.empty(weight.shape[0], weight.shape[0], device="meta"), "device": DEVICE, "L": None}
-    args = {"K": bits, "devices": [0], "seed": seed, "apply_out_scales": None,
-            "mcg": codebook == "mcg", "mul1": codebook == "mul1"}
+    args = {
+        "K": bits,
+        "devices": [0],
+        "seed": seed,
+        "apply_out_scales": None,
+        "mcg": codebook == "mcg",
+        "mul1": codebook == "mul1",
+    }
     _, _, tensors = quantize_exl3(weight, h_data, args, return_weight_q=False)
     return tensors
 
 
 def linear(tensors: dict[str, torch.Tensor], in_p: int, out_p: int) -> LinearEXL3:
-    return LinearEXL3(None, in_p, out_p, su=tensors.get("su"), sv=tensors.get("sv"), suh=tensors.get("suh"),
-                      svh=tensors.get("svh"), trellis=tensors["trellis"], mcg=tensors.get("mcg"),
-                      mul1=tensors.get("mul1"))
+    return LinearEXL3(
+        None,
+        in_p,
+        out_p,
+        su=tensors.get("su"),
+        sv=tensors.get("sv"),
+        suh=tensors.get("suh"),
+        svh=tensors.get("svh"),
+        trellis=tensors["trellis"],
+        mcg=tensors.get("mcg"),
+        mul1=tensors.get("mul1"),
+    )
 
 
 def hadamard_steps(layer: LinearEXL3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +84,14 @@ def hadamard_steps(layer: LinearEXL3) -> tuple[torch.Tensor, torch.Tensor]:
     return left, right
 
 
-def reconstruct_case(name: str, tensors: dict[str, torch.Tensor], w: torch.Tensor, shape: tuple[int, int],
-                     target: dict[str, torch.Tensor], analysis: dict[str, torch.Tensor]) -> dict:
+def reconstruct_case(
+    name: str,
+    tensors: dict[str, torch.Tensor],
+    w: torch.Tensor,
+    shape: tuple[int, int],
+    target: dict[str, torch.Tensor],
+    analysis: dict[str, torch.Tensor],
+) -> dict:
     """Store exllamav3's tensors and reconstructions of one module into `target`; what was seen, as a dict."""
     out_p, in_p = w.shape
     layer = linear(tensors, in_p, out_p)
@@ -85,13 +106,17 @@ def reconstruct_case(name: str, tensors: dict[str, torch.Tensor], w: torch.Tenso
     target[f"{name}.weight"] = weight.cpu()
     analysis.update({f"{name}.left": left.cpu(), f"{name}.right": right.cpu(), f"{name}.fused": fused.cpu()})
     ours_cuda = exl3.dequantize({f".{key}": tensor for key, tensor in tensors.items()}, shape)
-    theirs = weight.T.float()[:shape[0], :shape[1]]
-    original = w[:shape[0], :shape[1]]
-    return {"module": name,
-            "exllamav3_rel_error": round((torch.linalg.norm(theirs.cpu() - original) / torch.linalg.norm(original)).item(), 5),
-            "ours_on_cuda_equal": bool(torch.equal(ours_cuda, theirs)),
-            "hadamard_steps_are_get_weight_tensor": bool(torch.equal(right.half() * layer.svh.unsqueeze(0), weight)),
-            "fused_vs_weight_max_abs": (fused.float() - weight.float()).abs().max().item()}
+    theirs = weight.T.float()[: shape[0], : shape[1]]
+    original = w[: shape[0], : shape[1]]
+    return {
+        "module": name,
+        "exllamav3_rel_error": round(
+            (torch.linalg.norm(theirs.cpu() - original) / torch.linalg.norm(original)).item(), 5
+        ),
+        "ours_on_cuda_equal": bool(torch.equal(ours_cuda, theirs)),
+        "hadamard_steps_are_get_weight_tensor": bool(torch.equal(right.half() * layer.svh.unsqueeze(0), weight)),
+        "fused_vs_weight_max_abs": (fused.float() - weight.float()).abs().max().item(),
+    }
 
 
 def add_sign_bitfield_module(fixtures: dict[str, torch.Tensor], shapes: dict[str, list[int]]) -> None:
@@ -102,10 +127,15 @@ def add_sign_bitfield_module(fixtures: dict[str, torch.Tensor], shapes: dict[str
     ext.pack_signs(su, torch.sign(base["suh"]).contiguous())
     ext.pack_signs(sv, torch.sign(base["svh"]).contiguous())
     old = linear({"su": su, "sv": sv, "trellis": base["trellis"], "mul1": base["mul1"]}, 128, 128)
-    fixtures.update({"mul1.k3.signs.su": su.cpu(), "mul1.k3.signs.sv": sv.cpu(),
-                     "mul1.k3.signs.trellis": fixtures["mul1.k3.trellis"].clone(),
-                     "mul1.k3.signs.mul1": fixtures["mul1.k3.mul1"].clone(),
-                     "mul1.k3.signs.weight": old.get_weight_tensor().cpu()})
+    fixtures.update(
+        {
+            "mul1.k3.signs.su": su.cpu(),
+            "mul1.k3.signs.sv": sv.cpu(),
+            "mul1.k3.signs.trellis": fixtures["mul1.k3.trellis"].clone(),
+            "mul1.k3.signs.mul1": fixtures["mul1.k3.mul1"].clone(),
+            "mul1.k3.signs.weight": old.get_weight_tensor().cpu(),
+        }
+    )
     shapes["mul1.k3.signs"] = [128, 128]
 
 
@@ -129,7 +159,7 @@ def main() -> None:
         target = analysis if shape == (512, 1024) else fixtures
         out_p, in_p = (-(-size // 128) * 128 for size in shape)
         w = torch.zeros(out_p, in_p)
-        w[:shape[0], :shape[1]] = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        w[: shape[0], : shape[1]] = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
         try:
             tensors = exllamav3_quantize(w, bits, codebook, seed)
             report.append(reconstruct_case(name, tensors, w, shape, target, analysis))
@@ -141,14 +171,24 @@ def main() -> None:
         add_sign_bitfield_module(fixtures, shapes)
     except Exception as error:  # noqa: BLE001 (report it, keep the rest)
         report.append({"module": "mul1.k3.signs", "error": repr(error)})
-    metadata = {"shapes": json.dumps(shapes), "exllamav3": exllamav3_version, "torch": torch.__version__,
-                "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(), "python": platform.python_version(),
-                "command": "python tests/exl3_fixtures/make_fixtures.py OUT_DIR"}
+    metadata = {
+        "shapes": json.dumps(shapes),
+        "exllamav3": exllamav3_version,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(),
+        "python": platform.python_version(),
+        "command": "python tests/exl3_fixtures/make_fixtures.py OUT_DIR",
+    }
     save_file({k: v.contiguous() for k, v in fixtures.items()}, out_dir / "exl3_fixtures.safetensors", metadata)
-    save_file({k: v.contiguous() for k, v in analysis.items()}, out_dir / "analysis.safetensors",
-              {"shapes": json.dumps({**shapes, **analysis_shapes})})
-    (out_dir / "fixtures_report.json").write_text(json.dumps({"build_seconds": BUILD_SECONDS, **metadata,
-                                                               "modules": report}, indent=1))
+    save_file(
+        {k: v.contiguous() for k, v in analysis.items()},
+        out_dir / "analysis.safetensors",
+        {"shapes": json.dumps({**shapes, **analysis_shapes})},
+    )
+    (out_dir / "fixtures_report.json").write_text(
+        json.dumps({"build_seconds": BUILD_SECONDS, **metadata, "modules": report}, indent=1)
+    )
     print(f"exllamav3 import (extension build) {BUILD_SECONDS:.0f} s; {len(report)} modules", flush=True)
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
-from specpair.checkpoint import MAX_LAYERS
+
+from specpair.checkpoint.config import MAX_LAYERS
 from specpair.checkpoint.tokenizer import MAX_TOKENS
 from specpair.formats.safetensors import DTYPE_BYTES, MAX_HEADER_BYTES
 
@@ -29,19 +30,102 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 # Boundaries of the formats and of specpair's own limits: where off-by-one and overflow bugs live.
 EDGE_INTS = (
-    0, 1, 2, 3, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 1023, 1024, 4095, 4096, 65535, 65536,
-    MAX_LAYERS - 1, MAX_LAYERS, MAX_LAYERS + 1, MAX_TOKENS - 1, MAX_TOKENS, MAX_HEADER_BYTES, MAX_HEADER_BYTES + 1,
-    2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**53, 2**53 + 1, 2**60, 2**62 - 1, 2**62, 2**63 - 1, 2**63,
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    15,
+    16,
+    31,
+    32,
+    63,
+    64,
+    127,
+    128,
+    255,
+    256,
+    1023,
+    1024,
+    4095,
+    4096,
+    65535,
+    65536,
+    MAX_LAYERS - 1,
+    MAX_LAYERS,
+    MAX_LAYERS + 1,
+    MAX_TOKENS - 1,
+    MAX_TOKENS,
+    MAX_HEADER_BYTES,
+    MAX_HEADER_BYTES + 1,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**40,
+    2**53,
+    2**53 + 1,
+    2**60,
+    2**62 - 1,
+    2**62,
+    2**63 - 1,
+    2**63,
     2**64 - 1,
 )
 HUGE_INTS = (2**64, 2**100, 10**30, 10**400)  # past 64 bits: orjson refuses them, Python's json does not
-NEGATIVE_INTS = (-1, -2, -8, -2**31, -2**32, -2**53, -2**63, -2**63 - 1, -2**64)
-ODD_FLOATS = (0.0, -0.0, 0.5, 1.5, 2.0, 64.0, 1e-310, 1e6, 1e16, 1e300, 1.7976931348623157e308, float("inf"),
-              float("-inf"), float("nan"))
+NEGATIVE_INTS = (-1, -2, -8, -(2**31), -(2**32), -(2**53), -(2**63), -(2**63) - 1, -(2**64))
+ODD_FLOATS = (
+    0.0,
+    -0.0,
+    0.5,
+    1.5,
+    2.0,
+    64.0,
+    1e-310,
+    1e6,
+    1e16,
+    1e300,
+    1.7976931348623157e308,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+)
 ODD_TEXT = (
-    "", " ", "0", "64", "-1", "1e9", "true", "null", "NaN", "\n", "a\nb", "\r", "\x00", "\x1b[31m", "\u2028", "\x85",
-    "\ufeff", "\u202e", "\ud800", "é", "e\u0301", "\U0001f600", "²", "٣", "../../etc/passwd", "/etc/passwd",
-    "C:\\Windows", "%s%n", "{}", "{0}", "{target}", "[PAD0]", "<|im_end|>", "x" * 4096,
+    "",
+    " ",
+    "0",
+    "64",
+    "-1",
+    "1e9",
+    "true",
+    "null",
+    "NaN",
+    "\n",
+    "a\nb",
+    "\r",
+    "\x00",
+    "\x1b[31m",
+    "\u2028",
+    "\x85",
+    "\ufeff",
+    "\u202e",
+    "\ud800",
+    "é",
+    "e\u0301",
+    "\U0001f600",
+    "²",
+    "٣",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "C:\\Windows",
+    "%s%n",
+    "{}",
+    "{0}",
+    "{target}",
+    "[PAD0]",
+    "<|im_end|>",
+    "x" * 4096,
 )
 DEEP_LEVELS = (64, 65, 254, 256, 900, 990, 1000, 1025, 100_000)  # around the limits of specpair, orjson, repr
 
@@ -61,8 +145,22 @@ class Deep:
 @st.composite
 def hostile_value(draw: st.DrawFn, faults: list[str]) -> Any:
     """One value of a hostile kind, recording the kind in `faults`."""
-    kind = draw(st.sampled_from(("edge-int", "huge-int", "negative", "float", "bool", "null", "text", "wrong-container",
-                                 "long", "deep-nesting")))
+    kind = draw(
+        st.sampled_from(
+            (
+                "edge-int",
+                "huge-int",
+                "negative",
+                "float",
+                "bool",
+                "null",
+                "text",
+                "wrong-container",
+                "long",
+                "deep-nesting",
+            )
+        )
+    )
     faults.append(kind)
     if kind == "edge-int":
         return draw(st.sampled_from(EDGE_INTS) | st.integers(0, 2**64 - 1))
@@ -84,8 +182,12 @@ def hostile_value(draw: st.DrawFn, faults: list[str]) -> Any:
     if kind == "long":
         n = draw(st.sampled_from((1000, 100_000)))
         shape = draw(st.sampled_from(("strings", "ints", "text", "object")))
-        return {"strings": lambda: ["x"] * n, "ints": lambda: [1] * n, "text": lambda: "x" * n * 10,
-                "object": lambda: {f"k{i}": i for i in range(n)}}[shape]()
+        return {
+            "strings": lambda: ["x"] * n,
+            "ints": lambda: [1] * n,
+            "text": lambda: "x" * n * 10,
+            "object": lambda: {f"k{i}": i for i in range(n)},
+        }[shape]()
     return Deep(draw(st.sampled_from(DEEP_LEVELS)), draw(st.sampled_from(("[", '{"k":'))))
 
 
@@ -155,8 +257,9 @@ def _parent(document: Any, path: KeyPath) -> tuple[Any, str | int] | None:
 
 
 @st.composite
-def edited_document(draw: st.DrawFn, base: dict[str, Any], paths: Sequence[KeyPath], faults: list[str],
-                    max_edits: int = 4) -> Any:
+def edited_document(
+    draw: st.DrawFn, base: dict[str, Any], paths: Sequence[KeyPath], faults: list[str], max_edits: int = 4
+) -> Any:
     """A deep copy of `base` with 1..max_edits hostile edits at `paths` (set, delete, or replace the whole)."""
     document = json.loads(json.dumps(base))
     for _ in range(draw(st.sampled_from((1, 1, 1, 2, max_edits)))):  # mostly one fault, so it meets the checks alone
@@ -184,15 +287,40 @@ def edited_document(draw: st.DrawFn, base: dict[str, Any], paths: Sequence[KeyPa
 # safetensors files
 
 SAFETENSORS_NAMES = (
-    "model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight", "fc.weight", "d2t",
-    "mtp.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.down_proj.weight", "a.weight_scale",
-    "a.weight", "a.scales", "a.biases", "a.trellis", "a.weight_packed", "a.weight_scale_inv", "a.su", "mtp.layers.",
-    "mtp.", "model.layers.٣.mlp.gate_proj.weight", "__metadata__", "",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "fc.weight",
+    "d2t",
+    "mtp.layers.0.mlp.gate.weight",
+    "model.layers.0.mlp.experts.0.down_proj.weight",
+    "a.weight_scale",
+    "a.weight",
+    "a.scales",
+    "a.biases",
+    "a.trellis",
+    "a.weight_packed",
+    "a.weight_scale_inv",
+    "a.su",
+    "mtp.layers.",
+    "mtp.",
+    "model.layers.٣.mlp.gate_proj.weight",
+    "__metadata__",
+    "",
 )
 
 
-SAFETENSORS_FAULTS = ("tensor-dtype", "tensor-shape", "tensor-offsets", "tensor-extra", "metadata", "overlap",
-                      "whole-header", "length-prefix", "data-size")
+SAFETENSORS_FAULTS = (
+    "tensor-dtype",
+    "tensor-shape",
+    "tensor-offsets",
+    "tensor-extra",
+    "metadata",
+    "overlap",
+    "whole-header",
+    "length-prefix",
+    "data-size",
+)
 
 
 @st.composite
@@ -212,8 +340,12 @@ def safetensors_file(draw: st.DrawFn, faults: list[str]) -> bytes:
         entry: dict[str, Any] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
         if fault and fault.startswith("tensor-") and draw(st.booleans()):
-            field = {"tensor-dtype": "dtype", "tensor-shape": "shape", "tensor-offsets": "data_offsets",
-                     "tensor-extra": "extra"}[fault]
+            field = {
+                "tensor-dtype": "dtype",
+                "tensor-shape": "shape",
+                "tensor-offsets": "data_offsets",
+                "tensor-extra": "extra",
+            }[fault]
             value = draw(hostile_value(faults))
             if field in ("shape", "data_offsets") and entry[field] and draw(st.booleans()):  # one element
                 entry[field][draw(st.integers(0, len(entry[field]) - 1))] = value
@@ -253,9 +385,20 @@ GGUF_STRING, GGUF_ARRAY = 8, 9
 GGML_TYPES = (0, 1, 2, 8, 10, 12, 14, 30, 39)  # F32, F16, Q4_0, Q8_0, Q2_K, Q4_K, Q6_K, BF16, MXFP4
 GGUF_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "dflash", "dflash-draft", "eagle3")
 GGUF_TENSOR_NAMES = (
-    "token_embd.weight", "output.weight", "output_norm.weight", "blk.0.attn_q.weight", "blk.1.ffn_up_exps.weight",
-    "blk.9.nextn.eh_proj.weight", "fc.weight", "dflash_fc.weight", "selector_hidden.weight", "blk.².attn_q.weight",
-    "blk.٣.ffn_down.weight", "blk..x", "blk.", "",
+    "token_embd.weight",
+    "output.weight",
+    "output_norm.weight",
+    "blk.0.attn_q.weight",
+    "blk.1.ffn_up_exps.weight",
+    "blk.9.nextn.eh_proj.weight",
+    "fc.weight",
+    "dflash_fc.weight",
+    "selector_hidden.weight",
+    "blk.².attn_q.weight",
+    "blk.٣.ffn_down.weight",
+    "blk..x",
+    "blk.",
+    "",
 )
 
 
@@ -272,13 +415,26 @@ def gguf_keys() -> list[str]:
     return sorted(keys)
 
 
-GGUF_LIES = ("value-type", "string-length", "array-count", "invalid-utf8", "tensor-n_dims", "tensor-dim", "tensor-type",
-             "tensor-offset", "tensor-count", "kv-count", "version", "data-size")
+GGUF_LIES = (
+    "value-type",
+    "string-length",
+    "array-count",
+    "invalid-utf8",
+    "tensor-n_dims",
+    "tensor-dim",
+    "tensor-type",
+    "tensor-offset",
+    "tensor-count",
+    "kv-count",
+    "version",
+    "data-size",
+)
 
 
 @st.composite
-def gguf_value(draw: st.DrawFn, faults: list[str], lie: str | None, vtype: int | None = None,
-               depth: int = 0) -> tuple[int, bytes]:
+def gguf_value(
+    draw: st.DrawFn, faults: list[str], lie: str | None, vtype: int | None = None, depth: int = 0
+) -> tuple[int, bytes]:
     """(value type, encoded value) of the given or a drawn type, hostile within its type; `lie` is the
     one kind of structural fault this file tells (an unknown type, a false length), or None."""
     if vtype is None:
@@ -356,8 +512,9 @@ def gguf_file(draw: st.DrawFn, faults: list[str]) -> bytes:
                 ggml_type = draw(st.sampled_from((4, 5, 31, 99, 2**31, 2**32 - 1)))
             else:
                 tensor_offset = draw(st.sampled_from((1, 2**40, 2**63, 2**64 - 1)))
-        tensors.append(gguf_tensor_info(draw(gguf_string(lie, st.just(name))), n_dims, dims, ggml_type,
-                                        tensor_offset % 2**64))
+        tensors.append(
+            gguf_tensor_info(draw(gguf_string(lie, st.just(name))), n_dims, dims, ggml_type, tensor_offset % 2**64)
+        )
         offset += -(-_prod(dims) * 4 // 32) * 32  # at most 4 bytes an element in the types drawn above
     tensor_count, kv_count, version, data = len(tensors), len(kv), 3, offset
     if lie == "tensor-count":
@@ -378,16 +535,33 @@ def gguf_text(text: str) -> bytes:
 
 def gguf_tensor_info(name: bytes, n_dims: int, dims: Sequence[int], ggml_type: int, offset: int) -> bytes:
     """One tensor info; `name` is already encoded (length and bytes), dims in ggml order."""
-    return name + struct.pack("<I", n_dims) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", ggml_type, offset)
+    return (
+        name
+        + struct.pack("<I", n_dims)
+        + b"".join(struct.pack("<Q", d) for d in dims)
+        + struct.pack("<IQ", ggml_type, offset)
+    )
 
 
-def gguf_bytes(kv: Sequence[tuple[bytes, int, bytes]], tensors: Sequence[bytes], data: int, version: int = 3,
-               tensor_count: int | None = None, kv_count: int | None = None) -> bytes:
+def gguf_bytes(
+    kv: Sequence[tuple[bytes, int, bytes]],
+    tensors: Sequence[bytes],
+    data: int,
+    version: int = 3,
+    tensor_count: int | None = None,
+    kv_count: int | None = None,
+) -> bytes:
     """A GGUF file from (key, value type, encoded value) entries and encoded tensor infos, padded to 32,
     then `data` zero bytes; the counts default to the true ones."""
-    header = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if tensor_count is None else tensor_count,
-                                   len(kv) if kv_count is None else kv_count)
-    header += b"".join(struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype % 2**32) + raw for key, vtype, raw in kv)
+    header = b"GGUF" + struct.pack(
+        "<IQQ",
+        version,
+        len(tensors) if tensor_count is None else tensor_count,
+        len(kv) if kv_count is None else kv_count,
+    )
+    header += b"".join(
+        struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype % 2**32) + raw for key, vtype, raw in kv
+    )
     header += b"".join(tensors)
     return header + b"\0" * (-len(header) % 32) + b"\0" * data
 
@@ -396,8 +570,28 @@ def gguf_bytes(kv: Sequence[tuple[bytes, int, bytes]], tensors: Sequence[bytes],
 # byte mutation of valid files
 
 LE_INTS = (0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**60, 2**63, 2**64 - 1)
-JSON_TOKENS = (b"[", b"]", b"{", b"}", b'"', b",", b":", b"\\", b"null", b"true", b"-0", b"1e999", b"NaN",
-               b"18446744073709551616", b"\\u0000", b"\\ud800", b"\xff", b"\xc0\x80", b"[" * 2000, b'{"a":' * 2000)
+JSON_TOKENS = (
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b'"',
+    b",",
+    b":",
+    b"\\",
+    b"null",
+    b"true",
+    b"-0",
+    b"1e999",
+    b"NaN",
+    b"18446744073709551616",
+    b"\\u0000",
+    b"\\ud800",
+    b"\xff",
+    b"\xc0\x80",
+    b"[" * 2000,
+    b'{"a":' * 2000,
+)
 
 
 @st.composite
@@ -407,7 +601,9 @@ def mutated(draw: st.DrawFn, seed: bytes, hot_end: int, faults: list[str], json_
     for _ in range(draw(st.sampled_from((1, 1, 1, 2, 2, 3, 8)))):
         limit = max(1, min(hot_end, len(data)) if draw(st.integers(0, 4)) else len(data))
         at = draw(st.integers(0, limit - 1)) if data else 0
-        ops = ["flip", "byte", "int", "insert", "delete", "truncate", "duplicate"] + (["token", "number"] if json_text else [])
+        ops = ["flip", "byte", "int", "insert", "delete", "truncate", "duplicate"] + (
+            ["token", "number"] if json_text else []
+        )
         op = draw(st.sampled_from(ops))
         faults.append(op)
         if op == "flip" and data:
@@ -417,25 +613,25 @@ def mutated(draw: st.DrawFn, seed: bytes, hot_end: int, faults: list[str], json_
         elif op == "int":
             width = draw(st.sampled_from((1, 2, 4, 8)))
             value = draw(st.sampled_from(LE_INTS)) % 2 ** (8 * width)
-            data[at:at + width] = value.to_bytes(width, "little")
+            data[at : at + width] = value.to_bytes(width, "little")
         elif op == "insert":
             data[at:at] = draw(st.binary(min_size=1, max_size=16))
         elif op == "delete":
-            del data[at:at + draw(st.integers(1, 64))]
+            del data[at : at + draw(st.integers(1, 64))]
         elif op == "truncate":
             del data[at:]
         elif op == "duplicate":
-            chunk = bytes(data[at:at + draw(st.integers(1, 256))])
+            chunk = bytes(data[at : at + draw(st.integers(1, 256))])
             data[at:at] = chunk * draw(st.integers(1, 64))
         elif op == "token":
             data[at:at] = draw(st.sampled_from(JSON_TOKENS))
         elif op == "number":  # rewrite the next number in the text with a hostile one
             match = re.compile(rb"-?\d+(\.\d+)?").search(bytes(data), at)
             if match:
-                data[match.start():match.end()] = str(draw(st.sampled_from(
-                    (*EDGE_INTS, *HUGE_INTS, *NEGATIVE_INTS, 1.5, 1e308)))).encode()
+                data[match.start() : match.end()] = str(
+                    draw(st.sampled_from((*EDGE_INTS, *HUGE_INTS, *NEGATIVE_INTS, 1.5, 1e308)))
+                ).encode()
     return bytes(data)
-
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -474,7 +670,7 @@ def split_gguf(raw: bytes) -> GGUFParts:
     at, kv, alignment = 24, [], 32
     for _ in range(kv_count):
         length = struct.unpack_from("<Q", raw, at)[0]
-        key = raw[at + 8:at + 8 + length]
+        key = raw[at + 8 : at + 8 + length]
         vtype = struct.unpack_from("<I", raw, at + 8 + length)[0]
         start = at + 12 + length
         at = _gguf_value_end(raw, start, vtype)
@@ -484,21 +680,25 @@ def split_gguf(raw: bytes) -> GGUFParts:
     tensors = []
     for _ in range(tensor_count):
         length = struct.unpack_from("<Q", raw, at)[0]
-        name = raw[at + 8:at + 8 + length]
+        name = raw[at + 8 : at + 8 + length]
         at += 8 + length
         n_dims = struct.unpack_from("<I", raw, at)[0]
         dims = list(struct.unpack_from(f"<{n_dims}Q", raw, at + 4))
         ggml_type, offset = struct.unpack_from("<IQ", raw, at + 4 + 8 * n_dims)
         at += 4 + 8 * n_dims + 12
         tensors.append([name, dims, ggml_type, offset])
-    return GGUFParts(version, kv, tensors, alignment, raw[at + (-at % alignment):])
+    return GGUFParts(version, kv, tensors, alignment, raw[at + (-at % alignment) :])
 
 
 def join_gguf(parts: GGUFParts) -> bytes:
     header = b"GGUF" + struct.pack("<IQQ", parts.version, len(parts.tensors), len(parts.kv))
-    header += b"".join(struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype) + raw for key, vtype, raw in parts.kv)
-    header += b"".join(gguf_tensor_info(struct.pack("<Q", len(name)) + name, len(dims), dims, ggml_type, offset)
-                       for name, dims, ggml_type, offset in parts.tensors)
+    header += b"".join(
+        struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype) + raw for key, vtype, raw in parts.kv
+    )
+    header += b"".join(
+        gguf_tensor_info(struct.pack("<Q", len(name)) + name, len(dims), dims, ggml_type, offset)
+        for name, dims, ggml_type, offset in parts.tensors
+    )
     return header + b"\0" * (-len(header) % parts.alignment) + parts.data
 
 
@@ -522,18 +722,46 @@ def encode_gguf_value(vtype: int, value: Any, element: int | None = None) -> byt
 
 def _element_type(values: list[Any]) -> int:
     first = values[0] if values else 0
-    return 7 if isinstance(first, bool) else 5 if isinstance(first, int) else 6 if isinstance(first, float) \
-        else 9 if isinstance(first, list) else GGUF_STRING
+    return (
+        7
+        if isinstance(first, bool)
+        else 5
+        if isinstance(first, int)
+        else 6
+        if isinstance(first, float)
+        else 9
+        if isinstance(first, list)
+        else GGUF_STRING
+    )
 
 
-GGUF_EDITS = ("gguf-key", "gguf-key-type", "missing-key", "duplicate-key", "array-element", "array-length",
-              "architecture", "tensor-shape", "tensor-name", "tensor-drop", "tensor-duplicate", "tensor-type")
+GGUF_EDITS = (
+    "gguf-key",
+    "gguf-key-type",
+    "missing-key",
+    "duplicate-key",
+    "array-element",
+    "array-length",
+    "architecture",
+    "tensor-shape",
+    "tensor-name",
+    "tensor-drop",
+    "tensor-duplicate",
+    "tensor-type",
+)
 
 
 @st.composite
-def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[str, tuple[int, ...]],
-              keys: Sequence[str], faults: list[str], tensor_names: Sequence[str] = (),
-              edits: Sequence[str] = GGUF_EDITS) -> bytes:
+def gguf_edit(
+    draw: st.DrawFn,
+    raw: bytes,
+    fields: dict[str, Any],
+    types: dict[str, tuple[int, ...]],
+    keys: Sequence[str],
+    faults: list[str],
+    tensor_names: Sequence[str] = (),
+    edits: Sequence[str] = GGUF_EDITS,
+) -> bytes:
     """A valid GGUF with 1..3 edits among `edits`: `keys` (with `{arch}` in place) get hostile values, types,
     duplicates or go missing; arrays lose, repeat or change elements; tensor infos get other dims, names
     (`tensor_names` are names the readers expect) or types. Lengths stay true: only values lie."""
@@ -552,7 +780,9 @@ def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[s
             if edit == "gguf-key-type" and key in fields:
                 vtype, value = draw(_retyped(fields[key], faults))
             else:
-                vtype, value = draw(gguf_value(faults, None, native if native is not None and draw(st.booleans()) else None))
+                vtype, value = draw(
+                    gguf_value(faults, None, native if native is not None and draw(st.booleans()) else None)
+                )
             entry = (encoded, vtype, value)
             if key in by_key and edit != "duplicate-key":
                 parts.kv[by_key[key]] = entry
@@ -568,14 +798,21 @@ def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[s
             values = list(fields[name])
             if edit == "array-element" and values:
                 at = draw(st.integers(0, len(values) - 1))
-                values[at] = draw(st.sampled_from((values[0], values[-1], values[at] + values[at] if not isinstance(
-                    values[at], bool) else True)) | _like(values[at]))
+                values[at] = draw(
+                    st.sampled_from(
+                        (values[0], values[-1], values[at] + values[at] if not isinstance(values[at], bool) else True)
+                    )
+                    | _like(values[at])
+                )
             else:
                 size = draw(st.sampled_from((0, 1, max(0, len(values) - 1), len(values) + 1, 2 * len(values) + 3)))
                 values = (values * (size // max(1, len(values)) + 1))[:size] if values else [0] * size
             element = types[name][1] if len(types[name]) > 1 else _element_type(values)
-            parts.kv[by_key[name]] = (name.encode("utf-8", "surrogatepass"), GGUF_ARRAY,
-                                      encode_gguf_value(GGUF_ARRAY, values, element))
+            parts.kv[by_key[name]] = (
+                name.encode("utf-8", "surrogatepass"),
+                GGUF_ARRAY,
+                encode_gguf_value(GGUF_ARRAY, values, element),
+            )
         elif edit == "architecture":
             other = draw(st.sampled_from(GGUF_ARCHS))
             parts.kv[by_key["general.architecture"]] = (b"general.architecture", GGUF_STRING, gguf_text(other))
@@ -584,7 +821,9 @@ def gguf_edit(draw: st.DrawFn, raw: bytes, fields: dict[str, Any], types: dict[s
             dims = tensor[1]
             at = draw(st.integers(0, len(dims) - 1))
             # a u64 field: one below 0 wraps to 2^64 - 1, as a hostile writer would store it
-            dims[at] = draw(st.sampled_from((0, 1, 2, dims[at] - 1, dims[at] + 1, dims[at] * 2, dims[at] // 2, 2**32))) % (1 << 64)
+            dims[at] = draw(
+                st.sampled_from((0, 1, 2, dims[at] - 1, dims[at] + 1, dims[at] * 2, dims[at] // 2, 2**32))
+            ) % (1 << 64)
             if len(dims) > 1 and draw(st.booleans()):
                 dims.reverse()
         elif edit == "tensor-name":
@@ -632,10 +871,13 @@ def _like(value: Any) -> st.SearchStrategy[Any]:
 def split_safetensors(raw: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(header without offsets, tensor name -> data) of a valid safetensors file."""
     length = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + length])
-    data = raw[8 + length:]
-    tensors = {name: data[entry["data_offsets"][0]:entry["data_offsets"][1]]
-               for name, entry in header.items() if name != "__metadata__"}
+    header = json.loads(raw[8 : 8 + length])
+    data = raw[8 + length :]
+    tensors = {
+        name: data[entry["data_offsets"][0] : entry["data_offsets"][1]]
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
     return header, tensors
 
 
@@ -662,8 +904,20 @@ def _random_bytes(draw: st.DrawFn, size: int) -> bytes:
     return random.Random(draw(st.integers(0, 2**32))).randbytes(min(size, 1 << 20))
 
 
-EXL3_EDITS = ("trellis-shape", "trellis-dtype", "trellis-data", "scale-shape", "scale-dtype", "scale-missing",
-              "old-scales", "marker", "marker-both", "marker-dtype", "marker-value", "scale-values")
+EXL3_EDITS = (
+    "trellis-shape",
+    "trellis-dtype",
+    "trellis-data",
+    "scale-shape",
+    "scale-dtype",
+    "scale-missing",
+    "old-scales",
+    "marker",
+    "marker-both",
+    "marker-dtype",
+    "marker-value",
+    "scale-values",
+)
 EXL3_MARKERS = {"mcg": 0xCBAC1FED - 2**32, "mul1": 0x83DCD12D - 2**32}  # int32 as stored
 
 
@@ -687,17 +941,29 @@ def exl3_edit(draw: st.DrawFn, raw: bytes, faults: list[str]) -> bytes:
         scale = draw(st.sampled_from((".suh", ".svh")))
         size = rows * 16 if scale == ".suh" else cols * 16
         if edit == "trellis-shape":
-            shape = [draw(st.sampled_from((rows, 0, 1, 7, 8, 16, rows * 2))),
-                     draw(st.sampled_from((cols, 0, 1, 9, 8, 16))),
-                     draw(st.sampled_from((16, 32, 48, 64, 128, 24, 40, 56, 0, 17, 144, width)))]
-            put(module + ".trellis", "I16", draw(st.sampled_from((shape, shape[:2], shape + [1], [])))
-                if draw(st.integers(0, 3)) == 0 else shape)
+            shape = [
+                draw(st.sampled_from((rows, 0, 1, 7, 8, 16, rows * 2))),
+                draw(st.sampled_from((cols, 0, 1, 9, 8, 16))),
+                draw(st.sampled_from((16, 32, 48, 64, 128, 24, 40, 56, 0, 17, 144, width))),
+            ]
+            put(
+                module + ".trellis",
+                "I16",
+                draw(st.sampled_from((shape, shape[:2], shape + [1], []))) if draw(st.integers(0, 3)) == 0 else shape,
+            )
         elif edit == "trellis-dtype":
-            put(module + ".trellis", draw(st.sampled_from(("F16", "BF16", "I32", "U16", "U8", "F8_E4M3"))),
-                [rows, cols, width])
+            put(
+                module + ".trellis",
+                draw(st.sampled_from(("F16", "BF16", "I32", "U16", "U8", "F8_E4M3"))),
+                [rows, cols, width],
+            )
         elif edit == "trellis-data":
-            put(module + ".trellis", "I16", [rows, cols, width],
-                draw(st.sampled_from((b"\0", b"\xff", b"\x55"))) * _nbytes("I16", [rows, cols, width]))
+            put(
+                module + ".trellis",
+                "I16",
+                [rows, cols, width],
+                draw(st.sampled_from((b"\0", b"\xff", b"\x55"))) * _nbytes("I16", [rows, cols, width]),
+            )
         elif edit == "scale-shape":
             put(module + scale, "F16", draw(st.sampled_from(([size + 16], [size - 1], [size, 1], [1, size], [], [0]))))
         elif edit == "scale-dtype":
@@ -708,20 +974,33 @@ def exl3_edit(draw: st.DrawFn, raw: bytes, faults: list[str]) -> bytes:
         elif edit == "old-scales":  # the old sign bitfields: valid at [size / 16], else not
             header.pop(module + scale, None)
             tensors.pop(module + scale, None)
-            put(module + scale[:-1], draw(st.sampled_from(("I16", "I16", "F16"))),
-                [draw(st.sampled_from((size // 16, size // 16, size, 1)))])
+            put(
+                module + scale[:-1],
+                draw(st.sampled_from(("I16", "I16", "F16"))),
+                [draw(st.sampled_from((size // 16, size // 16, size, 1)))],
+            )
         elif edit == "scale-values":
-            value = draw(st.sampled_from((b"\x00\x7c", b"\x00\xfc", b"\x01\x7e", b"\x00\x00", b"\xff\x7b")))  # inf, -inf, nan, 0, max
+            value = draw(
+                st.sampled_from((b"\x00\x7c", b"\x00\xfc", b"\x01\x7e", b"\x00\x00", b"\xff\x7b"))
+            )  # inf, -inf, nan, 0, max
             put(module + scale, "F16", [size], value * size)
         else:
             codebook = draw(st.sampled_from(sorted(EXL3_MARKERS)))
             value = EXL3_MARKERS[codebook]
             if edit == "marker-value":
-                value = draw(st.sampled_from((0, -1, 1, EXL3_MARKERS["mcg" if codebook == "mul1" else "mul1"], 2**31 - 1)))
+                value = draw(
+                    st.sampled_from((0, -1, 1, EXL3_MARKERS["mcg" if codebook == "mul1" else "mul1"], 2**31 - 1))
+                )
             dtype, shape = ("I32", [])
             if edit == "marker-dtype":
-                dtype, shape = draw(st.sampled_from((("I64", []), ("F32", []), ("I16", []), ("I32", [1]), ("I32", [2]))))
-            data = (value % 2**64).to_bytes(8, "little")[:_nbytes(dtype, shape)] if dtype != "F32" else struct.pack("<f", 1.0)
+                dtype, shape = draw(
+                    st.sampled_from((("I64", []), ("F32", []), ("I16", []), ("I32", [1]), ("I32", [2])))
+                )
+            data = (
+                (value % 2**64).to_bytes(8, "little")[: _nbytes(dtype, shape)]
+                if dtype != "F32"
+                else struct.pack("<f", 1.0)
+            )
             put(module + "." + codebook, dtype, shape, data.ljust(_nbytes(dtype, shape), b"\0"))
             if edit == "marker-both":
                 other = "mcg" if codebook == "mul1" else "mul1"
@@ -742,8 +1021,11 @@ def mlx_quantization_edit(draw: st.DrawFn, config: dict[str, Any], raw: bytes, f
     files: dict[str, bytes] = {}
     block = config.setdefault("quantization", {})
     for _ in range(draw(st.sampled_from((1, 1, 2, 3)))):
-        edit = draw(st.sampled_from(("default", "override", "override-kind", "mode", "scales-shape", "scales-dtype",
-                                     "biases-missing")))
+        edit = draw(
+            st.sampled_from(
+                ("default", "override", "override-kind", "mode", "scales-shape", "scales-dtype", "biases-missing")
+            )
+        )
         faults.append(f"mlx-{edit}")
         module = draw(st.sampled_from(modules))
         if edit == "default":
@@ -754,7 +1036,8 @@ def mlx_quantization_edit(draw: st.DrawFn, config: dict[str, Any], raw: bytes, f
             block[module] = override
         elif edit == "override-kind":  # mlx-lm writes False for a module it left unquantized
             block[draw(st.sampled_from((module, module + ".weight", "lm_head", "")))] = draw(
-                st.sampled_from((False, True, 8, "8", [], None, {"bits": 8, "group_size": 64})))
+                st.sampled_from((False, True, 8, "8", [], None, {"bits": 8, "group_size": 64}))
+            )
         elif edit == "mode":
             block["mode"] = draw(st.sampled_from(("affine", "nvfp4", "mxfp4", "x", 4, None)))
         else:
@@ -766,9 +1049,16 @@ def mlx_quantization_edit(draw: st.DrawFn, config: dict[str, Any], raw: bytes, f
                 header.pop(name, None)
                 tensors.pop(name, None)
             else:
-                dtype = draw(st.sampled_from(("BF16", "F16", "F32", "U8"))) if edit == "scales-dtype" else header[name]["dtype"]
-                shape = [*rows, draw(st.sampled_from((groups * 2, groups // 2, groups + 1, 1, 0)))] \
-                    if edit == "scales-shape" else [*rows, groups]
+                dtype = (
+                    draw(st.sampled_from(("BF16", "F16", "F32", "U8")))
+                    if edit == "scales-dtype"
+                    else header[name]["dtype"]
+                )
+                shape = (
+                    [*rows, draw(st.sampled_from((groups * 2, groups // 2, groups + 1, 1, 0)))]
+                    if edit == "scales-shape"
+                    else [*rows, groups]
+                )
                 header[name] = {"dtype": dtype, "shape": shape}
                 tensors[name] = _random_bytes(draw, _nbytes(dtype, shape))
             files["model.safetensors"] = join_safetensors(header, tensors)
@@ -776,10 +1066,44 @@ def mlx_quantization_edit(draw: st.DrawFn, config: dict[str, Any], raw: bytes, f
     return files
 
 
-LOCK_PATHS = ("/dev", "/dev/zero", "/proc/self", "/", "..", "../..", "~", "$HOME", ".", "", "model\x00",
-              "\ud800", "\udcff", "a\nb", "/etc", "x" * 5000, "model/", "./model", "model/../model")
-LOCK_FILE_NAMES = ("zero", "null", "fd/0", "stdin", "passwd", "../x", "/etc/passwd", ".", "a//b", "x\x00",
-                   "\ud800", "config.json/", "model.safetensors", "", "self/mem")
+LOCK_PATHS = (
+    "/dev",
+    "/dev/zero",
+    "/proc/self",
+    "/",
+    "..",
+    "../..",
+    "~",
+    "$HOME",
+    ".",
+    "",
+    "model\x00",
+    "\ud800",
+    "\udcff",
+    "a\nb",
+    "/etc",
+    "x" * 5000,
+    "model/",
+    "./model",
+    "model/../model",
+)
+LOCK_FILE_NAMES = (
+    "zero",
+    "null",
+    "fd/0",
+    "stdin",
+    "passwd",
+    "../x",
+    "/etc/passwd",
+    ".",
+    "a//b",
+    "x\x00",
+    "\ud800",
+    "config.json/",
+    "model.safetensors",
+    "",
+    "self/mem",
+)
 
 
 @st.composite
@@ -792,14 +1116,17 @@ def lock_edit(draw: st.DrawFn, lock: dict[str, Any], keys: list[str], faults: li
         faults.append("lock-path")
         repo["path"] = draw(st.sampled_from(LOCK_PATHS))
         if draw(st.booleans()):
-            repo["files"][0].update(path=draw(st.sampled_from(LOCK_FILE_NAMES)), size=draw(st.sampled_from((0, 1, 4096))))
+            repo["files"][0].update(
+                path=draw(st.sampled_from(LOCK_FILE_NAMES)), size=draw(st.sampled_from((0, 1, 4096)))
+            )
     elif kind == "file-name":
         faults.append("lock-file-name")
         repo["files"][draw(st.integers(0, len(repo["files"]) - 1))]["path"] = draw(st.sampled_from(LOCK_FILE_NAMES))
     elif kind == "size":
         faults.append("lock-size")
         repo["files"][draw(st.integers(0, len(repo["files"]) - 1))]["size"] = draw(
-            st.sampled_from((0, -1, 2**63, 2**64, True, 1.5, "1", None)))
+            st.sampled_from((0, -1, 2**63, 2**64, True, 1.5, "1", None))
+        )
     elif kind == "repos":
         faults.append("lock-repos")
         document["repos"] = draw(st.sampled_from(([], [repo] * 3, [repo, repo], [repo, {}], [None], {"0": repo})))

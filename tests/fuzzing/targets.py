@@ -68,13 +68,14 @@ from fuzzing.generators import (
     split_safetensors,
 )
 from hypothesis import strategies as st
+from test_hostile import PICKLES, link_out, sparse
+
 from specpair.cli import check as check_command
 from specpair.cli import convert as convert_command
 from specpair.cli import inspect as inspect_command
 from specpair.cli import verify as verify_command
 from specpair.errors import BadInput
 from specpair.formats import gguf
-from test_hostile import PICKLES, link_out, sparse
 
 TIME_LIMIT_S = 2.0
 HANG_LIMIT_S = 10.0
@@ -110,8 +111,9 @@ BASES: dict[str, Base] = {
     "gguf-llama": Base(lambda d: build_gguf_target(_mkdir(d) / "model.gguf", "llama", layers=1)),
     "gguf-qwen35moe": Base(lambda d: build_gguf_target(_mkdir(d) / "model.gguf", "qwen35moe", layers=8)),
     "gguf-dflash": Base(lambda d: build_gguf_dflash(_mkdir(d) / "model.gguf"), pair_with="gguf-qwen35moe"),
-    "gguf-dflash-draft": Base(lambda d: build_gguf_dflash(_mkdir(d) / "model.gguf", arch="dflash-draft"),
-                              pair_with="gguf-qwen35moe"),
+    "gguf-dflash-draft": Base(
+        lambda d: build_gguf_dflash(_mkdir(d) / "model.gguf", arch="dflash-draft"), pair_with="gguf-qwen35moe"
+    ),
     "gguf-qwen3moe": Base(lambda d: _converted(build_target(d / "hf", "qwen3_moe", layers=2), d / "model.gguf")),
     "lock": Base(lambda d: _locked(d, build_target(d / "model", "qwen3", layers=1))),
 }
@@ -119,7 +121,7 @@ BASES: dict[str, Base] = {
 
 def _converted(source: Path, destination: Path) -> Path:
     """A GGUF the fixtures cannot write (qwen3moe: experts stacked in GGUF, one by one in HF), by convert."""
-    from specpair.formats import convert
+    from specpair.convert import converter as convert
 
     convert.execute(convert.plan(convert.open_source(str(source)), convert.parse_target("gguf:F16")), str(destination))
     shutil.rmtree(source)
@@ -144,10 +146,23 @@ def _locked(directory: Path, checkpoint: Path) -> Path:
 
     from specpair.sources.lockfile import LockedFile, LockedRepo, write_lock
 
-    files = [LockedFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-             for p in sorted(checkpoint.iterdir())]
-    repo = LockedRepo("org/model", "target", "0" * 40, "0" * 40, "https://huggingface.co", "local-dir",
-                      str(checkpoint), [], [], False, files)
+    files = [
+        LockedFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(checkpoint.iterdir())
+    ]
+    repo = LockedRepo(
+        "org/model",
+        "target",
+        "0" * 40,
+        "0" * 40,
+        "https://huggingface.co",
+        "local-dir",
+        str(checkpoint),
+        [],
+        [],
+        False,
+        files,
+    )
     write_lock(str(directory / "specpair.lock"), [repo])
     return directory / "specpair.lock"
 
@@ -197,8 +212,9 @@ class Workspace:
         self.originals: dict[str, dict[str, bytes]] = {
             name: {p.name: p.read_bytes() for p in (root / name).iterdir() if p.is_file()} for name in BASES
         }
-        self.header_ends = {(base, name): header_end(name, raw) for base, files in self.originals.items()
-                            for name, raw in files.items()}
+        self.header_ends = {
+            (base, name): header_end(name, raw) for base, files in self.originals.items() for name, raw in files.items()
+        }
         self.elsewhere = root / "elsewhere"  # where hostile symlinks point: never to be opened
         self.scratch = root / "scratch"  # a real conversion's destination
         self.pristine = root / "pristine"  # copies that undo a hostile layout
@@ -252,13 +268,13 @@ class Workspace:
                 shutil.rmtree(directory)
                 shutil.copytree(self.pristine / case.base, directory, symlinks=True)
                 shutil.rmtree(self.elsewhere, ignore_errors=True)
-                return
-            for name in case.files:
-                original = self.originals[case.base].get(name)
-                if original is None:
-                    (directory / name).unlink(missing_ok=True)
-                else:
-                    (directory / name).write_bytes(original)
+            else:
+                for name in case.files:
+                    original = self.originals[case.base].get(name)
+                    if original is None:
+                        (directory / name).unlink(missing_ok=True)
+                    else:
+                        (directory / name).write_bytes(original)
 
 
 def run_command(workspace: Workspace, case: Case) -> None:
@@ -278,9 +294,20 @@ def run_command(workspace: Workspace, case: Case) -> None:
             pair_with = BASES[case.base].pair_with
             target, draft = (str(workspace.refs[pair_with]), ref) if pair_with else (ref, None)
             with contextlib.suppress(typer.Exit):  # the verdict's exit code (0 or 1)
-                check_command.check(target=target, draft=draft, stack=None, gpu="h200", gpus=1, context=None,
-                                    concurrency=1, gguf_file=None, draft_gguf_file=None, offline=False,
-                                    json_output=json_output, quiet=False)
+                check_command.check(
+                    target=target,
+                    draft=draft,
+                    stack=None,
+                    gpu="h200",
+                    gpus=1,
+                    context=None,
+                    concurrency=1,
+                    gguf_file=None,
+                    draft_gguf_file=None,
+                    offline=False,
+                    json_output=json_output,
+                    quiet=False,
+                )
 
 
 def _convert(workspace: Workspace, ref: str, options: list[str]) -> None:
@@ -292,9 +319,20 @@ def _convert(workspace: Workspace, ref: str, options: list[str]) -> None:
     workspace.scratch.mkdir(exist_ok=True)
     accepted = False
     try:
-        convert_command.convert(source=ref, destination=str(destination), to=to, target=None, keep=keep,
-                                device="cpu", workers=1, max_shard_size="5GB", gguf_file=None,
-                                dry_run="--dry-run" in options, json_output="--json" in options, quiet=False)
+        convert_command.convert(
+            source=ref,
+            destination=str(destination),
+            to=to,
+            target=None,
+            keep=keep,
+            device="cpu",
+            workers=1,
+            max_shard_size="5GB",
+            gguf_file=None,
+            dry_run="--dry-run" in options,
+            json_output="--json" in options,
+            quiet=False,
+        )
         accepted = True
     finally:
         left = sorted(p.name for p in workspace.scratch.iterdir())
@@ -373,7 +411,9 @@ def exercise(workspace: Workspace, case: Case) -> Outcome:
         raise PropertyViolation(f"took {seconds:.2f} s of CPU time (limit {TIME_LIMIT_S} s)")
     budget = MEMORY_BASE + MEMORY_PER_INPUT_BYTE * case.size
     if peak > budget:
-        raise PropertyViolation(f"allocated {peak >> 20} MiB at peak for {case.size} input bytes (budget {budget >> 20} MiB)")
+        raise PropertyViolation(
+            f"allocated {peak >> 20} MiB at peak for {case.size} input bytes (budget {budget >> 20} MiB)"
+        )
     return Outcome(problem is None, seconds, peak, str(problem) if problem else None)
 
 
@@ -382,8 +422,12 @@ def _names_its_input(where: str, directory: str, workspace: Workspace, case: Cas
         return True
     if case.command.startswith("convert"):  # a tensor of the checkpoint, or the --to / --keep argument
         names = _tensor_names(workspace, case)
-        return (where.startswith(("--to ", "--keep ")) or TENSOR_NAME.fullmatch(where) is not None
-                or where in names or where.rsplit(".", 1)[0] in names)  # a module's part, present or missing
+        return (
+            where.startswith(("--to ", "--keep "))
+            or TENSOR_NAME.fullmatch(where) is not None
+            or where in names
+            or where.rsplit(".", 1)[0] in names
+        )  # a module's part, present or missing
     # the directory the lock names, or the repo it locks
     return case.base == "lock" and (os.path.isabs(where) or where.startswith("org/model@"))
 
@@ -409,7 +453,7 @@ def _tensor_names(workspace: Workspace, case: Case) -> set[str]:
     for file, raw in {**workspace.originals[case.base], **case.files}.items():
         with contextlib.suppress(Exception):  # a file the readers refused holds no names to match
             if file.endswith(".safetensors"):
-                names |= set(json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")]))
+                names |= set(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")]))
             elif file.endswith(".gguf"):
                 names |= {t.name for t in gguf.read_header(io.BytesIO(raw).read, len(raw), file).tensors}
     return names | {split_module(name)[0] for name in names}
@@ -428,19 +472,38 @@ def _never_to_open(workspace: Workspace, directory: str, path: str) -> bool:
 
 # Objects the HF reader looks into; any key it reads may be set inside any of them.
 CONFIG_CONTAINERS: tuple[KeyPath, ...] = (
-    (), ("text_config",), ("dflash_config",), ("eagle_config",), ("rope_parameters",), ("rope_scaling",),
-    ("quantization_config",), ("quantization_config", "kv_cache_scheme"), ("quantization_config", "producer"),
+    (),
+    ("text_config",),
+    ("dflash_config",),
+    ("eagle_config",),
+    ("rope_parameters",),
+    ("rope_scaling",),
+    ("quantization_config",),
+    ("quantization_config", "kv_cache_scheme"),
+    ("quantization_config", "producer"),
     ("quantization",),
 )
 QUANT_CONTAINERS: tuple[KeyPath, ...] = (
-    ("quantization_config",), ("quantization_config", "kv_cache_scheme"), ("quantization_config", "producer"),
+    ("quantization_config",),
+    ("quantization_config", "kv_cache_scheme"),
+    ("quantization_config", "producer"),
     ("quantization",),
 )
 HOSTILE_SHARD_NAMES = (
-    "../../etc/passwd", "/etc/passwd", "..", ".", "", "./part-0.safetensors",
-    "Part-0.safetensors", "PART-1.SAFETENSORS", "part-0.safetensors/",
-    "sub/../part-0.safetensors", "part-0.safetensors\x00", "tokenizer.json",
-    "config.json", "a\nb.safetensors",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "..",
+    ".",
+    "",
+    "./part-0.safetensors",
+    "Part-0.safetensors",
+    "PART-1.SAFETENSORS",
+    "part-0.safetensors/",
+    "sub/../part-0.safetensors",
+    "part-0.safetensors\x00",
+    "tokenizer.json",
+    "config.json",
+    "a\nb.safetensors",
 )
 
 
@@ -449,8 +512,9 @@ def paths_under(containers: tuple[KeyPath, ...], keys: list[str]) -> list[KeyPat
 
 
 @st.composite
-def json_file_edit(draw: st.DrawFn, workspace: Workspace, base: str, file: str, paths: list[KeyPath],
-                   faults: list[str]) -> dict[str, bytes]:
+def json_file_edit(
+    draw: st.DrawFn, workspace: Workspace, base: str, file: str, paths: list[KeyPath], faults: list[str]
+) -> dict[str, bytes]:
     document = workspace.document(base, file)
     edited = draw(edited_document(document, key_paths(document) + paths, faults))
     return {file: encode_json(edited, ascii_only=draw(st.booleans()))}
@@ -478,7 +542,9 @@ def quant_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: list[st
 @st.composite
 def tokenizer_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: list[str]) -> dict[str, bytes]:
     keys = keys_in_source("checkpoint/tokenizer.py")
-    file = draw(st.sampled_from(["tokenizer.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]))
+    file = draw(
+        st.sampled_from(["tokenizer.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+    )
     if file not in workspace.originals[base]:
         file = "tokenizer.json"
     containers = ((), ("model",), ("added_tokens", "0")) if file == "tokenizer.json" else ((),)
@@ -503,15 +569,22 @@ def tokenizer_to_gguf_case(draw: st.DrawFn, workspace: Workspace, base: str, fau
     """tokenizer.json and its configs (or chat_template.jinja) as `convert --to gguf:*` turns them into keys."""
     if draw(st.integers(0, 4)) == 0:
         faults.append("chat-template")
-        template = draw(st.sampled_from(("", "{{", "\x00", "\ud800", "x" * 100_000, "{% for m in messages %}")) |
-                        st.text(max_size=40))
+        template = draw(
+            st.sampled_from(("", "{{", "\x00", "\ud800", "x" * 100_000, "{% for m in messages %}"))
+            | st.text(max_size=40)
+        )
         return {"chat_template.jinja": template.encode("utf-8", "surrogatepass")}
-    keys = keys_in_source("checkpoint/tokenizer.py", "formats/gguf_tokenizer.py")
-    file = draw(st.sampled_from(["tokenizer.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]))
+    keys = keys_in_source("checkpoint/tokenizer.py", "checkpoint/gguf_tokenizer.py")
+    file = draw(
+        st.sampled_from(["tokenizer.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+    )
     if file not in workspace.originals[base]:
         file = "tokenizer.json"
-    containers = ((), ("model",), ("added_tokens", "0"), ("pre_tokenizer",), ("post_processor",)) \
-        if file == "tokenizer.json" else ((),)
+    containers = (
+        ((), ("model",), ("added_tokens", "0"), ("pre_tokenizer",), ("post_processor",))
+        if file == "tokenizer.json"
+        else ((),)
+    )
     return draw(json_file_edit(workspace, base, file, paths_under(containers, keys), faults))
 
 
@@ -520,10 +593,25 @@ def _gguf_header(workspace: Workspace, base: str) -> gguf.GGUFHeader:
     return gguf.read_header(io.BytesIO(raw).read, len(raw), "model.gguf")
 
 
-GGUF_TOKENIZER_KEYS = tuple(f"tokenizer.ggml.{k}" for k in (
-    "model", "pre", "tokens", "token_type", "merges", "bos_token_id", "eos_token_id", "unknown_token_id",
-    "padding_token_id", "eot_token_id", "eom_token_id", "add_bos_token", "add_eos_token", "mask_token_id")) + (
-    "tokenizer.chat_template",)
+GGUF_TOKENIZER_KEYS = tuple(
+    f"tokenizer.ggml.{k}"
+    for k in (
+        "model",
+        "pre",
+        "tokens",
+        "token_type",
+        "merges",
+        "bos_token_id",
+        "eos_token_id",
+        "unknown_token_id",
+        "padding_token_id",
+        "eot_token_id",
+        "eom_token_id",
+        "add_bos_token",
+        "add_eos_token",
+        "mask_token_id",
+    )
+) + ("tokenizer.chat_template",)
 
 
 @st.composite
@@ -531,17 +619,27 @@ def gguf_tokenizer_case(draw: st.DrawFn, workspace: Workspace, base: str, faults
     """A GGUF whose `tokenizer.*` keys are hostile, as `convert --to bf16` turns them into tokenizer files."""
     header = _gguf_header(workspace, base)
     edits = tuple(e for e in GGUF_EDITS if not e.startswith(("tensor", "architecture")))
-    raw = draw(gguf_edit(workspace.originals[base]["model.gguf"], header.fields, header.types, GGUF_TOKENIZER_KEYS,
-                         faults, edits=edits))
+    raw = draw(
+        gguf_edit(
+            workspace.originals[base]["model.gguf"],
+            header.fields,
+            header.types,
+            GGUF_TOKENIZER_KEYS,
+            faults,
+            edits=edits,
+        )
+    )
     return {"model.gguf": raw}
 
 
 def gguf_arch_keys() -> tuple[str, ...]:
     """The keys gguf_arch.from_gguf looks up: every `{arch}.*` hyper-parameter, the fork's keys, the mask token."""
-    from specpair.formats import gguf_arch
+    from specpair.checkpoint import gguf_arch
 
     keys = {"{arch}." + key for _, key, _, _ in gguf_arch.HPARAMS}
-    keys |= {f"dflash.{key}" for _, key, _, _ in gguf_arch.HPARAMS} | {"dflash-draft.dflash." + k for k in gguf_arch.FORK_KEYS}
+    keys |= {f"dflash.{key}" for _, key, _, _ in gguf_arch.HPARAMS} | {
+        "dflash-draft.dflash." + k for k in gguf_arch.FORK_KEYS
+    }
     keys |= {"{arch}.dflash." + k for k in gguf_arch.UNMAPPED_DFLASH_KEYS}
     return tuple(sorted(keys | {gguf_arch.MASK_TOKEN_KEY, "general.architecture", "general.alignment"}))
 
@@ -551,8 +649,13 @@ def gguf_arch_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: lis
     """A GGUF whose hyper-parameters, architecture and tensor infos are hostile, as convert maps it to HF."""
     header = _gguf_header(workspace, base)
     names = [t.name for t in header.tensors]
-    return {"model.gguf": draw(gguf_edit(workspace.originals[base]["model.gguf"], header.fields, header.types,
-                                         gguf_arch_keys(), faults, names))}
+    return {
+        "model.gguf": draw(
+            gguf_edit(
+                workspace.originals[base]["model.gguf"], header.fields, header.types, gguf_arch_keys(), faults, names
+            )
+        )
+    }
 
 
 @st.composite
@@ -562,8 +665,11 @@ def exl3_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: list[str
 
 @st.composite
 def mlx_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: list[str]) -> dict[str, bytes]:
-    return draw(mlx_quantization_edit(workspace.document(base, "config.json"),
-                                      workspace.originals[base]["model.safetensors"], faults))
+    return draw(
+        mlx_quantization_edit(
+            workspace.document(base, "config.json"), workspace.originals[base]["model.safetensors"], faults
+        )
+    )
 
 
 @st.composite
@@ -579,13 +685,20 @@ def plan_case(draw: st.DrawFn, workspace: Workspace, base: str, faults: list[str
         if draw(st.booleans()):
             return draw(gguf_arch_case(workspace, base, faults))
         return {"model.gguf": draw(gguf_file(faults))}
-    kind = draw(st.sampled_from(("safetensors", "config", "quantization")
-                                + (("tokenizer",) if "tokenizer.json" in workspace.originals[base] else ())
-                                + (("index",) if base == "qwen3-sharded" else ())))
+    kind = draw(
+        st.sampled_from(
+            ("safetensors", "config", "quantization")
+            + (("tokenizer",) if "tokenizer.json" in workspace.originals[base] else ())
+            + (("index",) if base == "qwen3-sharded" else ())
+        )
+    )
     if kind == "safetensors":
         return {"model.safetensors": draw(safetensors_file(faults))}
-    return draw({"config": config_case, "quantization": quant_case, "tokenizer": tokenizer_to_gguf_case,
-                 "index": index_case}[kind](workspace, base, faults))
+    return draw(
+        {"config": config_case, "quantization": quant_case, "tokenizer": tokenizer_to_gguf_case, "index": index_case}[
+            kind
+        ](workspace, base, faults)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -621,8 +734,9 @@ def _index_outside(workspace: Workspace, directory: Path, name: str) -> None:
     shard = sorted(set(document["weight_map"].values()))[-1]
     workspace.elsewhere.mkdir(exist_ok=True)
     shutil.copy(directory / shard, workspace.elsewhere / shard)
-    document["weight_map"] = {k: f"../{workspace.elsewhere.name}/{shard}" if v == shard else v
-                              for k, v in document["weight_map"].items()}
+    document["weight_map"] = {
+        k: f"../{workspace.elsewhere.name}/{shard}" if v == shard else v for k, v in document["weight_map"].items()
+    }
     index.write_text(json.dumps(document))
 
 
@@ -664,10 +778,13 @@ def hostile_layout(draw: st.DrawFn, workspace: Workspace, base: str, faults: lis
     """One hostile layout operation on one file of the base (a GGUF named on the command line is the user's
     own choice, so it is not symlinked away)."""
     names = sorted(workspace.originals[base])
-    operations = [op for op in HOSTILE_LAYOUTS
-                  if not (op.startswith("symlink") and base.startswith("gguf"))
-                  and (op != "index-outside" or "model.safetensors.index.json" in names)
-                  and (op != "custom-code" or "config.json" in names)]
+    operations = [
+        op
+        for op in HOSTILE_LAYOUTS
+        if not (op.startswith("symlink") and base.startswith("gguf"))
+        and (op != "index-outside" or "model.safetensors.index.json" in names)
+        and (op != "custom-code" or "config.json" in names)
+    ]
     operation = draw(st.sampled_from(operations))
     faults.append(operation)
     return ((operation, draw(st.sampled_from(names))),)
@@ -695,49 +812,145 @@ def _dry_runs(*specs: str) -> tuple[str, ...]:
 
 HF_BASES = ("qwen3", "llama", "qwen3.5-moe-nvfp4", "qwen3-mlx", "qwen3-exl3", "dflash", "eagle3")
 GGUF_BASES = ("gguf-llama", "gguf-qwen35moe", "gguf-qwen3moe", "gguf-dflash", "gguf-dflash-draft")
-CONVERT_SPECS = ("bf16", "f32", "fp8", "fp8:tensor", "nvfp4", "nvfp4:ct", "nvfp4:mlx", "affine4", "affine:8:32:minmax",
-                 "gguf:Q8_0", "gguf:Q4_K", "gguf:NVFP4", "exl3:4")
-TARGETS: dict[str, Target] = {t.name: t for t in (
-    Target("safetensors", "formats/safetensors.read_header, formats/layouts.classify", HF_BASES,
-           ("model.safetensors",), lambda w, b, f: safetensors_file(f).map(lambda raw: {"model.safetensors": raw})),
-    Target("gguf", "formats/gguf.read_header, checkpoint/gguf.build", ("gguf-llama", "gguf-qwen35moe", "gguf-dflash"),
-           ("model.gguf",), lambda w, b, f: gguf_file(f).map(lambda raw: {"model.gguf": raw})),
-    Target("config", "config.json: checkpoint/hf.build via sources.read_checkpoint", HF_BASES,
-           ("config.json",), config_case),
-    Target("tokenizer", "tokenizer.json: checkpoint/tokenizer.from_tokenizer_json",
-           ("qwen3", "qwen3.5-moe-nvfp4", "dflash", "llama"),
-           ("tokenizer.json", "tokenizer_config.json", "generation_config.json"), tokenizer_case),
-    Target("index", "model.safetensors.index.json: sources._safetensors_shards, _check_index", ("qwen3-sharded",),
-           ("model.safetensors.index.json",), index_case),
-    Target("quantization", "quantization_config, hf_quant_config.json, MLX quantization, EXL3 quantization_config.json",
-           ("qwen3.5-moe-nvfp4", "qwen3-fp8", "qwen3-nvfp4-ct", "qwen3-mlx", "qwen3-exl3"),
-           ("config.json", "hf_quant_config.json", "quantization_config.json"), quant_case),
-    Target("tokenizer-to-gguf", "tokenizer.json and configs -> GGUF keys: formats/gguf_tokenizer.gguf_tokenizer_fields "
-           "(convert --dry-run --to gguf:*)", ("qwen3", "llama", "qwen3.5-moe-nvfp4", "dflash"),
-           ("tokenizer.json", "tokenizer_config.json", "generation_config.json"), tokenizer_to_gguf_case,
-           _dry_runs("gguf:F16", "gguf:Q8_0 --json"), examples=100),
-    Target("tokenizer-from-gguf", "GGUF tokenizer.* keys -> tokenizer files: formats/gguf_tokenizer.hf_tokenizer_files "
-           "(convert --dry-run --to bf16)", GGUF_BASES, ("model.gguf",), gguf_tokenizer_case,
-           _dry_runs("bf16", "bf16 --json"), examples=100),
-    Target("gguf-arch", "GGUF header -> config.json and tensor maps: formats/gguf_arch.from_gguf, to_gguf for "
-           "dflash-draft (convert; real conversions of accepted inputs too)", GGUF_BASES, ("model.gguf",),
-           gguf_arch_case, (*_dry_runs("bf16", "fp8 --json", "gguf:Q8_0"), "convert --to bf16"), share=0.8,
-           examples=100),
-    Target("exl3", "EXL3 trellis, scales and codebook markers -> formats/exl3.dequantize (convert --to bf16/f32, "
-           "real conversions)", ("qwen3-exl3",), ("model.safetensors",), exl3_case,
-           ("convert --to bf16", "convert --to f32", "convert --dry-run --to bf16"), share=0.5, examples=100),
-    Target("mlx", "MLX quantization defaults and per-module overrides -> formats/layouts.classify, weights.hf_weights "
-           "(inspect, convert: plans and real conversions)", ("qwen3-mlx",), ("config.json", "model.safetensors"),
-           mlx_case, ("inspect --json", *_dry_runs("bf16"), "convert --to bf16", "convert --to affine:8:64"), share=0.6,
-           examples=100),
-    Target("lockfile", "specpair.lock: sources/lockfile.read_lock, verify, open_locked_pair (verify, check)", ("lock",),
-           ("specpair.lock",), lock_case, ("verify", "verify --json", "check", "check --json"), examples=100),
-    Target("convert-plan", "convert planning on hostile checkpoints: formats/convert.open_source, plan (--dry-run), "
-           "with tests/test_hostile.py's layouts", (*HF_BASES, "qwen3-sharded", "gguf-llama", "gguf-dflash"),
-           ("config.json", "model.safetensors", "model.gguf", "tokenizer.json", "model.safetensors.index.json"),
-           plan_case, (*_dry_runs(*CONVERT_SPECS), "convert --dry-run --to gguf:Q8_0 --json",
-                       "convert --dry-run --to fp8 --keep *.mlp.*=bf16"), hostile_layouts=True, examples=100),
-)}
+CONVERT_SPECS = (
+    "bf16",
+    "f32",
+    "fp8",
+    "fp8:tensor",
+    "nvfp4",
+    "nvfp4:ct",
+    "nvfp4:mlx",
+    "affine4",
+    "affine:8:32:minmax",
+    "gguf:Q8_0",
+    "gguf:Q4_K",
+    "gguf:NVFP4",
+    "exl3:4",
+)
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            "safetensors",
+            "formats/safetensors.read_header, formats/layouts.classify",
+            HF_BASES,
+            ("model.safetensors",),
+            lambda w, b, f: safetensors_file(f).map(lambda raw: {"model.safetensors": raw}),
+        ),
+        Target(
+            "gguf",
+            "formats/gguf.read_header, checkpoint/gguf.build",
+            ("gguf-llama", "gguf-qwen35moe", "gguf-dflash"),
+            ("model.gguf",),
+            lambda w, b, f: gguf_file(f).map(lambda raw: {"model.gguf": raw}),
+        ),
+        Target(
+            "config",
+            "config.json: checkpoint/hf.build via sources.read_checkpoint",
+            HF_BASES,
+            ("config.json",),
+            config_case,
+        ),
+        Target(
+            "tokenizer",
+            "tokenizer.json: checkpoint/tokenizer.from_tokenizer_json",
+            ("qwen3", "qwen3.5-moe-nvfp4", "dflash", "llama"),
+            ("tokenizer.json", "tokenizer_config.json", "generation_config.json"),
+            tokenizer_case,
+        ),
+        Target(
+            "index",
+            "model.safetensors.index.json: sources._safetensors_shards, _check_index",
+            ("qwen3-sharded",),
+            ("model.safetensors.index.json",),
+            index_case,
+        ),
+        Target(
+            "quantization",
+            "quantization_config, hf_quant_config.json, MLX quantization, EXL3 quantization_config.json",
+            ("qwen3.5-moe-nvfp4", "qwen3-fp8", "qwen3-nvfp4-ct", "qwen3-mlx", "qwen3-exl3"),
+            ("config.json", "hf_quant_config.json", "quantization_config.json"),
+            quant_case,
+        ),
+        Target(
+            "tokenizer-to-gguf",
+            "tokenizer.json and configs -> GGUF keys: checkpoint/gguf_tokenizer.gguf_tokenizer_fields "
+            "(convert --dry-run --to gguf:*)",
+            ("qwen3", "llama", "qwen3.5-moe-nvfp4", "dflash"),
+            ("tokenizer.json", "tokenizer_config.json", "generation_config.json"),
+            tokenizer_to_gguf_case,
+            _dry_runs("gguf:F16", "gguf:Q8_0 --json"),
+            examples=100,
+        ),
+        Target(
+            "tokenizer-from-gguf",
+            "GGUF tokenizer.* keys -> tokenizer files: checkpoint/gguf_tokenizer.hf_tokenizer_files "
+            "(convert --dry-run --to bf16)",
+            GGUF_BASES,
+            ("model.gguf",),
+            gguf_tokenizer_case,
+            _dry_runs("bf16", "bf16 --json"),
+            examples=100,
+        ),
+        Target(
+            "gguf-arch",
+            "GGUF header -> config.json and tensor maps: checkpoint/gguf_arch.from_gguf, to_gguf for "
+            "dflash-draft (convert; real conversions of accepted inputs too)",
+            GGUF_BASES,
+            ("model.gguf",),
+            gguf_arch_case,
+            (*_dry_runs("bf16", "fp8 --json", "gguf:Q8_0"), "convert --to bf16"),
+            share=0.8,
+            examples=100,
+        ),
+        Target(
+            "exl3",
+            "EXL3 trellis, scales and codebook markers -> formats/exl3.dequantize (convert --to bf16/f32, "
+            "real conversions)",
+            ("qwen3-exl3",),
+            ("model.safetensors",),
+            exl3_case,
+            ("convert --to bf16", "convert --to f32", "convert --dry-run --to bf16"),
+            share=0.5,
+            examples=100,
+        ),
+        Target(
+            "mlx",
+            "MLX quantization defaults and per-module overrides -> formats/layouts.classify, weights.hf_weights "
+            "(inspect, convert: plans and real conversions)",
+            ("qwen3-mlx",),
+            ("config.json", "model.safetensors"),
+            mlx_case,
+            ("inspect --json", *_dry_runs("bf16"), "convert --to bf16", "convert --to affine:8:64"),
+            share=0.6,
+            examples=100,
+        ),
+        Target(
+            "lockfile",
+            "specpair.lock: sources/lockfile.read_lock, verify, open_locked_pair (verify, check)",
+            ("lock",),
+            ("specpair.lock",),
+            lock_case,
+            ("verify", "verify --json", "check", "check --json"),
+            examples=100,
+        ),
+        Target(
+            "convert-plan",
+            "convert planning on hostile checkpoints: convert/converter.open_source, plan (--dry-run), "
+            "with tests/test_hostile.py's layouts",
+            (*HF_BASES, "qwen3-sharded", "gguf-llama", "gguf-dflash"),
+            ("config.json", "model.safetensors", "model.gguf", "tokenizer.json", "model.safetensors.index.json"),
+            plan_case,
+            (
+                *_dry_runs(*CONVERT_SPECS),
+                "convert --dry-run --to gguf:Q8_0 --json",
+                "convert --dry-run --to fp8 --keep *.mlp.*=bf16",
+            ),
+            hostile_layouts=True,
+            examples=100,
+        ),
+    )
+}
 
 
 @st.composite
@@ -758,8 +971,13 @@ def cases(draw: st.DrawFn, workspace: Workspace, target: Target, mode: str) -> C
 
 def case_input(case: Case) -> dict[str, Any]:
     """A crash reproducer: the case with its files as latin-1 text (lossless for any bytes)."""
-    return {"base": case.base, "command": case.command, "faults": list(case.faults), "layout": list(case.layout),
-            "files": {name: raw.decode("latin-1") for name, raw in case.files.items()}}
+    return {
+        "base": case.base,
+        "command": case.command,
+        "faults": list(case.faults),
+        "layout": list(case.layout),
+        "files": {name: raw.decode("latin-1") for name, raw in case.files.items()},
+    }
 
 
 def temporary_workspace() -> Workspace:

@@ -15,8 +15,10 @@ BATCH, TOKENS, Q_HEADS, KV_HEADS, CACHE = 3, 5, 4, 2, 300
 
 def cache(head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(head_dim)
-    return (torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype),
-            torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype))
+    return (
+        torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype),
+        torch.randn(BATCH, CACHE, KV_HEADS, head_dim).to(dtype),
+    )
 
 
 def ranges(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +36,9 @@ def ranges(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     return start.int(), end.int()
 
 
-def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-          scale: float) -> torch.Tensor:
+def exact(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor, scale: float
+) -> torch.Tensor:
     group = Q_HEADS // KV_HEADS
     keys = k.double().repeat_interleave(group, 2).transpose(1, 2)  # [B, Hq, S, D]
     values = v.double().repeat_interleave(group, 2).transpose(1, 2)
@@ -58,15 +61,21 @@ def test_attention(kind: str, split: int, monkeypatch: pytest.MonkeyPatch) -> No
     k, v = cache(head_dim, torch.float32)
     q = torch.randn(BATCH, TOKENS, Q_HEADS, head_dim)
     start, end = ranges(kind)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     want = exact(q, k, v, start, end, scale)
     for name, fn in FUNCTIONS.items():
         got = fn(q, k, v, start, end, scale)
         assert not got.isnan().any(), name
         assert ((got.double() - want).abs() <= 1e-5).all(), name
         for b, t in ((0, 0), (2, TOKENS - 1), (1, 2)):  # a query alone (decode) vs in its verify block and batch
-            alone = fn(q[b:b + 1, t:t + 1].clone(), k[b:b + 1].clone(), v[b:b + 1].clone(),
-                       start[b:b + 1, t:t + 1].clone(), end[b:b + 1, t:t + 1].clone(), scale)
+            alone = fn(
+                q[b : b + 1, t : t + 1].clone(),
+                k[b : b + 1].clone(),
+                v[b : b + 1].clone(),
+                start[b : b + 1, t : t + 1].clone(),
+                end[b : b + 1, t : t + 1].clone(),
+                scale,
+            )
             assert torch.equal(alone[0, 0], got[b, t]), name
         sequence = fn(q[1:2].clone(), k[1:2].clone(), v[1:2].clone(), start[1:2].clone(), end[1:2].clone(), scale)
         assert torch.equal(sequence[0], got[1]), name
@@ -78,10 +87,10 @@ def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
     k, v = cache(head_dim, dtype)
     q = torch.randn(BATCH, TOKENS, Q_HEADS, head_dim).to(dtype)
     start, end = ranges("causal")
-    want = exact(q, k, v, start, end, head_dim ** -0.5)
-    got = attention.attention_triton(q, k, v, start, end, head_dim ** -0.5)
+    want = exact(q, k, v, start, end, head_dim**-0.5)
+    got = attention.attention_triton(q, k, v, start, end, head_dim**-0.5)
     assert got.dtype == dtype and not got.isnan().any()
-    rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0
+    rounding = 2.0**-8 if dtype == torch.bfloat16 else 0.0
     assert ((got.double() - want).abs() <= 1e-5 + rounding * want.abs()).all()
 
 
@@ -94,8 +103,8 @@ def test_cache_outside_the_ranges_is_never_read(monkeypatch: pytest.MonkeyPatch)
     clean = {name: fn(q, k, v, start, end, 0.2) for name, fn in FUNCTIONS.items()}
     for b in range(BATCH):
         for c in (k, v):
-            c[b, :int(start[b].min())] = float("nan")
-            c[b, int(end[b].max()):] = float("nan")
+            c[b, : int(start[b].min())] = float("nan")
+            c[b, int(end[b].max()) :] = float("nan")
     for name, fn in FUNCTIONS.items():
         assert torch.equal(fn(q, k, v, start, end, 0.2), clean[name]), name
 

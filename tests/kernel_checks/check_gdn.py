@@ -43,8 +43,15 @@ def test_reference_is_transformers(shape: tuple[int, ...], dtype: torch.dtype) -
     t = inputs(shape, dtype)
     out, state, _ = run(gdn.gdn_recurrent_reference, t, steps=False)
     want, want_state = torch_recurrent_gated_delta_rule(
-        t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["state"].clone(), output_final_state=True,
-        use_qk_l2norm_in_kernel=True)
+        t["q"],
+        t["k"],
+        t["v"],
+        t["g"],
+        t["beta"],
+        initial_state=t["state"].clone(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     assert out.dtype == dtype
     assert torch.equal(out, want) and torch.equal(state, want_state)
 
@@ -56,7 +63,7 @@ def test_kernel_against_reference(shape: tuple[int, ...], dtype: torch.dtype) ->
     out, state, steps = run(gdn.gdn_recurrent_triton, t)
     want, want_state, want_steps = run(gdn.gdn_recurrent_reference, t)
     assert out.dtype == dtype and not out.isnan().any() and not steps.isnan().any()
-    rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0
+    rounding = 2.0**-8 if dtype == torch.bfloat16 else 0.0
     assert ((out.float() - want.float()).abs() <= 1e-5 + rounding * want.float().abs()).all()
     assert ((state - want_state).abs() <= 1e-5).all()
     assert ((steps - want_steps).abs() <= 1e-5).all()
@@ -71,14 +78,14 @@ def test_batch_invariance(fn) -> None:
     # token by token (decode) from the same start: the same outputs, states, and per-token states
     decoded = {"state": t["state"].clone()}
     for i in range(tokens):
-        one = {k: v[:, i:i + 1] for k, v in t.items() if k != "state"} | {"state": decoded["state"]}
+        one = {k: v[:, i : i + 1] for k, v in t.items() if k != "state"} | {"state": decoded["state"]}
         o, decoded["state"], s = run(fn, one)
         assert torch.equal(o[:, 0], out[:, i])
         assert torch.equal(s[:, 0], steps[:, i])
     assert torch.equal(decoded["state"], state)
     # one sequence alone vs in the batch
     for b in (0, batch - 1):
-        alone = {k: v[b:b + 1].clone() for k, v in t.items()}
+        alone = {k: v[b : b + 1].clone() for k, v in t.items()}
         o, s, st = run(fn, alone)
         assert torch.equal(o[0], out[b]) and torch.equal(s[0], state[b]) and torch.equal(st[0], steps[b])
 

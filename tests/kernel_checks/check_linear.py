@@ -7,17 +7,28 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpair.errors import BadInput
 from specpair.formats.codecs import codec
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels import linear
 
 N = 40  # two column blocks of 32, the second partial
-# K per layout: past a multiple of 128 where the layout allows (a partial last step), and long enough that
-# the weight's shape asks for a split of K in most layouts (both paths of the kernel run)
+# K per layout: a partial last loop step where the layout allows one (fp8 and dense past a multiple of 128,
+# NVFP4 past one of 256, an odd number of affine groups, 17 Q8_0 blocks), and long enough that the weight's
+# shape asks for a split of K (both paths of the kernel run). Q8_0's rows of 17·34 bytes start at 2 mod 4
+# every other row, and Q6_K's second block of a row does (210 bytes): the realigned word reads.
 LAYOUT_K = {
-    "bf16": 528, "f16": 528, "f32": 528, "fp8-tensor": 528, "fp8-block": 528, "nvfp4-modelopt": 528,
-    **{f"affine{bits}-g{group}": 256 for bits in (4, 8) for group in (32, 64, 128)},
-    "gguf-Q8_0": 256, "gguf-Q4_K": 512, "gguf-Q5_K": 512, "gguf-Q6_K": 512,
+    "bf16": 528,
+    "f16": 528,
+    "f32": 528,
+    "fp8-tensor": 528,
+    "fp8-block": 528,
+    "nvfp4-modelopt": 784,
+    **{f"affine{bits}-g{group}": {32: 352, 64: 576, 128: 1152}[group] for bits in (4, 8) for group in (32, 64, 128)},
+    "gguf-Q8_0": 544,
+    "gguf-Q4_K": 1024,
+    "gguf-Q5_K": 1024,
+    "gguf-Q6_K": 1024,
 }
 ROWS = 19
 
@@ -26,11 +37,12 @@ def assert_close_to(got: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor,
     """|got − exact| <= rel·scale + half an ulp of got's dtype: `scale` is Σ|x||w| of each output (a float32 sum
     of K products errs by a small multiple of eps·Σ|x||w|), `exact` the float64 result."""
     assert not got.isnan().any(), "unwritten (NaN) elements"
-    bound = rel * scale + (2.0 ** -8 if got.dtype == torch.bfloat16 else 0.0) * exact.abs()
+    bound = rel * scale + (2.0**-8 if got.dtype == torch.bfloat16 else 0.0) * exact.abs()
     err = (got.double() - exact).abs()
     worst = (err - bound).argmax()
-    assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g}"
-                                  f" at {worst.item()}")
+    assert (err <= bound).all(), (
+        f"error {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g} at {worst.item()}"
+    )
 
 
 def packed(layout: str, w: torch.Tensor, name: str = "model.layers.0.mlp.up_proj.weight") -> Packed:
@@ -54,6 +66,16 @@ def test_layouts_with_kernels_are_the_ones_listed() -> None:
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUT_K))
+def test_checked_shapes_run_every_loop_path(layout: str) -> None:
+    """The K above splits into two or more parts, and (where the layout allows) ends in a partial step."""
+    op = linear._operand(packed(layout, torch.randn(N, LAYOUT_K[layout])))
+    tiles = linear._config(op)
+    assert tiles.splits >= 2
+    if layout.startswith(("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "gguf-Q8_0")):
+        assert op.k % tiles.step
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUT_K))
 def test_matmul_layout(layout: str) -> None:
     """bf16 activations, as on the GPU: a bf16 result rounded once from the float32 sum."""
     torch.manual_seed(hash(layout) % 1000)
@@ -67,7 +89,7 @@ def test_matmul_layout(layout: str) -> None:
     assert_close_to(kernel, truth, scale, 1e-6)
     assert_close_to(reference, truth, scale, 1e-6)
     for row in (0, ROWS - 1):
-        alone = x[row:row + 1].clone()
+        alone = x[row : row + 1].clone()
         assert torch.equal(linear.matmul_triton(alone, w)[0], kernel[row])
         assert torch.equal(linear.matmul_reference(alone, w)[0], reference[row])
 
@@ -83,6 +105,67 @@ def test_matmul_dense_tensor(dtype: torch.dtype) -> None:
     assert_close_to(kernel, truth, scale, 1e-6)
     assert_close_to(linear.matmul_reference(x, w), truth, scale, 1e-6)
     assert torch.equal(linear.matmul_triton(x[16:17].clone(), w)[0], kernel[16])
+
+
+@pytest.mark.parametrize("layout, k", [("gguf-Q8_0", 288), ("gguf-Q6_K", 256)])
+def test_realigned_words(layout: str, k: int) -> None:
+    """Q8_0 and Q6_K rows of 306 and 210 bytes: odd rows start at 2 mod 4, and 41 of them do not fill whole
+    words (the kernel reads a zero-padded copy); a weight whose bytes start at 2 mod 4 (a view into a larger
+    buffer) reads the same bits as an aligned one."""
+    torch.manual_seed(5)
+    w = packed(layout, torch.randn(41, k))
+    data = w.parts[""]
+    assert data.numel() % 4 == 2
+    buffer = torch.zeros(data.numel() + 2, dtype=torch.uint8)
+    buffer[2:] = data.reshape(-1)
+    shifted = Packed(w.name, w.layout, w.shape, {"": buffer[2:].view(data.shape)})
+    assert shifted.parts[""].data_ptr() % 4 == 2
+    x = torch.randn(5, k).bfloat16()
+    truth, scale = exact(x, w.dequantize())
+    kernel = linear.matmul_triton(x, w)
+    assert_close_to(kernel, truth, scale, 1e-6)
+    assert torch.equal(linear.matmul_triton(x, shifted), kernel)
+    assert torch.equal(linear.matmul_triton(x[4:5].clone(), w)[0], kernel[4])
+
+
+@pytest.mark.parametrize("layout", ["fp8-tensor", "fp8-block"])
+def test_fp8_subnormal_codes(layout: str) -> None:
+    """E4M3 codes with a zero exponent (|value| < 2^-6), every sign: decoded through bf16 subnormals."""
+    torch.manual_seed(8)
+    codes = torch.randint(0, 8, (N, 128), dtype=torch.uint8) | (torch.randint(0, 2, (N, 128), dtype=torch.uint8) << 7)
+    base = packed(layout, torch.randn(N, 128))
+    parts = {**base.parts, ".weight": codes.view(torch.float8_e4m3fn)}
+    w = Packed(base.name, layout, base.shape, parts)
+    x = torch.randn(3, 128).bfloat16()
+    truth, scale = exact(x, w.dequantize())
+    assert_close_to(linear.matmul_triton(x, w), truth, scale, 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["fp8-tensor", "fp8-block"])
+def test_rows_not_whole_words_are_refused(layout: str) -> None:
+    """FP8 codes are read four to a word: a K that is not a multiple of 4 is refused, naming the weight."""
+    w = packed(layout, torch.randn(N, 130))
+    with pytest.raises(BadInput, match="up_proj.weight.*not whole words"):
+        linear.matmul_triton(torch.randn(2, 130).bfloat16(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_affine_scales_wider_than_bf16(dtype: torch.dtype) -> None:
+    """f16 or float32 scales and biases (MLX models stored in those dtypes): a bias enters the dots as two or
+    three exact bf16 parts, so its products stay exact."""
+    torch.manual_seed(6)
+    base = packed("affine4-g64", torch.randn(N, 256))
+    groups = base.parts[".scales"].shape
+    parts = {
+        ".weight": base.parts[".weight"],
+        ".scales": (torch.rand(groups) * 0.1 + 0.01).to(dtype),
+        ".biases": (torch.randn(groups) * 0.3).to(dtype),
+    }
+    w = Packed(base.name, base.layout, base.shape, parts)
+    assert not torch.equal(parts[".biases"].bfloat16().to(dtype), parts[".biases"])
+    x = torch.randn(3, 256).bfloat16()
+    truth, scale = exact(x, w.dequantize())
+    assert_close_to(linear.matmul_triton(x, w), truth, scale, 1e-6)
 
 
 def test_matmul_column_order() -> None:
@@ -115,18 +198,23 @@ def test_other_nvfp4_flavours_repack_exactly(layout: str) -> None:
 
 
 def check_experts(w: torch.Tensor | Packed, dequantized: torch.Tensor, x: torch.Tensor, ids: torch.Tensor) -> None:
-    truth = torch.stack([torch.stack([x[t].double() @ dequantized[e].double().T for e in row.tolist()])
-                         for t, row in enumerate(ids)])
-    scale = torch.stack([torch.stack([x[t].double().abs() @ dequantized[e].double().abs().T for e in row.tolist()])
-                         for t, row in enumerate(ids)])
+    truth = torch.stack(
+        [torch.stack([x[t].double() @ dequantized[e].double().T for e in row.tolist()]) for t, row in enumerate(ids)]
+    )
+    scale = torch.stack(
+        [
+            torch.stack([x[t].double().abs() @ dequantized[e].double().abs().T for e in row.tolist()])
+            for t, row in enumerate(ids)
+        ]
+    )
     kernel = linear.matmul_experts_triton(x, w, ids)
     reference = linear.matmul_experts_reference(x, w, ids)
     assert kernel.shape == reference.shape == (x.shape[0], ids.shape[1], dequantized.shape[1])
     assert_close_to(kernel, truth, scale, 1e-6)
     assert_close_to(reference, truth, scale, 1e-6)
     for t in (0, x.shape[0] - 1):  # a token alone (decode) vs among the others (verify)
-        assert torch.equal(linear.matmul_experts_triton(x[t:t + 1].clone(), w, ids[t:t + 1])[0], kernel[t])
-        assert torch.equal(linear.matmul_experts_reference(x[t:t + 1].clone(), w, ids[t:t + 1])[0], reference[t])
+        assert torch.equal(linear.matmul_experts_triton(x[t : t + 1].clone(), w, ids[t : t + 1])[0], kernel[t])
+        assert torch.equal(linear.matmul_experts_reference(x[t : t + 1].clone(), w, ids[t : t + 1])[0], reference[t])
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUT_K))
@@ -137,6 +225,22 @@ def test_matmul_experts_layout(layout: str) -> None:
     x = torch.randn(3, k)
     ids = torch.tensor([[2, 0], [0, 2], [1, 2]])
     check_experts(w, w.dequantize(), x, ids)
+
+
+@pytest.mark.parametrize("layout", ["bf16", "nvfp4-modelopt", "gguf-Q6_K"])
+def test_matmul_experts_window_equals_sorted(layout: str) -> None:
+    """Up to 16 tokens find their expert's other tokens in the kernel (the window); the sorted tile table gives
+    the same bits: a token naming one expert twice, an expert shared by all tokens, 16 tokens of top-16."""
+    torch.manual_seed(7)
+    experts = 17 if layout == "bf16" else 4
+    w = stacked(layout, [torch.randn(N, 256) for _ in range(experts)])
+    x = torch.randn(16, 256).bfloat16()
+    few = torch.tensor([[0, 0, 2], [2, 0, 0], [1, 2, 3]])
+    cases = [(3, few)] + [(16, torch.stack([torch.randperm(17)[:16] for _ in range(16)]))] * (experts == 17)
+    for tokens, ids in cases:
+        window = linear.matmul_experts_triton(x[:tokens], w, ids, window=True)
+        assert torch.equal(window, linear.matmul_experts_triton(x[:tokens], w, ids, window=False))
+    check_experts(w, w.dequantize(), x[:3], few)
 
 
 def test_matmul_experts_many_tokens_per_expert() -> None:

@@ -30,7 +30,7 @@ def module(cls: type, weight: torch.Tensor) -> torch.nn.Module:
 
 def assert_within_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == want.dtype and not got.isnan().any()
-    ulps = 2.0 ** -21 if want.dtype == torch.float32 else 2.0 ** -7  # a few float32 ulps, or one bf16 ulp
+    ulps = 2.0**-21 if want.dtype == torch.float32 else 2.0**-7  # a few float32 ulps, or one bf16 ulp
     assert ((got.float() - want.float()).abs() <= ulps * want.float().abs() + 1e-30).all()
 
 
@@ -43,7 +43,7 @@ def assert_rows_alone_equal(fn, x: torch.Tensor, *rest: torch.Tensor) -> None:
     full = fn(x, *rest)
     rows, others = x.reshape(-1, x.shape[-1]), [r.reshape(-1, x.shape[-1]) if r.shape == x.shape else r for r in rest]
     for i in (0, rows.shape[0] - 1):
-        alone = fn(rows[i:i + 1].clone(), *[o[i:i + 1].clone() if o.shape == rows.shape else o for o in others])
+        alone = fn(rows[i : i + 1].clone(), *[o[i : i + 1].clone() if o.shape == rows.shape else o for o in others])
         assert torch.equal(alone[0], full.reshape(rows.shape)[i])
 
 
@@ -57,7 +57,7 @@ def test_zero_centred(shape: tuple[int, ...], dtype: torch.dtype) -> None:
         assert torch.equal(reference, module(Qwen3NextRMSNorm, w)(x))
     assert_within_rounding(norm.rms_norm_triton(x, w, EPS, zero_centred=True), reference)
     for fn in (norm.rms_norm_reference, norm.rms_norm_triton):
-        assert_rows_alone_equal(lambda x, w: fn(x, w, EPS, True), x, w)
+        assert_rows_alone_equal(lambda x, w, fn=fn: fn(x, w, EPS, True), x, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -69,7 +69,7 @@ def test_plain(shape: tuple[int, ...], dtype: torch.dtype) -> None:
         assert torch.equal(reference, module(Qwen3RMSNorm, w)(x))
     assert_within_rounding(norm.rms_norm_triton(x, w, EPS, zero_centred=False), reference)
     for fn in (norm.rms_norm_reference, norm.rms_norm_triton):
-        assert_rows_alone_equal(lambda x, w: fn(x, w, EPS, False), x, w)
+        assert_rows_alone_equal(lambda x, w, fn=fn: fn(x, w, EPS, False), x, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -82,7 +82,7 @@ def test_gated(shape: tuple[int, ...], dtype: torch.dtype) -> None:
         assert torch.equal(reference, module(Qwen3NextRMSNormGated, w)(x, gate))
     assert_within_rounding(norm.gated_rms_norm_triton(x, gate, w, EPS), reference)
     for fn in (norm.gated_rms_norm_reference, norm.gated_rms_norm_triton):
-        assert_rows_alone_equal(lambda x, g, w: fn(x, g, w, EPS), x, gate, w)
+        assert_rows_alone_equal(lambda x, g, w, fn=fn: fn(x, g, w, EPS), x, gate, w)
 
 
 def test_gated_float32_weight_with_bf16_input() -> None:
@@ -105,7 +105,7 @@ def test_odd_widths(shape: tuple[int, ...], dtype: torch.dtype) -> None:
         reference = norm.rms_norm_reference(x, w, EPS, zero_centred)
         assert_within_rounding(norm.rms_norm_triton(x, w, EPS, zero_centred), reference)
         for fn in (norm.rms_norm_reference, norm.rms_norm_triton):
-            assert_rows_alone_equal(lambda x, w: fn(x, w, EPS, zero_centred), x, w)
+            assert_rows_alone_equal(lambda x, w, fn=fn, zero_centred=zero_centred: fn(x, w, EPS, zero_centred), x, w)
     assert_within_rounding(norm.gated_rms_norm_triton(x, gate, w, EPS), norm.gated_rms_norm_reference(x, gate, w, EPS))
     for fn in (norm.gated_rms_norm_reference, norm.gated_rms_norm_triton):
-        assert_rows_alone_equal(lambda x, g, w: fn(x, g, w, EPS), x, gate, w)
+        assert_rows_alone_equal(lambda x, g, w, fn=fn: fn(x, g, w, EPS), x, gate, w)

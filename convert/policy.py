@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from specpair.checkpoint.groups import group_of
 from specpair.errors import BadInput
 from specpair.formats import gguf_quants
+from specpair.formats.layouts import layout_of
 
 # (pattern on the output name, why it stays float)
 KEPT_FLOAT: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(p), why) for p, why in [
+    (re.compile(p), why)
+    for p, why in [
         (r"norm", "a norm"),
         (r"(^|\.)mlp\.gate\.weight$|ffn_gate_inp|shared_expert_gate", "a router"),
         (r"conv1d|base_kernel|conv_base", "a convolution"),
@@ -31,7 +33,6 @@ KEPT_FLOAT: list[tuple[re.Pattern[str], str]] = [
 ]
 ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$|shared_expert_gate")
 GATED_Q_PROJ = re.compile(r"self_attn\.q_proj\.weight$|\.attn_q\.weight$")
-GATED_ATTENTION_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,18 @@ def parse_keep(spec: str, parse_layout) -> KeepRule:
     """GLOB=LAYOUT; LAYOUT is a --to spec or a bare layout label (bf16, f32, gguf-Q6_K, affine8-g64, ...)."""
     pattern, sep, layout = spec.rpartition("=")
     if not sep or not pattern or not layout:
-        raise BadInput(f"--keep {spec}", "expected GLOB=LAYOUT, e.g. '*.mlp.gate.weight=bf16' or 'output.weight=gguf:Q6_K'")
+        raise BadInput(
+            f"--keep {spec}", "expected GLOB=LAYOUT, e.g. '*.mlp.gate.weight=bf16' or 'output.weight=gguf:Q6_K'"
+        )
     return KeepRule(pattern, parse_layout(layout, f"--keep {spec}"), spec)
 
 
 def block_of(layout: str) -> int:
-    if layout.startswith("gguf-"):
-        return gguf_quants.block_size(layout.removeprefix("gguf-"))[0]
-    if layout.startswith("affine"):
-        return int(layout.rsplit("-g", 1)[1])
+    form = layout_of(layout)
+    if form.kind == "gguf":
+        return gguf_quants.block_size(form.flavour)[0]
+    if form.kind == "affine":
+        return form.group
     return BLOCKS.get(layout, 1)
 
 
@@ -88,9 +92,18 @@ def fits(layout: str, shape: tuple[int, ...]) -> bool:
     return len(shape) >= 1 and shape[-1] % block_of(layout) == 0
 
 
-def choose(name: str, shape: tuple[int, ...], target_layout: str, family: str, float_layout: str,
-           keep: list[KeepRule], source_float: bool, source_quantized: bool, model_family: str | None,
-           gated_attention: bool, gguf_output: bool) -> tuple[str, str]:
+def choose(
+    name: str,
+    shape: tuple[int, ...],
+    target_layout: str,
+    family: str,
+    float_layout: str,
+    keep: list[KeepRule],
+    source_float: bool,
+    source_quantized: bool,
+    gated_attention: bool,
+    gguf_output: bool,
+) -> tuple[str, str]:
     """(layout, reason) for one output tensor of a conversion to `target_layout`.
 
     `float_layout` is what kept tensors are written in; `source_float` says the tensor is float in the source,
@@ -99,8 +112,11 @@ def choose(name: str, shape: tuple[int, ...], target_layout: str, family: str, f
     for rule in keep:
         if fnmatch.fnmatchcase(name, rule.pattern):
             if rule.layout not in ("bf16", "f16", "f32") and not fits(rule.layout, shape):
-                raise BadInput(name, f"--keep {rule.spec}: shape {list(shape)} does not fit {rule.layout} "
-                                     f"(rows must split into blocks of {block_of(rule.layout)})")
+                raise BadInput(
+                    name,
+                    f"--keep {rule.spec}: shape {list(shape)} does not fit {rule.layout} "
+                    f"(rows must split into blocks of {block_of(rule.layout)})",
+                )
             return rule.layout, f"--keep {rule.spec}"
     kept = next((why for pattern, why in KEPT_FLOAT if pattern.search(name)), None)
     if gguf_output and (len(shape) < 2 or kept):  # as llama.cpp's converter writes them
@@ -131,12 +147,14 @@ def choose(name: str, shape: tuple[int, ...], target_layout: str, family: str, f
     if source_quantized and source_float:
         return float_layout, "kept: unquantized in the source"
     layout, reason = target_layout, "target"
-    if gated_attention and model_family in GATED_ATTENTION_FAMILIES and GATED_Q_PROJ.search(name):
+    if gated_attention and GATED_Q_PROJ.search(name):
         if _bits(target_layout) < 8:
             layout = policy.eight_bit or float_layout
             reason = "gated attention q_proj: at least 8 bits (Model-Optimizer#2091)"
     if not fits(layout, shape):
-        fallback = next((f for f in GGUF_FALLBACK if fits(f, shape)), "f16") if family.endswith("gguf") else float_layout
+        fallback = (
+            next((f for f in GGUF_FALLBACK if fits(f, shape)), "f16") if family.endswith("gguf") else float_layout
+        )
         return fallback, f"rows of {shape[-1]} do not split into {layout} blocks of {block_of(layout)}"
     return layout, reason
 

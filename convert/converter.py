@@ -2,7 +2,7 @@
 
 1. `open_source` reads headers only: the normalized `Checkpoint`, and every logical weight with its layout.
 2. `plan` decides, from headers alone, every output tensor: which source weights build it (tensor maps
-   between HF, MLX and GGUF names), its layout (formats/policy.py) and how it is made:
+   between HF, MLX and GGUF names), its layout (convert/policy.py) and how it is made:
      copy    the stored bytes, renamed (same layout, no value change);
      rows    row moves on the stored parts (stacking experts, head reorders) of row-wise layouts;
      repack  NVFP4 flavour to flavour, codes and scales moved as bits;
@@ -32,13 +32,18 @@ from typing import Any
 import orjson
 import torch
 
-from specpair.checkpoint import Checkpoint
+from specpair.checkpoint import gguf_arch
+from specpair.checkpoint.families import FAMILIES
+from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields, hf_tokenizer_files
+from specpair.convert import policy, quant_configs
 from specpair.errors import BadInput, Incomplete, Interrupted
-from specpair.formats import gguf, policy, quant_configs
+from specpair.formats import gguf
 from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec, repack, row_slice, stored_nbytes
 from specpair.formats.gguf import GGUFHeader
+from specpair.formats.layouts import layout_of
 from specpair.formats.transforms import Step, TensorMap, compose, identity
-from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_parts
+from specpair.formats.weights import Weight
+from specpair.sources.model import Model, open_model
 
 # ------------------------------------------------------------------------------------------------ targets
 
@@ -49,15 +54,17 @@ class Target:
     file_format: str  # "safetensors" | "gguf"
     layout: str  # the layout quantized weights get
     naming: str  # "hf" | "mlx" | "gguf"
-    family: str  # formats/policy.py POLICIES key, or "float"
+    family: str  # convert/policy.py POLICIES key, or "float"
     method: str | None = None  # quantizer, where a layout has two
 
 
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
 NVFP4_FLAVOURS = {"modelopt": "nvfp4-modelopt", "ct": "nvfp4-ct", "mlx": "nvfp4-mlx"}
-TARGET_HELP = ("bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | "
-               "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ") | "
-               "exl3:BITS[:mul1|mcg|3inst] (BITS 1-8)")
+TARGET_HELP = (
+    "bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | "
+    "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ") | "
+    "exl3:BITS[:mul1|mcg|3inst] (BITS 1-8)"
+)
 
 
 def parse_target(spec: str) -> Target:
@@ -82,7 +89,11 @@ def parse_target(spec: str) -> Target:
         bits, group, method = args[0], args[1], args[2] if len(args) == 3 else "mlx"
         from specpair.formats import affine
 
-        if not (bits.isdigit() and group.isdigit()) or int(bits) not in affine.BITS or int(group) not in affine.GROUP_SIZES:
+        if (
+            not (bits.isdigit() and group.isdigit())
+            or int(bits) not in affine.BITS
+            or int(group) not in affine.GROUP_SIZES
+        ):
             raise BadInput(where, f"affine needs BITS in {affine.BITS} and GROUP in {affine.GROUP_SIZES}")
         if method not in affine.METHODS:
             raise BadInput(where, f"affine quantizers: {', '.join(affine.METHODS)}")
@@ -92,7 +103,9 @@ def parse_target(spec: str) -> Target:
         method = args[1] if len(args) == 2 else "search"
         if qtype not in GGUF_TYPES or method not in ("search", "rtn"):
             raise BadInput(where, f"GGUF types: {', '.join(GGUF_TYPES)}; k-quant methods: search, rtn")
-        layout = qtype.lower() if qtype.lower() in FLOAT_LAYOUTS else "nvfp4-gguf" if qtype == "NVFP4" else f"gguf-{qtype}"
+        layout = (
+            qtype.lower() if qtype.lower() in FLOAT_LAYOUTS else "nvfp4-gguf" if qtype == "NVFP4" else f"gguf-{qtype}"
+        )
         family = "float" if layout in FLOAT_LAYOUTS else "nvfp4-gguf" if layout == "nvfp4-gguf" else "gguf"
         return Target(spec, "gguf", layout, "gguf", family, method)
     if kind == "exl3" and len(args) in (1, 2):
@@ -100,8 +113,11 @@ def parse_target(spec: str) -> Target:
 
         codebook = args[1] if len(args) == 2 else "mul1"
         if not args[0].isdigit() or int(args[0]) not in exl3.BITS or codebook not in exl3.CODEBOOKS:
-            raise BadInput(where, f"exl3 needs whole BITS in {exl3.BITS[0]}..{exl3.BITS[-1]} and a codebook of "
-                                  f"{', '.join(exl3.CODEBOOKS)} (half-integer rates are read, not written)")
+            raise BadInput(
+                where,
+                f"exl3 needs whole BITS in {exl3.BITS[0]}..{exl3.BITS[-1]} and a codebook of "
+                f"{', '.join(exl3.CODEBOOKS)} (half-integer rates are read, not written)",
+            )
         return Target(spec, "safetensors", f"exl3-{int(args[0])}bpw", "hf", "exl3", codebook)
     raise BadInput(where, f"unknown target layout; expected {TARGET_HELP}")
 
@@ -118,163 +134,45 @@ def parse_layout(text: str, where: str) -> str:
     try:
         return parse_target(label).layout
     except BadInput:
-        raise BadInput(where, f"unknown layout {text!r}; expected a layout label (bf16, f32, gguf-Q8_0, "
-                              f"affine8-g64, ...) or {TARGET_HELP}") from None
+        raise BadInput(
+            where,
+            f"unknown layout {text!r}; expected a layout label (bf16, f32, gguf-Q8_0, "
+            f"affine8-g64, ...) or {TARGET_HELP}",
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------ sources
 
-
-@dataclass
-class Source:
-    ref: str
-    root: str  # the directory holding the files
-    file_format: str  # "safetensors" | "gguf"
-    scheme: str  # tensor naming: "hf" | "mlx" | "gguf"
-    checkpoint: Checkpoint
-    weights: dict[str, Weight]  # logical name -> weight, in file order
-    config: dict[str, Any] | None = None  # config.json (safetensors sources)
-    header: GGUFHeader | None = None  # the GGUF header (GGUF sources)
-    files: list[str] = field(default_factory=list)  # every file of an HF directory (relative)
-    reader: Any = None  # the sources.local.LocalFiles view of `root`: every small file is read through it
-    target_vocab: int | None = None  # a weights-only drafter GGUF's vocabulary: its target's (--target)
-    _hf_plan: Any = field(default=None, repr=False)
-
-    def read(self, name: str) -> bytes | None:
-        from specpair.sources import MAX_TOKENIZER_BYTES
-
-        return self.reader.read(name, MAX_TOKENIZER_BYTES) if name in self.files else None
-
-    def hf_plan(self):
-        """A GGUF source's tensor maps into HF names and its config.json (gguf_arch.from_gguf), computed once."""
-        if self._hf_plan is None:
-            from specpair.formats import gguf_arch
-
-            rope = self.weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
-            values = read_parts(rope, self.root, "gguf")[""].float().tolist() if rope is not None else None
-            with naming_the_file(self.metadata_file):
-                self._hf_plan = gguf_arch.from_gguf(self.header.fields, {n: w.shape for n, w in self.weights.items()},
-                                                    rope_freqs=values, target_vocab=self.target_vocab)
-        return self._hf_plan
-
-    @property
-    def metadata_file(self) -> str:
-        """The file the model's description comes from: the GGUF, or config.json."""
-        return self.header.path if self.header is not None else os.path.join(self.root, "config.json")
-
-    def hf_config(self) -> dict[str, Any]:
-        """The HF config.json of this checkpoint without its quantization announcements."""
-        if self.header is not None:
-            return self.hf_plan().config
-        config = dict(self.config or {})
-        for key in ("quantization", "quantization_config"):
-            config.pop(key, None)
-        if isinstance(config.get("text_config"), dict):
-            config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
-        return config
-
-    @property
-    def quantized(self) -> bool:
-        return any(w.layout not in FLOAT_LAYOUTS and w.layout != "int" for w in self.weights.values())
+Source = Model  # a checkpoint to convert is the model layer's view of it: stored weights, config, HF names
 
 
-@contextlib.contextmanager
-def naming_the_file(path: str) -> Iterator[None]:
-    """gguf_arch names what it reads "config.json" or "GGUF header": say which file (`path`) that is."""
-    from specpair.formats import gguf_arch
-
-    try:
-        yield
-    except BadInput as e:
-        if e.where in (gguf_arch.CONFIG, gguf_arch.HEADER):
-            raise BadInput(path, e.problem) from None
-        raise
-
-
-def open_source(ref: str, gguf_file: str | None = None) -> Source:
+def open_source(ref: str, gguf_file: str | None = None, target_vocab: int | None = None) -> Source:
     """A local checkpoint directory or .gguf file, or a Hub repo already in the HF cache. Headers only."""
-    from specpair.sources import _safetensors_shards, read_checkpoint
-    from specpair.sources.local import LocalFiles
-
-    path = _local_path(ref)
-    if path.endswith(".gguf") or gguf_file:
-        directory, name = os.path.split(os.path.abspath(path if not gguf_file else os.path.join(path, gguf_file)))
-        files = LocalFiles(directory, only=name)
-        checkpoint = read_checkpoint(files, ref, "local", name)
-        header = files.gguf_header(name)
-        weights = gguf_weights(header)
-        return Source(ref, directory, "gguf", "gguf", checkpoint, {w.name: w for w in weights}, header=header,
-                      reader=files)
-    files = LocalFiles(path)
-    checkpoint = read_checkpoint(files, ref, "local")
-    names = {e.path for e in files.list()}
-    if "config.json" not in names:  # read_checkpoint took the single GGUF file of the directory
-        return open_source(os.path.join(path, next(n for n in sorted(names) if n.endswith(".gguf"))))
-    shards, _ = _safetensors_shards(files, names)
-    if not shards:
-        raise BadInput(files.where, "has no .safetensors weights to convert (a metadata-only copy?)")
-    from specpair.sources import read_json
-
-    config = read_json(files, "config.json", required=True)
-    tensors = files.safetensors_headers(shards)
-    weights = _unpadded(hf_weights(tensors, config.get("quantization")), config, files.where)
-    for w in weights:
-        _check_readable(w, files.where)
-    from specpair.formats.mlx_names import is_mlx_layout
-
-    scheme = "mlx" if is_mlx_layout(checkpoint.family, [w.name for w in weights]) else "hf"
-    return Source(ref, path, "safetensors", scheme, checkpoint, {w.name: w for w in weights}, config=config,
-                  files=sorted(names), reader=files)
+    return open_model(ref, gguf_file, target_vocab)
 
 
-def _unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list[Weight]:
-    """EXL3 pads both dims to 128: the real shapes come from the model the config describes."""
-    if not any(w.layout.startswith("exl3") for w in weights):
-        return weights
-    from specpair.formats import gguf_arch
-
-    with naming_the_file(os.path.join(where, "config.json")):
-        expected = gguf_arch.hf_shapes(config, {w.name: w.shape for w in weights})
-    out = []
-    for w in weights:
-        shape = expected.get(w.name, w.shape)
-        if w.layout.startswith("exl3") and tuple(-(-d // 128) * 128 for d in shape) != w.shape:
-            raise BadInput(f"{where}/{w.module}.trellis", f"holds a padded {list(w.shape)} weight, which does not "
-                                                          f"fit the {list(shape)} the config gives it")
-        out.append(dataclasses.replace(w, shape=shape) if w.layout.startswith("exl3") else w)
-    return out
+def _hf_config(source: Source) -> dict[str, Any]:
+    """The HF config.json of a checkpoint without its quantization announcements."""
+    config = dict(source.hf_config)
+    for key in ("quantization", "quantization_config"):
+        config.pop(key, None)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+    return config
 
 
-def _check_readable(weight: Weight, where: str) -> None:
-    """A tensor whose dtype torch cannot hold, or a layout without a codec, is refused by name before planning."""
-    for key, info in weight.parts.items():
-        if info.dtype not in TORCH_DTYPES:
-            raise BadInput(os.path.join(where, info.file), f"tensor {weight.part_name(key)!r} has dtype {info.dtype}, "
-                                                           "which specpair cannot read")
-    if weight.layout != "int":
-        try:
-            codec(weight.layout)
-        except BadInput:
-            raise BadInput(os.path.join(where, weight.parts[next(iter(weight.parts))].file),
-                           f"weight {weight.name!r} is stored as {weight.layout}, which specpair cannot read") from None
+def _quantized(source: Source) -> bool:
+    return any(w.layout not in FLOAT_LAYOUTS and w.layout != "int" for w in source.weights.values())
 
 
-def _local_path(ref: str) -> str:
-    path = os.path.expanduser(ref)
-    if os.path.exists(path):
-        return path
-    from specpair.sources import REPO_ID
+def _metadata_file(source: Source) -> str:
+    """The file the model's description comes from: the GGUF, or config.json."""
+    return source.header.path if source.header is not None else os.path.join(source.root, "config.json")
 
-    repo, _, revision = ref.partition("@")
-    if REPO_ID.match(repo):
-        from specpair.sources.hub import CachedFiles, settings_from_env
 
-        cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
-        if cached is not None:
-            return cached.snapshot
-        raise BadInput(ref, "is not in the Hugging Face cache; fetch it first with `specpair download "
-                            f"{ref}` (convert reads local files only)")
-    raise BadInput(ref, "no such file or directory")
+def _embedding_rows(model: Model) -> int:
+    """The rows a drafter sharing this model's embedding must match."""
+    return model.shape("embed_tokens.weight")[0] if "embed_tokens.weight" in model.maps else model.config.vocab_size
 
 
 # ------------------------------------------------------------------------------------------------ plans
@@ -315,28 +213,49 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "source": {"ref": self.source.ref, "format": self.source.file_format, "naming": self.source.scheme,
-                       "bytes": sum(i.nbytes for w in self.source.weights.values() for i in w.parts.values())},
-            "target": {"spec": self.target.spec, "format": self.target.file_format, "layout": self.target.layout,
-                       "naming": self.target.naming},
+            "source": {
+                "ref": self.source.ref,
+                "format": self.source.file_format,
+                "naming": self.source.naming,
+                "bytes": sum(i.nbytes for w in self.source.weights.values() for i in w.parts.values()),
+            },
+            "target": {
+                "spec": self.target.spec,
+                "format": self.target.file_format,
+                "layout": self.target.layout,
+                "naming": self.target.naming,
+            },
             "bytes": self.nbytes,
-            "tensors": [{"name": o.map.name, "shape": list(o.map.shape), "layout": o.layout, "mode": o.mode,
-                         "from": list(o.map.sources), "steps": [str(s) for s in o.map.steps], "reason": o.reason,
-                         "bytes": o.nbytes} for o in self.outputs],
+            "tensors": [
+                {
+                    "name": o.map.name,
+                    "shape": list(o.map.shape),
+                    "layout": o.layout,
+                    "mode": o.mode,
+                    "from": list(o.map.sources),
+                    "steps": [str(s) for s in o.map.steps],
+                    "reason": o.reason,
+                    "bytes": o.nbytes,
+                }
+                for o in self.outputs
+            ],
             "notes": self.notes,
         }
 
 
-def plan(source: Source, target: Target, keep: list[policy.KeepRule] | None = None,
-         donor: Source | None = None) -> Plan:
+def plan(
+    source: Source, target: Target, keep: list[policy.KeepRule] | None = None, donor: Source | None = None
+) -> Plan:
     """Every output tensor of converting `source` to `target`, from headers alone. `donor` is the target model
     of a drafter: its tokenizer goes into a drafter's GGUF, its config decides the drafter's rope sections."""
-    if donor is not None and source.checkpoint.shapes.vocab_size is None:
-        source.target_vocab = donor.checkpoint.shapes.rows
+    if donor is not None and source.weights_only:
+        # a weights-only drafter's vocabulary is its target's
+        source = dataclasses.replace(
+            open_source(source.header.path, target_vocab=_embedding_rows(donor)), ref=source.ref
+        )
     maps, notes, config, arch, fields = _name_maps(source, target, donor)
     float_layout = _float_layout(source, target)
-    ckpt = source.checkpoint
-    gated = _gated_attention(source)
+    gated = source.config.attn_output_gate and FAMILIES[source.config.family].gated_attention
     outputs = []
     for m in maps:
         weights = [_weight(source, s) for s in m.sources]
@@ -345,9 +264,17 @@ def plan(source: Source, target: Target, keep: list[policy.KeepRule] | None = No
             layout, reason = weights[0].layout, "integer tensor, copied"
         else:
             layout, reason = policy.choose(
-                m.name, m.shape, target.layout, target.family, float_layout(m), keep or [],
-                source_float, source.quantized and source.file_format == "safetensors", ckpt.family, gated,
-                target.file_format == "gguf")
+                m.name,
+                m.shape,
+                target.layout,
+                target.family,
+                float_layout(m),
+                keep or [],
+                source_float,
+                _quantized(source) and source.file_format == "safetensors",
+                gated,
+                target.file_format == "gguf",
+            )
         outputs.append(_output(m, layout, reason, weights, target))
     p = Plan(source, target, outputs, gguf_arch=arch, notes=notes)
     if target.file_format == "gguf":
@@ -382,7 +309,10 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
     except BadInput as e:  # the codec knows the layout, not the tensor
         raise BadInput(m.name, f"cannot be stored as {layout}: {e.problem} (--keep '{m.name}=bf16' keeps it)") from None
     nvfp4_bits = layouts <= {"nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf", "nvfp4-mlx"} and layout in (
-        "nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf")
+        "nvfp4-modelopt",
+        "nvfp4-ct",
+        "nvfp4-gguf",
+    )
     if nvfp4_bits and not m.steps and len(weights) == 1:
         from specpair.formats.nvfp4 import STORED
 
@@ -396,22 +326,24 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
     return Output(m, layout, "float", _gguf_dtypes(stored, target, m), reason, method)
 
 
-def _gguf_dtypes(stored: dict[str, tuple[str, tuple[int, ...]]], target: Target,
-                 m: TensorMap) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _gguf_dtypes(
+    stored: dict[str, tuple[str, tuple[int, ...]]], target: Target, m: TensorMap
+) -> dict[str, tuple[str, tuple[int, ...]]]:
     """GGUF has no unsigned, F8 or complex types: refuse what llama.cpp could not read."""
     if target.file_format == "gguf":
         from gguf import GGMLQuantizationType
 
         for key, (dtype, _) in stored.items():
             if dtype not in GGMLQuantizationType.__members__:
-                raise BadInput(m.name if key == "" else m.name.removesuffix(".weight") + key,
-                               f"dtype {dtype} has no GGUF type")
+                raise BadInput(
+                    m.name if key == "" else m.name.removesuffix(".weight") + key, f"dtype {dtype} has no GGUF type"
+                )
     return stored
 
 
 def _check_parts(weight: Weight) -> None:
     """Missing or misshapen scales are refused before anything is written."""
-    if weight.layout in FLOAT_LAYOUTS or weight.layout.startswith(("gguf-", "exl3-")):  # EXL3 checks its own
+    if weight.layout in FLOAT_LAYOUTS or layout_of(weight.layout).kind in ("gguf", "exl3"):  # EXL3 checks its own
         return
     expected = codec(weight.layout).stored(weight.shape)
     for key, (_, shape) in expected.items():
@@ -421,65 +353,70 @@ def _check_parts(weight: Weight) -> None:
                 continue
             raise BadInput(weight.part_name(key), f"missing: a {weight.layout} weight needs it beside {weight.name}")
         if part.shape != shape and max(len(shape), len(part.shape)) > 1:  # scalars may be [] or [1]
-            raise BadInput(weight.part_name(key), f"shape {list(part.shape)} does not fit {weight.layout} weight "
-                                                  f"{list(weight.shape)} (expected {list(shape)})")
+            raise BadInput(
+                weight.part_name(key),
+                f"shape {list(part.shape)} does not fit {weight.layout} weight "
+                f"{list(weight.shape)} (expected {list(shape)})",
+            )
 
 
 def _float_layout(source: Source, target: Target) -> Callable[[TensorMap], str]:
     """What kept tensors are written in: F32 for GGUF's 1-D and kept tensors (as llama.cpp's converter
     writes them), else the source's float dtype, else bf16."""
+
     def layout(m: TensorMap) -> str:
         if target.file_format == "gguf":
             return "f32"
         layouts = {source.weights[s].layout for s in m.sources if s in source.weights}
         return layouts.pop() if len(layouts) == 1 and layouts <= set(FLOAT_LAYOUTS) else "bf16"
+
     return layout
-
-
-def _gated_attention(source: Source) -> bool:
-    config = source.config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    return bool(text.get("attn_output_gate", source.checkpoint.family in policy.GATED_ATTENTION_FAMILIES))
 
 
 # ------------------------------------------------------------------------------------------------ naming
 
 
-def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[list[TensorMap], list[str], dict[str, Any] | None, str | None, list]:
+def _name_maps(
+    source: Source, target: Target, donor: Source | None
+) -> tuple[list[TensorMap], list[str], dict[str, Any] | None, str | None, list]:
     """(maps, notes, HF config, GGUF arch, GGUF arch fields) between the source's and target's naming."""
     shapes = {name: w.shape for name, w in source.weights.items()}
-    family = source.checkpoint.family
-    to, src = target.naming, source.scheme
+    family = source.config.family
+    to, src = target.naming, source.naming
+    target_config = _hf_config(donor) if donor else None
     if src == "gguf" and to == "gguf":
         arch = source.header.architecture
-        if arch == "dflash-draft":  # a fork schema: rewritten as upstream's `dflash`
-            from specpair.formats import gguf_arch
-
-            back = source.hf_plan()
-            with naming_the_file(source.metadata_file):
-                forward = gguf_arch.to_gguf(back.config, {m.name: m.shape for m in back.tensors},
-                                            target_config=donor.hf_config() if donor else None)
-            notes = back.notes + forward.notes + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
-            return compose(back.tensors, forward.tensors), notes, None, forward.arch, forward.fields
-        fields = [(k, v, t) for k, v, t in _source_fields(source.header) if not k.startswith(("tokenizer.", "general."))]
+        if arch == gguf_arch.FORK_ARCH:  # a fork schema: rewritten as upstream's `dflash`
+            _vocabulary_known(source)
+            with gguf_arch.naming(_metadata_file(source)):
+                forward = gguf_arch.to_gguf(
+                    source.hf_config, {m.name: m.shape for m in source.hf}, target_config=target_config
+                )
+            notes = (
+                source.notes
+                + forward.notes
+                + [f"{arch} (a fork schema) written as upstream llama.cpp's {forward.arch}"]
+            )
+            return compose(source.hf, forward.tensors), notes, None, forward.arch, forward.fields
+        fields = [
+            (k, v, t) for k, v, t in _source_fields(source.header) if not k.startswith(("tokenizer.", "general."))
+        ]
         return [identity(n, s) for n, s in shapes.items()], [], None, arch, fields
-    hf_maps, notes = _to_hf(source, family, shapes)
-    config = source.hf_config()
+    _vocabulary_known(source)
+    hf_maps, notes = source.hf, list(source.notes)
+    config = _hf_config(source)
     if to == "gguf":
-        from specpair.formats import gguf_arch
-
         kv_scales = [m for m in hf_maps if m.name.endswith(KV_SCALES)]
         if kv_scales:
             notes.append(f"dropped {len(kv_scales)} KV-cache scales (.k_scale/.v_scale): llama.cpp has no FP8 KV cache")
             hf_maps = [m for m in hf_maps if m not in kv_scales]
-        with naming_the_file(source.metadata_file):
-            forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps},
-                                        target_config=donor.hf_config() if donor else None)
+        with gguf_arch.naming(_metadata_file(source)):
+            forward = gguf_arch.to_gguf(config, {m.name: m.shape for m in hf_maps}, target_config=target_config)
         return compose(hf_maps, forward.tensors), notes + forward.notes, None, forward.arch, forward.fields
     if to == "mlx" and src != "mlx":
-        from specpair.formats.mlx_names import to_mlx
+        from specpair.checkpoint.mlx_names import to_mlx
 
-        maps, mlx_notes = to_mlx(family, {m.name: m.shape for m in hf_maps}, source.checkpoint.shapes.tie_word_embeddings)
+        maps, mlx_notes = to_mlx(family, {m.name: m.shape for m in hf_maps}, source.config.tie_word_embeddings)
         return compose(hf_maps, maps), notes + mlx_notes, config, None, []
     maps = [identity(n, s) for n, s in shapes.items()] if to == src else hf_maps
     if target.family != "float" and to == "hf":
@@ -490,15 +427,12 @@ def _name_maps(source: Source, target: Target, donor: Source | None) -> tuple[li
 KV_SCALES = (".k_scale", ".v_scale")
 
 
-def _to_hf(source: Source, family: str | None, shapes: dict[str, tuple[int, ...]]) -> tuple[list[TensorMap], list[str]]:
-    if source.scheme == "gguf":
-        hf = source.hf_plan()
-        return hf.tensors, list(hf.notes)
-    if source.scheme == "mlx":
-        from specpair.formats.mlx_names import from_mlx
-
-        return from_mlx(family, shapes), []
-    return [identity(n, s) for n, s in shapes.items()], []
+def _vocabulary_known(source: Source) -> None:
+    """A weights-only drafter GGUF is written in HF names only with its target's vocabulary (plan's donor)."""
+    if source.weights_only:
+        raise BadInput(
+            source.header.path, "no vocabulary size (dflash.vocab_size, token_embd.weight or tokenizer.ggml.tokens)"
+        )
 
 
 FUSED_EXPERTS = re.compile(r"(?P<mlp>.*\.mlp\.)experts\.(?P<proj>gate_up_proj|down_proj)$")
@@ -520,19 +454,40 @@ def _unstack_fused_experts(maps: list[TensorMap]) -> list[TensorMap]:
                 out.append(TensorMap(prefix + "down_proj.weight", (rows, cols), m.sources, m.steps + (select,)))
             else:
                 half = rows // 2  # gate rows first
-                out.append(TensorMap(prefix + "gate_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (0, half)))))
-                out.append(TensorMap(prefix + "up_proj.weight", (half, cols), m.sources, m.steps + (select, Step("rows", (half, rows)))))
+                out.append(
+                    TensorMap(
+                        prefix + "gate_proj.weight",
+                        (half, cols),
+                        m.sources,
+                        m.steps + (select, Step("rows", (0, half))),
+                    )
+                )
+                out.append(
+                    TensorMap(
+                        prefix + "up_proj.weight",
+                        (half, cols),
+                        m.sources,
+                        m.steps + (select, Step("rows", (half, rows))),
+                    )
+                )
     return out
 
 
 # ------------------------------------------------------------------------------------------------ files
 
 
-def _hf_files(source: Source, target: Target, config: dict[str, Any], outputs: list[Output],
-              p: Plan) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
+def _hf_files(
+    source: Source, target: Target, config: dict[str, Any], outputs: list[Output], p: Plan
+) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
     """config.json, quantization files, tokenizer files (rebuilt from a GGUF) and the files to copy."""
-    layouts = {o.map.name.removesuffix(".weight"): o.layout for o in outputs if len(o.map.shape) >= 2 and o.map.name.endswith(".weight")}
-    input_scales = {o.map.name.removesuffix(".weight") for o in outputs if {".input_scale", ".input_global_scale"} & o.stored.keys()}
+    layouts = {
+        o.map.name.removesuffix(".weight"): o.layout
+        for o in outputs
+        if len(o.map.shape) >= 2 and o.map.name.endswith(".weight")
+    }
+    input_scales = {
+        o.map.name.removesuffix(".weight") for o in outputs if {".input_scale", ".input_global_scale"} & o.stored.keys()
+    }
     stored = {o.map.name.removesuffix(".weight"): {o.part_name(k): v for k, v in o.stored.items()} for o in outputs}
     try:
         keys, extra = quant_configs.quantization_files(layouts, input_scales, stored, target.method)
@@ -544,12 +499,14 @@ def _hf_files(source: Source, target: Target, config: dict[str, Any], outputs: l
             if isinstance(holder, dict) and "tie_word_embeddings" in holder:
                 holder["tie_word_embeddings"] = False
     if target.family == "float":
-        config["torch_dtype" if "torch_dtype" in config else "dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[target.layout]
+        config["torch_dtype" if "torch_dtype" in config else "dtype"] = {
+            "bf16": "bfloat16",
+            "f16": "float16",
+            "f32": "float32",
+        }[target.layout]
     files = {name: orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n" for name, doc in extra.items()}
     copies = []
     if source.file_format == "gguf":
-        from specpair.formats.gguf_tokenizer import hf_tokenizer_files
-
         files.update(hf_tokenizer_files(source.header.fields, source.header.path))
     else:
         copies = [f for f in source.files if _copied(f)]
@@ -566,10 +523,23 @@ def _copied(name: str) -> bool:
     return bool(COPIED.fullmatch(name)) and name not in REWRITTEN and not name.endswith(".safetensors.index.json")
 
 
-GGUF_FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "gguf-Q8_0": "MOSTLY_Q8_0",
-                   "gguf-Q4_0": "MOSTLY_Q4_0", "gguf-Q4_K": "MOSTLY_Q4_K_M", "gguf-Q5_K": "MOSTLY_Q5_K_M",
-                   "gguf-Q6_K": "MOSTLY_Q6_K", "nvfp4-gguf": "MOSTLY_NVFP4"}
-GGUF_GENERAL_REWRITTEN = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
+GGUF_FILE_TYPES = {
+    "f32": "ALL_F32",
+    "f16": "MOSTLY_F16",
+    "bf16": "MOSTLY_BF16",
+    "gguf-Q8_0": "MOSTLY_Q8_0",
+    "gguf-Q4_0": "MOSTLY_Q4_0",
+    "gguf-Q4_K": "MOSTLY_Q4_K_M",
+    "gguf-Q5_K": "MOSTLY_Q5_K_M",
+    "gguf-Q6_K": "MOSTLY_Q6_K",
+    "nvfp4-gguf": "MOSTLY_NVFP4",
+}
+GGUF_GENERAL_REWRITTEN = (
+    "general.architecture",
+    "general.file_type",
+    "general.quantization_version",
+    "general.alignment",
+)
 
 
 def _gguf_general(source: Source, target: Target) -> list[tuple[str, object, object]]:
@@ -577,8 +547,11 @@ def _gguf_general(source: Source, target: Target) -> list[tuple[str, object, obj
 
     fields = []
     if source.header is not None:
-        fields += [(k, v, t) for k, v, t in _source_fields(source.header)
-                   if k.startswith("general.") and k not in GGUF_GENERAL_REWRITTEN]
+        fields += [
+            (k, v, t)
+            for k, v, t in _source_fields(source.header)
+            if k.startswith("general.") and k not in GGUF_GENERAL_REWRITTEN
+        ]
     if not any(k == "general.name" for k, _, _ in fields):
         fields.append(("general.name", model_name(source), GGUFValueType.STRING))
     fields.append(("general.file_type", int(LlamaFileType[GGUF_FILE_TYPES[target.layout]]), GGUFValueType.UINT32))
@@ -592,7 +565,7 @@ HF_CACHE_SNAPSHOT = re.compile(r"(^|/)models--[^/]+--(?P<name>[^/]+)/snapshots/[
 def model_name(source: Source) -> str:
     """The source model's name, for general.name: the config's `_name_or_path`, the repo of an HF cache snapshot,
     the repo a Hub reference names, else the source's own file or folder name."""
-    recorded = (source.config or {}).get("_name_or_path")
+    recorded = source.hf_config.get("_name_or_path")
     if isinstance(recorded, str) and recorded.strip("/"):
         return recorded.rstrip("/").rsplit("/", 1)[-1]
     snapshot = HF_CACHE_SNAPSHOT.search(os.path.abspath(source.root))
@@ -603,27 +576,42 @@ def model_name(source: Source) -> str:
 
 def _gguf_tokenizer(source: Source, donor: Source | None, p: Plan) -> list[tuple[str, object, object]]:
     """The tokenizer keys: kept from a GGUF source, built from tokenizer.json, or copied from the --target."""
-    has_tokenizer = ("tokenizer.ggml.tokens" in source.header.fields if source.header is not None
-                     else "tokenizer.json" in source.files)
+    has_tokenizer = (
+        "tokenizer.ggml.tokens" in source.header.fields
+        if source.header is not None
+        else "tokenizer.json" in source.files
+    )
     giver = source if has_tokenizer else donor
     if giver is None:
-        raise BadInput(source.ref, "has no tokenizer.json, and llama.cpp needs a tokenizer in the GGUF; name the "
-                                   "target model it was trained for with --target (its tokenizer is copied)")
+        raise BadInput(
+            source.ref,
+            "has no tokenizer.json, and llama.cpp needs a tokenizer in the GGUF; name the "
+            "target model it was trained for with --target (its tokenizer is copied)",
+        )
     # a drafter's mask token comes with its own keys (gguf_arch), not with the target's tokenizer
-    own_mask = source.checkpoint.drafter is not None and source.checkpoint.drafter.mask_token_id is not None
+    own_mask = source.config.drafter is not None and source.config.drafter.mask_token_id is not None
     if giver.header is not None:
-        return [(k, v, t) for k, v, t in _source_fields(giver.header)
-                if k.startswith("tokenizer.") and not (own_mask and k == "tokenizer.ggml.mask_token_id")]
+        return [
+            (k, v, t)
+            for k, v, t in _source_fields(giver.header)
+            if k.startswith("tokenizer.") and not (own_mask and k == "tokenizer.ggml.mask_token_id")
+        ]
     if "tokenizer.json" not in giver.files:
         raise BadInput(giver.ref, "has no tokenizer.json to copy into the GGUF")
-    from specpair.formats.gguf_tokenizer import gguf_tokenizer_fields
-    from specpair.sources import read_json
+    from specpair.sources import MAX_TOKENIZER_BYTES, read_json
 
-    template = giver.read("chat_template.jinja")
-    tokenizer = gguf_tokenizer_fields(giver.read("tokenizer.json"), read_json(giver.reader, "tokenizer_config.json"),
-                                      read_json(giver.reader, "generation_config.json"),
-                                      template.decode("utf-8", "replace") if template is not None else None,
-                                      source.checkpoint.shapes.vocab_size, os.path.join(giver.root, "tokenizer.json"))
+    def small(name: str) -> bytes | None:
+        return giver.reader.read(name, MAX_TOKENIZER_BYTES) if name in giver.files else None
+
+    template = small("chat_template.jinja")
+    tokenizer = gguf_tokenizer_fields(
+        small("tokenizer.json"),
+        read_json(giver.reader, "tokenizer_config.json"),
+        read_json(giver.reader, "generation_config.json"),
+        template.decode("utf-8", "replace") if template is not None else None,
+        None if source.weights_only else source.config.vocab_size,
+        os.path.join(giver.root, "tokenizer.json"),
+    )
     p.notes.extend(tokenizer.notes)
     return [f for f in tokenizer.fields if not (own_mask and f[0] == "tokenizer.ggml.mask_token_id")]
 
@@ -632,8 +620,11 @@ def _source_fields(header: GGUFHeader) -> list[tuple[str, object, object]]:
     """A GGUF's key-value pairs with their GGUF value types (arrays: the element type is taken from the values)."""
     from gguf import GGUFValueType
 
-    return [(key, value, GGUFValueType(header.types[key][0])) for key, value in header.fields.items()
-            if not key.startswith("split.")]
+    return [
+        (key, value, GGUFValueType(header.types[key][0]))
+        for key, value in header.fields.items()
+        if not key.startswith("split.")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ execution
@@ -683,22 +674,45 @@ class Report:
         by_group: dict[str, list[TensorReport]] = {}
         for t in self.tensors:
             by_group.setdefault(group_of(t.name), []).append(t)
-        rows = [{"group": group, "tensors": len(ts), "lossy": sum(t.mode == "float" and t.error_sq > 0 for t in ts),
-                 "bytes": sum(t.nbytes for t in ts), "rel_error": _relative([t for t in ts if t.error_sq > 0]),
-                 "max_abs_error": max(t.max_abs_error for t in ts), "layouts": sorted({t.layout for t in ts})}
-                for group, ts in by_group.items()]
+        rows = [
+            {
+                "group": group,
+                "tensors": len(ts),
+                "lossy": sum(t.mode == "float" and t.error_sq > 0 for t in ts),
+                "bytes": sum(t.nbytes for t in ts),
+                "rel_error": _relative([t for t in ts if t.error_sq > 0]),
+                "max_abs_error": max(t.max_abs_error for t in ts),
+                "layouts": sorted({t.layout for t in ts}),
+            }
+            for group, ts in by_group.items()
+        ]
         return sorted(rows, key=lambda r: -r["bytes"])
 
     def worst(self, count: int = WORST_SHOWN) -> list[TensorReport]:
         return sorted(self.lossy, key=lambda t: -t.rel_error)[:count]
 
     def to_json(self) -> dict[str, Any]:
-        return {"destination": self.destination, "seconds": round(self.seconds, 3), "bytes": self.nbytes,
-                "source_bytes": self.source_bytes, "rel_error": self.rel_error,
-                "max_abs_error": max((t.max_abs_error for t in self.tensors), default=0.0),
-                "lossy_tensors": len(self.lossy), "groups": self.groups(),
-                "tensors": [{"name": t.name, "layout": t.layout, "mode": t.mode, "bytes": t.nbytes,
-                             "rel_error": t.rel_error, "max_abs_error": t.max_abs_error} for t in self.tensors]}
+        return {
+            "destination": self.destination,
+            "seconds": round(self.seconds, 3),
+            "bytes": self.nbytes,
+            "source_bytes": self.source_bytes,
+            "rel_error": self.rel_error,
+            "max_abs_error": max((t.max_abs_error for t in self.tensors), default=0.0),
+            "lossy_tensors": len(self.lossy),
+            "groups": self.groups(),
+            "tensors": [
+                {
+                    "name": t.name,
+                    "layout": t.layout,
+                    "mode": t.mode,
+                    "bytes": t.nbytes,
+                    "rel_error": t.rel_error,
+                    "max_abs_error": t.max_abs_error,
+                }
+                for t in self.tensors
+            ],
+        }
 
 
 def _relative(tensors: list[TensorReport]) -> float:
@@ -733,15 +747,28 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def execute(p: Plan, destination: str, *, device: str = "cpu", workers: int = 2, shard_bytes: int | None = None,
-            progress: Callable[[Output, int], None] | None = None) -> Report:
+def execute(
+    p: Plan,
+    destination: str,
+    *,
+    device: str = "cpu",
+    workers: int = 2,
+    shard_bytes: int | None = None,
+    progress: Callable[[Output, int], None] | None = None,
+) -> Report:
     """Write the plan's checkpoint at `destination` (a directory, or a .gguf file), streaming."""
     with _signals_interrupt():
         return _execute(p, destination, device, workers, shard_bytes, progress)
 
 
-def _execute(p: Plan, destination: str, device: str, workers: int, shard_bytes: int | None,
-             progress: Callable[[Output, int], None] | None) -> Report:
+def _execute(
+    p: Plan,
+    destination: str,
+    device: str,
+    workers: int,
+    shard_bytes: int | None,
+    progress: Callable[[Output, int], None] | None,
+) -> Report:
     if os.path.lexists(destination):
         raise BadInput(destination, "already exists; remove it or choose another destination")
     partial = destination.rstrip("/") + PARTIAL_SUFFIX
@@ -822,14 +849,15 @@ def _io_problem(error: OSError, destination: str, partial: str) -> tuple[str, st
 
 
 def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dict[str, torch.Tensor], TensorReport]]:
-    """Outputs in plan order, `workers` converting at once; at most 2·workers tensors held at a time. When the
+    """Outputs in plan order, `workers` converting at once; at most 2·workers tensors in flight. When the
     caller stops (an error, an interrupt) the queued tensors are dropped and nothing waits for the running ones:
     they write nothing, and the cleanup must not wait minutes for an EXL3 search to end."""
+    held = _Held(p.source, [o.map.sources for o in p.outputs if not _goes_by_rows(p.source, o)])
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
         pending: list[Future] = []
         for output in p.outputs:
-            pending.append(pool.submit(_convert_one, p.source, output, device))
+            pending.append(pool.submit(_convert_one, p.source, output, device, held))
             if len(pending) >= 2 * workers:
                 yield pending.pop(0).result()
         for future in pending:
@@ -840,37 +868,87 @@ def _converted(p: Plan, device: str, workers: int) -> Iterator[tuple[Output, dic
     pool.shutdown()
 
 
-def _convert_one(source: Source, output: Output, device: str) -> tuple[Output, dict[str, torch.Tensor], TensorReport]:
-    weights = [source.weights[s] for s in output.map.sources]
+class _Held:
+    """The stored parts of source weights, each read once: from the first output that reads it whole to the
+    last (the 2E per-expert outputs of a fused gate_up_proj read it once, not 2E times)."""
+
+    def __init__(self, source: Source, readers: list[tuple[str, ...]]) -> None:
+        self.source = source
+        self.users: dict[str, int] = {}
+        for sources in readers:
+            for name in sources:
+                self.users[name] = self.users.get(name, 0) + 1
+        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.reading: dict[str, threading.Lock] = {}
+        self.lock = threading.Lock()
+
+    def get(self, name: str) -> dict[str, torch.Tensor]:
+        with self.lock:
+            reading = self.reading.setdefault(name, threading.Lock())
+        with reading:  # a second worker asking for the same weight waits for the first one's read
+            with self.lock:
+                if name in self.parts:
+                    return self.parts[name]
+            parts = self.source.read(name)
+            with self.lock:
+                self.parts[name] = parts
+            return parts
+
+    def release(self, name: str) -> None:
+        with self.lock:
+            self.users[name] -= 1
+            if not self.users[name]:
+                self.parts.pop(name, None)
+                self.reading.pop(name, None)
+
+
+def _weights(source: Source, output: Output) -> list[Weight]:
+    return [source.weights[s] for s in output.map.sources]
+
+
+def _convert_one(
+    source: Source, output: Output, device: str, held: _Held
+) -> tuple[Output, dict[str, torch.Tensor], TensorReport]:
+    weights = _weights(source, output)
     m = output.map
-    if output.mode == "float":
-        if _by_rows(output, weights):
-            parts, errors = _convert_by_rows(source, output, weights[0], device)
-        else:
-            stored = [read_parts(w, source.root, source.file_format) for w in weights]
-            floats = [codec(w.layout).decode({k: v.to(device) for k, v in s.items()}, w.shape, w.name)
-                      for w, s in zip(weights, stored)]
-            reference = m.apply(floats).float()
+    if _goes_by_rows(source, output):
+        parts, errors = _convert_by_rows(source, output, weights[0], device)
+        return output, _cpu(parts), errors.report(output)
+    stored = [held.get(s) for s in m.sources]
+    try:
+        if output.mode == "float":
+            reference = source.decode(m, stored, device).float()
             target_codec = codec(output.layout, output.method)
             parts = target_codec.encode(reference, m.name)
             errors = ErrorSum()
             errors.add(target_codec.decode(parts, m.shape, m.name), reference)
-        return output, _cpu(parts), errors.report(output)
-    stored = [read_parts(w, source.root, source.file_format) for w in weights]
-    if output.mode == "copy":
-        parts = stored[0]
-    elif output.mode == "rows":
-        parts = {"": m.apply([s[""] for s in stored])}
-    else:  # repack
-        parts = repack(weights[0].layout, output.layout, stored[0], weights[0].name,
-                       input_scale=bool({".input_scale", ".input_global_scale"} & output.stored.keys()))
+            return output, _cpu(parts), errors.report(output)
+        if output.mode == "copy":
+            parts = stored[0]
+        elif output.mode == "rows":
+            parts = {"": m.apply([s[""] for s in stored])}
+        else:  # repack
+            parts = repack(
+                weights[0].layout,
+                output.layout,
+                stored[0],
+                weights[0].name,
+                input_scale=bool({".input_scale", ".input_global_scale"} & output.stored.keys()),
+            )
+    finally:
+        for s in m.sources:
+            held.release(s)
     _check_stored(output, parts)
     return output, parts, ErrorSum().report(output)
 
 
+def _goes_by_rows(source: Source, output: Output) -> bool:
+    return output.mode == "float" and _by_rows(output, _weights(source, output))
+
+
 def _by_rows(output: Output, weights: list[Weight]) -> bool:
     """A one-source, step-free float conversion whose parts all split by rows runs a few MB at a time."""
-    if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or output.layout.startswith("exl3"):
+    if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or layout_of(output.layout).kind == "exl3":
         return False
     rows = math.prod(output.map.shape[:-1])
     shapes = [info.shape for info in weights[0].parts.values()] + [shape for _, shape in output.stored.values()]
@@ -882,7 +960,9 @@ def _by_rows(output: Output, weights: list[Weight]) -> bool:
     return True
 
 
-def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str) -> tuple[dict[str, torch.Tensor], ErrorSum]:
+def _convert_by_rows(
+    source: Source, output: Output, weight: Weight, device: str
+) -> tuple[dict[str, torch.Tensor], ErrorSum]:
     """Decode, encode and measure one weight in slices of rows, into output parts allocated once. A layout with
     one per-tensor scale gets the whole tensor's amax from a first pass."""
     from specpair.formats.weights import read_rows
@@ -893,9 +973,18 @@ def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str
     step = max(unit, target_codec.chunk_values // cols // unit * unit)
     chunks = [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
+    # One per-tensor scale takes the whole tensor's amax first: then its stored parts are read once and held
+    # (as a copy holds them), not read twice; otherwise each slice of rows is read as it is encoded.
+    whole = source.read(weight.name) if target_codec.tensor_amax else None
+
     def decoded(start: int, stop: int) -> torch.Tensor:
-        parts = read_rows(weight, source.root, source.file_format, start, stop)
-        return source_codec.decode({k: v.to(device) for k, v in parts.items()}, (stop - start, cols), weight.name).float()
+        if whole is None:
+            parts = read_rows(weight, source.root, source.file_format, start, stop)
+        else:
+            parts = {key: _stored_rows(part, weight.parts[key].shape, rows, start, stop) for key, part in whole.items()}
+        return source_codec.decode(
+            {k: v.to(device) for k, v in parts.items()}, (stop - start, cols), weight.name
+        ).float()
 
     amax = max(float(decoded(*c).abs().amax()) for c in chunks) if target_codec.tensor_amax else None
     out = {key: _allocate(dtype, shape, device) for key, (dtype, shape) in output.stored.items()}
@@ -911,6 +1000,12 @@ def _convert_by_rows(source: Source, output: Output, weight: Weight, device: str
                 out[key].reshape(-1, out[key].shape[-1])[where] = tensor.reshape(where.stop - where.start, -1)
         errors.add(target_codec.decode(parts, (stop - start, cols), output.map.name), x)
     return out, errors
+
+
+def _stored_rows(part: torch.Tensor, shape: tuple[int, ...], rows: int, start: int, stop: int) -> torch.Tensor:
+    """Rows start:stop of a stored part held in memory, as formats/weights.read_rows reads them from a file."""
+    where = row_slice(shape, rows, start, stop)
+    return part if where is None else part.reshape(-1, part.shape[-1])[where]
 
 
 def _allocate(dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
@@ -929,9 +1024,9 @@ class ErrorSum:
     def add(self, decoded: torch.Tensor, reference: torch.Tensor) -> None:
         decoded, reference = decoded.to(reference.device).reshape(-1), reference.reshape(-1)
         for start in range(0, decoded.numel(), REPORT_CHUNK):  # no tensor-sized temporaries
-            diff = decoded[start:start + REPORT_CHUNK] - reference[start:start + REPORT_CHUNK]
+            diff = decoded[start : start + REPORT_CHUNK] - reference[start : start + REPORT_CHUNK]
             self.error_sq += float(torch.linalg.vector_norm(diff)) ** 2
-            self.norm_sq += float(torch.linalg.vector_norm(reference[start:start + REPORT_CHUNK])) ** 2
+            self.norm_sq += float(torch.linalg.vector_norm(reference[start : start + REPORT_CHUNK])) ** 2
             self.max_abs = max(self.max_abs, float(diff.abs().max()))
 
     def report(self, output: Output) -> TensorReport:
@@ -939,8 +1034,9 @@ class ErrorSum:
             rel = (self.error_sq / self.norm_sq) ** 0.5
         else:
             rel = 0.0 if self.error_sq == 0 else float("inf")
-        return TensorReport(output.map.name, output.layout, output.mode, output.nbytes, rel, self.max_abs,
-                            self.error_sq, self.norm_sq)
+        return TensorReport(
+            output.map.name, output.layout, output.mode, output.nbytes, rel, self.max_abs, self.error_sq, self.norm_sq
+        )
 
 
 REPORT_CHUNK = 1 << 20
@@ -959,4 +1055,3 @@ def _check_stored(output: Output, parts: dict[str, torch.Tensor]) -> None:
             raise BadInput(output.part_name(key), "was planned but not produced")
         if dtype in SAFETENSORS_DTYPES.values() and tuple(tensor.shape) != shape and max(len(shape), tensor.ndim) > 1:
             raise BadInput(output.part_name(key), f"came out as {list(tensor.shape)}, planned {list(shape)}")
-

@@ -33,8 +33,12 @@ QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 QWEN35_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 LLAMA3_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 # llama.cpp's "default" applies these one after the other, each splitting the pieces the last one left.
-DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
-                  r"\p{N}+", r"[0-9][0-9][0-9]")
+DEFAULT_SPLITS = (
+    r"[\p{P}\$\+<=>\^~\|]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"\p{N}+",
+    r"[0-9][0-9][0-9]",
+)
 
 NFC = {"type": "NFC"}
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
@@ -71,14 +75,25 @@ class PreTokenizer:
 
 
 PRE_TOKENIZERS = (
-    PreTokenizer("qwen2", _split(QWEN2_SPLIT), (NFC, None), aliases=("deepseek-r1-qwen",),
-                 transformers_split=QWEN2_SPLIT),  # Qwen2, Qwen3
-    PreTokenizer("qwen35", _split(QWEN35_SPLIT), (NFC, None),
-                 transformers_split=QWEN35_SPLIT),  # Qwen3.5 / 3.6: marks (\p{M}) stay with letters
-    PreTokenizer("llama-bpe", _split(LLAMA3_SPLIT), ignore_merges=True, add_bos=True, clean_spaces=True,
-                 aliases=("llama3", "llama-v3"), transformers_split=LLAMA3_SPLIT),  # Llama 3.x: digits in threes
-    PreTokenizer("smollm", {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
-                                                                  GPT2_BYTE_LEVEL]}),  # SmolLM / SmolLM2
+    PreTokenizer(
+        "qwen2", _split(QWEN2_SPLIT), (NFC, None), aliases=("deepseek-r1-qwen",), transformers_split=QWEN2_SPLIT
+    ),  # Qwen2, Qwen3
+    PreTokenizer(
+        "qwen35", _split(QWEN35_SPLIT), (NFC, None), transformers_split=QWEN35_SPLIT
+    ),  # Qwen3.5 / 3.6: marks (\p{M}) stay with letters
+    PreTokenizer(
+        "llama-bpe",
+        _split(LLAMA3_SPLIT),
+        ignore_merges=True,
+        add_bos=True,
+        clean_spaces=True,
+        aliases=("llama3", "llama-v3"),
+        transformers_split=LLAMA3_SPLIT,
+    ),  # Llama 3.x: digits in threes
+    PreTokenizer(
+        "smollm",
+        {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2_BYTE_LEVEL]},
+    ),  # SmolLM / SmolLM2
     PreTokenizer("gpt-2", GPT2_BYTE_LEVEL, clean_spaces=True),  # GPT-2's own regex inside ByteLevel
     PreTokenizer("default", _split(*DEFAULT_SPLITS), clean_spaces=True),  # what llama.cpp runs for unknown files
 )
@@ -86,10 +101,12 @@ PRE_TOKENIZERS = (
 
 def _canonical(normalizer: object, pre_tokenizer: object) -> bytes:
     """The JSON that decides pre-tokenization, without ByteLevel's trim_offsets (it moves offsets, not ids)."""
+
     def strip(node: object) -> object:
         if isinstance(node, dict):
             return {k: strip(v) for k, v in node.items() if k != "trim_offsets"}
         return [strip(v) for v in node] if isinstance(node, list) else node
+
     return orjson.dumps([strip(normalizer), strip(pre_tokenizer)], option=orjson.OPT_SORT_KEYS)
 
 
@@ -98,8 +115,12 @@ _BY_NAME = {name: p for p in PRE_TOKENIZERS for name in (p.name, *p.aliases)}
 _DEFAULT = _BY_NAME["default"]
 
 GGML = "tokenizer.ggml."  # every tokenizer key but tokenizer.chat_template
-_SPECIAL_KEYS = (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
-                 ("pad_token", "padding_token_id"))  # tokenizer_config key -> GGUF key, in llama.cpp's order
+_SPECIAL_KEYS = (
+    ("bos_token", "bos_token_id"),
+    ("eos_token", "eos_token_id"),
+    ("unk_token", "unknown_token_id"),
+    ("pad_token", "padding_token_id"),
+)  # tokenizer_config key -> GGUF key, in llama.cpp's order
 # llama.cpp's does_token_look_special: added tokens it makes CONTROL though their files do not flag them special.
 LOOK_SPECIAL_NAMES = frozenset({"<pad>", "<mask>", "<2mass>", "[@BOS@]"})
 LOOK_SPECIAL_SHAPES = (("<|", "|>"), ("<｜", "｜>"), ("<unused", ">"))  # (start, end)
@@ -119,8 +140,14 @@ class GGUFTokenizer:
     notes: tuple[str, ...] = ()
 
 
-def gguf_tokenizer_fields(tokenizer_json: bytes, tokenizer_config: dict | None, generation_config: dict | None,
-                          chat_template: str | None, vocab_size: int | None, where: str) -> GGUFTokenizer:
+def gguf_tokenizer_fields(
+    tokenizer_json: bytes,
+    tokenizer_config: dict | None,
+    generation_config: dict | None,
+    chat_template: str | None,
+    vocab_size: int | None,
+    where: str,
+) -> GGUFTokenizer:
     """GGUF tokenizer keys from tokenizer.json and its configs; `vocab_size` (embedding rows) pads the token list.
 
     `chat_template` (chat_template.jinja) wins over tokenizer_config's. Special ids come from tokenizer_config,
@@ -130,17 +157,25 @@ def gguf_tokenizer_fields(tokenizer_json: bytes, tokenizer_config: dict | None, 
     doc = orjson.loads(tokenizer_json)  # valid: from_tokenizer_json parsed and checked it
     model = doc["model"]
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-        raise BadInput(where, f"model.type {brief(model.get('type'))}: only byte-level BPE converts to GGUF "
-                              "(SentencePiece/Unigram and WordPiece vocabularies are not supported)")
+        raise BadInput(
+            where,
+            f"model.type {brief(model.get('type'))}: only byte-level BPE converts to GGUF "
+            "(SentencePiece/Unigram and WordPiece vocabularies are not supported)",
+        )
     if "ByteLevel" not in _types_in(doc.get("pre_tokenizer")):
-        raise BadInput(where, "a BPE without a ByteLevel pre-tokenizer (SentencePiece-style) does not convert to "
-                              "GGUF's byte-level 'gpt2' model")
+        raise BadInput(
+            where,
+            "a BPE without a ByteLevel pre-tokenizer (SentencePiece-style) does not convert to "
+            "GGUF's byte-level 'gpt2' model",
+        )
     added = {e["id"]: e for e in doc.get("added_tokens") or []}
     present = set(model["vocab"].values()) | set(added)
     tokens = [t if i in present else f"[PAD{i}]" for i, t in enumerate(table)]
     ids = _unique_ids(tokens, where, "added_tokens")
-    types = [_added_type(added[i]) if i in added else TokenType.NORMAL if i in present else TokenType.UNUSED
-             for i in range(len(tokens))]
+    types = [
+        _added_type(added[i]) if i in added else TokenType.NORMAL if i in present else TokenType.UNUSED
+        for i in range(len(tokens))
+    ]
     rows = len(tokens) if vocab_size is None else vocab_size
     if type(rows) is not int or not len(tokens) <= rows <= min(MAX_TOKENS, 2 * len(tokens) + SPARE_IDS):
         raise BadInput(where, f"vocab_size {brief(vocab_size)} does not fit the tokenizer's {len(tokens)} ids")
@@ -156,12 +191,16 @@ def gguf_tokenizer_fields(tokenizer_json: bytes, tokenizer_config: dict | None, 
     pre = _BY_JSON.get(pipeline)
     if pre is None:
         pipeline_sha = hashlib.sha256(pipeline).hexdigest()[:16]
-        notes.append(f"the normalizer and pre_tokenizer of tokenizer.json (sha256 {pipeline_sha}) match no "
-                     "pre-tokenizer llama.cpp names; wrote 'default', so llama.cpp may split text differently")
+        notes.append(
+            f"the normalizer and pre_tokenizer of tokenizer.json (sha256 {pipeline_sha}) match no "
+            "pre-tokenizer llama.cpp names; wrote 'default', so llama.cpp may split text differently"
+        )
         pre = _DEFAULT
     if bool(model.get("ignore_merges")) != pre.ignore_merges:
-        notes.append(f"tokenizer.json has ignore_merges={bool(model.get('ignore_merges'))}, llama.cpp's "
-                     f"'{pre.name}' has {pre.ignore_merges}: a word that is a whole token may split differently")
+        notes.append(
+            f"tokenizer.json has ignore_merges={bool(model.get('ignore_merges'))}, llama.cpp's "
+            f"'{pre.name}' has {pre.ignore_merges}: a word that is a whole token may split differently"
+        )
 
     config, generation = tokenizer_config or {}, generation_config or {}
     fields: list[Field] = [
@@ -178,16 +217,19 @@ def gguf_tokenizer_fields(tokenizer_json: bytes, tokenizer_config: dict | None, 
         if token_id is not None:
             fields.append((GGML + gguf_key, token_id, GGUFValueType.UINT32))
     add_bos, add_eos = _adds_special(config, doc.get("post_processor"), notes)
-    fields += [(GGML + "add_bos_token", add_bos, GGUFValueType.BOOL),
-               (GGML + "add_eos_token", add_eos, GGUFValueType.BOOL)]
+    fields += [
+        (GGML + "add_bos_token", add_bos, GGUFValueType.BOOL),
+        (GGML + "add_eos_token", add_eos, GGUFValueType.BOOL),
+    ]
     template = chat_template if chat_template is not None else _config_template(config.get("chat_template"), notes)
     if template is not None:
         fields.append(("tokenizer.chat_template", template, GGUFValueType.STRING))
     return GGUFTokenizer(fields, pre.name, tuple(notes))
 
 
-def hf_tokenizer_files(fields: dict[str, object], where: str,
-                       reader: Literal["llama.cpp", "transformers"] = "llama.cpp") -> dict[str, bytes]:
+def hf_tokenizer_files(
+    fields: dict[str, object], where: str, reader: Literal["llama.cpp", "transformers"] = "llama.cpp"
+) -> dict[str, bytes]:
     """tokenizer.json, tokenizer_config.json, generation_config.json and chat_template.jinja (transformers 5's
     layout) from a GGUF's `tokenizer.*` keys, by file name.
 
@@ -200,8 +242,11 @@ def hf_tokenizer_files(fields: dict[str, object], where: str,
     if model == "llama" or (model == "gpt2" and reader == "transformers"):
         return _as_transformers_reads(fields, model, where)
     if model != "gpt2":
-        raise BadInput(where, f"{GGML}model {brief(model)}: only byte-level BPE ('gpt2') and SentencePiece "
-                              "('llama') convert to tokenizer.json")
+        raise BadInput(
+            where,
+            f"{GGML}model {brief(model)}: only byte-level BPE ('gpt2') and SentencePiece "
+            "('llama') convert to tokenizer.json",
+        )
     parsed = from_gguf_fields(fields, where)  # checks tokens and merges are strings, types as many as tokens
     if parsed is None:
         raise BadInput(where, f"{GGML}model is 'gpt2' but the file has no {GGML}tokens")
@@ -215,12 +260,22 @@ def hf_tokenizer_files(fields: dict[str, object], where: str,
     name = fields.get(GGML + "pre", "default")  # llama.cpp reads a missing name as "default"
     pre = _BY_NAME.get(name) if isinstance(name, str) else None
     if pre is None:
-        raise BadInput(where, f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here "
-                              f"(known: {', '.join(sorted(_BY_NAME))})")
+        raise BadInput(
+            where,
+            f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here (known: {', '.join(sorted(_BY_NAME))})",
+        )
 
-    special = {key: _gguf_id(fields, key, len(tokens), where)
-               for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
-                           "eot_token_id", "eom_token_id")}
+    special = {
+        key: _gguf_id(fields, key, len(tokens), where)
+        for key in (
+            "bos_token_id",
+            "eos_token_id",
+            "unknown_token_id",
+            "padding_token_id",
+            "eot_token_id",
+            "eom_token_id",
+        )
+    }
     add_bos = _gguf_flag(fields, "add_bos_token", pre.add_bos, where)
     add_eos = _gguf_flag(fields, "add_eos_token", False, where)
     bos, eos = special["bos_token_id"], special["eos_token_id"]
@@ -231,17 +286,40 @@ def hf_tokenizer_files(fields: dict[str, object], where: str,
     if template is not None and not isinstance(template, str):
         raise BadInput(where, "tokenizer.chat_template is not a string")
 
-    added = [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": types[i] == TokenType.CONTROL}
-             for i in range(len(tokens)) if types[i] in (TokenType.CONTROL, TokenType.USER_DEFINED)]
+    added = [
+        {
+            "id": i,
+            "content": tokens[i],
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": types[i] == TokenType.CONTROL,
+        }
+        for i in range(len(tokens))
+        if types[i] in (TokenType.CONTROL, TokenType.USER_DEFINED)
+    ]
     tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": pre.normalizers[0], "pre_tokenizer": pre.pre_tokenizer,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": pre.normalizers[0],
+        "pre_tokenizer": pre.pre_tokenizer,
         "post_processor": _template_processing(tokens, bos if add_bos else None, eos if add_eos else None),
         "decoder": BYTE_LEVEL_DECODER,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": pre.ignore_merges, "vocab": ids, "merges": [m.split(" ", 1) for m in merges]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre.ignore_merges,
+            "vocab": ids,
+            "merges": [m.split(" ", 1) for m in merges],
+        },
     }
     config: dict[str, object] = {"add_bos_token": add_bos, "add_eos_token": add_eos, "backend": "tokenizers"}
     for config_key, gguf_key in _SPECIAL_KEYS:
@@ -250,13 +328,17 @@ def hf_tokenizer_files(fields: dict[str, object], where: str,
     # TokenizersBackend takes tokenizer.json as written; a model class (Qwen2Tokenizer...) would rebuild its own.
     config |= {"clean_up_tokenization_spaces": pre.clean_spaces, "tokenizer_class": "TokenizersBackend"}
     stops = [i for i in dict.fromkeys((eos, special["eot_token_id"], special["eom_token_id"])) if i is not None]
-    generation = {"bos_token_id": bos, "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
-                  "pad_token_id": special["padding_token_id"]}
+    generation = {
+        "bos_token_id": bos,
+        "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
+        "pad_token_id": special["padding_token_id"],
+    }
     files = {
         "tokenizer.json": orjson.dumps(tokenizer, option=orjson.OPT_INDENT_2),
         "tokenizer_config.json": orjson.dumps(config, option=orjson.OPT_INDENT_2),
-        "generation_config.json": orjson.dumps({k: v for k, v in generation.items() if v is not None},
-                                               option=orjson.OPT_INDENT_2),
+        "generation_config.json": orjson.dumps(
+            {k: v for k, v in generation.items() if v is not None}, option=orjson.OPT_INDENT_2
+        ),
     }
     if template is not None:
         files["chat_template.jinja"] = template.encode()
@@ -266,13 +348,35 @@ def hf_tokenizer_files(fields: dict[str, object], where: str,
 # What transformers 5's GGUF loader builds (integrations/gguf/gguf_tokenizer_mapping.py): GPT2Tokenizer's pipeline for
 # 'gpt2', LlamaTokenizer's for 'llama' (models/*/tokenization_*.py), serialized as tokenizers writes them.
 METASPACE = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
-SENTENCEPIECE_DECODER = {"type": "Sequence", "decoders": [
-    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-BYTE_LEVEL_MODEL = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                    "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
-SENTENCEPIECE_MODEL = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                       "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False}
+SENTENCEPIECE_DECODER = {
+    "type": "Sequence",
+    "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ],
+}
+BYTE_LEVEL_MODEL = {
+    "type": "BPE",
+    "dropout": None,
+    "unk_token": None,
+    "continuing_subword_prefix": "",
+    "end_of_word_suffix": "",
+    "fuse_unk": False,
+    "byte_fallback": False,
+    "ignore_merges": False,
+}
+SENTENCEPIECE_MODEL = {
+    "type": "BPE",
+    "dropout": None,
+    "unk_token": None,
+    "continuing_subword_prefix": None,
+    "end_of_word_suffix": None,
+    "fuse_unk": True,
+    "byte_fallback": True,
+    "ignore_merges": False,
+}
 # Architectures whose SentencePiece vocabulary transformers rebuilds its own way (respelled spaces, merges by
 # position, another pipeline: GGUF_SENTENCEPIECE_BUILDERS); not reproduced here.
 OWN_SENTENCEPIECE_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "phi3"})
@@ -308,37 +412,55 @@ def _as_transformers_reads(fields: dict[str, object], model: str, where: str) ->
         name = fields.get(GGML + "pre", "default")
         pre = _BY_NAME.get(name) if isinstance(name, str) else None
         if pre is None:
-            raise BadInput(where, f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here "
-                                  f"(known: {', '.join(sorted(_BY_NAME))})")
+            raise BadInput(
+                where,
+                f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here (known: {', '.join(sorted(_BY_NAME))})",
+            )
         # A token with a character outside the byte alphabet is stored as its UTF-8 bytes spelled in it.
         vocab_tokens = [t if set(t) <= _BYTE_ALPHABET else _byte_level(t) for t in tokens]
         split = {"type": "Split", "pattern": {"Regex": pre.transformers_split}, "behavior": "Isolated", "invert": False}
-        pre_tokenizer = GPT2_BYTE_LEVEL if pre.transformers_split is None else {
-            "type": "Sequence", "pretokenizers": [split, {**BYTE_LEVEL, "trim_offsets": True}]}
+        pre_tokenizer = (
+            GPT2_BYTE_LEVEL
+            if pre.transformers_split is None
+            else {"type": "Sequence", "pretokenizers": [split, {**BYTE_LEVEL, "trim_offsets": True}]}
+        )
         decoder, bpe = BYTE_LEVEL_DECODER, BYTE_LEVEL_MODEL
     else:
         architecture = fields.get("general.architecture")
         if isinstance(architecture, str) and architecture in OWN_SENTENCEPIECE_ARCHS:
-            raise BadInput(where, f"general.architecture {architecture!r}: transformers builds this SentencePiece "
-                                  "vocabulary its own way, which is not reproduced here")
+            raise BadInput(
+                where,
+                f"general.architecture {architecture!r}: transformers builds this SentencePiece "
+                "vocabulary its own way, which is not reproduced here",
+            )
         vocab_tokens, pre_tokenizer, decoder, bpe = tokens, METASPACE, SENTENCEPIECE_DECODER, SENTENCEPIECE_MODEL
     ids = _unique_ids(vocab_tokens, where, f"{GGML}tokens")
     if merges is None:
         if model == "gpt2":
             raise BadInput(where, f"{GGML}model is 'gpt2' but the file has no {GGML}merges")
         scores = fields.get(GGML + "scores")
-        if not (isinstance(scores, list) and len(scores) == len(tokens)
-                and all(type(v) in (int, float) for v in scores)):
-            raise BadInput(where, f"{GGML}model is 'llama' with no {GGML}merges, and {GGML}scores is not one number "
-                                  "per token")
+        if not (
+            isinstance(scores, list) and len(scores) == len(tokens) and all(type(v) in (int, float) for v in scores)
+        ):
+            raise BadInput(
+                where, f"{GGML}model is 'llama' with no {GGML}merges, and {GGML}scores is not one number per token"
+            )
         pairs = _merges_from_scores(ids, dict(zip(tokens, scores)))
     else:
         _check_merges(merges, ids, where, f"{GGML}merges")
         pairs = [m.split(" ", 1) for m in merges]
 
-    special = {key: _gguf_id(fields, key, len(tokens), where)
-               for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
-                           "eot_token_id", "eom_token_id")}
+    special = {
+        key: _gguf_id(fields, key, len(tokens), where)
+        for key in (
+            "bos_token_id",
+            "eos_token_id",
+            "unknown_token_id",
+            "padding_token_id",
+            "eot_token_id",
+            "eom_token_id",
+        )
+    }
     bos, eos = special["bos_token_id"], special["eos_token_id"]
     # transformers turns add_bos_token off, silently, when there is no BOS token to add.
     add_bos = _gguf_flag(fields, "add_bos_token", model == "llama", where) and bos is not None
@@ -358,13 +480,26 @@ def _as_transformers_reads(fields: dict[str, object], model: str, where: str) ->
     for i in sorted(named - set(added)):
         added[i] = (tokens[i], True)
     tokenizer = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": is_special}
-                         for i, (content, is_special) in sorted(added.items())],
-        "normalizer": None, "pre_tokenizer": pre_tokenizer,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": is_special,
+            }
+            for i, (content, is_special) in sorted(added.items())
+        ],
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": _template_processing(tokens, bos if add_bos else None, eos if add_eos else None),
-        "decoder": decoder, "model": {**bpe, "vocab": ids, "merges": pairs},
+        "decoder": decoder,
+        "model": {**bpe, "vocab": ids, "merges": pairs},
     }
     config: dict[str, object] = {"add_bos_token": add_bos, "add_eos_token": add_eos, "backend": "tokenizers"}
     for config_key, gguf_key in _SPECIAL_KEYS:
@@ -372,13 +507,17 @@ def _as_transformers_reads(fields: dict[str, object], model: str, where: str) ->
         config[config_key] = tokens[token_id] if token_id is not None else None
     config |= {"clean_up_tokenization_spaces": False, "tokenizer_class": "TokenizersBackend"}
     stops = [i for i in dict.fromkeys((eos, special["eot_token_id"], special["eom_token_id"])) if i is not None]
-    generation = {"bos_token_id": bos, "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
-                  "pad_token_id": special["padding_token_id"]}
+    generation = {
+        "bos_token_id": bos,
+        "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
+        "pad_token_id": special["padding_token_id"],
+    }
     files = {
         "tokenizer.json": orjson.dumps(tokenizer, option=orjson.OPT_INDENT_2),
         "tokenizer_config.json": orjson.dumps(config, option=orjson.OPT_INDENT_2),
-        "generation_config.json": orjson.dumps({k: v for k, v in generation.items() if v is not None},
-                                               option=orjson.OPT_INDENT_2),
+        "generation_config.json": orjson.dumps(
+            {k: v for k, v in generation.items() if v is not None}, option=orjson.OPT_INDENT_2
+        ),
     }
     if template is not None:
         files["chat_template.jinja"] = template.encode()
@@ -402,8 +541,11 @@ def _byte_level(text: str) -> str:
 
 
 def _byte_spelling() -> list[str]:
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     spelling = {b: chr(b) for b in printable}
     spelling |= {b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in spelling)}
     return [spelling[b] for b in range(256)]
@@ -425,7 +567,8 @@ def _added_type(entry: dict) -> TokenType:
     """CONTROL for a special added token or one that looks special, USER_DEFINED for the others."""
     content = entry["content"]
     looks_special = content in LOOK_SPECIAL_NAMES or any(
-        content.startswith(start) and content.endswith(end) for start, end in LOOK_SPECIAL_SHAPES)
+        content.startswith(start) and content.endswith(end) for start, end in LOOK_SPECIAL_SHAPES
+    )
     return TokenType.CONTROL if entry.get("special") or looks_special else TokenType.USER_DEFINED
 
 
@@ -446,8 +589,9 @@ def _merge_strings(merges: list, where: str) -> list[str]:
     joined = [m if type(m) is str else f"{m[0]} {m[1]}" for m in merges]
     for n, merge in enumerate(joined):
         if merge.count(" ") != 1 or merge[0] == " " or merge[-1] == " ":
-            raise BadInput(where, f"model.merges[{n}] {brief(merges[n])} is not 'a b' nor ['a', 'b'] of two tokens "
-                                  "without spaces")
+            raise BadInput(
+                where, f"model.merges[{n}] {brief(merges[n])} is not 'a b' nor ['a', 'b'] of two tokens without spaces"
+            )
     return joined
 
 
@@ -491,13 +635,17 @@ def _adds_special(config: dict, post_processor: object, notes: list[str]) -> tup
         if kind == "RobertaProcessing":
             adds = {"bos": True, "eos": True}
         elif kind == "TemplateProcessing" and isinstance(single := processor.get("single"), list) and single:
-            adds = {"bos": isinstance(single[0], dict) and "SpecialToken" in single[0],
-                    "eos": isinstance(single[-1], dict) and "SpecialToken" in single[-1]}
+            adds = {
+                "bos": isinstance(single[0], dict) and "SpecialToken" in single[0],
+                "eos": isinstance(single[-1], dict) and "SpecialToken" in single[-1],
+            }
     for what, added in adds.items():
         said = config.get(f"add_{what}_token")
         if isinstance(said, bool) and said != added:
-            notes.append(f"tokenizer_config.json says add_{what}_token={said} but tokenizer.json's post-processor "
-                         f"{'adds' if added else 'adds no'} {what.upper()}; wrote {added}, as transformers 5 reads it")
+            notes.append(
+                f"tokenizer_config.json says add_{what}_token={said} but tokenizer.json's post-processor "
+                f"{'adds' if added else 'adds no'} {what.upper()}; wrote {added}, as transformers 5 reads it"
+            )
     return adds["bos"], adds["eos"]
 
 
@@ -529,12 +677,20 @@ def _gguf_flag(fields: dict[str, object], key: str, default: bool, where: str) -
 
 def _template_processing(tokens: list[str], bos: int | None, eos: int | None) -> dict[str, object]:
     """The post-processor transformers builds for add_bos_token / add_eos_token (update_post_processor)."""
+
     def special(token_id: int | None, type_id: int) -> list[dict]:
         return [] if token_id is None else [{"SpecialToken": {"id": tokens[token_id], "type_id": type_id}}]
 
     def sequence(name: str, type_id: int) -> list[dict]:
         return [*special(bos, type_id), {"Sequence": {"id": name, "type_id": type_id}}, *special(eos, type_id)]
 
-    return {"type": "TemplateProcessing", "single": sequence("A", 0), "pair": sequence("A", 0) + sequence("B", 1),
-            "special_tokens": {tokens[i]: {"id": tokens[i], "ids": [i], "tokens": [tokens[i]]}
-                               for i in dict.fromkeys((bos, eos)) if i is not None}}
+    return {
+        "type": "TemplateProcessing",
+        "single": sequence("A", 0),
+        "pair": sequence("A", 0) + sequence("B", 1),
+        "special_tokens": {
+            tokens[i]: {"id": tokens[i], "ids": [i], "tokens": [tokens[i]]}
+            for i in dict.fromkeys((bos, eos))
+            if i is not None
+        },
+    }

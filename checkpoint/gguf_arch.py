@@ -11,22 +11,29 @@ transform sits next to its inverse. Facts follow llama.cpp as vendored in llama-
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gguf.constants import GGUFValueType
-
-from specpair.checkpoint.gguf import ARCH_FAMILIES
-from specpair.checkpoint.hf import MODEL_TYPES, TARGET_ARCHITECTURES
+from specpair.checkpoint.config import as_int
+from specpair.checkpoint.families import (
+    BY_ARCHITECTURE,
+    BY_MODEL_TYPE,
+    DFLASH2_KEYS,
+    DRAFTER_KINDS,
+    FAMILIES,
+    Family,
+    GGUFArch,
+)
 from specpair.errors import BadInput
 from specpair.formats import brief
+from specpair.formats.gguf import ValueType
 from specpair.formats.transforms import Step, TensorMap
 
-U32, F32, BOOL, STR, ARRAY = (GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.BOOL,
-                              GGUFValueType.STRING, GGUFValueType.ARRAY)
+U32, F32, BOOL, STR, ARRAY = ValueType.UINT32, ValueType.FLOAT32, ValueType.BOOL, ValueType.STRING, ValueType.ARRAY
 CONFIG = "config.json"
 HEADER = "GGUF header"
 MASK_TOKEN_KEY = "tokenizer.ggml.mask_token_id"
@@ -37,7 +44,7 @@ LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0  # every Llama 3.x re
 
 @dataclass(frozen=True)
 class Arch:
-    """How one GGUF architecture lays out a model."""
+    """How one GGUF architecture lays out a model: its family's facts and llama.cpp's (the family table's rows)."""
 
     hf_architecture: str  # what from_gguf writes
     model_type: str
@@ -53,36 +60,57 @@ class Arch:
     rope_dims: str = ""  # rope.dimension_count: "full" (head_dim), "partial" (head_dim * partial_rotary_factor)
     rope_permute: bool = False  # llama.cpp ropes llama GPT-J style: q/k rows go back to interleaved pairs
     mtp: bool = False  # MTP head as extra blocks with nextn.* tensors
+    mtp_count_in_config: bool = False
+    renormalises_topk: bool = False
+    config_extras: dict[str, Any] = field(default_factory=dict)
     prefix: str = "model."  # HF name prefix of the language model (from_gguf)
     drafter: bool = False
 
 
+def _arch(family: Family, gguf: GGUFArch, drafter: bool) -> Arch:
+    return Arch(
+        gguf.hf_architecture,
+        gguf.model_type,
+        gguf.post_norm,
+        gguf.groups,
+        family.zero_centred_norms,
+        family.qk_norm,
+        family.gated_attention,
+        family.linear_attention,
+        gguf.v_reorder,
+        family.experts,
+        family.shared_expert,
+        gguf.rope_dims,
+        gguf.rope_permute,
+        gguf.mtp,
+        gguf.mtp_count_in_config,
+        gguf.renormalises_topk,
+        gguf.config_extras,
+        "" if drafter else "model.",
+        drafter,
+    )
+
+
 COMMON, VOCAB, MOE, SHARED, HYBRID, MROPE, MTP_GROUP, DFLASH = (
-    "common", "vocab", "moe", "shared", "hybrid", "mrope", "mtp", "dflash")
+    "common",
+    "vocab",
+    "moe",
+    "shared",
+    "hybrid",
+    "mrope",
+    "mtp",
+    "dflash",
+)
 ARCHS: dict[str, Arch] = {
-    "llama": Arch("LlamaForCausalLM", "llama", "ffn_norm", frozenset({COMMON, VOCAB}), qk_norm=False, rope_dims="full",
-                  rope_permute=True),
-    "qwen3": Arch("Qwen3ForCausalLM", "qwen3", "ffn_norm", frozenset({COMMON})),
-    "qwen3moe": Arch("Qwen3MoeForCausalLM", "qwen3_moe", "ffn_norm", frozenset({COMMON, MOE}), experts="per-expert"),
-    "qwen3next": Arch("Qwen3NextForCausalLM", "qwen3_next", "post_attention_norm",
-                      frozenset({COMMON, MOE, SHARED, HYBRID, MTP_GROUP}), zero_centred=True, gated_attention=True,
-                      linear="fused", experts="per-expert", shared_expert=True, rope_dims="partial", mtp=True),
-    "qwen35": Arch("Qwen3_5ForCausalLM", "qwen3_5_text", "post_attention_norm",
-                   frozenset({COMMON, HYBRID, MROPE, MTP_GROUP}), zero_centred=True, gated_attention=True,
-                   linear="split", v_reorder=True, rope_dims="partial", mtp=True),
-    "qwen35moe": Arch("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "post_attention_norm",
-                      frozenset({COMMON, MOE, SHARED, HYBRID, MROPE, MTP_GROUP}), zero_centred=True,
-                      gated_attention=True, linear="split", v_reorder=True, experts="fused", shared_expert=True,
-                      rope_dims="partial", mtp=True),
-    "dflash": Arch("DFlashDraftModel", "qwen3", "ffn_norm", frozenset({COMMON, DFLASH}), rope_dims="partial",
-                   prefix="", drafter=True),
+    **{f.gguf_arch: _arch(f, f.gguf, False) for f in FAMILIES.values() if f.gguf},
+    **{k.gguf_archs[0]: _arch(FAMILIES[k.family], k.gguf, True) for k in DRAFTER_KINDS.values() if k.gguf},
 }
-GGUF_ARCH_OF_FAMILY = {family: arch for arch, family in ARCH_FAMILIES.items()}
-DRAFTER_ARCHS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash"}
+# drafter checkpoints written as GGUF: each kind's first architecture, into its first GGUF arch
+DRAFTER_ARCHS = {k.hf_architectures[0]: k.gguf_archs[0] for k in DRAFTER_KINDS.values() if k.gguf}
 
 # Hyper-parameters: (group, key under "{arch}.", canonical name, GGUF type). Canonical names are HF config
 # keys where one exists; the others are computed on both sides by _hparams_from_config / _config_from_hparams.
-HPARAMS: tuple[tuple[str, str, str, GGUFValueType], ...] = (
+HPARAMS: tuple[tuple[str, str, str, ValueType], ...] = (
     (COMMON, "context_length", "max_position_embeddings", U32),
     (COMMON, "embedding_length", "hidden_size", U32),
     (COMMON, "block_count", "block_count", U32),  # decoder blocks + MTP blocks
@@ -124,36 +152,54 @@ HPARAMS: tuple[tuple[str, str, str, GGUFValueType], ...] = (
 )
 GGUF_KEYS = {name: key for _, key, name, _ in HPARAMS}  # canonical name -> key under "{arch}."
 # DFlash variant keys llama.cpp's converter maps but this module does not (yet): refused, never dropped.
-UNMAPPED_DFLASH_KEYS = ("output_multiplier", "final_logit_softcapping", "input_embedding_scale", "attention_value_scale",
-                        "use_swa", "swa_window_size", "sample_from_anchor", "draft_vocab_size")
+UNMAPPED_DFLASH_KEYS = (
+    "output_multiplier",
+    "final_logit_softcapping",
+    "input_embedding_scale",
+    "attention_value_scale",
+    "use_swa",
+    "swa_window_size",
+    "sample_from_anchor",
+    "draft_vocab_size",
+)
 YARN_KEYS = ("factor", "original_max_position_embeddings")  # the YaRN keys mapped; others are refused
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # The fork schema keeps DFlash keys under "dflash-draft.dflash." (HF tap ids, the mask token) -> upstream keys;
 # n_target_features is fc.weight's input width, which the tensor check covers.
-FORK_KEYS = {"block_size": "dflash.block_size", "target_layer_ids": "dflash.target_layers",
-             "mask_token_id": MASK_TOKEN_KEY, "n_target_features": None}
+FORK_KEYS = {
+    "block_size": "dflash.block_size",
+    "target_layer_ids": "dflash.target_layers",
+    "mask_token_id": MASK_TOKEN_KEY,
+    "n_target_features": None,
+}
 # HF config keys copied as they are between the canonical values and config.json.
-CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "rms_norm_eps", "max_position_embeddings", "vocab_size", "num_experts", "num_experts_per_tok",
-               "moe_intermediate_size", "shared_expert_intermediate_size", "full_attention_interval",
-               "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
-               "linear_value_head_dim", "sliding_window")
+CONFIG_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "vocab_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_value_head_dim",
+    "sliding_window",
+)
 CONFIG_ALIASES = {"num_local_experts": "num_experts"}  # transformers 5 saves Qwen3-MoE's expert count so
 ROPE_SCALINGS = (None, "none", "linear", "yarn")  # rope.scaling.type values with an HF form
-TOKEN_ID_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
-                 "pad_token_id": "tokenizer.ggml.padding_token_id"}
-# Per arch, what from_gguf adds to the config beyond the hyper-parameters (as the published configs have).
-CONFIG_EXTRAS: dict[str, dict[str, Any]] = {
-    "llama": {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"},
-    "qwen3": {"attention_bias": False, "hidden_act": "silu", "use_sliding_window": False},
-    "qwen3moe": {"attention_bias": False, "hidden_act": "silu", "use_sliding_window": False, "norm_topk_prob": True,
-                 "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "qwen3next": {"hidden_act": "silu", "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "qwen35": {"attention_bias": False, "attn_output_gate": True, "hidden_act": "silu"},
-    "qwen35moe": {"attention_bias": False, "attn_output_gate": True, "hidden_act": "silu"},
-    "dflash": {"attention_bias": False, "hidden_act": "silu", "tie_word_embeddings": False},
+TOKEN_ID_KEYS = {
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+    "pad_token_id": "tokenizer.ggml.padding_token_id",
 }
-
 # Tensor rows: (HF name under the block or model prefix, GGUF name under "blk.N." or top level,
 # HF shape as size names of _sizes(), transform of TRANSFORMS or None).
 Row = tuple[str, str, tuple[str, ...], str | None]
@@ -225,13 +271,19 @@ DFLASH2_CONV: tuple[Row, ...] = (
     ("mlp_conv.base_kernel", "ffn_conv_base", ("two", "conv_kernel_size", "hidden"), None),
     ("mlp_conv.kernel_projection.weight", "ffn_conv_proj.weight", ("conv_proj", "hidden"), None),
 )
-EXPERT_PROJECTIONS = (("gate_proj", "ffn_gate_exps.weight"), ("up_proj", "ffn_up_exps.weight"),
-                      ("down_proj", "ffn_down_exps.weight"))
+EXPERT_PROJECTIONS = (
+    ("gate_proj", "ffn_gate_exps.weight"),
+    ("up_proj", "ffn_up_exps.weight"),
+    ("down_proj", "ffn_down_exps.weight"),
+)
 FUSED_GATE_UP_GGUF = "ffn_gate_up_exps.weight"  # llama.cpp's optional fused form: gate rows first, as HF
 # Fork GGUF tensor names -> upstream names.
-FORK_TENSORS = {"dflash_fc.weight": "fc.weight", "dflash.fc.weight": "fc.weight",
-                "dflash_hidden_norm.weight": "enc.output_norm.weight",
-                "dflash.hidden_norm.weight": "enc.output_norm.weight"}
+FORK_TENSORS = {
+    "dflash_fc.weight": "fc.weight",
+    "dflash.fc.weight": "fc.weight",
+    "dflash_hidden_norm.weight": "enc.output_norm.weight",
+    "dflash.hidden_norm.weight": "enc.output_norm.weight",
+}
 FORK_POST_NORM = re.compile(r"blk\.(\d+)\.post_attention_norm\.weight")  # forks use it for post_attention_layernorm
 DROPPED_PREFIXES = {"model.visual.": "vision tower (llama.cpp keeps it in a separate mmproj GGUF)"}
 
@@ -239,7 +291,7 @@ DROPPED_PREFIXES = {"model.visual.": "vision tower (llama.cpp keeps it in a sepa
 @dataclass
 class GGUFPlan:
     arch: str  # general.architecture to write
-    fields: list[tuple[str, object, GGUFValueType]]  # every {arch}.* key (+ tokenizer.ggml.mask_token_id for dflash)
+    fields: list[tuple[str, object, ValueType]]  # every {arch}.* key (+ tokenizer.ggml.mask_token_id for dflash)
     tensors: list[TensorMap]  # GGUF name, numpy-order logical shape, HF sources, steps
     notes: list[str] = field(default_factory=list)  # what was dropped and why
 
@@ -251,8 +303,13 @@ class HFPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def to_gguf(config: dict[str, Any], tensors: dict[str, tuple[int, ...]], *, mtp: bool = True,
-            target_config: dict[str, Any] | None = None) -> GGUFPlan:
+def to_gguf(
+    config: dict[str, Any],
+    tensors: dict[str, tuple[int, ...]],
+    *,
+    mtp: bool = True,
+    target_config: dict[str, Any] | None = None,
+) -> GGUFPlan:
     """Plan the GGUF of an HF checkpoint. `mtp=False` drops the MTP head; `target_config` (a drafter's
     target config.json) decides the drafter's degenerate M-RoPE sections."""
     arch, notes = _arch_of_config(config), []
@@ -267,14 +324,22 @@ def to_gguf(config: dict[str, Any], tensors: dict[str, tuple[int, ...]], *, mtp:
     _check_counts(arch, hp, {n: tensors[n] for n in names}, CONFIG)
     _check_sizes(arch, hp, {n: tensors[n] for n in names}, CONFIG)
     if mtp_names and not hp.get("mtp_num_hidden_layers"):
-        why = ("not asked for (mtp=False)" if not mtp else "no mtp.layers.* decoder layer to carry the head"
-               if ARCHS[arch].mtp else f"llama.cpp's {arch} has no MTP head")
+        why = (
+            "not asked for (mtp=False)"
+            if not mtp
+            else "no mtp.layers.* decoder layer to carry the head"
+            if ARCHS[arch].mtp
+            else f"llama.cpp's {arch} has no MTP head"
+        )
         notes.append(f"dropped {len(mtp_names)} mtp.* tensors: {why}")
         names -= mtp_names
     layout = _layout(arch, hp, _hf_storage(arch, hp, names), gguf_fused=set())
     _check_tensors(CONFIG, {n: tensors[n] for n in names}, {m.name: m.shape for m in layout.hf}, "HF")
-    fields = [(f"{arch}.{key}", hp[name], vtype) for group, key, name, vtype in HPARAMS
-              if group in ARCHS[arch].groups and hp.get(name) is not None]
+    fields = [
+        (f"{arch}.{key}", hp[name], vtype)
+        for group, key, name, vtype in HPARAMS
+        if group in ARCHS[arch].groups and hp.get(name) is not None
+    ]
     if "mask_token_id" in hp:
         fields.append((MASK_TOKEN_KEY, hp["mask_token_id"], U32))
     return GGUFPlan(arch, fields, layout.gguf, notes)
@@ -292,46 +357,111 @@ def hf_shapes(config: dict[str, Any], tensors: dict[str, tuple[int, ...]]) -> di
     return {m.name: m.shape for m in _layout(arch, hp, _hf_storage(arch, hp, names), gguf_fused=set()).hf}
 
 
-def from_gguf(fields: dict[str, object], tensors: dict[str, tuple[int, ...]], *,
-              rope_freqs: Sequence[float] | None = None, target_vocab: int | None = None) -> HFPlan:
+def from_gguf(
+    fields: dict[str, object],
+    tensors: dict[str, tuple[int, ...]],
+    *,
+    rope_freqs: Sequence[float] | None = None,
+    target_vocab: int | None = None,
+) -> HFPlan:
     """Plan the config.json and HF tensors of a GGUF. `rope_freqs` are the values of `rope_freqs.weight`
     when the GGUF has one: llama.cpp keeps Llama 3 rope scaling as that tensor's data, not as keys.
     `target_vocab` is the vocabulary of a weights-only drafter GGUF (no tokenizer, no token_embd): its target's."""
-    stored_arch = fields.get("general.architecture")
-    if not isinstance(stored_arch, str):
-        raise BadInput(HEADER, "missing general.architecture")
-    arch = "dflash" if stored_arch == FORK_ARCH else stored_arch
-    if arch not in ARCHS:
-        raise BadInput(HEADER, f"general.architecture {brief(stored_arch)} has no HF mapping "
-                               f"(known: {', '.join(sorted(ARCHS))}, {FORK_ARCH})")
-    notes: list[str] = []
-    stored_names: dict[str, str] = {}
-    if stored_arch == FORK_ARCH:
-        fields, tensors, stored_names = _upstream_fork(fields, tensors, notes)
-    hp = _hparams_from_fields(arch, fields, tensors, target_vocab)
-    _check_counts(arch, hp, tensors, HEADER)
-    _check_sizes(arch, hp, tensors, HEADER)
+    arch, fields, tensors, stored_names, hp, notes = _read_header(fields, tensors, target_vocab, complete=True)
     if "rope_freqs.weight" in tensors:
         if rope_freqs is None:
-            raise BadInput("rope_freqs.weight", "Llama 3 rope scaling is this tensor's data: pass its values as rope_freqs")
+            raise BadInput(
+                "rope_freqs.weight", "Llama 3 rope scaling is this tensor's data: pass its values as rope_freqs"
+            )
         hp["llama3"] = _llama3_scaling(rope_freqs, hp["rope_theta"], hp["head_dim"])
     gguf_fused = {i for i in range(hp["block_count"]) if f"blk.{i}.{FUSED_GATE_UP_GGUF}" in tensors}
     layout = _layout(arch, hp, _hf_output_storage(arch, hp, "output.weight" in tensors), gguf_fused)
     # Numpy shapes that differ in leading 1s are one ggml tensor (ne padded with 1s): writers differ there.
     single = {m.sources[0] for m in layout.hf if len(m.sources) == 1}
-    padded = {n for n, shape in tensors.items() if n in single and n in layout.gguf_shapes
-              and _ggml_ne(shape) == _ggml_ne(layout.gguf_shapes[n]) and tuple(shape) != layout.gguf_shapes[n]}
-    _check_tensors(HEADER, {n: layout.gguf_shapes[n] if n in padded else s for n, s in tensors.items()},
-                   layout.gguf_shapes, "GGUF")
-    hf = [TensorMap(m.name, m.shape, m.sources, (Step("reshape", (layout.gguf_shapes[m.sources[0]],)), *m.steps))
-          if m.sources[0] in padded else m for m in layout.hf]
+    padded = {
+        n
+        for n, shape in tensors.items()
+        if n in single
+        and n in layout.gguf_shapes
+        and _ggml_ne(shape) == _ggml_ne(layout.gguf_shapes[n])
+        and tuple(shape) != layout.gguf_shapes[n]
+    }
+    _check_tensors(
+        HEADER, {n: layout.gguf_shapes[n] if n in padded else s for n, s in tensors.items()}, layout.gguf_shapes, "GGUF"
+    )
+    hf = [
+        TensorMap(m.name, m.shape, m.sources, (Step("reshape", (layout.gguf_shapes[m.sources[0]],)), *m.steps))
+        if m.sources[0] in padded
+        else m
+        for m in layout.hf
+    ]
     if stored_names:  # sources by the names the file stores them under
         hf = [TensorMap(m.name, m.shape, tuple(stored_names.get(s, s) for s in m.sources), m.steps) for m in hf]
     return HFPlan(_config_from_hparams(arch, hp, fields, tensors, notes), hf, notes)
 
 
+def header_config(fields: dict[str, object], tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[str]]:
+    """The config.json of a GGUF header and notes, from its keys and tensor shapes alone: the hyper-parameters
+    from_gguf reads, read the same way, for a summary (`check`). Keys a conversion needs but a summary can do
+    without (the norm epsilon, the context length, a drafter's wiring) may be absent; Llama 3 rope scaling,
+    which is tensor data, is left out."""
+    arch, fields, tensors, _, hp, notes = _read_header(fields, tensors, None, complete=False)
+    return _config_from_hparams(arch, hp, fields, tensors, notes), notes
+
+
+def weights_only_drafter(fields: dict[str, object], tensors: dict[str, tuple[int, ...]]) -> bool:
+    """A drafter GGUF that says nothing of its vocabulary (no tokenizer, no embedding or head): its target's,
+    which from_gguf then needs as `target_vocab`."""
+    arch = fields.get("general.architecture")
+    arch = "dflash" if arch == FORK_ARCH else arch
+    return (
+        arch in ARCHS
+        and ARCHS[arch].drafter
+        and "tokenizer.ggml.tokens" not in fields
+        and "token_embd.weight" not in tensors
+        and "output.weight" not in tensors
+    )
+
+
+def _read_header(
+    fields: dict[str, object], tensors: dict[str, tuple[int, ...]], target_vocab: int | None, complete: bool
+) -> tuple[str, dict[str, object], dict[str, tuple[int, ...]], dict[str, str], dict[str, Any], list[str]]:
+    """(arch, upstream fields, upstream tensor shapes, fork name of each upstream tensor, hyper-parameters,
+    notes) of a GGUF header; a fork's `dflash-draft` header is read as upstream `dflash`."""
+    stored_arch = fields.get("general.architecture")
+    if not isinstance(stored_arch, str):
+        raise BadInput(HEADER, "missing general.architecture")
+    arch = "dflash" if stored_arch == FORK_ARCH else stored_arch
+    if arch not in ARCHS:
+        raise BadInput(
+            HEADER,
+            f"general.architecture {brief(stored_arch)} has no HF mapping "
+            f"(known: {', '.join(sorted(ARCHS))}, {FORK_ARCH})",
+        )
+    notes: list[str] = []
+    stored_names: dict[str, str] = {}
+    if stored_arch == FORK_ARCH:
+        fields, tensors, stored_names = _upstream_fork(fields, tensors, notes)
+    hp = _hparams_from_fields(arch, fields, tensors, target_vocab, complete)
+    _check_counts(arch, hp, tensors, HEADER)
+    _check_sizes(arch, hp, tensors, HEADER)
+    return arch, fields, tensors, stored_names, hp, notes
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """This module names what it reads "config.json" or "GGUF header": say which file (`path`) that is."""
+    try:
+        yield
+    except BadInput as e:
+        if e.where in (CONFIG, HEADER):
+            raise BadInput(path, e.problem) from None
+        raise
+
+
 # --------------------------------------------------------------------------------------------------
 # hyper-parameters
+
 
 def _arch_of_config(config: dict[str, Any]) -> str:
     if not isinstance(config, dict):
@@ -341,16 +471,26 @@ def _arch_of_config(config: dict[str, Any]) -> str:
     if architecture in DRAFTER_ARCHS:
         return DRAFTER_ARCHS[architecture]
     model_type = config.get("model_type")
-    family = TARGET_ARCHITECTURES.get(architecture or "") or (MODEL_TYPES.get(model_type) if architecture is None
-                                                              and isinstance(model_type, str) else None)
+    family = BY_ARCHITECTURE.get(architecture or "") or (
+        BY_MODEL_TYPE.get(model_type) if architecture is None and isinstance(model_type, str) else None
+    )
     if family is None:
-        raise BadInput(CONFIG, f"architecture {brief(architecture)} has no GGUF mapping (known: "
-                               f"{', '.join(sorted([*TARGET_ARCHITECTURES, *DRAFTER_ARCHS]))})")
-    return GGUF_ARCH_OF_FAMILY[family]
+        raise BadInput(
+            CONFIG,
+            f"architecture {brief(architecture)} has no GGUF mapping (known: "
+            f"{', '.join(sorted([*BY_ARCHITECTURE, *DRAFTER_ARCHS]))})",
+        )
+    return family.gguf_arch
 
 
-def _hparams_from_config(arch: str, config: dict[str, Any], names: set[str], mtp: bool,
-                         target_config: dict[str, Any] | None, notes: list[str]) -> dict[str, Any]:
+def _hparams_from_config(
+    arch: str,
+    config: dict[str, Any],
+    names: set[str],
+    mtp: bool,
+    target_config: dict[str, Any] | None,
+    notes: list[str],
+) -> dict[str, Any]:
     spec = ARCHS[arch]
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     text = {**{CONFIG_ALIASES[k]: v for k, v in text.items() if k in CONFIG_ALIASES}, **text}
@@ -368,7 +508,9 @@ def _hparams_from_config(arch: str, config: dict[str, Any], names: set[str], mtp
     hp["rope_theta"] = _number(rope, "rope_theta", CONFIG)
     hp.update(_rope_scaling(arch, rope))
     partial = rope.get("partial_rotary_factor", 0.25 if spec.rope_dims == "partial" and not spec.drafter else None)
-    if partial is not None and not (isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1):
+    if partial is not None and not (
+        isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1
+    ):
         raise BadInput(CONFIG, f"'partial_rotary_factor' is {brief(partial)}, not a number in (0, 1]")
     if spec.rope_dims == "full":
         hp["rope_dims"] = hp["head_dim"]
@@ -380,11 +522,12 @@ def _hparams_from_config(arch: str, config: dict[str, Any], names: set[str], mtp
     if spec.experts is not None:
         for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             hp[key] = _positive(text, key, CONFIG)
-        if arch in ("qwen3moe", "qwen3next") and text.get("norm_topk_prob") is False:
+        if spec.renormalises_topk and text.get("norm_topk_prob") is False:
             raise BadInput(CONFIG, "'norm_topk_prob' is false: llama.cpp always renormalises the top-k expert weights")
         if text.get("mlp_only_layers") or text.get("decoder_sparse_step", 1) != 1:
-            raise BadInput(CONFIG, "'mlp_only_layers' / 'decoder_sparse_step' make dense layers: "
-                                   "llama.cpp's MoE loaders have none")
+            raise BadInput(
+                CONFIG, "'mlp_only_layers' / 'decoder_sparse_step' make dense layers: llama.cpp's MoE loaders have none"
+            )
     if spec.shared_expert:
         hp["shared_expert_intermediate_size"] = _positive(text, "shared_expert_intermediate_size", CONFIG)
     if spec.linear:
@@ -400,7 +543,9 @@ def _hparams_from_config(arch: str, config: dict[str, Any], names: set[str], mtp
             hp["mtp_num_hidden_layers"] = shipped
     hp["block_count"] = hp["num_hidden_layers"] + hp.get("mtp_num_hidden_layers", 0)
     if spec.linear:
-        hp["recurrent_layers"] = [t == "linear" for t in hp["layer_types"]] + [False] * hp.get("mtp_num_hidden_layers", 0)
+        hp["recurrent_layers"] = [t == "linear" for t in hp["layer_types"]] + [False] * hp.get(
+            "mtp_num_hidden_layers", 0
+        )
     if spec.drafter:
         _dflash_from_config(hp, config, target_config, notes)
     return hp
@@ -427,19 +572,31 @@ def _rope_scaling(arch: str, rope: dict[str, Any]) -> dict[str, Any]:
         extra = sorted(set(rope) - {*YARN_KEYS, "rope_type", "type", "rope_theta", "partial_rotary_factor"})
         if extra:
             raise BadInput(CONFIG, f"YaRN parameters {', '.join(extra)} have no GGUF mapping here")
-        return {"rope_scaling_type": "yarn", "factor": _number(rope, "factor", CONFIG),
-                "original_max_position_embeddings": _positive(rope, "original_max_position_embeddings", CONFIG)}
+        return {
+            "rope_scaling_type": "yarn",
+            "factor": _number(rope, "factor", CONFIG),
+            "original_max_position_embeddings": _positive(rope, "original_max_position_embeddings", CONFIG),
+        }
     if rope_type == "llama3" and arch == "llama":
-        return {"llama3": {"factor": _number(rope, "factor", CONFIG),
-                           "low_freq_factor": _number(rope, "low_freq_factor", CONFIG),
-                           "high_freq_factor": _number(rope, "high_freq_factor", CONFIG),
-                           "original_max_position_embeddings": _positive(rope, "original_max_position_embeddings", CONFIG)}}
+        return {
+            "llama3": {
+                "factor": _number(rope, "factor", CONFIG),
+                "low_freq_factor": _number(rope, "low_freq_factor", CONFIG),
+                "high_freq_factor": _number(rope, "high_freq_factor", CONFIG),
+                "original_max_position_embeddings": _positive(rope, "original_max_position_embeddings", CONFIG),
+            }
+        }
     raise BadInput(CONFIG, f"rope_type {brief(rope_type)} has no GGUF form for {arch}")
 
 
 def _hybrid_from_config(hp: dict[str, Any], text: dict[str, Any]) -> None:
-    for key in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
-                "linear_num_value_heads"):
+    for key in (
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+    ):
         hp[key] = _positive(text, key, CONFIG)
     if hp["linear_num_value_heads"] % hp["linear_num_key_heads"]:
         raise BadInput(CONFIG, "'linear_num_value_heads' is not a multiple of 'linear_num_key_heads'")
@@ -456,8 +613,9 @@ def _hybrid_from_config(hp: dict[str, Any], text: dict[str, Any]) -> None:
         raise BadInput(CONFIG, f"'layer_types' is {brief(given)}, not {layers} of full_attention / linear_attention")
 
 
-def _dflash_from_config(hp: dict[str, Any], config: dict[str, Any], target_config: dict[str, Any] | None,
-                        notes: list[str]) -> None:
+def _dflash_from_config(
+    hp: dict[str, Any], config: dict[str, Any], target_config: dict[str, Any] | None, notes: list[str]
+) -> None:
     nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
 
     def key(name: str) -> Any:
@@ -469,12 +627,12 @@ def _dflash_from_config(hp: dict[str, Any], config: dict[str, Any], target_confi
     taps = key("target_layer_ids")
     if not (isinstance(taps, list) and taps and all(_is_int(t) and t >= 0 for t in taps)):
         raise BadInput(CONFIG, f"'dflash_config.target_layer_ids' is {brief(taps)}, not a list of layer ids")
-    hp["target_layers"] = [t + 1 for t in taps]
+    hp["target_layers"] = [as_int(t) + 1 for t in taps]
     hp["fc_inputs"] = len(taps) * hp["hidden_size"]  # llama.cpp feeds the taps at the draft's own width
     for name in ("block_size", "mask_token_id"):
         if not _is_int(key(name)):
             raise BadInput(CONFIG, f"missing required key 'dflash_config.{name}'")
-        hp[name] = key(name)
+        hp[name] = as_int(key(name))
     present = [k for k in DFLASH2_KEYS if key(k) is not None]
     if present and len(present) != len(DFLASH2_KEYS):
         raise BadInput(CONFIG, f"DFlash-2 needs all of {', '.join(DFLASH2_KEYS)}; has only {', '.join(present)}")
@@ -491,7 +649,7 @@ def _dflash_from_config(hp: dict[str, Any], config: dict[str, Any], target_confi
     if isinstance(layer_types, list) and "sliding_attention" in layer_types and _is_int(window):
         if len(layer_types) != hp["num_hidden_layers"]:
             raise BadInput(CONFIG, f"'layer_types' has {len(layer_types)} entries, not num_hidden_layers")
-        hp["sliding_window"] = window
+        hp["sliding_window"] = as_int(window)
         hp["sliding_layers"] = [t == "sliding_attention" for t in layer_types]
     target_text = (target_config or {}).get("text_config", target_config or {})
     if "mrope_section" in _rope(target_text):  # the draft ropes on the target's temporal M-RoPE section
@@ -501,85 +659,120 @@ def _dflash_from_config(hp: dict[str, Any], config: dict[str, Any], target_confi
             notes.append(f"'{unmapped}' dropped: llama.cpp's dflash arch has no key for it")
 
 
-def _hparams_from_fields(arch: str, fields: dict[str, object], tensors: dict[str, tuple[int, ...]],
-                         target_vocab: int | None = None) -> dict[str, Any]:
+def _hparams_from_fields(
+    arch: str, fields: dict[str, object], tensors: dict[str, tuple[int, ...]], target_vocab: int | None, complete: bool
+) -> dict[str, Any]:
+    """The hyper-parameters of a header; not `complete`: what a conversion needs but a summary does without may
+    be absent (every value present is read and checked all the same)."""
     spec = ARCHS[arch]
-    hp: dict[str, Any] = {name: _as_written(fields[f"{arch}.{key}"], vtype) for group, key, name, vtype in HPARAMS
-                          if group in spec.groups and f"{arch}.{key}" in fields}
+    hp: dict[str, Any] = {
+        name: _as_written(fields[f"{arch}.{key}"], vtype)
+        for group, key, name, vtype in HPARAMS
+        if group in spec.groups and f"{arch}.{key}" in fields
+    }
     for key in ("block_count", "hidden_size", "num_attention_heads"):
         hp[key] = _positive(hp, key, HEADER, arch=arch)
     if hp["block_count"] > len(tensors):  # before any per-block list is made (_check_counts says why)
-        raise BadInput(HEADER, f"'{arch}.block_count' is {hp['block_count']}, but the file holds only {len(tensors)} tensors")
+        raise BadInput(
+            HEADER, f"'{arch}.block_count' is {hp['block_count']}, but the file holds only {len(tensors)} tensors"
+        )
     hp["num_key_value_heads"] = _positive(hp, "num_key_value_heads", HEADER, hp["num_attention_heads"], arch=arch)
     hp["head_dim"] = _positive(hp, "head_dim", HEADER, hp["hidden_size"] // hp["num_attention_heads"], arch=arch)
     hp["rope_theta"] = _number(hp, "rope_theta", HEADER, arch) if "rope_theta" in hp else 10000.0  # llama.cpp's default
     for key in ("rope_dims", *(key for _, key in SIZE_KEYS)):
         if key in hp:  # one number each (llama.cpp reads per-layer arrays for archs not mapped here)
             hp[key] = _positive(hp, key, HEADER, arch=arch)
-    hp["rms_norm_eps"] = _number(hp, "rms_norm_eps", HEADER, arch)
+    if complete or "rms_norm_eps" in hp:
+        hp["rms_norm_eps"] = _number(hp, "rms_norm_eps", HEADER, arch)
     tokens = fields.get("tokenizer.ggml.tokens")
     embedding = tensors.get("token_embd.weight") or tensors.get("output.weight")
-    vocab = (hp.get("vocab_size") or (embedding[0] if embedding else None)
-             or (len(tokens) if isinstance(tokens, list) else None) or (target_vocab if spec.drafter else None))
-    if not _is_int(vocab):
+    vocab = (
+        hp.get("vocab_size")
+        or (embedding[0] if embedding else None)
+        or (len(tokens) if isinstance(tokens, list) else None)
+        or (target_vocab if spec.drafter else None)
+    )
+    if _is_int(vocab):
+        hp["vocab_size"] = as_int(vocab)
+    elif complete or not spec.drafter:  # a weights-only drafter's vocabulary is its target's
         raise BadInput(HEADER, f"no vocabulary size ({arch}.vocab_size, token_embd.weight or tokenizer.ggml.tokens)")
-    hp["vocab_size"] = vocab
-    hp["max_position_embeddings"] = _positive(hp, "max_position_embeddings", HEADER, arch=arch)
+    if complete or "max_position_embeddings" in hp:
+        hp["max_position_embeddings"] = _positive(hp, "max_position_embeddings", HEADER, arch=arch)
     mtp_layers = hp.get("mtp_num_hidden_layers", 0) if spec.mtp else 0
     if not _is_int(mtp_layers) or not 0 <= mtp_layers <= 1:
         raise BadInput(HEADER, f"{arch}.nextn_predict_layers is {brief(mtp_layers)}, not 0 or 1")
-    hp["mtp_num_hidden_layers"] = mtp_layers
+    hp["mtp_num_hidden_layers"] = as_int(mtp_layers)
     hp["num_hidden_layers"] = hp["block_count"] - mtp_layers
-    if spec.experts is None:
+    if spec.experts is None and (complete or "intermediate_size" in hp):
         hp["intermediate_size"] = _positive(hp, "intermediate_size", HEADER, arch=arch)
-    else:
+    elif spec.experts is not None:
         for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             hp[key] = _positive(hp, key, HEADER, arch=arch)
     if spec.shared_expert:
         hp["shared_expert_intermediate_size"] = _positive(hp, "shared_expert_intermediate_size", HEADER, arch=arch)
     if spec.linear:
-        for key in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
-                    "linear_value_size"):
+        for key in (
+            "linear_conv_kernel_dim",
+            "linear_key_head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_value_size",
+        ):
             hp[key] = _positive(hp, key, HEADER, arch=arch)
         hp["linear_value_head_dim"] = hp["linear_value_size"] // hp["linear_num_value_heads"]
         interval = _positive(hp, "full_attention_interval", HEADER, 4, arch=arch)
         hp["full_attention_interval"] = interval
         recurrent = hp.get("recurrent_layers")
         if isinstance(recurrent, list) and len(recurrent) == hp["block_count"]:
-            hp["layer_types"] = ["linear" if r else "full" for r in recurrent[:hp["num_hidden_layers"]]]
+            hp["layer_types"] = ["linear" if r else "full" for r in recurrent[: hp["num_hidden_layers"]]]
         else:
-            hp["layer_types"] = ["full" if (i + 1) % interval == 0 else "linear" for i in range(hp["num_hidden_layers"])]
-    if MROPE in spec.groups and not (isinstance(hp.get("rope_sections"), list) and len(hp["rope_sections"]) == 4):
+            hp["layer_types"] = [
+                "full" if (i + 1) % interval == 0 else "linear" for i in range(hp["num_hidden_layers"])
+            ]
+    if (
+        MROPE in spec.groups
+        and (complete or "rope_sections" in hp)
+        and not (isinstance(hp.get("rope_sections"), list) and len(hp["rope_sections"]) == 4)
+    ):
         raise BadInput(HEADER, f"{arch}.rope.dimension_sections is {brief(hp.get('rope_sections'))}, not 4 sections")
     if spec.drafter:
         taps = hp.get("target_layers")
-        if not (isinstance(taps, list) and taps and all(_is_int(t) and t >= 1 for t in taps)):
-            raise BadInput(HEADER, f"dflash.target_layers is {brief(taps)}, not a list of layer ids >= 1")
-        hp["fc_inputs"] = len(taps) * hp["hidden_size"]
-        hp["block_size"] = _positive(hp, "block_size", HEADER, 16, arch=arch)  # llama.cpp's default
+        if complete or taps is not None:
+            if not (isinstance(taps, list) and taps and all(_is_int(t) and t >= 1 for t in taps)):
+                raise BadInput(HEADER, f"dflash.target_layers is {brief(taps)}, not a list of layer ids >= 1")
+            hp["fc_inputs"] = len(taps) * hp["hidden_size"]
+        if complete or "block_size" in hp:
+            hp["block_size"] = _positive(hp, "block_size", HEADER, 16, arch=arch)  # llama.cpp's default
         mask = fields.get(MASK_TOKEN_KEY)
-        if not _is_int(mask):
+        if complete and not _is_int(mask):
             raise BadInput(HEADER, f"missing {MASK_TOKEN_KEY}")
-        hp["mask_token_id"] = mask
+        if mask is not None:
+            hp["mask_token_id"] = as_int(mask) if _is_int(mask) else mask
         present = [k for k in DFLASH2_KEYS if k in hp]
-        if present and len(present) != len(DFLASH2_KEYS):
+        if complete and present and len(present) != len(DFLASH2_KEYS):
             raise BadInput(HEADER, f"DFlash-2 needs all of dflash.{', dflash.'.join(DFLASH2_KEYS)}")
-        if present:
-            for key in DFLASH2_KEYS:
-                hp[key] = _positive(hp, key, HEADER, arch=arch)
+        for key in present:
+            hp[key] = _positive(hp, key, HEADER, arch=arch)
+        if len(present) == len(DFLASH2_KEYS):
             hp["conv_proj"] = 2 * hp["conv_kernel_size"] * hp["hidden_size"] // hp["conv_group_size"]
     return hp
 
 
-def _config_from_hparams(arch: str, hp: dict[str, Any], fields: dict[str, object],
-                         tensors: dict[str, tuple[int, ...]], notes: list[str]) -> dict[str, Any]:
+def _config_from_hparams(
+    arch: str, hp: dict[str, Any], fields: dict[str, object], tensors: dict[str, tuple[int, ...]], notes: list[str]
+) -> dict[str, Any]:
     spec = ARCHS[arch]
     dflash2 = "selector_rank" in hp
-    config: dict[str, Any] = {"architectures": ["DFlash2DraftModel" if dflash2 else spec.hf_architecture],
-                              "model_type": spec.model_type, "num_hidden_layers": hp["num_hidden_layers"]}
+    config: dict[str, Any] = {
+        "architectures": ["DFlash2DraftModel" if dflash2 else spec.hf_architecture],
+        "model_type": spec.model_type,
+        "num_hidden_layers": hp["num_hidden_layers"],
+    }
     config.update({key: hp[key] for key in CONFIG_KEYS if hp.get(key) is not None})
-    config.update({key: fields[gguf_key] for key, gguf_key in TOKEN_ID_KEYS.items() if _is_int(fields.get(gguf_key))})
-    config.update(CONFIG_EXTRAS[arch])
+    config.update(
+        {key: as_int(fields[gguf_key]) for key, gguf_key in TOKEN_ID_KEYS.items() if _is_int(fields.get(gguf_key))}
+    )
+    config.update(spec.config_extras)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": hp["rope_theta"]}
     scaling = hp.get("rope_scaling_type")
     if scaling not in ROPE_SCALINGS:
@@ -592,18 +785,19 @@ def _config_from_hparams(arch: str, hp: dict[str, Any], fields: dict[str, object
         rope.update(rope_type="llama3", **hp["llama3"])
     if spec.rope_dims == "partial" and "rope_dims" in hp:
         rope["partial_rotary_factor"] = hp["rope_dims"] / hp["head_dim"]
-    if MROPE in spec.groups:
+    if MROPE in spec.groups and "rope_sections" in hp:
         rope.update(mrope_section=hp["rope_sections"][:3], mrope_interleaved=True)
     config["rope_parameters"] = rope
     if spec.linear:
         config["layer_types"] = [f"{t}_attention" for t in hp["layer_types"]]
-    if spec.mtp and arch != "qwen3next":  # Qwen3-Next configs never declare their MTP layer
+    if spec.mtp_count_in_config:
         config["mtp_num_hidden_layers"] = hp["mtp_num_hidden_layers"]
     if not spec.drafter:
         config["tie_word_embeddings"] = "output.weight" not in tensors
         return config
-    dflash_config = {"block_size": hp["block_size"], "mask_token_id": hp["mask_token_id"],
-                     "target_layer_ids": [t - 1 for t in hp["target_layers"]]}
+    dflash_config = {key: hp[key] for key in ("block_size", "mask_token_id") if key in hp}
+    if "target_layers" in hp:
+        dflash_config["target_layer_ids"] = [t - 1 for t in hp["target_layers"]]
     dflash_config.update({key: hp[key] for key in DFLASH2_KEYS if key in hp})
     config["dflash_config"] = dflash_config
     if "is_causal" in hp:
@@ -620,13 +814,17 @@ def _config_from_hparams(arch: str, hp: dict[str, Any], fields: dict[str, object
     return config
 
 
-def _upstream_fork(fields: dict[str, object], tensors: dict[str, tuple[int, ...]],
-                   notes: list[str]) -> tuple[dict[str, object], dict[str, tuple[int, ...]], dict[str, str]]:
+def _upstream_fork(
+    fields: dict[str, object], tensors: dict[str, tuple[int, ...]], notes: list[str]
+) -> tuple[dict[str, object], dict[str, tuple[int, ...]], dict[str, str]]:
     """A `dflash-draft` fork header as the upstream `dflash` one: keys, tap ids + 1, tensor names, and the
     fork's name of each upstream tensor name."""
     fork_prefix = f"{FORK_ARCH}.dflash."
-    upstream = {(f"dflash.{k.removeprefix(FORK_ARCH + '.')}" if k.startswith(FORK_ARCH + ".") else k): v
-                for k, v in fields.items() if not k.startswith(fork_prefix)}
+    upstream = {
+        (f"dflash.{k.removeprefix(FORK_ARCH + '.')}" if k.startswith(FORK_ARCH + ".") else k): v
+        for k, v in fields.items()
+        if not k.startswith(fork_prefix)
+    }
     for key, value in fields.items():
         if not key.startswith(fork_prefix):
             continue
@@ -636,7 +834,7 @@ def _upstream_fork(fields: dict[str, object], tensors: dict[str, tuple[int, ...]
         elif name == "target_layer_ids":
             if not (isinstance(value, list) and all(_is_int(v) for v in value)):
                 raise BadInput(HEADER, f"{key} is {brief(value)}, not a list of layer ids")
-            upstream["dflash.target_layers"] = [v + 1 for v in value]
+            upstream["dflash.target_layers"] = [as_int(v) + 1 for v in value]
         elif FORK_KEYS[name]:
             upstream[FORK_KEYS[name]] = value
     renamed, fork_names = {}, {}
@@ -651,18 +849,28 @@ def _upstream_fork(fields: dict[str, object], tensors: dict[str, tuple[int, ...]
 # --------------------------------------------------------------------------------------------------
 # tensors
 
+
 @dataclass
 class _Layout:
     gguf: list[TensorMap] = field(default_factory=list)  # GGUF tensors from HF sources (to_gguf)
     hf: list[TensorMap] = field(default_factory=list)  # HF tensors from GGUF sources (from_gguf)
-    gguf_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # GGUF tensors, also forms to_gguf never writes
+    gguf_shapes: dict[str, tuple[int, ...]] = field(
+        default_factory=dict
+    )  # GGUF tensors, also forms to_gguf never writes
 
     def add_gguf(self, tensor: TensorMap) -> None:
         self.gguf.append(tensor)
         self.gguf_shapes[tensor.name] = tensor.shape
 
-    def pair(self, hf_name: str, gguf_name: str, hf_shape: tuple[int, ...], gguf_shape: tuple[int, ...],
-             to_gguf: Steps, from_gguf: Steps) -> None:
+    def pair(
+        self,
+        hf_name: str,
+        gguf_name: str,
+        hf_shape: tuple[int, ...],
+        gguf_shape: tuple[int, ...],
+        to_gguf: Steps,
+        from_gguf: Steps,
+    ) -> None:
         self.add_gguf(TensorMap(gguf_name, gguf_shape, (hf_name,), to_gguf))
         self.hf.append(TensorMap(hf_name, hf_shape, (gguf_name,), from_gguf))
 
@@ -679,8 +887,9 @@ class _Storage:
 def _hf_storage(arch: str, hp: dict[str, Any], names: set[str]) -> _Storage:
     spec = ARCHS[arch]
     prefix = "model.language_model." if "model.language_model.embed_tokens.weight" in names else spec.prefix
-    fused = frozenset(i for i in range(hp["block_count"])
-                      if f"{_hf_block(prefix, i, hp)}mlp.experts.gate_up_proj" in names)
+    fused = frozenset(
+        i for i in range(hp["block_count"]) if f"{_hf_block(prefix, i, hp)}mlp.experts.gate_up_proj" in names
+    )
     return _Storage(prefix, fused, "lm_head.weight" in names)
 
 
@@ -701,7 +910,9 @@ def _layout(arch: str, hp: dict[str, Any], hf: _Storage, gguf_fused: set[int]) -
     def add(rows: Sequence[Row], hf_prefix: str, gguf_prefix: str) -> None:
         for hf_name, gguf_name, shape_names, transform in rows:
             hf_shape = tuple(sizes[s] for s in shape_names)
-            gguf_shape, forward, inverse = TRANSFORMS[transform](spec, sizes, hf_shape) if transform else (hf_shape, (), ())
+            gguf_shape, forward, inverse = (
+                TRANSFORMS[transform](spec, sizes, hf_shape) if transform else (hf_shape, (), ())
+            )
             layout.pair(hf_prefix + hf_name, gguf_prefix + gguf_name, hf_shape, gguf_shape, forward, inverse)
 
     if spec.drafter:
@@ -715,13 +926,22 @@ def _layout(arch: str, hp: dict[str, Any], hf: _Storage, gguf_fused: set[int]) -
         layout.add_gguf(TensorMap("rope_freqs.weight", (len(factors),), (), (Step("values", (factors,)),)))
     for i in range(hp["block_count"]):
         hf_prefix, gguf_prefix = _hf_block(hf.prefix, i, hp), f"blk.{i}."
-        add((("input_layernorm.weight", "attn_norm.weight", ("hidden",), "norm"),
-             ("post_attention_layernorm.weight", f"{spec.post_norm}.weight", ("hidden",), "norm")), hf_prefix, gguf_prefix)
+        add(
+            (
+                ("input_layernorm.weight", "attn_norm.weight", ("hidden",), "norm"),
+                ("post_attention_layernorm.weight", f"{spec.post_norm}.weight", ("hidden",), "norm"),
+            ),
+            hf_prefix,
+            gguf_prefix,
+        )
         if i < hp["num_hidden_layers"] and spec.linear and hp["layer_types"][i] == "linear":
             if spec.linear == "fused":
                 _split_qkvz(layout, sizes, hf_prefix, gguf_prefix)
-            add((GATED_DELTANET_SPLIT if spec.linear == "split" else GATED_DELTANET_FUSED) + GATED_DELTANET,
-                hf_prefix, gguf_prefix)
+            add(
+                (GATED_DELTANET_SPLIT if spec.linear == "split" else GATED_DELTANET_FUSED) + GATED_DELTANET,
+                hf_prefix,
+                gguf_prefix,
+            )
         else:
             add(ATTENTION + (QK_NORM if spec.qk_norm else ()), hf_prefix, gguf_prefix)
         if spec.experts is None:
@@ -740,20 +960,38 @@ def _layout(arch: str, hp: dict[str, Any], hf: _Storage, gguf_fused: set[int]) -
 
 # the named sizes tensor shapes are made of, and the hyper-parameter each is
 SIZE_KEYS = (
-    ("ff", "intermediate_size"), ("experts", "num_experts"), ("moe_ff", "moe_intermediate_size"),
-    ("shared_ff", "shared_expert_intermediate_size"), ("k_heads", "linear_num_key_heads"),
-    ("v_heads", "linear_num_value_heads"), ("k_head_dim", "linear_key_head_dim"), ("v_head_dim", "linear_value_head_dim"),
-    ("conv_kernel", "linear_conv_kernel_dim"), ("fc_inputs", "fc_inputs"), ("selector_rank", "selector_rank"),
-    ("conv_kernel_size", "conv_kernel_size"), ("conv_proj", "conv_proj"))
+    ("ff", "intermediate_size"),
+    ("experts", "num_experts"),
+    ("moe_ff", "moe_intermediate_size"),
+    ("shared_ff", "shared_expert_intermediate_size"),
+    ("k_heads", "linear_num_key_heads"),
+    ("v_heads", "linear_num_value_heads"),
+    ("k_head_dim", "linear_key_head_dim"),
+    ("v_head_dim", "linear_value_head_dim"),
+    ("conv_kernel", "linear_conv_kernel_dim"),
+    ("fc_inputs", "fc_inputs"),
+    ("selector_rank", "selector_rank"),
+    ("conv_kernel_size", "conv_kernel_size"),
+    ("conv_proj", "conv_proj"),
+)
 
 
 def _sizes(arch: str, hp: dict[str, Any]) -> dict[str, int]:
     spec = ARCHS[arch]
     hidden, heads, head_dim = hp["hidden_size"], hp["num_attention_heads"], hp["head_dim"]
-    sizes = {"hidden": hidden, "hidden2": 2 * hidden, "vocab": hp["vocab_size"], "head_dim": head_dim, "one": 1,
-             "two": 2, "heads": heads, "kv_heads": hp["num_key_value_heads"],
-             "q_rows": heads * head_dim * (2 if spec.gated_attention else 1), "attn_size": heads * head_dim,
-             "kv_rows": hp["num_key_value_heads"] * head_dim}
+    sizes = {
+        "hidden": hidden,
+        "hidden2": 2 * hidden,
+        "vocab": hp.get("vocab_size", 0),
+        "head_dim": head_dim,
+        "one": 1,
+        "two": 2,
+        "heads": heads,
+        "kv_heads": hp["num_key_value_heads"],
+        "q_rows": heads * head_dim * (2 if spec.gated_attention else 1),
+        "attn_size": heads * head_dim,
+        "kv_rows": hp["num_key_value_heads"] * head_dim,
+    }
     sizes.update({name: hp[key] for name, key in SIZE_KEYS if key in hp})
     if spec.linear:
         sizes["keys"] = sizes["k_heads"] * sizes["k_head_dim"]
@@ -763,8 +1001,9 @@ def _sizes(arch: str, hp: dict[str, Any]) -> dict[str, int]:
     return sizes
 
 
-def _experts(layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_prefix: str, hf_fused: bool,
-             gguf_fused: bool) -> None:
+def _experts(
+    layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_prefix: str, hf_fused: bool, gguf_fused: bool
+) -> None:
     """Routed experts. GGUF stacks them: ffn_{gate,up,down}_exps [E, rows, cols], or (read only: to_gguf
     writes gate and up apart, as llama.cpp's converter does) ffn_gate_up_exps [E, 2I, H]. HF keeps one
     tensor per expert, or 3-D gate_up_proj [E, 2I, H] (gate rows first) and down_proj [E, H, I]."""
@@ -794,7 +1033,9 @@ def _experts(layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_prefix
         half = (Step("rows", halves[proj]),) if gguf_fused and proj != "down_proj" else ()
         source = gate_up[0] if half else name
         for e in range(experts):
-            layout.hf.append(TensorMap(f"{base}{e}.{proj}.weight", shapes[proj], (source,), (Step("select", (e,)), *half)))
+            layout.hf.append(
+                TensorMap(f"{base}{e}.{proj}.weight", shapes[proj], (source,), (Step("select", (e,)), *half))
+            )
 
 
 def _split_qkvz(layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_prefix: str) -> None:
@@ -803,8 +1044,12 @@ def _split_qkvz(layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_pre
     k_heads, k_dim = sizes["k_heads"], sizes["k_head_dim"]
     v_per_k = sizes["v_heads"] // k_heads * sizes["v_head_dim"]
     block = 2 * k_dim + 2 * v_per_k
-    parts = {"q": (0, k_dim), "k": (k_dim, 2 * k_dim), "v": (2 * k_dim, 2 * k_dim + v_per_k),
-             "z": (2 * k_dim + v_per_k, block)}
+    parts = {
+        "q": (0, k_dim),
+        "k": (k_dim, 2 * k_dim),
+        "v": (2 * k_dim, 2 * k_dim + v_per_k),
+        "z": (2 * k_dim + v_per_k, block),
+    }
 
     def gather(*names: str) -> tuple[int, ...]:
         return tuple(g * block + r for name in names for g in range(k_heads) for r in range(*parts[name]))
@@ -814,11 +1059,18 @@ def _split_qkvz(layout: _Layout, sizes: dict[str, int], hf_prefix: str, gguf_pre
     qkv_name, gate_name = f"{gguf_prefix}attn_qkv.weight", f"{gguf_prefix}attn_gate.weight"
     layout.add_gguf(TensorMap(qkv_name, (len(qkv), hidden), (hf_name,), (Step("take_rows", (qkv,)),)))
     layout.add_gguf(TensorMap(gate_name, (len(z), hidden), (hf_name,), (Step("take_rows", (z,)),)))
-    layout.hf.append(TensorMap(hf_name, (k_heads * block, hidden), (qkv_name, gate_name),
-                               (Step("cat_rows"), Step("take_rows", (_inverse(qkv + z),)))))
+    layout.hf.append(
+        TensorMap(
+            hf_name,
+            (k_heads * block, hidden),
+            (qkv_name, gate_name),
+            (Step("cat_rows"), Step("take_rows", (_inverse(qkv + z),))),
+        )
+    )
 
 
 # Transforms: each gives the GGUF shape and both directions' steps, so every step sits next to its inverse.
+
 
 def _norm(spec: Arch, sizes: dict[str, int], shape: tuple[int, ...]) -> tuple[tuple[int, ...], Steps, Steps]:
     if not spec.zero_centred:
@@ -838,6 +1090,7 @@ def _rope_rows(heads: str) -> Transform:
         half = sizes["head_dim"] // 2
         perm = tuple(h * 2 * half + s * half + i for h in range(sizes[heads]) for i in range(half) for s in range(2))
         return _permuted(shape, "take_rows", perm)
+
     return transform
 
 
@@ -854,12 +1107,14 @@ def _reorders(spec: Arch, sizes: dict[str, int]) -> bool:
 
 def _v_rows(after_qk: bool, head_dim: str | None) -> Transform:
     """Value-head rows in tiled order; `after_qk`: the q and k rows before them stay (in_proj_qkv, conv1d)."""
+
     def transform(spec: Arch, sizes: dict[str, int], shape: tuple[int, ...]) -> tuple[tuple[int, ...], Steps, Steps]:
         if not _reorders(spec, sizes):
             return shape, (), ()
         offset = 2 * sizes["keys"] if after_qk else 0
         perm = tuple(range(offset)) + tuple(offset + p for p in _v_order(sizes, sizes[head_dim] if head_dim else 1))
         return _permuted(shape, "take_rows", perm)
+
     return transform
 
 
@@ -937,27 +1192,39 @@ def _llama3_scaling(factors: Sequence[float], theta: float, head_dim: int) -> di
             smooth = (1 / f - 1 / factor) / (1 - 1 / factor)
             wavelength = 2 * math.pi * theta ** (2 * i / head_dim)
             # smooth = (context / wavelength - low) / (high - low)
-            context = round(wavelength * (LLAMA3_LOW_FREQ_FACTOR
-                                          + smooth * (LLAMA3_HIGH_FREQ_FACTOR - LLAMA3_LOW_FREQ_FACTOR)))
+            context = round(
+                wavelength * (LLAMA3_LOW_FREQ_FACTOR + smooth * (LLAMA3_HIGH_FREQ_FACTOR - LLAMA3_LOW_FREQ_FACTOR))
+            )
             break
-    params = {"factor": factor, "low_freq_factor": LLAMA3_LOW_FREQ_FACTOR, "high_freq_factor": LLAMA3_HIGH_FREQ_FACTOR,
-              "original_max_position_embeddings": int(context)}
+    params = {
+        "factor": factor,
+        "low_freq_factor": LLAMA3_LOW_FREQ_FACTOR,
+        "high_freq_factor": LLAMA3_HIGH_FREQ_FACTOR,
+        "original_max_position_embeddings": int(context),
+    }
     if any(abs(a - b) > 1e-4 * max(1.0, abs(b)) for a, b in zip(_llama3_factors(params, theta, head_dim), factors)):
-        raise BadInput("rope_freqs.weight", "values are not Llama 3 rope scaling with low/high frequency factors 1 and 4")
+        raise BadInput(
+            "rope_freqs.weight", "values are not Llama 3 rope scaling with low/high frequency factors 1 and 4"
+        )
     return params
 
 
-def _check_tensors(where: str, given: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], side: str) -> None:
+def _check_tensors(
+    where: str, given: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], side: str
+) -> None:
     missing = sorted(set(expected) - set(given))
     if missing:
         raise BadInput(where, f"missing {side} tensor '{missing[0]}'{_more(missing)}")
     unexpected = sorted(set(given) - set(expected))
     if unexpected:
-        raise BadInput(where, f"{side} tensor '{unexpected[0]}' has no place in this architecture's layout{_more(unexpected)}")
+        raise BadInput(
+            where, f"{side} tensor '{unexpected[0]}' has no place in this architecture's layout{_more(unexpected)}"
+        )
     for name, shape in given.items():
         if tuple(shape) != expected[name]:
-            raise BadInput(where, f"{side} tensor '{name}' has shape {list(shape)}, "
-                                  f"the config implies {list(expected[name])}")
+            raise BadInput(
+                where, f"{side} tensor '{name}' has shape {list(shape)}, the config implies {list(expected[name])}"
+            )
 
 
 def _more(names: list[str]) -> str:
@@ -975,15 +1242,18 @@ def _check_counts(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, .
     count = len(tensors)
     if hp["block_count"] > count:
         key = "block_count" if where == HEADER else "num_hidden_layers"
-        raise BadInput(where, f"'{_label(key, where, arch)}' is {hp['block_count']}, but the checkpoint holds only "
-                              f"{count} tensors")
+        raise BadInput(
+            where, f"'{_label(key, where, arch)}' is {hp['block_count']}, but the checkpoint holds only {count} tensors"
+        )
     experts = hp.get("num_experts") if ARCHS[arch].experts else None
     if experts is None:
         return
     stacked = max((shape[0] for shape in tensors.values() if len(shape) == 3), default=0)
     if experts > max(count, stacked) or experts * hp["block_count"] > MAX_EXPERT_TENSORS:
-        raise BadInput(where, f"'{_label('num_experts', where, arch)}' is {experts}, more experts than the "
-                              "checkpoint's tensors hold")
+        raise BadInput(
+            where,
+            f"'{_label('num_experts', where, arch)}' is {experts}, more experts than the checkpoint's tensors hold",
+        )
 
 
 def _check_sizes(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, ...]], where: str) -> None:
@@ -994,11 +1264,14 @@ def _check_sizes(arch: str, hp: dict[str, Any], tensors: dict[str, tuple[int, ..
     largest = max((math.prod(shape) for shape in tensors.values()), default=0)
     for name, size in _sizes(arch, hp).items():
         if name not in ("vocab", "experts") and size > largest:
-            raise BadInput(where, f"the hyper-parameters give a tensor dimension {name} of {size}, more values than "
-                                  f"the checkpoint's largest tensor holds ({largest})")
+            raise BadInput(
+                where,
+                f"the hyper-parameters give a tensor dimension {name} of {size}, more values than "
+                f"the checkpoint's largest tensor holds ({largest})",
+            )
 
 
-def _as_written(value: object, vtype: GGUFValueType) -> object:
+def _as_written(value: object, vtype: ValueType) -> object:
     """A float32 field as its writer wrote it in decimal (1e-05, not 9.999999747378752e-06): the shortest
     decimal that rounds to the same float32."""
     if vtype == F32 and isinstance(value, float):
@@ -1013,7 +1286,8 @@ def _ggml_ne(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """checkpoint/config.py's rule for integers in untrusted input (4 or 4.0, never true), as everywhere."""
+    return as_int(value) is not None
 
 
 def _label(key: str, where: str, arch: str | None) -> str:
@@ -1029,7 +1303,7 @@ def _positive(holder: dict[str, Any], key: str, where: str, default: int | None 
         raise BadInput(where, f"missing required key '{_label(key, where, arch)}'")
     if not _is_int(value) or value <= 0:
         raise BadInput(where, f"'{_label(key, where, arch)}' is {brief(value)}, not a positive integer")
-    return value
+    return as_int(value)
 
 
 def _number(holder: dict[str, Any], key: str, where: str, arch: str | None = None) -> float:

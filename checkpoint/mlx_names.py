@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import re
 
+from specpair.checkpoint.families import FAMILIES
 from specpair.formats.transforms import Step, TensorMap
 
-SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
-                 ".q_norm.weight", ".k_norm.weight")
-NORM_SHIFT_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-WRAPPED_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # multimodal wrappers: the LM sits under language_model.
+SHIFTED_NORMS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+NORM_SHIFT_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.zero_centred_norms)
+WRAPPED_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.mlx_wrapped)  # the LM sits under language_model.
 DROPPED = ("mtp.", "model.visual.", "vision_tower.")
 PER_EXPERT = re.compile(r"(?P<mlp>.*\.mlp\.)experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 STACKED = re.compile(r"(?P<mlp>.*\.mlp\.)switch_mlp\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
-def to_mlx(family: str | None, tensors: dict[str, tuple[int, ...]], tie_embeddings: bool) -> tuple[list[TensorMap], list[str]]:
+def to_mlx(
+    family: str | None, tensors: dict[str, tuple[int, ...]], tie_embeddings: bool
+) -> tuple[list[TensorMap], list[str]]:
     """Maps from HF names to MLX names, and notes on what was dropped."""
     maps: list[TensorMap] = []
     experts: dict[tuple[str, str], dict[int, tuple[str, tuple[int, ...]]]] = {}
@@ -38,10 +46,20 @@ def to_mlx(family: str | None, tensors: dict[str, tuple[int, ...]], tie_embeddin
             mlp = out.removesuffix("experts.gate_up_proj")
             experts_, rows, hidden = shape
             half = rows // 2
-            maps.append(TensorMap(f"{mlp}switch_mlp.gate_proj.weight", (experts_, half, hidden), (name,), (Step("rows", (0, half)),)))
-            maps.append(TensorMap(f"{mlp}switch_mlp.up_proj.weight", (experts_, half, hidden), (name,), (Step("rows", (half, rows)),)))
+            maps.append(
+                TensorMap(
+                    f"{mlp}switch_mlp.gate_proj.weight", (experts_, half, hidden), (name,), (Step("rows", (0, half)),)
+                )
+            )
+            maps.append(
+                TensorMap(
+                    f"{mlp}switch_mlp.up_proj.weight", (experts_, half, hidden), (name,), (Step("rows", (half, rows)),)
+                )
+            )
         elif name.endswith("mlp.experts.down_proj"):
-            maps.append(TensorMap(out.removesuffix("experts.down_proj") + "switch_mlp.down_proj.weight", shape, (name,)))
+            maps.append(
+                TensorMap(out.removesuffix("experts.down_proj") + "switch_mlp.down_proj.weight", shape, (name,))
+            )
         elif name.endswith("conv1d.weight") and len(shape) == 3 and shape[1] == 1:
             maps.append(TensorMap(out, (shape[0], shape[2], 1), (name,), (Step("transpose", (1, 2)),)))
         elif family in NORM_SHIFT_FAMILIES and out.endswith(SHIFTED_NORMS) and len(shape) == 1:  # mlx-lm's test
@@ -50,8 +68,14 @@ def to_mlx(family: str | None, tensors: dict[str, tuple[int, ...]], tie_embeddin
             maps.append(TensorMap(out, shape, (name,)))
     for (mlp, proj), by_expert in experts.items():
         ordered = [by_expert[e] for e in sorted(by_expert)]
-        maps.append(TensorMap(_mlx_name(family, f"{mlp}switch_mlp.{proj}.weight"), (len(ordered), *ordered[0][1]),
-                              tuple(n for n, _ in ordered), (Step("stack"),)))
+        maps.append(
+            TensorMap(
+                _mlx_name(family, f"{mlp}switch_mlp.{proj}.weight"),
+                (len(ordered), *ordered[0][1]),
+                tuple(n for n, _ in ordered),
+                (Step("stack"),),
+            )
+        )
     notes = [f"{d}.* tensors dropped: mlx-lm's text models do not load them" for d in dropped]
     return maps, notes
 
@@ -63,7 +87,9 @@ def from_mlx(family: str | None, tensors: dict[str, tuple[int, ...]]) -> list[Te
         out = _hf_name(family, name)
         if m := STACKED.match(out):
             for e in range(shape[0]):
-                maps.append(TensorMap(f"{m['mlp']}experts.{e}.{m['proj']}.weight", shape[1:], (name,), (Step("select", (e,)),)))
+                maps.append(
+                    TensorMap(f"{m['mlp']}experts.{e}.{m['proj']}.weight", shape[1:], (name,), (Step("select", (e,)),))
+                )
         elif name.endswith("conv1d.weight") and len(shape) == 3 and shape[2] == 1:
             maps.append(TensorMap(out, (shape[0], 1, shape[1]), (name,), (Step("transpose", (1, 2)),)))
         elif family in NORM_SHIFT_FAMILIES and name.endswith(SHIFTED_NORMS) and len(shape) == 1:

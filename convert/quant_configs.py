@@ -13,15 +13,19 @@ import re
 from typing import Any
 
 from specpair import __version__
+from specpair.formats.layouts import layout_of
 
 FLOAT = ("bf16", "f16", "f32", "int")
 PRODUCER = {"name": "specpair", "version": __version__}
 EXPERT = re.compile(r"\.experts\.\d+\.(gate|up|down)_proj$")
 
 
-def quantization_files(layouts: dict[str, str], input_scales: set[str],
-                       stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]], method: str | None,
-                       ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def quantization_files(
+    layouts: dict[str, str],
+    input_scales: set[str],
+    stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]],
+    method: str | None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(keys to set in config.json, extra JSON files) for modules -> layout.
 
     `layouts` maps every 2-D weight's module (name without ".weight") to the layout written; `input_scales`
@@ -47,14 +51,20 @@ def quantization_files(layouts: dict[str, str], input_scales: set[str],
 
 
 def _kind(layout: str) -> str:
-    return "affine" if layout.startswith("affine") else "exl3" if layout.startswith("exl3") else layout
+    kind = layout_of(layout).kind
+    return kind if kind in ("affine", "exl3") else layout
 
 
 def _fp8_block(layouts: dict[str, str]) -> dict[str, Any]:
     # transformers replaces every Linear not listed here with an FP8 one: list each module left float
     untouched = sorted(m for m, layout in layouts.items() if layout in FLOAT)
-    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-            "modules_to_not_convert": untouched}
+    return {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": untouched,
+    }
 
 
 def _modelopt(quantized: dict[str, str], input_scales: set[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -75,27 +85,61 @@ def _modelopt(quantized: dict[str, str], input_scales: set[str]) -> tuple[dict[s
             weights = {"dynamic": False, "num_bits": bits, "type": "float", **({"group_size": 16} if bits == 4 else {})}
             activations = dict(weights) if algo_name != "W4A16_NVFP4" else None
             groups[f"group_{k}"] = {"weights": weights, "input_activations": activations, "targets": targets}
-    config = {"quant_method": "modelopt", "quant_algo": algo, "producer": PRODUCER, "config_groups": groups,
-              "ignore": [], "quantized_layers": layers}
-    hf_quant = {"producer": PRODUCER, "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None,
-                                                       "exclude_modules": [], "quantized_layers": layers}}
+    config = {
+        "quant_method": "modelopt",
+        "quant_algo": algo,
+        "producer": PRODUCER,
+        "config_groups": groups,
+        "ignore": [],
+        "quantized_layers": layers,
+    }
+    hf_quant = {
+        "producer": PRODUCER,
+        "quantization": {
+            "quant_algo": algo,
+            "kv_cache_quant_algo": None,
+            "exclude_modules": [],
+            "quantized_layers": layers,
+        },
+    }
     if algo != "MIXED_PRECISION":
         hf_quant["quantization"]["group_size"] = 16 if "NVFP4" in algo else None
     return {"quantization_config": config}, {"hf_quant_config.json": hf_quant}
 
 
 def _compressed_tensors(layouts: dict[str, str], input_scales: set[str]) -> dict[str, Any]:
-    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
-               "dynamic": False, "actorder": None, "observer": "minmax"}
+    weights = {
+        "num_bits": 4,
+        "type": "float",
+        "strategy": "tensor_group",
+        "group_size": 16,
+        "symmetric": True,
+        "dynamic": False,
+        "actorder": None,
+        "observer": "minmax",
+    }
     activations = {**weights, "dynamic": "local"} if input_scales else None
     quantized = sorted(m for m, layout in layouts.items() if layout == "nvfp4-ct")
     ignore = sorted(m for m, layout in layouts.items() if layout in FLOAT)
     return {
-        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": quantized, "weights": weights, "input_activations": activations,
-                                      "output_activations": None, "format": "nvfp4-pack-quantized"}},
-        "ignore": ignore, "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
-        "global_compression_ratio": None, "version": "0.12.2",
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": quantized,
+                "weights": weights,
+                "input_activations": activations,
+                "output_activations": None,
+                "format": "nvfp4-pack-quantized",
+            }
+        },
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "transform_config": {},
+        "global_compression_ratio": None,
+        "version": "0.12.2",
     }
 
 
@@ -119,8 +163,9 @@ def _mlx_params(layout: str) -> dict[str, Any]:
     return {"group_size": int(group), "bits": int(bits), "mode": "affine"}
 
 
-def _exl3(quantized: dict[str, str], stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]],
-          codebook: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def _exl3(
+    quantized: dict[str, str], stored: dict[str, dict[str, tuple[str, tuple[int, ...]]]], codebook: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """ExLlamaV3's config block and quantization_config.json (conversion/compile.py's form)."""
     from specpair.formats import exl3
 
@@ -130,8 +175,9 @@ def _exl3(quantized: dict[str, str], stored: dict[str, dict[str, tuple[str, tupl
     config = exl3.quantization_config(max(set(body), key=body.count), int(head[0]) if head else 6, codebook)
     storage = {}
     for module, parts in sorted(stored.items()):
-        entry: dict[str, Any] = {"stored_tensors": {name: {"shape": list(shape), "dtype": dtype}
-                                                    for name, (dtype, shape) in parts.items()}}
+        entry: dict[str, Any] = {
+            "stored_tensors": {name: {"shape": list(shape), "dtype": dtype} for name, (dtype, shape) in parts.items()}
+        }
         if module in bits:
             entry |= {"quant_format": "exl3", "bits_per_weight": bits[module]}
             if codebook in exl3.MULTIPLIERS:

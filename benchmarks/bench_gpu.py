@@ -1,0 +1,194 @@
+"""`specpair bench` on one GPU at real shape with random weights: a Qwen3-8B target in BF16 (Qwen/Qwen3-8B's config)
+and a draft model of Qwen3-0.6B's width with 2 layers and the same vocabulary, both written here.
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/bench_gpu.py [--out DIR] \
+        [--depth 0,512,1k,2k,4k,8k,32k] [--users 1,2,4,8] [--tokens 512] [--eager-tokens 64] [-- BENCH OPTIONS]
+
+Writes to --out (default $OUT, else the work directory): bench.json (specpair.bench/1), bench.md (its tables, as
+`specpair bench --md` renders them), bench_depth.png (the depth sweep), and the same for a short eager run
+(`--no-graphs`, users 1 and depth 0 only): the baseline, measured in the same run, that the graphs are compared
+with (the ratios close bench.md). Options after `--` go to both `specpair bench` calls.
+
+With random weights the draft model agrees with the target only by chance (τ near 1): what this measures is the
+speed of the steps (tok/s against the weights roofline, the cost of a round), not what drafting gains; every
+drafted run is still compared token for token with the undrafted one. The tokenizer is a byte-level BPE without
+merges (one token per byte of the built-in prompts' text): the repository ships no Qwen tokenizer and the GPU
+machine has no network, and token ids below 256 read the same embedding rows as any others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime_gpu import CONFIGS, qwen3_tensors, write_checkpoint  # noqa: E402
+
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character map, in byte order of the vocabulary (printable bytes first)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    codes, shifted = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            codes.append(256 + shifted)
+            shifted += 1
+    return [chr(c) for c in codes]
+
+
+def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
+    """tokenizer.json (byte-level BPE, no merges), tokenizer_config.json and generation_config.json."""
+    tokens = byte_level_alphabet()
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+    added = [
+        {
+            "id": len(tokens) + i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, t in enumerate(SPECIAL)
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {t: i for i, t in enumerate(tokens)},
+            "merges": [],
+        },
+    }
+    stops = [len(tokens) + SPECIAL.index("<|im_end|>"), len(tokens) + SPECIAL.index("<|endoftext|>")]
+    assert max(stops) < vocab_size
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "TokenizersBackend",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "bos_token": None,
+                "unk_token": None,
+                "add_prefix_space": False,
+                "model_max_length": 131072,
+            }
+        )
+    )
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
+
+
+def build(work: Path) -> tuple[Path, Path]:
+    """The Qwen3-8B target and the 2-layer draft model, written once into `work` (kept for later runs)."""
+    target_config = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+    draft_config = {
+        **json.loads((CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()),
+        "num_hidden_layers": 2,
+        "max_window_layers": 2,
+    }
+    assert draft_config["vocab_size"] == target_config["vocab_size"]
+    out = []
+    for name, config in (("qwen3-8b-bf16", target_config), ("qwen3-draft-2l-bf16", draft_config)):
+        directory = work / name
+        if not (directory / "tokenizer.json").is_file():
+            seconds = write_checkpoint(directory, config, qwen3_tensors(config, "bf16"))
+            write_byte_tokenizer(directory, config["vocab_size"])
+            print(f"wrote {directory} in {seconds:.0f} s", file=sys.stderr)
+        out.append(directory)
+    return out[0], out[1]
+
+
+def bench(target: Path, draft: Path, out: Path, name: str, options: list[str]) -> dict:
+    """`specpair bench ... --json --plot`: its document, also written as NAME.json and NAME.md."""
+    command = [
+        sys.executable,
+        "-m",
+        "specpair",
+        "bench",
+        str(target),
+        str(draft),
+        "--json",
+        "--plot",
+        str(out / f"{name}_depth.png"),
+        *options,
+    ]
+    print("$ " + " ".join(command[1:]), file=sys.stderr)
+    start = time.perf_counter()
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if done.returncode not in (0, 1):  # 1: a drafted run differed, which the document reports
+        sys.exit(f"specpair bench exited {done.returncode}: {done.stdout[-2000:]}")
+    document = json.loads(done.stdout)
+    (out / f"{name}.json").write_text(json.dumps(document, indent=2))
+    from specpair.cli.bench import _print
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        _print(document, md=True)
+    wall = f"\n(wall time of the command: {time.perf_counter() - start:.0f} s)\n"
+    (out / f"{name}.md").write_text(text.getvalue() + wall)
+    return document
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/specpair-bench-gpu"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    parser.add_argument("--depth", default="0,512,1k,2k,4k,8k,32k")
+    parser.add_argument("--users", default="1,2,4,8")
+    parser.add_argument("--tokens", default="512")
+    parser.add_argument("--eager-tokens", default="64")
+    args, rest = parser.parse_known_args()
+    rest = [a for a in rest if a != "--"]
+    out = args.out or args.work
+    out.mkdir(parents=True, exist_ok=True)
+    target, draft = build(args.work)
+    graphs = bench(
+        target, draft, out, "bench", ["--depth", args.depth, "--users", args.users, "--tokens", args.tokens, *rest]
+    )
+    eager = bench(
+        target,
+        draft,
+        out,
+        "bench_eager",
+        ["--depth", "0", "--users", "1", "--tokens", args.eager_tokens, "--no-graphs", *rest],
+    )
+    lines = ["", "## CUDA graphs against eager steps (the baseline, same run: users 1, depth 0)", ""]
+    for key, label in (("users", "users 1"), ("depth", "depth 0")):
+        g = next(r for r in graphs[key] if (r["users"] == 1 if key == "users" else r["depth"] == 0))
+        e = eager[key][0]
+        for side in ("undrafted", "drafted"):
+            if g[side] and e[side]:
+                fast, slow = g[side]["tokens_per_s"], e[side]["tokens_per_s"]
+                lines.append(f"- {label}, {side}: {fast:.1f} tok/s with graphs, {slow:.1f} eager ({fast / slow:.1f}×)")
+    with open(out / "bench.md", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    sys.stdout.write((out / "bench.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Steps under CUDA graphs: a step function of fixed input shapes over static buffers, captured once and replayed
+(gpt-fast's shape: static caches, explicit positions, one captured step).
+
+    decode = ForwardGraph(model, cache, batch=4, tokens=1)      # model.forward for [4, 1] on this cache
+    decode.prepare(tokens, positions)                           # warm up and capture; the cache is left as it was
+    out = decode(tokens, positions)                             # copy in, replay: a StepOutput
+
+A `StepGraph` copies its inputs into static buffers and on CUDA runs its step once eagerly (Triton compiles the
+kernels, torch initialises what it initialises lazily), captures it into a torch.cuda.CUDAGraph and from then
+on replays it: one launch for the whole step instead of a Python call and a launch per op. Its outputs are the
+graph's own buffers, which the next replay overwrites: the caller consumes or copies them first. On the CPU the
+same object runs the step eagerly on the same static buffers, so CI tests the logic (what is copied in, what
+comes out, the cache's pending verify step); what it cannot test is the capture itself.
+
+What a captured step must not do, and the runtime's steps do not: read a tensor on the host (.item(),
+.tolist(), bool(tensor), a Python branch on a value), give an op an output size that depends on values
+(nonzero, boolean indexing, bincount), copy from host memory (torch.tensor(list, device="cuda") waits for the
+stream), or change a shape between calls. Positions and the ranges attention reads (kv_end = positions + 1)
+are device tensors; the MoE dispatch builds its tile tables on the device for any T·k (kernels/linear.py); the
+CPU reference kernels read routing and ranges on the host, which costs nothing there and is never captured.
+Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance rule (a few small
+ops), `cache.commit` (it groups the sequences by their accepted counts, read on the host once a round), DFlash2's
+candidate walk, and a hybrid draft model's rollback of its own state.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.cache import Cache, Pending
+from specpair.runtime.model import StepOutput, Transformer
+
+
+class StepGraph:
+    """`step(*inputs)` for inputs of the shapes and dtypes of `like`, run over static input buffers."""
+
+    def __init__(self, step: Callable[..., Any], like: Sequence[Tensor]) -> None:
+        self.step = step
+        self.inputs = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in like)
+        self.captures = self.inputs[0].is_cuda
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: Any = None
+        self.warm = False  # the step has run once: its kernels are compiled
+        self.ran_python = False  # the last call ran the step's Python (eagerly, or to capture it)
+
+    def load(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        """Copy `inputs` into the static buffers (which it returns)."""
+        if len(inputs) != len(self.inputs) or any(
+            x.shape != s.shape or x.dtype != s.dtype for x, s in zip(inputs, self.inputs)
+        ):
+            raise ValueError(
+                f"a step graph for {[(list(s.shape), s.dtype) for s in self.inputs]} was called with "
+                f"{[(list(x.shape), x.dtype) for x in inputs]}"
+            )
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
+        return self.inputs
+
+    def __call__(self, *inputs: Tensor) -> Any:
+        self.load(*inputs)
+        self.ran_python = self.graph is None
+        if self.graph is None and self.warm:
+            self.record()
+        if self.graph is None:
+            self.warm = True
+            return self.step(*self.inputs)
+        self.graph.replay()
+        return self.outputs
+
+    def record(self) -> None:
+        """Capture the step after its warm-up (a capture runs none of its work); nothing to do on the CPU."""
+        self.warm = True
+        if not self.captures:
+            return
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.outputs = self.step(*self.inputs)
+        self.graph = graph
+
+
+class StepGraphs:
+    """One step function under a StepGraph per input shape (and keyword arguments, which stay Python values), or
+    called as it is when `enabled` is false. A caller sends it only the calls whose shapes recur."""
+
+    def __init__(self, step: Callable[..., Any], enabled: bool) -> None:
+        self.step, self.enabled = step, enabled
+        self.graphs: dict[tuple, StepGraph] = {}
+
+    def __call__(self, *inputs: Tensor, **fixed: Any) -> Any:
+        if not self.enabled:
+            return self.step(*inputs, **fixed)
+        key = (tuple((x.shape, x.dtype) for x in inputs), tuple(sorted(fixed.items())))
+        if key not in self.graphs:
+            self.graphs[key] = StepGraph(functools.partial(self.step, **fixed), inputs)
+        return self.graphs[key](*inputs)
+
+
+class ForwardGraph:
+    """`model.forward(tokens, positions, cache, ...)` for tokens and positions of [batch, tokens], on one cache.
+
+    A verify step's pending state (runtime/cache.py: the positions and the Gated DeltaNet inputs that commit reads)
+    is made by the forward's Python, which a replay does not run: the graph keeps the one its capture made, whose
+    tensors are the graph's buffers, and hands it to the cache after every replay."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: Cache,
+        batch: int,
+        tokens: int,
+        *,
+        taps: Sequence[int] = (),
+        hidden: bool = False,
+        logits: bool = True,
+        verify: bool = False,
+    ) -> None:
+        if batch > cache.batch:
+            raise ValueError(f"a step of {batch} sequences on a cache for {cache.batch}")
+        self.model, self.cache, self.verify = model, cache, verify
+        self.options = {"taps": tuple(taps), "hidden": hidden, "logits": logits}
+        like = torch.zeros(batch, tokens, dtype=torch.int64, device=model.device)
+        self.graph = StepGraph(self._step, (like, like))
+        self.pending: Pending | None = None
+
+    def _step(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        out = self.model.forward(tokens, positions, self.cache, verify=self.verify, **self.options)
+        return out.logits, out.taps, out.hidden
+
+    def prepare(self, tokens: Tensor, positions: Tensor) -> StepOutput:
+        """Warm the step up and capture it before its first use, leaving the cache as it was: the step runs once,
+        provisionally (a verify step, then rolled back to nothing), at positions it may write. Returns that run's
+        output (the warm-up of a drafter that observes it needs its taps)."""
+        out = self.model.forward(*self.graph.load(tokens, positions), self.cache, verify=True, **self.options)
+        batch = tokens.shape[0]
+        self.cache.commit(torch.zeros(batch, dtype=torch.int64, device=tokens.device), [0] * batch)
+        self.graph.record()
+        if self.verify and self.graph.graph is not None:  # the capture left its pending step on the cache
+            self.pending, self.cache.pending = self.cache.pending, None
+        return out
+
+    def __call__(self, tokens: Tensor, positions: Tensor) -> StepOutput:
+        if self.cache.pending is not None:
+            raise RuntimeError("the last verify step was not committed: call commit(accepted) first")
+        logits, taps, hidden = self.graph(tokens, positions)
+        if self.verify:
+            if self.graph.ran_python:
+                self.pending = self.cache.pending
+            self.cache.pending = Pending(self.pending.positions, dict(self.pending.gdn))
+        return StepOutput(logits, taps, hidden)

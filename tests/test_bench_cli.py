@@ -1,0 +1,151 @@
+"""`specpair bench` on a tiny pair on the CPU: the users and depth tables (Markdown), every drafted run compared
+with its undrafted run, the weights roofline, the PNG of the depth sweep; bad input as one line and exit 2. The
+--json document is validated against its schema in test_schemas.py."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import build_draft_model, build_target
+from typer.testing import CliRunner
+
+from specpair.cli import app
+from specpair.cli._plot import HEIGHT, WIDTH, line_chart
+from specpair.cli.bench import COLORS
+from specpair.runtime.loading import plan_load
+from specpair.sources.model import open_model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    return build_target(root / "target", "qwen3", layers=2), build_draft_model(root / "draft")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def png_pixels(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, RGB bytes) of an 8-bit RGB PNG with unfiltered scanlines, as _plot writes it."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, chunks = 8, {}
+    while at < len(data):
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        body = data[at + 8 : at + 8 + size]
+        assert struct.unpack(">I", data[at + 8 + size : at + 12 + size])[0] == zlib.crc32(kind + body)
+        chunks[kind] = chunks.get(kind, b"") + body
+        at += 12 + size
+    width, height, depth, color, *_ = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    assert (depth, color) == (8, 2) and b"IEND" in chunks
+    raw = zlib.decompress(chunks[b"IDAT"])
+    assert len(raw) == height * (1 + 3 * width)
+    lines = [raw[y * (1 + 3 * width) : (y + 1) * (1 + 3 * width)] for y in range(height)]
+    assert all(line[0] == 0 for line in lines)
+    return width, height, b"".join(line[1:] for line in lines)
+
+
+def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
+    target, draft = pair
+    png = tmp_path / "depth.png"
+    done = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            str(target),
+            str(draft),
+            "--depth",
+            "0,12",
+            "--users",
+            "1,2",
+            "--tokens",
+            "3",
+            "--md",
+            "--plot",
+            str(png),
+            "--device",
+            "cpu",
+            "--bandwidth",
+            "50",
+            "--graphs",
+            "--quiet",
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    out = done.stdout
+    assert "| users | undrafted tok/s | drafted tok/s | speedup | τ | identical | roofline tok/s |" in out
+    assert "| depth | baseline tok/s | drafted tok/s | speedup | τ | identical | roofline tok/s |" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| 1 |", "| 2 |", "| 0 |", "| 12 |"))]
+    assert [r[0] for r in rows] == ["| 1", "| 2", "| 0", "| 12"] and all(r[5] == "yes" for r in rows)
+    assert "drafted == undrafted, token for token: 4/4 runs" in out and "CUDA graphs on" in out
+    plan = plan_load(open_model(str(target)), "cpu")
+    for r in rows:  # users x bandwidth / the weights a step of that many tokens reads
+        users = 2 if r[0] == "| 2" else 1
+        assert r[6] == f"{users * 50e9 / plan.weights_read(users):.1f}"
+    embedding = plan.resident["embed_tokens.weight"]
+    assert plan.weights_read(2) == plan.resident_bytes - embedding + embedding * 2 / plan.model.config.vocab_size
+    width, height, pixels = png_pixels(png.read_bytes())
+    assert (width, height) == (WIDTH, HEIGHT)
+    assert bytes(COLORS["roofline"]) in colors(pixels)  # drawn last, so on top wherever the lines cross
+
+
+def colors(pixels: bytes) -> set[bytes]:
+    return {pixels[i : i + 3] for i in range(0, len(pixels), 3)}
+
+
+def test_the_chart_draws_each_series_and_its_tick_labels():
+    series = [((31, 119, 180), [10.0, 12.0, None]), ((255, 127, 14), [300.0, 280.0, 250.0])]
+    width, height, pixels = png_pixels(line_chart(["0", "4k", "32k"], series))
+    assert (width, height) == (WIDTH, HEIGHT)
+    assert {bytes(c) for c, _ in series} | {b"\x00\x00\x00", b"\xff\xff\xff"} <= colors(pixels)
+
+
+def test_without_a_drafter_only_the_undrafted_columns(pair):
+    target, _ = pair
+    done = CliRunner().invoke(
+        app,
+        ["bench", str(target), "--depth", "0", "--users", "1", "--tokens", "2", "--md", "--device", "cpu", "--quiet"],
+    )
+    assert done.exit_code == 0, done.output
+    assert "| users | undrafted tok/s | roofline tok/s | undrafted / roofline |" in done.stdout
+    assert "no draft" in done.stdout and "| 1 |" in done.stdout and "| — | — |" in done.stdout  # bandwidth unknown
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--depth", "0,1x,4k"], "error: --depth: '1x' is not a count"),
+        (["--users", "1,0"], "error: --users: 0 is below 1"),
+        (["--md", "--plot", "/nonexistent/depth.png"], "error: /nonexistent/depth.png: its directory does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(pair, args, message):
+    target, _ = pair
+    done = subprocess.run(
+        [sys.executable, "-m", "specpair", "bench", str(target), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_bad_input_under_json_is_one_error_document(pair):
+    target, _ = pair
+    done = subprocess.run(
+        [sys.executable, "-m", "specpair", "bench", str(target), "--json", "--md"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr == ""
+    assert json.loads(done.stdout)["error"] == {"file": "--md", "problem": "give at most one of --json and --md"}
