@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specpair.checkpoint import families
+from specpair.checkpoint.config import as_int
 from specpair.checkpoint.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from specpair.checkpoint.config import ModelConfig
 
 TARGET_FAMILIES = tuple(families.FAMILIES)
 DRAFTER_KINDS = tuple(families.DRAFTER_KINDS)
@@ -48,6 +52,30 @@ class Shapes:
     def count(self, kind: str) -> int:
         return sum(t == kind for t in self.layer_types)
 
+    @classmethod
+    def of(cls, model: ModelConfig, vocab_size: int | None, embedding_rows: int | None) -> Shapes:
+        return cls(
+            hidden_size=model.hidden_size,
+            num_layers=model.num_layers,
+            num_heads=model.num_heads,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            vocab_size=vocab_size,
+            layer_types=list(model.layer_types),
+            intermediate_size=model.intermediate_size,
+            num_experts=model.num_experts,
+            experts_per_token=model.experts_per_token,
+            moe_intermediate_size=model.moe_intermediate_size,
+            shared_expert_intermediate_size=model.shared_expert_intermediate_size,
+            embedding_rows=embedding_rows,
+            tie_word_embeddings=model.tie_word_embeddings,
+            linear_key_heads=model.linear_num_key_heads,
+            linear_value_heads=model.linear_num_value_heads,
+            linear_key_head_dim=model.linear_key_head_dim,
+            linear_value_head_dim=model.linear_value_head_dim,
+            linear_conv_kernel=model.linear_conv_kernel,
+        )
+
 
 @dataclass
 class Rope:
@@ -60,6 +88,21 @@ class Rope:
     sliding_window: int | None = None
     trained_context: int | None = None  # length the checkpoint was trained at, where known
     schema: str = "none"  # "rope_parameters" | "rope_theta" (top-level legacy) | "gguf" | "none"
+
+    @classmethod
+    def of(cls, model: ModelConfig, schema: str) -> Rope:
+        scaling = {k: v for k, v in (model.rope_scaling or {}).items() if k != "rope_type"}
+        return cls(
+            theta=model.rope_theta,
+            rope_type=(model.rope_scaling or {}).get("rope_type", "default"),
+            scaling=scaling or None,
+            partial_rotary_factor=model.partial_rotary_factor,
+            mrope=model.mrope_section is not None,
+            max_position_embeddings=model.max_position_embeddings,
+            sliding_window=model.sliding_window,
+            trained_context=as_int(scaling.get("original_max_position_embeddings")),
+            schema=schema,
+        )
 
 
 @dataclass

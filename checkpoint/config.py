@@ -146,7 +146,7 @@ def parse_config(
     if layers > MAX_LAYERS:
         raise BadInput(where, f"'num_hidden_layers' is {layers}, more than any model has ({MAX_LAYERS})")
     heads = positive(text, "num_attention_heads", where)
-    rope = _rope(text)
+    rope = rope_parameters(text)
     theta = number(rope, "rope_theta", where, family.rope_theta)
     partial = rope.get("partial_rotary_factor", family.partial_rotary)
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
@@ -290,7 +290,7 @@ def _architecture(config: dict[str, Any], where: str) -> str | None:
     return archs[0]
 
 
-def _rope(text: dict[str, Any]) -> dict[str, Any]:
+def rope_parameters(text: dict[str, Any]) -> dict[str, Any]:
     """rope_parameters (transformers 5), else the legacy rope_scaling + top-level keys, as one dict."""
     params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else text.get("rope_scaling")
     rope = dict(params) if isinstance(params, dict) else {}

@@ -43,7 +43,8 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
             config, _ = gguf_arch.header_config(f, {t.name: t.shape for t in tensors})
         weights_only = "vocab_size" not in config
         model = parse_config({**config, "vocab_size": NO_VOCABULARY} if weights_only else config, where, summary=True)
-        shapes, rope = _shapes(model, embed, weights_only), _rope(model)
+        shapes = Shapes.of(model, None if weights_only else model.vocab_size, embed.shape[0] if embed else None)
+        rope = Rope.of(model, "gguf")
     else:
         model = None
         shapes, rope = _unmodelled(header, arch, embed, tokenizer is not None)
@@ -80,45 +81,6 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
         quantization=Quantization(method="gguf", algo=_file_type_name(file_type)),
         files=[FileEntry(where.rsplit("/", 1)[-1], header.size)],
         revision=revision,
-    )
-
-
-def _shapes(model: ModelConfig, embed, weights_only: bool) -> Shapes:
-    return Shapes(
-        hidden_size=model.hidden_size,
-        num_layers=model.num_layers,
-        num_heads=model.num_heads,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        vocab_size=None if weights_only else model.vocab_size,
-        layer_types=list(model.layer_types),
-        intermediate_size=model.intermediate_size,
-        num_experts=model.num_experts,
-        experts_per_token=model.experts_per_token,
-        moe_intermediate_size=model.moe_intermediate_size,
-        shared_expert_intermediate_size=model.shared_expert_intermediate_size,
-        embedding_rows=embed.shape[0] if embed else None,
-        tie_word_embeddings=model.tie_word_embeddings,
-        linear_key_heads=model.linear_num_key_heads,
-        linear_value_heads=model.linear_num_value_heads,
-        linear_key_head_dim=model.linear_key_head_dim,
-        linear_value_head_dim=model.linear_value_head_dim,
-        linear_conv_kernel=model.linear_conv_kernel,
-    )
-
-
-def _rope(model: ModelConfig) -> Rope:
-    scaling = {k: v for k, v in (model.rope_scaling or {}).items() if k != "rope_type"}
-    return Rope(
-        theta=model.rope_theta,
-        rope_type=(model.rope_scaling or {}).get("rope_type", "default"),
-        scaling=scaling or None,
-        partial_rotary_factor=model.partial_rotary_factor,
-        mrope=model.mrope_section is not None,
-        max_position_embeddings=model.max_position_embeddings,
-        sliding_window=model.sliding_window,
-        trained_context=as_int(scaling.get("original_max_position_embeddings")),
-        schema="gguf",
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint.config import as_int
+from specpair.checkpoint.config import as_int, rope_parameters
 from specpair.checkpoint.families import (
     BY_ARCHITECTURE,
     BY_MODEL_TYPE,
@@ -552,12 +552,8 @@ def _hparams_from_config(
 
 
 def _rope(text: dict[str, Any]) -> dict[str, Any]:
-    """rope_parameters (transformers 5) or the legacy rope_scaling + top-level keys, as one dict."""
-    params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else text.get("rope_scaling")
-    rope = dict(params) if isinstance(params, dict) else {}
-    for key in ("rope_theta", "partial_rotary_factor"):
-        if key not in rope and key in text:
-            rope[key] = text[key]
+    """config.py's one rope dict, with its rope_type spelled out."""
+    rope = rope_parameters(text)
     rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
     return rope
 

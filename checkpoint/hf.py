@@ -86,47 +86,16 @@ def _shapes(model: ModelConfig, tensors: TensorTable) -> Shapes:
         ),
         None,
     )
-    return Shapes(
-        hidden_size=model.hidden_size,
-        num_layers=model.num_layers,
-        num_heads=model.num_heads,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        vocab_size=model.vocab_size,
-        layer_types=list(model.layer_types),
-        intermediate_size=model.intermediate_size,
-        num_experts=model.num_experts,
-        experts_per_token=model.experts_per_token,
-        moe_intermediate_size=model.moe_intermediate_size,
-        shared_expert_intermediate_size=model.shared_expert_intermediate_size,
-        embedding_rows=rows,
-        tie_word_embeddings=model.tie_word_embeddings,
-        linear_key_heads=model.linear_num_key_heads,
-        linear_value_heads=model.linear_num_value_heads,
-        linear_key_head_dim=model.linear_key_head_dim,
-        linear_value_head_dim=model.linear_value_head_dim,
-        linear_conv_kernel=model.linear_conv_kernel,
-    )
+    return Shapes.of(model, model.vocab_size, rows)
 
 
 def _rope(model: ModelConfig, text: dict[str, Any]) -> Rope:
-    scaling = {k: v for k, v in (model.rope_scaling or {}).items() if k != "rope_type"}
     schema = (
         "rope_parameters"
         if isinstance(text.get("rope_parameters"), dict)
         else ("rope_theta" if "rope_theta" in text else "none")
     )
-    return Rope(
-        theta=model.rope_theta,
-        rope_type=(model.rope_scaling or {}).get("rope_type", "default"),
-        scaling=scaling or None,
-        partial_rotary_factor=model.partial_rotary_factor,
-        mrope=model.mrope_section is not None,
-        max_position_embeddings=model.max_position_embeddings,
-        sliding_window=model.sliding_window,
-        trained_context=as_int(scaling.get("original_max_position_embeddings")),
-        schema=schema,
-    )
+    return Rope.of(model, schema)
 
 
 def _mtp(model: ModelConfig, tensors: TensorTable | None) -> Mtp | None:
