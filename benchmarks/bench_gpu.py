@@ -32,23 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_gpu import CONFIGS, qwen3_tensors, write_checkpoint  # noqa: E402
 
+from specpair.checkpoint.gguf_tokenizer import BYTE_SPELLING  # noqa: E402
+
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def byte_level_alphabet() -> list[str]:
-    """GPT-2's byte -> printable character map, in byte order of the vocabulary (printable bytes first)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    codes, shifted = printable[:], 0
-    for b in range(256):
-        if b not in printable:
-            codes.append(256 + shifted)
-            shifted += 1
-    return [chr(c) for c in codes]
 
 
 def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
     """tokenizer.json (byte-level BPE, no merges), tokenizer_config.json and generation_config.json."""
-    tokens = byte_level_alphabet()
+    tokens = sorted(BYTE_SPELLING)  # the byte-level vocabulary's first 256 tokens, in its order
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
     added = [
         {

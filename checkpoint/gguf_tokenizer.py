@@ -417,7 +417,7 @@ def _as_transformers_reads(fields: dict[str, object], model: str, where: str) ->
                 f"{GGML}pre {brief(name)} has no tokenizer.json equivalent here (known: {', '.join(sorted(_BY_NAME))})",
             )
         # A token with a character outside the byte alphabet is stored as its UTF-8 bytes spelled in it.
-        vocab_tokens = [t if set(t) <= _BYTE_ALPHABET else _byte_level(t) for t in tokens]
+        vocab_tokens = [t if set(t) <= _BYTE_ALPHABET else byte_level(t) for t in tokens]
         split = {"type": "Split", "pattern": {"Regex": pre.transformers_split}, "behavior": "Isolated", "invert": False}
         pre_tokenizer = (
             GPT2_BYTE_LEVEL
@@ -535,9 +535,10 @@ def _merges_from_scores(ids: dict[str, int], scores: dict[str, float]) -> list[l
     return [[left, right] for left, right, _ in found]
 
 
-def _byte_level(text: str) -> str:
-    """GPT-2's spelling of text's UTF-8 bytes (transformers' bytes_to_unicode)."""
-    return "".join(_BYTE_SPELLING[b] for b in text.encode())
+def byte_level(text: str) -> str:
+    """GPT-2's spelling of text's UTF-8 bytes (transformers' bytes_to_unicode); sorted(BYTE_SPELLING) is the
+    byte-level vocabulary's first 256 tokens in their usual order (printable bytes first)."""
+    return "".join(BYTE_SPELLING[b] for b in text.encode())
 
 
 def _byte_spelling() -> list[str]:
@@ -551,8 +552,8 @@ def _byte_spelling() -> list[str]:
     return [spelling[b] for b in range(256)]
 
 
-_BYTE_SPELLING = _byte_spelling()
-_BYTE_ALPHABET = frozenset(_BYTE_SPELLING)
+BYTE_SPELLING = _byte_spelling()
+_BYTE_ALPHABET = frozenset(BYTE_SPELLING)
 
 
 def _types_in(node: object) -> list[object]:

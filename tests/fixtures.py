@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from specpair.checkpoint import TARGET_FAMILIES
+from specpair.checkpoint.gguf_tokenizer import BYTE_SPELLING
 
 Spec = tuple[str, tuple[int, ...]]  # (safetensors dtype, shape)
 Specs = dict[str, Spec]
@@ -266,14 +267,7 @@ class Vocabulary:
 
 def byte_level_alphabet() -> list[str]:
     """GPT-2's byte -> printable character map, in vocabulary order (printable bytes first)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    codes = printable[:]
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            codes.append(256 + shifted)
-            shifted += 1
-    return [chr(c) for c in codes]
+    return sorted(BYTE_SPELLING)
 
 
 @cache

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from transformers import AutoTokenizer
 
-from specpair.checkpoint.gguf_tokenizer import PRE_TOKENIZERS, gguf_tokenizer_fields, hf_tokenizer_files
+from specpair.checkpoint.gguf_tokenizer import PRE_TOKENIZERS, byte_level, gguf_tokenizer_fields, hf_tokenizer_files
 from specpair.checkpoint.tokenizer import from_gguf_fields, from_tokenizer_json
 from specpair.errors import BadInput
 from specpair.formats.gguf import read_local
@@ -410,14 +410,6 @@ def test_llama_cpp_tokenizes_fixture_vocabularies_as_transformers(tmp_path: Path
     original = AutoTokenizer.from_pretrained(directory)
     chat = original.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=False)
     assert llama_ids(model, PROBES + (chat,)) == encodings(original, PROBES + (chat,))
-
-
-def byte_level(text: str) -> str:
-    """GPT-2's byte-to-character spelling of UTF-8 text: printable bytes as themselves, the rest from U+0100 on."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    spelling = {b: chr(b) for b in printable}
-    spelling |= {b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in spelling)}
-    return "".join(spelling[b] for b in text.encode())
 
 
 def test_llama_cpp_agrees_with_every_pre_tokenizer_in_the_table(tmp_path: Path, smollm2_fields) -> None:
