@@ -59,36 +59,11 @@ def test_json_document_holds_the_generation(target):
 def test_text_streams_to_stdout_and_speed_to_stderr(target, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Tell me a story", encoding="utf-8")
-    done = run(
-        str(target),
-        "--prompt-file",
-        str(prompt),
-        "--chat",
-        "--max-tokens",
-        "4",
-        "--temperature",
-        "0.9",
-        "--seed",
-        "3",
-        "--device",
-        "cpu",
-    )
+    args = [str(target), "--prompt-file", str(prompt), "--chat", "--max-tokens", "4", "--temperature", "0.9"]
+    args += ["--seed", "3", "--device", "cpu"]
+    done = run(*args)
     assert done.returncode == 0, done.stderr
-    again = run(
-        str(target),
-        "--prompt-file",
-        str(prompt),
-        "--chat",
-        "--max-tokens",
-        "4",
-        "--temperature",
-        "0.9",
-        "--seed",
-        "3",
-        "--device",
-        "cpu",
-        "--quiet",
-    )
+    again = run(*args, "--quiet")
     assert again.stdout == done.stdout and again.stderr == ""  # seeded: the same text; quiet: nothing else
     assert done.stdout.endswith("\n")
     assert "loading" in done.stderr and "tok/s" in done.stderr and "qwen3_5" in done.stderr
