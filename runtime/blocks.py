@@ -1,10 +1,12 @@
 """The blocks every family is made of: norms, attention, Gated DeltaNet, dense MLP, MoE, the decoder layer.
 
-Every matmul, norm, attention and GDN recurrence goes through runtime/kernels (a torch reference on CPU, Triton
-on CUDA, each batch-invariant), so a row's bits never depend on how many rows share a call and the CPU path
-tests the GPU path's logic. What stays here is elementwise, gathers and the conv's K-tap sum; the activations
-are written with exp, which gives the same bits wherever an element sits (torch's own CPU silu, sigmoid and
-softplus take a vector path or a scalar tail path by position, which differ by an ulp).
+Every matmul, norm, attention, rotary and cache write, SwiGLU gate, MoE routing and combination, GDN conv, gates
+and recurrence goes through runtime/kernels (a torch reference on CPU, Triton on CUDA, each batch-invariant), so
+a row's bits never depend on how many rows share a call, the CPU path tests the GPU path's logic, and a decode
+step launches a few kernels per layer (its launches are what a CUDA graph replays: benchmarks/step_profile.py
+counts them). What stays here is reshapes, splits and the gated attention's output gate; that sigmoid is
+written with exp, which gives the same bits wherever an element sits (torch's own CPU sigmoid takes a vector
+path or a scalar tail path by position, which differ by an ulp).
 
 Blocks are built by `build(config, ..., fetch)`: `fetch(name, shape, matmul=False, fp32=False)` returns the
 canonical weight (checkpoint/names.py) of that shape: `matmul=True` where it only feeds a matmul and so may stay
@@ -25,24 +27,15 @@ from torch import Tensor
 from specpair.checkpoint.config import ModelConfig
 from specpair.formats.packed import Packed
 from specpair.runtime.cache import Cache
-from specpair.runtime.kernels import attention, gdn, linear, norm
+from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
 from specpair.runtime.rope import Rope
 
 Weight = Tensor | Packed
 Fetch = Callable[..., Weight]  # fetch(name, shape, matmul=False, fp32=False)
-SOFTPLUS_THRESHOLD = 20.0  # torch's: above it softplus(x) is x
-
-
-def silu(x: Tensor) -> Tensor:
-    return x / (1 + torch.exp(-x))
 
 
 def sigmoid(x: Tensor) -> Tensor:
     return 1 / (1 + torch.exp(-x))
-
-
-def softplus(x: Tensor) -> Tensor:
-    return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(x)))
 
 
 def project(x: Tensor, w: Weight, bias: Tensor | None = None) -> Tensor:
@@ -50,6 +43,40 @@ def project(x: Tensor, w: Weight, bias: Tensor | None = None) -> Tensor:
     out = linear.matmul(x.reshape(-1, x.shape[-1]), w)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
+
+
+@dataclass
+class Projections:
+    """Projections of one input, consecutive ones fused into one weight where linear.fuse_rows can make them
+    one (q|k|v, gate|up, the GDN's input projections, router|shared-expert gate): one pass over x and one launch
+    instead of several. Each output row is computed from its own weight row alone; the split of K a kernel
+    picks depends on the weight's shape, so the fused and the separate products agree to float32 rounding, and a
+    model always runs one of them."""
+
+    groups: list[tuple[Weight, list[int]]]  # a weight and the output rows of each projection it holds
+    biases: list[Tensor | None]
+
+    @classmethod
+    def of(
+        cls, weights: list[Weight], biases: list[Tensor | None] | None = None, fuse: bool | None = None
+    ) -> Projections:
+        """fuse: by default on CUDA only, where launches and passes over x cost; on the CPU the separate
+        weights stay what the caller loaded (tests train drafters through them in place)."""
+        fuse = linear.on_cuda(weights[0]) if fuse is None else fuse
+        groups: list[list[Weight]] = []
+        for w in weights:
+            if groups and fuse and linear.fusable_rows([*groups[-1], w]):
+                groups[-1].append(w)
+            else:
+                groups.append([w])
+        return cls(
+            [(g[0] if len(g) == 1 else linear.fuse_rows(g), [w.shape[-2] for w in g]) for g in groups],
+            biases or [None] * len(weights),
+        )
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        outs = [part for w, sizes in self.groups for part in project(x, w).split(sizes, dim=-1)]
+        return [out if b is None else out + b for out, b in zip(outs, self.biases)]
 
 
 def _bias(config_flag: bool, fetch: Fetch, name: str, size: int) -> Tensor | None:
@@ -72,6 +99,11 @@ class Norm:
         out = norm.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, self.zero_centred)
         return out.reshape(x.shape)
 
+    def add(self, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """(h + delta, this norm of it): a residual add and the norm after it, in one pass."""
+        summed, normed = norm.add_rms_norm(h, delta, self.weight, self.eps, self.zero_centred)
+        return summed, normed
+
 
 @dataclass
 class Step:
@@ -82,10 +114,14 @@ class Step:
     sin: Tensor
     cache: Cache
     verify: bool  # keep what commit() needs to roll this step back
+    kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
+    kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
 
-    @property
-    def kv_end(self) -> Tensor:
-        return self.positions + 1
+    @classmethod
+    def of(cls, positions: Tensor, cos: Tensor, sin: Tensor, cache: Cache, verify: bool) -> Step:
+        """The ranges once per step, in the attention kernel's int32, not once per layer."""
+        end = (positions + 1).to(torch.int32)
+        return cls(positions, cos, sin, cache, verify, end, torch.zeros_like(end))
 
 
 @dataclass
@@ -94,11 +130,9 @@ class Attention:
     (q_proj emits [query | gate] per head), optionally a sliding window."""
 
     layer: int
-    q_proj: Weight
-    k_proj: Weight
-    v_proj: Weight
+    qkv: Projections
     o_proj: Weight
-    biases: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]
+    o_bias: Tensor | None
     q_norm: Norm | None
     k_norm: Norm | None
     heads: int
@@ -120,33 +154,47 @@ class Attention:
             "o_proj": (hidden, heads * d),
         }
         weights = {k: fetch(p + k + ".weight", s, matmul=True) for k, s in shapes.items()}
-        biases = tuple(_bias(config.attention_bias, fetch, p + k + ".weight", s[0]) for k, s in shapes.items())
+        biases = [_bias(config.attention_bias, fetch, p + k + ".weight", s[0]) for k, s in shapes.items()]
         q_norm = Norm.build(config, p + "q_norm.weight", d, fetch) if config.qk_norm else None
         k_norm = Norm.build(config, p + "k_norm.weight", d, fetch) if config.qk_norm else None
         window = config.sliding_window if config.layer_types[layer] == "sliding" else None
+        qkv = Projections.of([weights["q_proj"], weights["k_proj"], weights["v_proj"]], biases[:3])
         return cls(
-            layer, *weights.values(), biases, q_norm, k_norm, heads, kv, d, config.attn_output_gate, window, rope
+            layer,
+            qkv,
+            weights["o_proj"],
+            biases[3],
+            q_norm,
+            k_norm,
+            heads,
+            kv,
+            d,
+            config.attn_output_gate,
+            window,
+            rope,
         )
 
     def __call__(self, h: Tensor, step: Step) -> Tensor:
         B, T, _ = h.shape
-        bq, bk, bv, bo = self.biases
-        q = project(h, self.q_proj, bq).view(B, T, self.heads, -1)
+        q, k, v = self.qkv(h)
+        q = q.view(B, T, self.heads, -1)
         if self.gated:
             q, gate = q.chunk(2, dim=-1)
-        k = project(h, self.k_proj, bk).view(B, T, self.kv_heads, self.head_dim)
-        v = project(h, self.v_proj, bv).view(B, T, self.kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope.rotate(q, step.cos, step.sin), self.rope.rotate(k, step.cos, step.sin)
-        k_cache, v_cache = step.cache.write_kv(self.layer, step.positions, k, v)
+        k = k.view(B, T, self.kv_heads, self.head_dim)
+        v = v.view(B, T, self.kv_heads, self.head_dim)
+        cache, slot = step.cache, step.cache.slots[self.layer]
+        gains = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+        eps, zero_centred = (self.q_norm.eps, self.q_norm.zero_centred) if self.q_norm is not None else (0.0, False)
+        q = qk.rotate_and_store(
+            q, k, v, *gains, eps, zero_centred, step.cos, step.sin, self.rope.rotary_dim, cache.kv, slot, step.positions
+        )
         end = step.kv_end
-        start = (end - self.window).clamp(min=0) if self.window else torch.zeros_like(end)
-        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim**-0.5)
+        start = (end - self.window).clamp(min=0) if self.window else step.kv_start
+        o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5)
         o = o.reshape(B, T, self.heads * self.head_dim)
         if self.gated:
             o = o * sigmoid(gate.reshape(B, T, -1).float()).to(o.dtype)
-        return project(o, self.o_proj, bo)
+        return project(o, self.o_proj, self.o_bias)
 
 
 @dataclass
@@ -155,10 +203,7 @@ class GatedDeltaNet:
     the gated delta rule with an fp32 state per value head, a gated RMSNorm with z, out_proj."""
 
     layer: int
-    in_proj_qkv: Weight
-    in_proj_z: Weight
-    in_proj_b: Weight
-    in_proj_a: Weight
+    in_proj: Projections  # qkv, z, b, a
     out_proj: Weight
     conv: Tensor  # [C, K] float32
     A_log: Tensor  # [Hv] float32
@@ -188,7 +233,8 @@ class GatedDeltaNet:
         conv = fetch(p + "conv1d.weight", (channels, 1, taps), fp32=True).reshape(channels, taps)
         return cls(
             layer,
-            *weights,
+            Projections.of(weights[:4]),
+            weights[4],
             conv,
             fetch(p + "A_log", (hv,), fp32=True),
             fetch(p + "dt_bias", (hv,), fp32=True),
@@ -202,20 +248,14 @@ class GatedDeltaNet:
 
     def __call__(self, h: Tensor, step: Step) -> Tensor:
         B, T, _ = h.shape
-        qkv = project(h, self.in_proj_qkv)
-        z = project(h, self.in_proj_z)
-        b, a = project(h, self.in_proj_b), project(h, self.in_proj_a)
+        qkv, z, b, a = self.in_proj(h)
         conv_window, state = step.cache.gdn_state(self.layer, B)
-        # the window's K-1 pre-conv columns, then this step's: output t reads columns t .. t+K-1
-        columns = torch.cat((conv_window, qkv), dim=1)
-        mixed = silu(causal_conv(columns, self.conv, T)).to(h.dtype)
-        conv_window.copy_(columns[:, T:])
-        keys = self.key_heads * self.key_dim
-        q = mixed[..., :keys].reshape(B, T, self.key_heads, self.key_dim)
-        k = mixed[..., keys : 2 * keys].reshape(B, T, self.key_heads, self.key_dim)
-        v = mixed[..., 2 * keys :].reshape(B, T, self.value_heads, self.value_dim)
-        beta = sigmoid(b.float())
-        g = -torch.exp(self.A_log) * softplus(a.float() + self.dt_bias)
+        keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
+        q, k, v, columns = gdn.conv_silu(conv_window, qkv, self.conv, (keys, keys, values), step.verify)
+        q = q.reshape(B, T, self.key_heads, self.key_dim)
+        k = k.reshape(B, T, self.key_heads, self.key_dim)
+        v = v.reshape(B, T, self.value_heads, self.value_dim)
+        g, beta = gdn.gates(a, b, self.A_log, self.dt_bias)
         if step.verify:
             step.cache.record_gdn(self.layer, columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)
@@ -225,35 +265,25 @@ class GatedDeltaNet:
         return project(o.reshape(B, T, -1), self.out_proj)
 
 
-def causal_conv(columns: Tensor, weight: Tensor, steps: int) -> Tensor:
-    """Depthwise causal conv as an explicit sum over its K taps in float32, one fixed order for every row:
-    out[:, t] = sum_j weight[:, j] * columns[:, t + j], for columns [B, K-1+T, C], weight [C, K]."""
-    out = columns[:, 0:steps].float() * weight[:, 0]
-    for j in range(1, weight.shape[1]):
-        out = out + columns[:, j : j + steps].float() * weight[:, j]
-    return out
-
-
 @dataclass
 class MLP:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    gate_proj: Weight
-    up_proj: Weight
+    gate_up: Projections
     down_proj: Weight
-    biases: tuple[Tensor | None, Tensor | None, Tensor | None]
+    down_bias: Tensor | None
 
     @classmethod
     def build(cls, config: ModelConfig, prefix: str, width: int, fetch: Fetch, bias: bool = False) -> MLP:
         hidden = config.hidden_size
         shapes = {"gate_proj": (width, hidden), "up_proj": (width, hidden), "down_proj": (hidden, width)}
         weights = [fetch(f"{prefix}{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        return cls(*weights, tuple(_bias(bias, fetch, f"{prefix}{k}.weight", s[0]) for k, s in shapes.items()))
+        biases = [_bias(bias, fetch, f"{prefix}{k}.weight", s[0]) for k, s in shapes.items()]
+        return cls(Projections.of(weights[:2], biases[:2]), weights[2], biases[2])
 
     def __call__(self, x: Tensor) -> Tensor:
-        bg, bu, bd = self.biases
-        gate = project(x, self.gate_proj, bg)
-        return project(silu(gate.float()).to(x.dtype) * project(x, self.up_proj, bu), self.down_proj, bd)
+        gate, up = self.gate_up(x)
+        return project(activation.silu_mul(gate, up), self.down_proj, self.down_bias)
 
 
 @dataclass
@@ -261,56 +291,48 @@ class MoE:
     """Routed experts: router softmax (fp32) -> top-k -> renormalised when norm_topk_prob; each token's k
     experts are SwiGLUs; plus, where the family has one, a shared expert scaled by sigmoid(shared_expert_gate)."""
 
-    router: Weight  # [E, H]
-    gate_proj: Weight  # [E, I, H]
-    up_proj: Weight
+    router: Projections  # [E, H] router logits, and the shared expert's [1, H] gate where there is one
+    gate_up: list[Weight]  # [E, 2I, H] fused, or [E, I, H] gate and up
     down_proj: Weight  # [E, H, I]
     top_k: int
     renormalise: bool
     shared: MLP | None
-    shared_gate: Weight | None  # [1, H]
 
     @classmethod
     def build(cls, config: ModelConfig, layer: int, fetch: Fetch, shared_expert: bool) -> MoE:
         p = f"layers.{layer}.mlp."
         e, hidden, width = config.num_experts, config.hidden_size, config.moe_intermediate_size
         shapes = {"gate_proj": (e, width, hidden), "up_proj": (e, width, hidden), "down_proj": (e, hidden, width)}
-        experts = [fetch(f"{p}experts.{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        shared = shared_gate = None
+        gate, up, down = [fetch(f"{p}experts.{k}.weight", s, matmul=True) for k, s in shapes.items()]
+        fused = linear.fuse_rows([gate, up]) if linear.on_cuda(gate) and linear.fusable_rows([gate, up]) else None
+        router = [fetch(p + "gate.weight", (e, hidden), matmul=True)]
+        shared = None
         if shared_expert:
             shared = MLP.build(config, p + "shared_expert.", config.shared_expert_intermediate_size, fetch)
-            shared_gate = fetch(p + "shared_expert_gate.weight", (1, hidden), matmul=True)
+            router.append(fetch(p + "shared_expert_gate.weight", (1, hidden), matmul=True))
         return cls(
-            fetch(p + "gate.weight", (e, hidden), matmul=True),
-            *experts,
+            Projections.of(router),
+            [gate, up] if fused is None else [fused],
+            down,
             config.experts_per_token,
             config.norm_topk_prob,
             shared,
-            shared_gate,
         )
 
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        probs = torch.softmax(linear.matmul(x, self.router).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalise:  # summed term by term: a reduction kernel may order a row's sum by the row count
-            total = weights[:, 0]
-            for j in range(1, self.top_k):
-                total = total + weights[:, j]
-            weights = weights / total[:, None]
-        gate = linear.matmul_experts(x, self.gate_proj, ids)
-        up = linear.matmul_experts(x, self.up_proj, ids)
-        act = silu(gate.float()).to(x.dtype) * up  # [N, k, I]
+        logits = self.router(x)
+        weights, ids = experts.route(logits[0], self.top_k, self.renormalise)
+        if len(self.gate_up) == 1:
+            gate, up = linear.matmul_experts(x, self.gate_up[0], ids).chunk(2, dim=-1)
+        else:
+            gate, up = (linear.matmul_experts(x, w, ids) for w in self.gate_up)
+        act = activation.silu_mul(gate, up)  # [N, k, I]
         down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids.reshape(-1, 1))
-        down = down.reshape(*ids.shape, -1).float()
-        out = weights[:, 0, None] * down[:, 0]
-        for j in range(1, self.top_k):  # a fixed order of the k terms, the same for every row
-            out = out + weights[:, j, None] * down[:, j]
-        if self.shared is not None:
-            scale = sigmoid(linear.matmul(x, self.shared_gate).float())
-            out = out + scale * self.shared(x).float()
-        return out.to(x.dtype).reshape(shape)
+        down = down.reshape(*ids.shape, -1)
+        shared, shared_logit = (self.shared(x), logits[1]) if self.shared is not None else (None, None)
+        return experts.combine_experts(weights, down, shared, shared_logit).reshape(shape)
 
 
 @dataclass
@@ -320,9 +342,12 @@ class DecoderLayer:
     post_norm: Norm
     mlp: MLP | MoE
 
-    def __call__(self, h: Tensor, step: Step) -> Tensor:
-        h = h + self.mixer(self.input_norm(h), step)
-        return h + self.mlp(self.post_norm(h))
+    def __call__(self, h: Tensor, step: Step, pending: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(h, delta): the residual stream after the mixer's add, and the MLP's output, which the next norm adds
+        (fused with it: Norm.add); h + delta is the layer's output. `pending`: the previous layer's delta."""
+        h, x = (h, self.input_norm(h)) if pending is None else self.input_norm.add(h, pending)
+        h, x = self.post_norm.add(h, self.mixer(x, step))
+        return h, self.mlp(x)
 
 
 def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attention | GatedDeltaNet:

@@ -133,7 +133,7 @@ def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Trans
             loaded[name] = value if plan.needs[name].fp32 else value.to(plan.dtype)
 
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
-        return loaded[name]
+        return loaded.pop(name)  # the model holds it now: a weight fused with others is freed once they are
 
     return Transformer.build(config, FAMILIES[config.family].decoder_layer, take, plan.dtype, plan.device)
 

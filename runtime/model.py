@@ -104,13 +104,13 @@ class Transformer:
             raise ValueError(f"taps {list(taps)} are not all layers of 0..{len(self.layers) - 1}")
         cache.begin(positions, verify)
         cos, sin = self.rope.tables(positions)
-        step = Step(positions, cos, sin, cache, verify)
-        h = self.embed(tokens)
+        step = Step.of(positions, cos, sin, cache, verify)
+        h, delta = self.embed(tokens), None
         for i, layer in enumerate(self.layers):
-            h = layer(h, step)
+            h, delta = layer(h, step, delta)
             if i in wanted:
-                wanted[i] = h
-        normed = self.norm(h)
+                wanted[i] = h + delta
+        h, normed = self.norm.add(h, delta)
         return StepOutput(
             self.head(normed) if logits else None,
             torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,

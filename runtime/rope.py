@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.runtime.kernels import qk
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -99,8 +100,4 @@ class Rope:
 
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """x [B, T, heads, head_dim] with its first rotary_dim dims rotated (in float32, cast back)."""
-        turned, passed = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
-        half = self.rotary_dim // 2
-        rotated = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
-        out = (turned * cos + rotated * sin).to(x.dtype)
-        return torch.cat((out, passed), dim=-1) if passed.shape[-1] else out
+        return qk.rotate(x, cos, sin, self.rotary_dim)

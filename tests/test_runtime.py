@@ -16,7 +16,9 @@ import torch
 from fixtures import DEFAULT_FLAVOUR, save, tiny_model
 
 from specpair.errors import BadInput
+from specpair.runtime.blocks import Projections
 from specpair.runtime.generate import generate, prefill
+from specpair.runtime.kernels import linear
 from specpair.runtime.loading import load, plan_load
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -75,6 +77,26 @@ def test_logits_equal_transformers(checkpoints, family):
     assert (steps(model, ids, [24]) - reference).abs().max() <= TOLERANCE  # full forward
     assert (steps(model, ids, [1] * 24) - reference).abs().max() <= TOLERANCE  # token by token
     assert (steps(model, ids, [9, 1, 6, 1, 7]) - reference).abs().max() <= TOLERANCE  # multi-token steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_projections_equal_transformers(checkpoints, family, monkeypatch):
+    """On CUDA the blocks fuse q|k|v, gate|up (routed experts' too), the GDN's input projections and the router
+    with the shared expert's gate into one weight each (blocks.Projections); the same fusion on the CPU gives
+    transformers' logits, and a verify block the bits of decoding token by token."""
+    hf, directory = checkpoints[family]
+    monkeypatch.setattr(linear, "on_cuda", lambda w: True)
+    model = runtime(directory)
+    projections = [p for layer in model.layers for p in (*vars(layer.mixer).values(), *vars(layer.mlp).values())]
+    projections = [p for p in projections if isinstance(p, Projections)]
+    assert any(len(sizes) > 1 for p in projections for _, sizes in p.groups)
+    assert all(len(p.groups) == 1 for p in projections)
+    assert all(len(layer.mlp.gate_up) == 1 for layer in model.layers if hasattr(layer.mlp, "router"))
+    ids = torch.randint(0, hf.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (steps(model, ids, [16]) - reference).abs().max() <= TOLERANCE
+    assert (steps(model, ids, [1] * 16) - reference).abs().max() <= TOLERANCE
 
 
 @pytest.mark.parametrize(

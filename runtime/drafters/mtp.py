@@ -107,8 +107,8 @@ class MTP:
         z = torch.cat((self.norm_embedding(self.target.embed(tokens)), self.norm_hidden(hidden)), dim=-1)
         z = project(z, self.fc)
         cos, sin = self.target.rope.tables(positions)
-        z = self.layer(z, Step(positions, cos, sin, self.cache, False))
-        g = self.norm(z)
+        z, delta = self.layer(z, Step.of(positions, cos, sin, self.cache, False))
+        _, g = self.norm.add(z, delta)
         return g, self.target.head(g)
 
     def observe(self, committed: Committed) -> None:

@@ -2,8 +2,9 @@
 
 `load_weights(model, build, ...)` calls `build(fetch)` twice, as runtime/loading.py does for targets: once with a
 recording `fetch` that checks every weight the drafter needs is there with the shape its config gives it,
-once with the loaded weights, which the drafter then holds by canonical name in `weights` (`resident_bytes`:
-what they occupy on the device). `fetch(name, shape, matmul=False, fp32=False)` as in runtime/blocks.py.
+once with the loaded weights, which the drafter then holds by canonical name in `weights` on the CPU (tests
+train drafters through them; on CUDA the blocks fuse projections into new weights and `weights` is left empty,
+so that no weight is held twice); `resident_bytes`: what they occupy on the device. `fetch(name, shape, matmul=False, fp32=False)` as in runtime/blocks.py.
 
 `bits=4` quantizes the drafter at load as TensorFold does (tensorfold.md §2.3): every weight that only feeds a
 matmul and whose rows split into groups of 64 becomes affine-4 in groups of 64 with TensorFold's min/max rule
@@ -85,12 +86,15 @@ def load_weights(
         else:
             loaded[name] = value if fp32 else value.to(dtype)
 
+    resident_bytes = sum(_nbytes(w) for w in loaded.values())
+
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
-        return loaded[prefix + name]
+        # on CUDA blocks fuse projections into new weights (blocks.Projections): the loaded ones are let go
+        return loaded.pop(prefix + name) if device.type == "cuda" else loaded[prefix + name]
 
     built = build(take)
     built.weights = loaded
-    built.resident_bytes = sum(_nbytes(w) for w in loaded.values())
+    built.resident_bytes = resident_bytes
     return built
 
 

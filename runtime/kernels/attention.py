@@ -124,6 +124,8 @@ def attention_triton(
             BLOCK_N=BLOCK_N,
             BLOCK_D=block_d,
             F32=f32,
+            # float32 tiles of a 256-wide head overflow shared memory with the default 3 pipeline stages
+            num_stages=1 if f32 and block_d > 128 else 3,
         )
         if splits > 1:
             _merge_kernel[(batch * kv_heads * (t1 - t0) * group,)](

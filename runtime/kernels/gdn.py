@@ -1,5 +1,17 @@
 """The Gated DeltaNet delta rule, token by token (transformers' `torch_recurrent_gated_delta_rule` with
-`use_qk_l2norm_in_kernel=True`, op for op).
+`use_qk_l2norm_in_kernel=True`, op for op), and the two steps before it, one kernel each on the GPU instead of
+the ~25 small ops torch launches for them:
+
+    q, k, v, columns = conv_silu(window, qkv, weight, sizes, keep_columns)
+    g, beta = gates(a, b, A_log, dt_bias)
+
+`conv_silu`: the depthwise causal conv of [window | qkv] (window [B, K-1, C], the last K-1 pre-conv columns, which
+it then replaces in place by the last K-1 of [window | qkv]; qkv [B, T, C] a view of the fused input projection's
+output; weight [C, K] float32), summed over the K taps in one fixed order in float32, then SiLU, rounded to qkv's
+dtype and split by channel into q, k, v (sizes: their channel counts), each contiguous [B, T, c]. `columns` is
+[window | qkv] as it was, [B, K-1+T, C], for a verify step to keep (None unless keep_columns). `gates`: the log
+decay g = -exp(A_log) · softplus(a + dt_bias) and beta = sigmoid(b), in float32, [B, T, Hv] contiguous.
+Elementwise per (sequence, channel) or (sequence, token, head): batch-invariant by construction.
 
 q, k [B, T, Hk, dk] raw (after the conv); v [B, T, Hv, dv]; g [B, T, Hv] log decay (<= 0); beta [B, T, Hv];
 value head j reads key head j // (Hv // Hk). In float32: q and k are L2-normalised (x · rsqrt(Σx² + 1e-6)),
@@ -25,6 +37,115 @@ from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, 
 
 L2_EPS = 1e-6
 BLOCK_V = 32  # value columns per program: the [dk, BLOCK_V] float32 state tile stays in registers
+BLOCK_C = 256  # conv channels per program
+SOFTPLUS_THRESHOLD = 20.0  # torch's: above it softplus(x) is x
+
+
+def conv_silu(
+    window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    if qkv.is_cuda:
+        return conv_silu_triton(window, qkv, weight, sizes, keep_columns)
+    return conv_silu_reference(window, qkv, weight, sizes, keep_columns)
+
+
+def gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    if a.is_cuda:
+        return gates_triton(a, b, A_log, dt_bias)
+    return gates_reference(a, b, A_log, dt_bias)
+
+
+def conv_silu_reference(
+    window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    steps = qkv.shape[1]
+    # the window's K-1 pre-conv columns, then this step's: output t reads columns t .. t+K-1
+    columns = torch.cat((window, qkv), dim=1)
+    out = columns[:, 0:steps].float() * weight[:, 0]
+    for j in range(1, weight.shape[1]):
+        out = out + columns[:, j : j + steps].float() * weight[:, j]
+    # SiLU written with exp, which gives an element the same bits wherever it sits (torch's own CPU silu takes a
+    # vector or a scalar path by position)
+    mixed = (out / (1 + torch.exp(-out))).to(qkv.dtype)
+    window.copy_(columns[:, steps:])
+    q, k, v = mixed.split(list(sizes), dim=-1)
+    return q, k, v, columns if keep_columns else None
+
+
+def gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    x = a.float() + dt_bias
+    softplus = torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(x)))
+    return -torch.exp(A_log) * softplus, 1 / (1 + torch.exp(-b.float()))
+
+
+def conv_silu_triton(
+    window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    require_triton("conv_silu")
+    batch, steps, channels = qkv.shape
+    taps = weight.shape[1]
+    if (
+        tuple(window.shape) != (batch, taps - 1, channels)
+        or tuple(weight.shape) != (channels, taps)
+        or sum(sizes) != channels
+        or not window.is_contiguous()
+        or qkv.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"conv_silu: window {list(window.shape)}, qkv {list(qkv.shape)}, weight {list(weight.shape)}, "
+            f"sizes {list(sizes)} do not fit"
+        )
+    q, k, v = (torch.empty(batch, steps, c, dtype=qkv.dtype, device=qkv.device) for c in sizes)
+    columns = (
+        torch.empty(batch, taps - 1 + steps, channels, dtype=qkv.dtype, device=qkv.device) if keep_columns else None
+    )
+    if batch and steps and channels:
+        _conv_silu_kernel[(batch, triton.cdiv(channels, BLOCK_C))](
+            window,
+            qkv,
+            weight.float().contiguous(),
+            q,
+            k,
+            v,
+            window if columns is None else columns,
+            steps,
+            channels,
+            sizes[0],
+            sizes[1],
+            qkv.stride(0),
+            qkv.stride(1),
+            TAPS=taps,
+            COLUMNS=keep_columns,
+            BLOCK_C=BLOCK_C,
+        )
+    return q, k, v, columns
+
+
+def gates_triton(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    require_triton("gates")
+    batch, steps, heads = a.shape
+    if b.shape != a.shape or A_log.shape != (heads,) or dt_bias.shape != (heads,):
+        raise ValueError(f"gates: a {list(a.shape)}, b {list(b.shape)}, A_log {list(A_log.shape)} do not fit")
+    rows_a, rows_b = a.reshape(-1, heads), b.reshape(-1, heads)
+    if rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1:
+        rows_a, rows_b = rows_a.contiguous(), rows_b.contiguous()
+    g = torch.empty(batch, steps, heads, dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    if g.numel():
+        _gates_kernel[(rows_a.shape[0],)](
+            rows_a,
+            rows_b,
+            A_log.float().contiguous(),
+            dt_bias.float().contiguous(),
+            g,
+            beta,
+            heads,
+            rows_a.stride(0),
+            rows_b.stride(0),
+            SOFTPLUS_THRESHOLD,
+            BLOCK_H=triton.next_power_of_2(heads),
+        )
+    return g, beta
 
 
 def gdn_recurrent(
@@ -170,3 +291,97 @@ if triton is not None:
             if STEPS:
                 tl.store(steps_ptr + head_row * key_dim * value_dim + tile_offsets, s, mask=tile)
         tl.store(state_base + tile_offsets, s, mask=tile)
+
+    @triton.jit(do_not_specialize=["steps"], do_not_specialize_on_alignment=["qkv_ptr", "q_ptr", "k_ptr", "v_ptr"])
+    def _conv_silu_kernel(
+        window_ptr,
+        qkv_ptr,
+        w_ptr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        columns_ptr,
+        steps,
+        channels,
+        q_size,
+        k_size,
+        stride_b,
+        stride_t,
+        TAPS: tl.constexpr,
+        COLUMNS: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        inside = c < channels
+        window_base = window_ptr + b * (TAPS - 1) * channels + c
+        qkv_base = qkv_ptr + b * stride_b + c
+        dtype = q_ptr.dtype.element_ty
+        # where each channel's value goes: q, k or v, each [B, T, its channels]
+        in_q = c < q_size
+        in_k = (c >= q_size) & (c < q_size + k_size)
+        v_size = channels - q_size - k_size
+        q_out = q_ptr + b * steps * q_size + c
+        k_out = k_ptr + b * steps * k_size + (c - q_size)
+        v_out = v_ptr + b * steps * v_size + (c - q_size - k_size)
+        for t in range(steps):
+            acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+            for j in tl.static_range(TAPS):
+                column = tl.zeros([BLOCK_C], dtype=tl.int32) + t + j  # in [window | qkv]
+                from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
+                from_step = tl.load(
+                    qkv_base + (column - (TAPS - 1)) * stride_t, mask=inside & (column >= TAPS - 1), other=0.0
+                )
+                term = tl.where(column < TAPS - 1, from_window, from_step).to(tl.float32)
+                term = term * tl.load(w_ptr + c * TAPS + j, mask=inside, other=0.0)
+                if j == 0:
+                    acc = term
+                else:
+                    acc = acc + term
+            mixed = rounded(acc / (1.0 + tl.exp(-acc)), dtype)
+            tl.store(q_out + t * q_size, mixed, mask=inside & in_q)
+            tl.store(k_out + t * k_size, mixed, mask=inside & in_k)
+            tl.store(v_out + t * v_size, mixed, mask=inside & ~in_q & ~in_k)
+            if COLUMNS:
+                step = tl.load(qkv_base + t * stride_t, mask=inside)
+                tl.store(columns_ptr + (b * (TAPS - 1 + steps) + TAPS - 1 + t) * channels + c, step, mask=inside)
+        if COLUMNS:
+            for i in tl.static_range(TAPS - 1):
+                old = tl.load(window_base + i * channels, mask=inside)
+                tl.store(columns_ptr + (b * (TAPS - 1 + steps) + i) * channels + c, old, mask=inside)
+        # the new window, the last K-1 of [window | qkv], written in place in increasing order: entry i reads
+        # entry steps + i > i of the old window, which no earlier write has replaced (each thread owns its channels)
+        for i in tl.static_range(TAPS - 1):
+            column = tl.zeros([BLOCK_C], dtype=tl.int32) + steps + i
+            from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
+            from_step = tl.load(
+                qkv_base + (column - (TAPS - 1)) * stride_t, mask=inside & (column >= TAPS - 1), other=0.0
+            )
+            tl.store(window_base + i * channels, tl.where(column < TAPS - 1, from_window, from_step), mask=inside)
+
+    @triton.jit(do_not_specialize_on_alignment=["a_ptr", "b_ptr"])
+    def _gates_kernel(
+        a_ptr,
+        b_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        g_ptr,
+        beta_ptr,
+        heads,
+        stride_a,
+        stride_b,
+        threshold,
+        BLOCK_H: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        h = tl.arange(0, BLOCK_H)
+        inside = h < heads
+        x = tl.load(a_ptr + row * stride_a + h, mask=inside, other=0.0).to(tl.float32)
+        x = x + tl.load(dt_bias_ptr + h, mask=inside, other=0.0)
+        u = tl.exp(x)
+        w = 1.0 + u  # log1p(u) to a few ulps for small u, where log(1 + u) loses u's digits (Goldberg's trick)
+        softplus = tl.where(x > threshold, x, tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0))))
+        g = -tl.exp(tl.load(a_log_ptr + h, mask=inside, other=0.0)) * softplus
+        beta_in = tl.load(b_ptr + row * stride_b + h, mask=inside, other=0.0).to(tl.float32)
+        tl.store(g_ptr + row * heads + h, g, mask=inside)
+        tl.store(beta_ptr + row * heads + h, 1.0 / (1.0 + tl.exp(-beta_in)), mask=inside)

@@ -39,6 +39,7 @@ tile, and which other rows share it, do not change its bits: the tensor core tre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -46,7 +47,7 @@ from torch import Tensor
 
 from specpair.errors import BadInput
 from specpair.formats import nvfp4
-from specpair.formats.codecs import FLOAT_LAYOUTS, nvfp4_read
+from specpair.formats.codecs import FLOAT_LAYOUTS, codec, nvfp4_read
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels.cpu_rows import rows_mm
 from specpair.runtime.kernels.triton_common import (
@@ -121,6 +122,54 @@ def to_kernel_layout(w: Packed) -> Packed:
     parts = [{k: v for k, v in p.items() if k != ".input_scale"} for p in parts]
     stacked = parts[0] if w.experts is None else {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
     return replace(w, layout="nvfp4-modelopt", parts=stacked)
+
+
+def on_cuda(w: Tensor | Packed) -> bool:
+    return (w if isinstance(w, Tensor) else next(iter(w.parts.values()))).is_cuda
+
+
+def fusable_rows(weights: Sequence[Tensor | Packed]) -> bool:
+    """Whether `fuse_rows` can make one operand of these: not for a different dtype, layout, width or column
+    order, per-tensor scales that differ, or block scales that a row boundary would cut."""
+    first = weights[0]
+    lead = len(first.shape) - 2  # the row axis: 1 for a stack of experts
+    if any(
+        type(w) is not type(first) or w.shape[:lead] != first.shape[:lead] or w.shape[-1] != first.shape[-1]
+        for w in weights
+    ):
+        return False
+    if isinstance(first, Tensor):
+        return all(w.dtype == first.dtype for w in weights)
+    if any(w.layout != first.layout or w.parts.keys() != first.parts.keys() for w in weights) or any(
+        (w.col_order is None) != (first.col_order is None)
+        or (w.col_order is not None and not torch.equal(w.col_order, first.col_order))
+        for w in weights
+    ):
+        return False
+    if any(w.shape[lead] % codec(first.layout).row_block for w in weights[:-1]):
+        return False  # a piece would end inside one of FP8's 128-row scale tiles
+    scalars = [key for key, part in first.parts.items() if part.ndim == lead]  # per-tensor (per-expert) scales
+    return all(torch.equal(w.parts[key], first.parts[key]) for key in scalars for w in weights)
+
+
+def fuse_rows(weights: Sequence[Tensor | Packed]) -> Tensor | Packed:
+    """One weight whose output rows are the given weights' rows in order (q|k|v, gate|up, router|shared gate:
+    one matmul, one pass over x, instead of one each); stacks of experts fuse along their rows too. The kernel
+    computes each output row from its own weight row alone."""
+    if not fusable_rows(weights):
+        raise ValueError(
+            f"{', '.join(w.name if isinstance(w, Packed) else str(list(w.shape)) for w in weights)}: not one operand"
+        )
+    first = weights[0]
+    lead = len(first.shape) - 2
+    if isinstance(first, Tensor):
+        return torch.cat(list(weights), dim=lead)
+    parts = {
+        key: part if part.ndim == lead else torch.cat([w.parts[key] for w in weights], dim=lead)
+        for key, part in first.parts.items()
+    }
+    shape = (*first.shape[:lead], sum(w.shape[lead] for w in weights), first.shape[-1])
+    return replace(first, name="|".join(w.name for w in weights), shape=shape, parts=parts)
 
 
 # ---- the Triton path -----------------------------------------------------------------------------------

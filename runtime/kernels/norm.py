@@ -8,6 +8,8 @@
 - `gated_rms_norm(x, gate, w, eps)`: Gated DeltaNet's output norm (`RMSNormGated`), plain w:
   `(w * x̂.to(dtype)) * silu(float32(gate))`, rounded to x's dtype; the middle product is rounded to the
   promoted dtype of (w, x), as transformers' dtype promotion does.
+- `add_rms_norm(h, delta, w, eps, zero_centred)`: the residual stream's `h + delta` (rounded to h's dtype, as
+  torch's add rounds it) and its `rms_norm`, in one pass: a decoder layer's add and the next norm.
 x̂ = x · rsqrt(mean(x²) + eps), with x widened to float32. Rows are independent: one row per Triton program,
 one row per reference step, so no row's bits depend on the others.
 """
@@ -30,6 +32,13 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     if x.is_cuda:
         return gated_rms_norm_triton(x, gate, weight, eps)
     return gated_rms_norm_reference(x, gate, weight, eps)
+
+
+def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> tuple[Tensor, Tensor]:
+    """(h + delta, rms_norm(h + delta))."""
+    if h.is_cuda:
+        return add_rms_norm_triton(h, delta, weight, eps, zero_centred)
+    return add_rms_norm_reference(h, delta, weight, eps, zero_centred)
 
 
 def _normed(row: Tensor, eps: float) -> Tensor:
@@ -56,60 +65,91 @@ def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float
     return out.reshape(x.shape)
 
 
-def _launch(x: Tensor, gate: Tensor | None, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
+def add_rms_norm_reference(
+    h: Tensor, delta: Tensor, weight: Tensor, eps: float, zero_centred: bool
+) -> tuple[Tensor, Tensor]:
+    summed = h + delta
+    return summed, rms_norm_reference(summed, weight, eps, zero_centred)
+
+
+def _launch(
+    x: Tensor, gate: Tensor | None, weight: Tensor, eps: float, zero_centred: bool, delta: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(the normed rows, and x + delta where delta is given: the rows normed)."""
     require_triton("rms_norm")
     width = x.shape[-1]
     rows = x.reshape(-1, width).contiguous()
     out = torch.empty_like(rows)
     gates = rows if gate is None else gate.reshape(rows.shape).contiguous()
+    deltas = rows if delta is None else delta.reshape(rows.shape).contiguous()
+    summed = out if delta is None else torch.empty_like(rows)
     middle = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](
             rows,
             gates,
+            deltas,
             weight.contiguous(),
             out,
+            summed,
             width,
             eps,
             ZERO_CENTRED=zero_centred,
             GATED=gate is not None,
+            ADD=delta is not None,
             MIDDLE=middle,
             BLOCK=triton.next_power_of_2(width),
+            num_warps=max(4, min(16, triton.next_power_of_2(width) // 256)),  # a wide row is one program's work
         )
-    return out.reshape(x.shape)
+    return out.reshape(x.shape), summed.reshape(x.shape)
 
 
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
-    return _launch(x, None, weight, eps, zero_centred)
+    return _launch(x, None, weight, eps, zero_centred)[0]
 
 
 def gated_rms_norm_triton(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return _launch(x, gate, weight, eps, zero_centred=False)
+    return _launch(x, gate, weight, eps, zero_centred=False)[0]
+
+
+def add_rms_norm_triton(
+    h: Tensor, delta: Tensor, weight: Tensor, eps: float, zero_centred: bool
+) -> tuple[Tensor, Tensor]:
+    normed, summed = _launch(h, None, weight, eps, zero_centred, delta)
+    return summed, normed
 
 
 if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
-    @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
+    @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "delta_ptr", "out_ptr", "sum_ptr"])
     def _rms_norm_kernel(
         x_ptr,
         gate_ptr,
+        delta_ptr,
         w_ptr,
         out_ptr,
+        sum_ptr,
         width,
         eps,
         ZERO_CENTRED: tl.constexpr,
         GATED: tl.constexpr,
+        ADD: tl.constexpr,
         MIDDLE: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < width
+        dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+        if ADD:  # the residual add, rounded as torch rounds it, and normed from the rounded sum
+            d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+            x_rounded = rounded(x + d, dtype)
+            tl.store(sum_ptr + row * width + cols, x_rounded, mask=inside)
+            x = x_rounded.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
         normed = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / width + eps)
-        dtype = out_ptr.dtype.element_ty
         if ZERO_CENTRED:
             y = normed * (1.0 + w)
         else:

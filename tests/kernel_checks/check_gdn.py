@@ -99,3 +99,64 @@ def test_step_states_are_the_states_of_shorter_runs(fn) -> None:
     for prefix in (1, 4):
         _, state, _ = run(fn, {k: v[:, :prefix] if k != "state" else v for k, v in t.items()}, steps=False)
         assert torch.equal(steps[:, prefix - 1], state)
+
+
+def conv_inputs(batch: int, tokens: int, channels: int = 300, taps: int = 4):
+    """A fused projection's output [B, T, C + 40] whose first C columns are qkv; window [B, K-1, C]."""
+    torch.manual_seed(batch * 100 + tokens)
+    fused = torch.randn(batch, tokens, channels + 40).bfloat16()
+    window = torch.randn(batch, taps - 1, channels).bfloat16()
+    return window, fused[..., :channels], torch.randn(channels, taps) * 0.5
+
+
+SIZES = (96, 96, 108)  # q, k, v channels: boundaries inside a program's block of channels
+
+
+@pytest.mark.parametrize("batch,tokens", [(1, 1), (2, 5), (1, 2)])
+@pytest.mark.parametrize("keep", [False, True])
+def test_conv_silu(batch: int, tokens: int, keep: bool) -> None:
+    window, qkv, weight = conv_inputs(batch, tokens)
+    ref_window, got_window = window.clone(), window.clone()
+    want = gdn.conv_silu_reference(ref_window, qkv, weight, SIZES, keep)
+    got = gdn.conv_silu_triton(got_window, qkv, weight, SIZES, keep)
+    for w, g in zip(want[:3], got[:3]):
+        assert g.is_contiguous() and g.shape == w.shape and not g.isnan().any(), "unwritten (NaN) elements"
+        # the same float32 sums in the same order; the interpreter's exp (numpy's) may move the SiLU by an ulp
+        assert ((g.float() - w.float()).abs() <= 2.0**-7 * w.float().abs() + 1e-6).all()
+    assert torch.equal(got_window, ref_window)  # the window moved on by the step's columns, exactly
+    assert torch.equal(got_window, torch.cat((window, qkv), dim=1)[:, tokens:])
+    if keep:
+        assert torch.equal(got[3], want[3]) and torch.equal(got[3], torch.cat((window, qkv), dim=1))
+    else:
+        assert got[3] is None and want[3] is None
+
+
+@pytest.mark.parametrize("fn", [gdn.conv_silu_reference, gdn.conv_silu_triton])
+def test_conv_silu_token_by_token_is_one_call(fn) -> None:
+    """A verify step of T tokens gives the bits of T decode steps (the window carries the state between them),
+    and a sequence alone gives the bits it has in a batch."""
+    window, qkv, weight = conv_inputs(2, 5)
+    together_window = window.clone()
+    together = fn(together_window, qkv, weight, SIZES, False)
+    one_window = window[1:].clone()
+    steps = [fn(one_window, qkv[1:, t : t + 1], weight, SIZES, False) for t in range(5)]
+    for part in range(3):
+        assert torch.equal(torch.cat([s[part] for s in steps], dim=1), together[part][1:])
+    assert torch.equal(one_window, together_window[1:])
+
+
+@pytest.mark.parametrize("batch,tokens,heads", [(1, 1, 32), (3, 4, 5)])
+def test_gates(batch: int, tokens: int, heads: int) -> None:
+    torch.manual_seed(heads)
+    fused = torch.randn(batch, tokens, 2 * heads + 7).bfloat16() * 8  # [.. | b | a] of a fused projection
+    b, a = fused[..., 7 : 7 + heads], fused[..., 7 + heads :]
+    a_log, dt_bias = torch.rand(heads).mul(15).add(1).log(), torch.randn(heads)
+    a[0, 0, 0] = 30  # softplus past its threshold: x itself
+    want_g, want_beta = gdn.gates_reference(a, b, a_log, dt_bias)
+    got_g, got_beta = gdn.gates_triton(a, b, a_log, dt_bias)
+    for got, want in ((got_g, want_g), (got_beta, want_beta)):
+        assert got.dtype == torch.float32 and got.shape == (batch, tokens, heads) and not got.isnan().any()
+        assert ((got - want).abs() <= 2.0**-20 * want.abs() + 1e-7).all()
+    assert torch.equal(
+        gdn.gates_triton(a[-1:, -1:].clone(), b[-1:, -1:].clone(), a_log, dt_bias)[0][0, 0], got_g[-1, -1]
+    )

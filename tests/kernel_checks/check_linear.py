@@ -252,3 +252,50 @@ def test_matmul_experts_many_tokens_per_expert() -> None:
     ids[5, 1] = 0
     check_experts(w, w.float(), x, ids)
     check_experts(w, w.float(), x[:1].bfloat16(), ids[:1])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUT_K))
+def test_fused_rows(layout: str) -> None:
+    """Three weights fused into one (q|k|v, gate|up): it dequantizes to their rows in order, bit for bit, and
+    its products are the float64 product's within the bound, row-invariant."""
+    torch.manual_seed(hash(layout) % 1000 + 2)
+    k = LAYOUT_K[layout]
+    rows = (256, 128, 40) if layout == "fp8-block" else (N, 24, 8)  # fp8-block: whole 128-row scale tiles
+    pieces = [packed(layout, torch.randn(r, k)) for r in rows]
+    if codec(layout).tensor_amax:  # one per-tensor scale for all three, as a fused export would have
+        whole = torch.randn(sum(rows), k)
+        parts = codec(layout).encode(whole, "w", float(whole.abs().max()))
+        starts = [0, rows[0], rows[0] + rows[1], sum(rows)]
+        pieces = [
+            Packed("w", layout, (r, k), {key: p if p.ndim == 0 else p[a:b] for key, p in parts.items()})
+            for r, a, b in zip(rows, starts, starts[1:])
+        ]
+    assert linear.fusable_rows(pieces)
+    fused = linear.fuse_rows(pieces)
+    assert fused.shape == (sum(rows), k)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in pieces]))
+    x = torch.randn(ROWS, k).bfloat16()
+    truth, scale = exact(x, fused.dequantize())
+    kernel = linear.matmul_triton(x, fused)
+    assert_close_to(kernel, truth, scale, 1e-6)
+    assert torch.equal(linear.matmul_triton(x[3:4].clone(), fused)[0], kernel[3])
+
+
+def test_weights_that_cannot_be_one_operand_are_not_fused() -> None:
+    torch.manual_seed(9)
+    w = torch.randn(40, 256)
+    assert torch.equal(linear.fuse_rows([w.bfloat16(), w.bfloat16()]), torch.cat([w, w]).bfloat16())
+    cannot = {
+        "dtypes differ": [w.bfloat16(), w.half()],
+        "widths differ": [w.bfloat16(), torch.randn(40, 128).bfloat16()],
+        "own fp8 tensor scales": [packed("fp8-tensor", w), packed("fp8-tensor", 2 * w)],
+        "own nvfp4 tensor scales": [packed("nvfp4-modelopt", w), packed("nvfp4-modelopt", 2 * w)],
+        "40 rows cut a 128-row tile": [packed("fp8-block", w), packed("fp8-block", w)],
+        "layouts differ": [packed("affine4-g64", w), packed("affine4-g32", w)],
+        "dense and packed": [w.bfloat16(), packed("affine4-g64", w)],
+    }
+    for why, weights in cannot.items():
+        assert not linear.fusable_rows(weights), why
+        with pytest.raises(ValueError, match="not one operand"):
+            linear.fuse_rows(weights)
+    assert linear.fusable_rows([packed("fp8-block", torch.randn(128, 256)), packed("fp8-block", w)])

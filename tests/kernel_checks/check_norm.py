@@ -109,3 +109,20 @@ def test_odd_widths(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     assert_within_rounding(norm.gated_rms_norm_triton(x, gate, w, EPS), norm.gated_rms_norm_reference(x, gate, w, EPS))
     for fn in (norm.gated_rms_norm_reference, norm.gated_rms_norm_triton):
         assert_rows_alone_equal(lambda x, g, w, fn=fn: fn(x, g, w, EPS), x, gate, w)
+
+
+@pytest.mark.parametrize("zero_centred", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + ODD_SHAPES)
+def test_add_then_norm(shape: tuple[int, ...], dtype: torch.dtype, zero_centred: bool) -> None:
+    """The sum is torch's add bit for bit (one rounding of the float32 sum), the norm is rms_norm of that sum."""
+    h, w, delta = inputs(shape, dtype)
+    summed, normed = norm.add_rms_norm_reference(h, delta, w, EPS, zero_centred)
+    assert torch.equal(summed, h + delta)
+    assert torch.equal(normed, norm.rms_norm_reference(h + delta, w, EPS, zero_centred))
+    got_sum, got_norm = norm.add_rms_norm_triton(h, delta, w, EPS, zero_centred)
+    assert torch.equal(got_sum, summed)
+    assert_within_rounding(got_norm, normed)
+    assert torch.equal(got_norm, norm.rms_norm_triton(summed, w, EPS, zero_centred))
+    for fn in (norm.add_rms_norm_reference, norm.add_rms_norm_triton):
+        assert_rows_alone_equal(lambda h, d, w, fn=fn: fn(h, d, w, EPS, zero_centred)[1], h, delta, w)

@@ -1,0 +1,417 @@
+"""Where a decode step's time goes, kernel by kernel, on one GPU, beside the baselines measured in the same run.
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/step_profile.py \
+        [--only check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16] [--out DIR] [--hf-tokens 32]
+
+Targets, random weights at real shape built in GPU memory through the runtime's own blocks (no checkpoint: a BF16
+35B-A3B is 70 GB, more than the GPU machine's disk holds):
+- 8b: Qwen/Qwen3-8B's config in BF16. The weights are those of a transformers Qwen3ForCausalLM built on the GPU,
+  whose eager `generate` (greedy, batch 1, its own KV cache) on the same weights is the baseline.
+- 35b-bf16: Qwen3.6-35B-A3B (nvidia/Qwen3.6-35B-A3B-NVFP4's config.json) in BF16, the weights and the baseline
+  those of transformers' Qwen3_5MoeForCausalLM.
+- 35b-nvfp4: the same model in NVIDIA's layout, module by module as its hf_quant_config.json says (routed and
+  shared experts NVFP4; attention and the GDN's qkv, z and out projections FP8 per tensor; the rest BF16), encoded
+  here with specpair's quantizers. Modules that read one input share their per-tensor scale, as ModelOpt's
+  export makes them (it syncs q/k/v's and gate/up's amax for fused serving), so they fuse as they would in the
+  published checkpoint.
+For each: a decode step of batch 1 after a 32-token prompt, captured into a CUDA graph (runtime/graphs.py) and
+replayed: ms per step, tok/s, and the ratio to the weights roofline (the bytes a step reads: every weight but the
+embedding table, the top-k share of the routed experts; over the copy bandwidth measured in this run, and over
+the nominal 4.8 TB/s). Then torch.profiler over 20 replays: per kernel, its launches and µs per step, and the gap
+(step time less kernel time: the graph's launch latency between kernels). Checks, bitwise: the graph's logits
+are the eager step's; a token decoded alone is the same inside a verify block of 8.
+Correctness first (check-8b-f32, check-35b-f32: the 8B, and the 35B-A3B's first four layers, in float32, against
+transformers in float32 on the same weights: bf16 rounding would hide a wrong kernel among rounding differences).
+Writes step_profile.md and step_profile.json to --out (default $OUT, else the working directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from specpair.checkpoint.config import parse_config
+from specpair.formats.codecs import codec
+from specpair.formats.packed import Packed
+from specpair.runtime.generate import prefill
+from specpair.runtime.graphs import ForwardGraph
+from specpair.runtime.model import Transformer
+from specpair.runtime.models import FAMILIES
+
+CONFIGS = Path(__file__).resolve().parents[1] / "catalog" / "sources" / "real-configs"
+NOMINAL = 4.8e12  # H200 HBM, bytes/s
+PROMPT = 32
+REPLAYS = 200
+PROFILED = 20
+AMAX = 4.0  # one per-tensor amax for every quantized weight (values ~N(0, 1)): the shared scales of a fused export
+LAYOUTS = {"FP8": "fp8-tensor", "W4A16_NVFP4": "nvfp4-modelopt", "NVFP4": "nvfp4-modelopt"}
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by torch's copy_ of 1 GiB, best of 20."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * a.numel() / best
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def hf_fetch(hf: torch.nn.Module, config) -> callable:
+    """The runtime's canonical names (checkpoint/names.py) read from a transformers model's parameters: views,
+    no copies; fused expert stacks ([E, 2I, H] gate_up_proj) give their halves."""
+    params = dict(hf.named_parameters())
+
+    def fetch(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
+        if name == "lm_head.weight":
+            w = params["lm_head.weight"]
+        elif ".mlp.experts." in name:
+            layer, proj = re.match(r"layers\.(\d+)\.mlp\.experts\.(\w+)\.weight", name).groups()
+            stack = f"model.layers.{layer}.mlp.experts."
+            width = config.moe_intermediate_size
+            if proj == "down_proj":
+                w = params[stack + "down_proj"]
+            else:
+                w = (
+                    params[stack + "gate_up_proj"][:, :width]
+                    if proj == "gate_proj"
+                    else params[stack + "gate_up_proj"][:, width:]
+                )
+        else:
+            w = params["model." + name]
+        w = w.detach()
+        assert tuple(w.shape) == tuple(shape), (name, tuple(w.shape), shape)
+        return w.float() if fp32 else w
+
+    return fetch
+
+
+def random_fetch(config, layouts: dict[str, str], gen: torch.Generator) -> callable:
+    """Weights drawn here, matmul weights encoded in the layout `layouts` names for their module (BF16 otherwise);
+    a stack of experts as one Packed with the expert axis in front."""
+
+    def fetch(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
+        module = "model.language_model." + name.removesuffix(".weight")
+        layout = layouts.get(re.sub(r"\.experts\.\w+$", ".experts", module), "bf16") if matmul else "bf16"
+        if name.endswith("A_log"):
+            return torch.empty(shape, device="cuda").uniform_(1, 16, generator=gen).log()
+        if not matmul:  # zero-centred norms start at 0, the GDN's plain output gain and dt_bias at 1
+            plain = name.endswith(("linear_attn.norm.weight", "dt_bias"))
+            scale = 0.1 if "conv1d" in name else (0.0 if "norm" in name or plain else 0.02)
+            w = torch.randn(shape, device="cuda", generator=gen) * scale + (1.0 if plain else 0.0)
+            return w if fp32 else w.bfloat16()
+        w = torch.randn(shape, device="cuda", generator=gen)
+        if layout == "bf16":
+            return (w * 0.02).bfloat16()
+        c = codec(layout)
+        parts = c.encode(w.reshape(-1, shape[-1]), name, AMAX if c.tensor_amax else None)
+        if len(shape) == 3:  # one encode for the stack, every part given its expert axis
+            parts = {
+                k: p.expand(shape[0]).contiguous() if p.ndim == 0 else p.reshape(shape[0], -1, *p.shape[1:])
+                for k, p in parts.items()
+            }
+        return Packed(name, layout, tuple(shape), parts)
+
+    return fetch
+
+
+def step_bytes(model: Transformer) -> float:
+    """Bytes one decode step reads: every weight once but the embedding table (one row) and, of the routed
+    experts, the top-k share."""
+    config = model.config
+    seen: set[int] = set()
+    total = 0.0
+
+    def nbytes(w) -> int:
+        tensors = list(w.parts.values()) if isinstance(w, Packed) else [w]
+        fresh = [t for t in tensors if t.data_ptr() not in seen]
+        seen.update(t.data_ptr() for t in fresh)
+        return sum(t.nbytes for t in fresh)
+
+    def walk(obj, share: float = 1.0) -> None:
+        nonlocal total
+        if isinstance(obj, (torch.Tensor, Packed)):
+            total += nbytes(obj) * share
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                walk(x, share)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
+            for key, x in vars(obj).items():
+                routed = key in ("gate_up", "down_proj") and hasattr(obj, "router")
+                walk(x, config.experts_per_token / config.num_experts if routed else share)
+
+    seen.add(model.embed_tokens.data_ptr())
+    walk(model.layers)
+    walk(model.norm)
+    walk(model.lm_head)
+    return total
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def hf_rate(hf: torch.nn.Module, prompt: list[int], tokens: int) -> float:
+    ids = torch.tensor([prompt], device="cuda")
+    with torch.no_grad():
+        hf.generate(ids, max_new_tokens=4, do_sample=False)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        torch.cuda.synchronize()
+    return (out.shape[1] - len(prompt)) / (time.perf_counter() - start)
+
+
+def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dict:
+    cache = model.new_cache(1, 256)
+    token = model.head(prefill(model, cache, [prompt])).argmax(-1)[:, None]
+    position = torch.tensor([[len(prompt)]], device="cuda")
+    # the eager step as a verify step rolled back to nothing: the graph's step then starts from the same state
+    eager = model.forward(token, position, cache, verify=True).logits.clone()
+    cache.commit(torch.zeros(1, dtype=torch.int64, device="cuda"), [0])
+    decode = ForwardGraph(model, cache, 1, 1)
+    decode.prepare(token, position)
+    graphed = decode(token, position).logits.clone()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(REPLAYS):
+        decode.graph.graph.replay()
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - start) / REPLAYS
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            decode.graph.graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = re.sub(r"\(.*", "", event.name)[:60]
+            kernels[name][0] += 1
+            kernels[name][1] += event.device_time_total
+    per_step = {n: (c / PROFILED, us / PROFILED) for n, (c, us) in kernels.items()}
+
+    # a token decoded alone vs inside a verify block of 8 (same cache contents before both)
+    follow = torch.randint(0, model.config.vocab_size, (1, 8), device="cuda")
+    block_cache = model.new_cache(1, 256)
+    prefill(model, block_cache, [prompt])
+    block = model.forward(follow, torch.arange(len(prompt), len(prompt) + 8, device="cuda")[None], block_cache).logits
+    alone_cache = model.new_cache(1, 256)
+    prefill(model, alone_cache, [prompt])
+    alone = torch.cat(
+        [
+            model.forward(follow[:, t : t + 1], torch.tensor([[len(prompt) + t]], device="cuda"), alone_cache).logits
+            for t in range(8)
+        ],
+        dim=1,
+    )
+    read = step_bytes(model)
+    return {
+        "step_ms": step_s * 1e3,
+        "tokens_per_s": 1 / step_s,
+        "bytes_per_step": read,
+        "roofline_copy": bandwidth / read,
+        "roofline_nominal": NOMINAL / read,
+        "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])},
+        "kernel_us": sum(us for _, us in per_step.values()),
+        "launches": sum(c for c, _ in per_step.values()),
+        "graph_equals_eager": torch.equal(graphed, eager),
+        "alone_equals_block_of_8": torch.equal(alone, block),
+    }
+
+
+def check_float32(which: str, prompt: list[int]) -> dict:
+    """Ours against transformers in float32 on the GPU, on the same weights: every kernel's arithmetic (the fused
+    projections, rotary and cache write, MoE routing and combination, GDN conv and gates) against theirs, where
+    bf16 rounding would hide a wrong result among rounding differences. The prompt's logits, and 8 more tokens
+    decoded through the CUDA graph, each against transformers' forward of the whole sequence."""
+    import transformers
+
+    if which == "check-8b-f32":
+        raw, hf_cls = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text()), "Qwen3ForCausalLM"
+    else:  # the 35B-A3B's first four layers: three GDN layers and one full-attention layer, MoE in each
+        raw, hf_cls = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()), "Qwen3_5MoeForCausalLM"
+        text = raw["text_config"]
+        text["num_hidden_layers"], text["layer_types"] = 4, text["layer_types"][:4]
+    text = raw.get("text_config", raw)
+    config = parse_config(raw, which)
+    hf_config = getattr(transformers, hf_cls).config_class(**{k: v for k, v in text.items() if k != "architectures"})
+    hf_config._attn_implementation = "eager"
+    with torch.device("cuda"):
+        hf = getattr(transformers, hf_cls)(hf_config).eval()
+    follow = torch.randint(0, 150000, (8,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([prompt + follow], device="cuda")).logits
+    model = Transformer.build(
+        config, FAMILIES[config.family].decoder_layer, hf_fetch(hf, config), torch.float32, torch.device("cuda")
+    )
+    cache = model.new_cache(1, 64)
+    ours = [model.head(prefill(model, cache, [prompt]))[:, None]]
+    decode = ForwardGraph(model, cache, 1, 1)
+    for t, token in enumerate(follow):
+        ids, position = torch.tensor([[token]], device="cuda"), torch.tensor([[len(prompt) + t]], device="cuda")
+        if t == 0:
+            decode.prepare(ids, position)
+        ours.append(decode(ids, position).logits.clone())
+    ours = torch.cat(ours, dim=1)[:, :-1]
+    expected = theirs[:, len(prompt) - 1 : len(prompt) - 1 + len(follow)]
+    result = {
+        "target": which,
+        "max_abs_diff": float((ours - expected).abs().max()),
+        "logit_scale": float(expected.abs().max()),
+        "top1_agreement": float((ours.argmax(-1) == expected.argmax(-1)).float().mean()),
+        "prompt_max_abs_diff": float(
+            (
+                model.forward(
+                    torch.tensor([prompt], device="cuda"),
+                    torch.arange(len(prompt), device="cuda")[None],
+                    model.new_cache(1, 64),
+                ).logits
+                - theirs[:, : len(prompt)]
+            )
+            .abs()
+            .max()
+        ),
+    }
+    del model, hf
+    torch.cuda.empty_cache()
+    return result
+
+
+def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float) -> dict:
+    gen = torch.Generator("cuda").manual_seed(0)
+    if which == "8b":
+        raw = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+        hf_cls = "Qwen3ForCausalLM"
+    else:
+        raw = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())
+        hf_cls = "Qwen3_5MoeForCausalLM"
+    config = parse_config(raw, which)
+    result: dict = {"target": which, "family": config.family}
+    if which == "35b-nvfp4":
+        quant = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text())
+        layouts = {m: LAYOUTS[q["quant_algo"]] for m, q in quant["quantization"]["quantized_layers"].items()}
+        fetch = random_fetch(config, layouts, gen)
+    else:
+        import transformers
+
+        text = raw.get("text_config", raw)
+        hf_config = getattr(transformers, hf_cls).config_class(
+            **{k: v for k, v in text.items() if k != "architectures"}
+        )
+        hf_config._attn_implementation = "eager"
+        with torch.device("cuda"):
+            torch.set_default_dtype(torch.bfloat16)
+            hf = getattr(transformers, hf_cls)(hf_config).eval()
+            torch.set_default_dtype(torch.float32)
+        result["transformers"] = {"version": transformers.__version__, "tokens_per_s": hf_rate(hf, prompt, hf_tokens)}
+        with torch.no_grad():
+            hf_logits = hf(torch.tensor([prompt], device="cuda")).logits.float()
+        fetch = hf_fetch(hf, config)
+    model = Transformer.build(
+        config, FAMILIES[config.family].decoder_layer, fetch, torch.bfloat16, torch.device("cuda")
+    )
+    if which != "35b-nvfp4":
+        del hf
+        cache = model.new_cache(1, PROMPT)
+        ours = model.forward(torch.tensor([prompt], device="cuda"), torch.arange(PROMPT, device="cuda")[None], cache)
+        ours = ours.logits.float()
+        result["vs_transformers_logits"] = {  # the same weights: what the fused kernels compute, against theirs
+            "max_abs_diff": float((ours - hf_logits).abs().max()),
+            "logit_scale": float(hf_logits.abs().max()),
+            "top1_agreement": float((ours.argmax(-1) == hf_logits.argmax(-1)).float().mean()),
+        }
+    torch.cuda.empty_cache()
+    result.update(profile_step(model, prompt, bandwidth))
+    result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if "transformers" in result:
+        result["vs_transformers"] = result["tokens_per_s"] / result["transformers"]["tokens_per_s"]
+    del model
+    torch.cuda.empty_cache()
+    return result
+
+
+def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
+    lines = [
+        "# One decode step, kernel by kernel (benchmarks/step_profile.py)",
+        "",
+        f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · copy bandwidth measured here "
+        f"{bandwidth / 1e12:.2f} TB/s (nominal {NOMINAL / 1e12:.1f}) · batch 1, position {PROMPT}, CUDA graph",
+        "",
+        "| target | tok/s | step ms | GB read/step | of roofline (copy) | of roofline (nominal) | launches | kernel ms | gap ms | transformers tok/s | × transformers | graph = eager | alone = block |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        hf = r.get("transformers")
+        lines.append(
+            f"| {r['target']} | {r['tokens_per_s']:.1f} | {r['step_ms']:.3f} | {r['bytes_per_step'] / 1e9:.2f} | "
+            f"{r['tokens_per_s'] / r['roofline_copy']:.1%} | {r['tokens_per_s'] / r['roofline_nominal']:.1%} | "
+            f"{r['launches']:.0f} | {r['kernel_us'] / 1e3:.3f} | {r['step_ms'] - r['kernel_us'] / 1e3:.3f} | "
+            f"{hf['tokens_per_s']:.1f} | {r['vs_transformers']:.1f}× | {r['graph_equals_eager']} | {r['alone_equals_block_of_8']} |"
+            if hf
+            else f"| {r['target']} | {r['tokens_per_s']:.1f} | {r['step_ms']:.3f} | {r['bytes_per_step'] / 1e9:.2f} | "
+            f"{r['tokens_per_s'] / r['roofline_copy']:.1%} | {r['tokens_per_s'] / r['roofline_nominal']:.1%} | "
+            f"{r['launches']:.0f} | {r['kernel_us'] / 1e3:.3f} | {r['step_ms'] - r['kernel_us'] / 1e3:.3f} | - | - | "
+            f"{r['graph_equals_eager']} | {r['alone_equals_block_of_8']} |"
+        )
+    for r in results:
+        lines += [
+            "",
+            f"## {r['target']}: kernels of one step",
+            "",
+            "| kernel | launches | µs | share |",
+            "|---|---|---|---|",
+        ]
+        for name, k in r["kernels"].items():
+            lines.append(f"| `{name}` | {k['launches']:.0f} | {k['us']:.1f} | {k['us'] / (r['step_ms'] * 1e3):.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--hf-tokens", type=int, default=32)
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    prompt = torch.randint(0, 150000, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    results, checks = [], []
+    for which in args.only.split(","):
+        start = time.perf_counter()
+        try:
+            if which.startswith("check-"):
+                checks.append(check_float32(which, prompt))
+                print(json.dumps(checks[-1]), file=sys.stderr, flush=True)
+                continue
+            results.append(target(which, prompt, args.hf_tokens, bandwidth))
+        except Exception:  # report it and go on to the next target: one run of the GPU machine serves them all
+            traceback.print_exc()
+            continue
+        results[-1]["wall_s"] = time.perf_counter() - start
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "kernels"}), file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"copy_bandwidth": bandwidth, "results": results, "float32_checks": checks}
+    (out / "step_profile.json").write_text(json.dumps(document, indent=1))
+    (out / "step_profile.md").write_text(report(results, checks, bandwidth))
+    print(report(results, checks, bandwidth))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""SwiGLU's gate: silu(gate) * up, as transformers computes it for bf16 activations: silu in float32
+(x / (1 + exp(-x))), rounded to the activations' dtype, times up, rounded again. One kernel instead of the
+five elementwise ops (and their four intermediate tensors) that torch runs for it.
+
+gate and up may be views into one fused projection's output ([M, 2I] from a gate|up weight): rows are read
+through a row stride, columns must be contiguous. Elementwise, so batch-invariant by construction: an element's
+bits depend on its own two inputs alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+
+BLOCK = 1024  # columns per program
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    if gate.is_cuda:
+        return silu_mul_triton(gate, up)
+    return silu_mul_reference(gate, up)
+
+
+def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
+    """Written with exp, which gives an element the same bits wherever it sits (torch's own CPU silu takes a
+    vector or a scalar path by position, which differ by an ulp)."""
+    g = gate.float()
+    return (g / (1 + torch.exp(-g))).to(up.dtype) * up
+
+
+def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
+    require_triton("silu_mul")
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {list(gate.shape)} and up {list(up.shape)} differ")
+    shape, width = up.shape, up.shape[-1]
+    gate, up = _rows(gate), _rows(up)
+    out = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    if out.numel():
+        _silu_mul_kernel[(out.shape[0], triton.cdiv(width, BLOCK))](
+            gate, up, out, width, gate.stride(0), up.stride(0), BLOCK=BLOCK
+        )
+    return out.reshape(shape)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """x as [rows, width] with unit column stride (a view where it can be one)."""
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize_on_alignment=["gate_ptr", "up_ptr", "out_ptr"])
+    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, width, gate_stride, up_stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < width
+        g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        dtype = out_ptr.dtype.element_ty
+        activated = rounded(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
+        tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)

@@ -1,0 +1,182 @@
+"""A MoE layer's first and last steps, one kernel each on the GPU (instead of the softmax, the sort-based
+top-k, and 2k + 4 elementwise ops torch launches for them):
+
+    weights, ids = route(logits, top_k, renormalise)
+    out = combine_experts(weights, down, shared, shared_logit)
+
+`route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
+stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id),
+renormalised to sum to one where the family says so (the total summed left to right). `combine_experts`: each
+token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the shared expert [N, H] scaled by
+sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the activations' dtype. The k terms
+are summed in one fixed order, the same for every row (a reduction kernel may order a row's sum by the row
+count), so a row's bits depend on its own inputs alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+
+BLOCK = 1024  # hidden columns per program
+
+
+def route(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+    if logits.is_cuda:
+        return route_triton(logits, top_k, renormalise)
+    return route_reference(logits, top_k, renormalise)
+
+
+def route_reference(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalise:
+        total = weights[:, 0]
+        for j in range(1, top_k):
+            total = total + weights[:, j]
+        weights = weights / total[:, None]
+    return weights, ids
+
+
+def route_triton(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+    require_triton("route")
+    tokens, experts = logits.shape
+    if logits.stride(-1) != 1 or not 0 < top_k <= experts:
+        raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        _route_kernel[(tokens,)](
+            logits,
+            weights,
+            ids,
+            experts,
+            logits.stride(0),
+            TOP_K=top_k,
+            RENORMALISE=renormalise,
+            BLOCK_E=triton.next_power_of_2(experts),
+            BLOCK_K=triton.next_power_of_2(top_k),
+        )
+    return weights, ids
+
+
+def combine_experts(weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None) -> Tensor:
+    if down.is_cuda:
+        return combine_experts_triton(weights, down, shared, shared_logit)
+    return combine_experts_reference(weights, down, shared, shared_logit)
+
+
+def combine_experts_reference(
+    weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None
+) -> Tensor:
+    top_k = weights.shape[1]
+    terms = down.float()
+    out = weights[:, 0, None] * terms[:, 0]
+    for j in range(1, top_k):
+        out = out + weights[:, j, None] * terms[:, j]
+    if shared is not None:
+        logit = shared_logit.float()
+        out = out + 1 / (1 + torch.exp(-logit)) * shared.float()
+    return out.to(down.dtype)
+
+
+def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None) -> Tensor:
+    require_triton("combine_experts")
+    tokens, top_k, hidden = down.shape
+    if weights.shape != (tokens, top_k) or (shared is None) != (shared_logit is None):
+        raise ValueError(f"combine_experts: weights {list(weights.shape)} and down {list(down.shape)} do not fit")
+    if shared is not None and (shared.shape != (tokens, hidden) or shared_logit.shape != (tokens, 1)):
+        raise ValueError(
+            f"combine_experts: shared {list(shared.shape)}, shared_logit {list(shared_logit.shape)} for {tokens} tokens"
+        )
+    out = torch.empty(tokens, hidden, dtype=down.dtype, device=down.device)
+    if out.numel() == 0:
+        return out
+    weights, down = weights.float().contiguous(), down.contiguous()
+    shared = down if shared is None else shared.contiguous()
+    logits = weights if shared_logit is None else shared_logit
+    _combine_kernel[(tokens, triton.cdiv(hidden, BLOCK))](
+        weights,
+        down,
+        shared,
+        logits,
+        out,
+        hidden,
+        logits.stride(0),
+        TOP_K=top_k,
+        SHARED=shared_logit is not None,
+        BLOCK=BLOCK,
+    )
+    return out
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize_on_alignment=["down_ptr", "shared_ptr", "logit_ptr", "out_ptr"])
+    def _combine_kernel(
+        w_ptr,
+        down_ptr,
+        shared_ptr,
+        logit_ptr,
+        out_ptr,
+        hidden,
+        logit_stride,
+        TOP_K: tl.constexpr,
+        SHARED: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < hidden
+        out = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            w = tl.load(w_ptr + row * TOP_K + j)
+            term = tl.load(down_ptr + (row * TOP_K + j) * hidden + cols, mask=inside, other=0.0).to(tl.float32)
+            if j == 0:
+                out = w * term
+            else:
+                out = out + w * term
+        if SHARED:
+            logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
+            shared = tl.load(shared_ptr + row * hidden + cols, mask=inside, other=0.0).to(tl.float32)
+            out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
+        tl.store(out_ptr + row * hidden + cols, rounded(out, out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit(do_not_specialize_on_alignment=["logit_ptr"])
+    def _route_kernel(
+        logit_ptr,
+        w_ptr,
+        id_ptr,
+        experts,
+        logit_stride,
+        TOP_K: tl.constexpr,
+        RENORMALISE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_E)
+        inside = cols < experts
+        x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        probs = tl.where(inside, e / tl.sum(e, axis=0), -1.0)
+        slots = tl.arange(0, BLOCK_K)
+        chosen = tl.zeros([BLOCK_K], dtype=tl.float32)
+        ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(probs, axis=0)
+            expert = tl.min(tl.where(probs == best, cols, BLOCK_E), axis=0)  # the lowest id of the largest
+            chosen = tl.where(slots == j, best, chosen)
+            ids = tl.where(slots == j, expert.to(tl.int64), ids)
+            if j == 0:
+                total = best
+            else:
+                total = total + best
+            probs = tl.where(cols == expert, -1.0, probs)
+        if RENORMALISE:
+            chosen = chosen / total
+        kept = slots < TOP_K
+        tl.store(w_ptr + row * TOP_K + slots, chosen, mask=kept)
+        tl.store(id_ptr + row * TOP_K + slots, ids, mask=kept)

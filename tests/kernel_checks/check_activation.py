@@ -1,0 +1,43 @@
+"""runtime/kernels/activation.py: silu_mul's Triton kernel (interpreted) against its reference (the runtime's
+tests hold the reference to transformers' models); views of one fused gate|up output; batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpair.runtime.kernels import activation
+
+
+def assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The interpreter's exp is numpy's, torch's is its own: the silu may differ in its last bit before the
+    rounding to bf16, so the result by one bf16 ulp at most."""
+    assert got.dtype == want.dtype and not got.isnan().any(), "unwritten (NaN) elements"
+    assert ((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs() + 1e-30).all()
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (19, 1500), (2, 3, 40)])
+def test_silu_mul(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(shape[-1])
+    gate, up = torch.randn(shape).bfloat16() * 4, torch.randn(shape).bfloat16()
+    want = activation.silu_mul_reference(gate, up)
+    got = activation.silu_mul_triton(gate, up)
+    assert got.shape == want.shape
+    assert_within_one_ulp(got, want)
+    rows = gate.reshape(-1, shape[-1]), up.reshape(-1, shape[-1])
+    for i in (0, rows[0].shape[0] - 1):
+        alone = activation.silu_mul_triton(rows[0][i : i + 1].clone(), rows[1][i : i + 1].clone())
+        assert torch.equal(alone[0], got.reshape(-1, shape[-1])[i])
+
+
+def test_views_of_one_fused_output() -> None:
+    """gate and up as the halves of a [M, 2I] gate|up product: read through their row stride, not copied."""
+    torch.manual_seed(3)
+    fused = torch.randn(5, 2 * 96).bfloat16()
+    gate, up = fused.split(96, dim=-1)
+    got = activation.silu_mul_triton(gate, up)
+    assert torch.equal(got, activation.silu_mul_triton(gate.contiguous(), up.contiguous()))
+    assert_within_one_ulp(got, activation.silu_mul_reference(gate, up))
+    experts = torch.randn(3, 2, 2 * 40).bfloat16().chunk(2, dim=-1)  # [N, k, I] halves of routed outputs
+    assert activation.silu_mul_triton(*experts).shape == (3, 2, 40)
+    assert_within_one_ulp(activation.silu_mul_triton(*experts), activation.silu_mul_reference(*experts))

@@ -1,0 +1,77 @@
+"""runtime/kernels/experts.py: route's and combine_experts' Triton kernels (interpreted) against their
+references (the runtime's tests hold those to transformers' MoE blocks): the chosen experts and their
+weights, renormalised or not, from a strided view of a fused router output; the combination with and without a
+shared expert; batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpair.runtime.kernels import experts
+
+
+def assert_within_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and not got.isnan().any(), "unwritten (NaN) elements"
+    ulp = 2.0**-7 if want.dtype == torch.bfloat16 else 2.0**-20
+    assert ((got.float() - want.float()).abs() <= ulp * want.float().abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("renormalise", [False, True])
+@pytest.mark.parametrize("tokens,num_experts,top_k", [(1, 256, 8), (17, 40, 3), (3, 16, 16)])
+def test_route(tokens: int, num_experts: int, top_k: int, renormalise: bool) -> None:
+    torch.manual_seed(tokens + num_experts)
+    # [router logits | shared expert gate]; float32, which has no ties to break (bf16 logits tie often, and
+    # torch.topk breaks ties its own way: the GPU only ever runs the kernel, which takes the lower id)
+    fused = torch.randn(tokens, num_experts + 1) * 3
+    logits = fused[:, :num_experts]
+    want_w, want_ids = experts.route_reference(logits, top_k, renormalise)
+    got_w, got_ids = experts.route_triton(logits, top_k, renormalise)
+    assert torch.equal(got_ids, want_ids) and got_ids.dtype == torch.int64
+    assert_within_rounding(got_w, want_w)
+    if renormalise:
+        assert torch.allclose(got_w.sum(-1), torch.ones(tokens))
+    for t in (0, tokens - 1):
+        w, ids = experts.route_triton(logits[t : t + 1].clone(), top_k, renormalise)
+        assert torch.equal(w[0], got_w[t]) and torch.equal(ids[0], got_ids[t])
+
+
+def test_route_ties_go_to_the_lower_expert() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0, 2.0]])
+    weights, ids = experts.route_triton(logits, 4, False)
+    assert ids.tolist() == [[1, 3, 5, 2]]
+    assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
+
+
+def inputs(tokens: int, top_k: int, hidden: int, shared: bool):
+    torch.manual_seed(tokens * 10 + top_k)
+    weights = experts.route_reference(torch.randn(tokens, 16), top_k, False)[0]
+    down = torch.randn(tokens, top_k, hidden).bfloat16()
+    if not shared:
+        return weights, down, None, None
+    router = torch.randn(tokens, 16 + 1).bfloat16()  # [routed logits | shared gate logit]
+    return weights, down, torch.randn(tokens, hidden).bfloat16(), router[:, 16:]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("tokens,top_k,hidden", [(1, 8, 64), (17, 2, 1100)])
+def test_combine(tokens: int, top_k: int, hidden: int, shared: bool) -> None:
+    weights, down, shared_out, logit = inputs(tokens, top_k, hidden, shared)
+    want = experts.combine_experts_reference(weights, down, shared_out, logit)
+    got = experts.combine_experts_triton(weights, down, shared_out, logit)
+    # float32 sums in the same order: the interpreter's exp (numpy's) may move the shared scale by an ulp
+    assert_within_rounding(got, want)
+    if not shared:
+        assert torch.equal(got, want)
+    for t in (0, tokens - 1):
+        one = [a[t : t + 1].clone() if a is not None else None for a in (weights, down, shared_out, logit)]
+        assert torch.equal(experts.combine_experts_triton(*one)[0], got[t])
+        assert torch.equal(experts.combine_experts_reference(*one)[0], want[t])
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    weights, down, _, _ = inputs(4, 3, 8, False)
+    with pytest.raises(ValueError, match="do not fit"):
+        experts.combine_experts_triton(weights[:, :2], down, None, None)
+    with pytest.raises(ValueError, match="route: top 9"):
+        experts.route_triton(torch.randn(2, 8), 9, False)
