@@ -17,7 +17,8 @@
 - sampling.py, generate.py: the sampler and the generation loop of `specpair run TARGET`;
 - graphs.py: a step of fixed shapes over static buffers, a CUDA graph on CUDA (eager through the same buffers on
   the CPU): the decode and verify steps of both loops and the drafters' fixed-shape steps;
-- kernels/: matmul (dense and packed), norms, attention, the GDN recurrence; batch-invariant;
+- kernels/: matmul (dense and packed, projections fused), norms, rotary + cache write, attention, SwiGLU, MoE
+  routing and combination, the GDN conv, gates and recurrence; batch-invariant;
 - drafters/<kind>.py: DFlash and DFlash2, EAGLE-3, the MTP head, plain draft models; acceptance.py: the
   verify rules; speculative.py: the speculative loop of `specpair run TARGET DRAFT`.
 
