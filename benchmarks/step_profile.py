@@ -103,7 +103,7 @@ def hf_fetch(hf: torch.nn.Module, config) -> callable:
     return fetch
 
 
-def random_fetch(config, layouts: dict[str, str], gen: torch.Generator) -> callable:
+def random_fetch(layouts: dict[str, str], gen: torch.Generator) -> callable:
     """Weights drawn here, matmul weights encoded in the layout `layouts` names for their module (BF16 otherwise);
     a stack of experts as one Packed with the expert axis in front."""
 
@@ -307,7 +307,7 @@ def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float) -> d
     if which == "35b-nvfp4":
         quant = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text())
         layouts = {m: LAYOUTS[q["quant_algo"]] for m, q in quant["quantization"]["quantized_layers"].items()}
-        fetch = random_fetch(config, layouts, gen)
+        fetch = random_fetch(layouts, gen)
     else:
         import transformers
 

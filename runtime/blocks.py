@@ -101,8 +101,7 @@ class Norm:
 
     def add(self, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
         """(h + delta, this norm of it): a residual add and the norm after it, in one pass."""
-        summed, normed = norm.add_rms_norm(h, delta, self.weight, self.eps, self.zero_centred)
-        return summed, normed
+        return norm.add_rms_norm(h, delta, self.weight, self.eps, self.zero_centred)
 
 
 @dataclass

@@ -46,7 +46,7 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
 
 def _rows(x: Tensor) -> Tensor:
     """x as [rows, width] with unit column stride (a view where it can be one)."""
-    rows = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+    rows = x.reshape(-1, x.shape[-1])
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
