@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from itertools import repeat
-from operator import itemgetter
+from itertools import chain, compress, repeat
+from operator import itemgetter, not_
 
 from specpair.checkpoint import TensorGroup
 from specpair.formats import TensorInfo, TensorTable
@@ -102,15 +102,11 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
         modules = modules_of(table.names)
         return summarize_table(table, classify_table(table, mlx, modules), modules=modules)
     names, dtypes, nbytes = table.names, table.dtypes, table.nbytes
-    split = [
-        (head, "." + tail) if dot and tail in LAST_COMPONENTS else (name, "")
-        for (head, dot, tail), name in zip(map(str.rpartition, names, repeat(".")), names)
-    ]
-    modules = list(map(itemgetter(0), split))
+    modules, tails = _modules(names)
     kinds = _kinds(modules)
     lasts = [shape[-1] if shape else None for shape in table.shapes]
     # (dtype, last dimension, bytes) fix a part's layout inputs and its size: one count per signature suffices
-    count = Counter(zip(kinds, map(itemgetter(1), split), dtypes, lasts, nbytes))
+    count = Counter(zip(kinds, tails, dtypes, lasts, nbytes))
     first = dict(zip(reversed(kinds), range(len(kinds) - 1, -1, -1)))  # the first row of each kind
     modules_per_kind = Counter(dict(zip(modules, kinds)).values())
     by_kind: dict[str, list[tuple]] = {}
@@ -129,7 +125,8 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
         parts: dict[str, tuple[str, int | None]] = {}
         per_suffix: Counter = Counter()
         for signature in sigs:
-            _, suffix, dtype, last, _ = signature
+            _, tail, dtype, last, _ = signature
+            suffix = "." + tail if tail else ""
             per_suffix[suffix] += count[signature]
             if parts.setdefault(suffix, (dtype, last)) != (dtype, last):
                 break
@@ -142,11 +139,24 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
                 continue
         rest.add(kind)
     if rest:
-        rows = [k for k, kind in enumerate(kinds) if kind in rest]
+        rows = list(compress(range(len(kinds)), map(rest.__contains__, kinds)))
         subset = TensorTable(*([column[k] for k in rows] for column in table.columns()))
         for g in summarize_table(subset, classify_table(subset, mlx), modules=modules_of(subset.names)):
             add(g.group, g.layout, g.tensors, g.bytes)
     return [TensorGroup(g, layout, n, b) for (g, layout), (n, b) in sorted(totals.items())]
+
+
+def _modules(names: list[str]) -> tuple[list[str], list[str]]:
+    """Each name's module and the last component that makes it a part of that module ("" for a name that is its
+    own module): `split_module` over the column, in C-level passes and a loop over the names that are no part."""
+    split = list(map(str.rpartition, names, repeat(".")))
+    modules, tails = list(map(itemgetter(0), split)), list(map(itemgetter(2), split))
+    whole = compress(range(len(names)), map(not_, map(LAST_COMPONENTS.__contains__, tails)))
+    if "" in modules:  # a name without a dot is its own module, whatever it is called
+        whole = chain(whole, (k for k in compress(range(len(names)), map(not_, modules)) if not split[k][1]))
+    for k in whole:
+        modules[k], tails[k] = names[k], ""
+    return modules, tails
 
 
 def _kinds(modules: list[str]) -> list[str]:

@@ -10,7 +10,9 @@ chat-template identity are reported beside it; they differ in form between the t
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import eq
 
 import orjson
 
@@ -41,6 +43,13 @@ class Tokenizer:
     chat_template_sha256: str | None = None
     family: str | None = None
     tokens: list[str] | None = field(default=None, repr=False, compare=False)
+    # Where `tokens` come from when first needed (a cached Checkpoint keeps them in a file of their own).
+    load_tokens: Callable[[], list[str] | None] | None = field(default=None, repr=False, compare=False)
+
+    def token_list(self) -> list[str] | None:
+        if self.tokens is None and self.load_tokens is not None:
+            self.tokens, self.load_tokens = self.load_tokens(), None
+        return self.tokens
 
 
 def fingerprint(tokens: list[str], merges: list[str]) -> str:
@@ -71,7 +80,7 @@ def from_tokenizer_json(
     added_ids = {e["content"]: e.get("id") for e in added}
     every_added_id = [e.get("id") for e in added]  # a content listed twice keeps one id above; check both
     vocab_ids = list(vocab.values())
-    in_order = vocab_ids == list(range(len(vocab_ids)))  # the usual file: vocab listed in id order
+    in_order = all(map(eq, vocab_ids, range(len(vocab_ids))))  # the usual file: in id order (no id table built)
     table: list[str] = []
     try:  # ids must be non-negative ints: max/min and list indexing raise TypeError on anything else
         top = len(vocab_ids) - 1 if in_order else max(vocab_ids, default=-1)
@@ -167,9 +176,10 @@ def from_gguf_fields(fields: dict[str, object], where: str) -> Tokenizer | None:
 
 def shared_prefix_differences(a: Tokenizer, b: Tokenizer) -> int | None:
     """How many ids below min(length) map to different strings; None when either token list is unknown."""
-    if a.tokens is None or b.tokens is None:
+    tokens_a, tokens_b = a.token_list(), b.token_list()
+    if tokens_a is None or tokens_b is None:
         return None
-    return sum(x != y for x, y in zip(a.tokens, b.tokens))
+    return sum(x != y for x, y in zip(tokens_a, tokens_b))
 
 
 def _bad_merges(where: str) -> list[str]:

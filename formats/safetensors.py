@@ -136,10 +136,13 @@ def _columns(header: dict, data_size: int | None, data_start: int, file: str) ->
         nbytes = list(map(math.ceil, nbytes))
     if list(map(sub, ends, begins)) != nbytes or (data_size is not None and ends and max(ends) > data_size):
         return None
-    order = sorted(range(len(begins)), key=begins.__getitem__)
-    starts = list(map(begins.__getitem__, order))
-    if any(map(lt, starts[1:], map(ends.__getitem__, order))):  # a tensor begins before the one below it ends
-        return None
+    # Writers put the data in header order (safetensors does): then one pass shows that each tensor begins where
+    # the one before it ends or later; other orders are sorted by where they begin.
+    if any(map(lt, begins[1:], ends)):
+        order = sorted(range(len(begins)), key=begins.__getitem__)
+        starts = list(map(begins.__getitem__, order))
+        if any(map(lt, starts[1:], map(ends.__getitem__, order))):  # a tensor begins before the one below it ends
+            return None
     return TensorTable(names, dtypes, shapes, nbytes, [file] * len(names), list(map(add, begins, repeat(data_start))))
 
 

@@ -2,8 +2,10 @@
 one small JSON file instead of ~25 MB of headers and tokenizer (a MoE export that stores every expert apart).
 
 An entry lives in `<HF_HUB_CACHE>/specpair-metadata/local/<hash of the directory>.json` and holds the
-Checkpoint, the tokenizer's token list, and for every file of the directory its (device, inode, size, mtime)
-as the file system reports them now. It is used only when the directory lists exactly those files with
+Checkpoint and for every file of the directory its (device, inode, size, mtime) as the file system reports them
+now. The tokenizer's token list (~250,000 strings, most of what reading an entry would cost) sits beside it in
+`<hash>.tokens.json`, marked with the hash of the entry it belongs to, and is read only when a comparison of two
+token lists needs it. It is used only when the directory lists exactly those files with
 exactly those keys, and when specpair's reading code is the one that wrote it; any difference, or an entry that
 does not parse, is a miss and the files are read again. Entries are data, never code.
 """
@@ -11,6 +13,7 @@ does not parse, is a miss and the files are read again. Entries are data, never 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -20,7 +23,7 @@ import orjson
 
 from specpair.checkpoint import Checkpoint
 
-SCHEMA = "specpair.local-metadata/1"
+SCHEMA = "specpair.local-metadata/2"
 FOLDER = os.path.join("specpair-metadata", "local")
 CODE_DIRECTORIES = ("checkpoint", "formats", "sources")  # the code that turns files into a Checkpoint
 
@@ -52,15 +55,21 @@ def cached(
         "code": _code_key(),
         "files": keys,
     }
+    tokens_path = path.removesuffix(".json") + ".tokens.json"
     found = _load(path, identity)
     if found is not None:
         found.ref = ref
+        if found.tokenizer is not None:
+            found.tokenizer.load_tokens = functools.partial(
+                _tokens, tokens_path, identity, found.tokenizer.length, read
+            )
         return found
     checkpoint = read()
     tokens = checkpoint.tokenizer.tokens if checkpoint.tokenizer else None
-    entry = {**identity, "checkpoint": checkpoint.to_json(), "tokens": tokens}
     with contextlib.suppress(OSError, TypeError):  # a cache that cannot be written only costs the next run a read
-        write_atomic(path, orjson.dumps(entry))
+        if tokens is not None:  # before the entry: an entry found always has its tokens written
+            write_atomic(tokens_path, orjson.dumps({"entry": _identity_hash(identity), "tokens": tokens}))
+        write_atomic(path, orjson.dumps({**identity, "checkpoint": checkpoint.to_json()}))
     return checkpoint
 
 
@@ -70,15 +79,28 @@ def _load(path: str, identity: dict[str, Any]) -> Checkpoint | None:
             entry = orjson.loads(f.read())
         if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in identity.items()):
             return None
-        checkpoint = Checkpoint.from_json(entry["checkpoint"])
-        tokens = entry.get("tokens")
-        if checkpoint.tokenizer is not None:
-            if not (isinstance(tokens, list) and len(tokens) == checkpoint.tokenizer.length):
-                return None
-            checkpoint.tokenizer.tokens = tokens
-        return checkpoint
+        return Checkpoint.from_json(entry["checkpoint"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def _tokens(path: str, identity: dict[str, Any], length: int, read: Callable[[], Checkpoint]) -> list[str] | None:
+    """The token list kept for the entry of `identity`; when that file is gone, damaged or another entry's, the
+    checkpoint's files are read again."""
+    try:
+        with open(path, "rb") as f:
+            kept = orjson.loads(f.read())
+        tokens = kept["tokens"]
+        if kept["entry"] == _identity_hash(identity) and len(tokens) == length and not set(map(type, tokens)) - {str}:
+            return tokens
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    tokenizer = read().tokenizer
+    return tokenizer.tokens if tokenizer else None
+
+
+def _identity_hash(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(identity)).hexdigest()
 
 
 def _file_keys(root: str, listed: list[str]) -> dict[str, list[int]] | None:
