@@ -1,13 +1,19 @@
-"""`specpair bench` on one GPU at real shape with random weights: a Qwen3-8B target in BF16 (Qwen/Qwen3-8B's config)
-and a draft model of Qwen3-0.6B's width with 2 layers and the same vocabulary, both written here.
+"""`specpair bench` on one GPU at real shape with random weights, the checkpoints written here:
+- `--pair 8b` (the default): a Qwen3-8B target in BF16 (Qwen/Qwen3-8B's config) and a draft model of Qwen3-0.6B's
+  width with 2 layers and the same vocabulary;
+- `--pair 35b`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head, and a DFlash2 drafter of the
+  published shape quantized to affine-4 at load (benchmarks/speculative_gpu.py's checkpoints), benched with the
+  DFlash2 drafter and with the MTP head.
 
-    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/bench_gpu.py [--out DIR] \
-        [--depth 0,512,1k,2k,4k,8k,32k] [--users 1,2,4,8] [--tokens 512] [--eager-tokens 64] [-- BENCH OPTIONS]
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/bench_gpu.py [--pair 8b|35b] \
+        [--out DIR] [--depth 0,512,1k,2k,4k,8k,32k] [--users 1,2,4,8] [--tokens 512] [--eager-tokens 64] \
+        [-- BENCH OPTIONS]
 
 Writes to --out (default $OUT, else the work directory): bench.json (specpair.bench/1), bench.md (its tables, as
-`specpair bench --md` renders them), bench_depth.png (the depth sweep), and the same for a short eager run
-(`--no-graphs`, users 1 and depth 0 only): the baseline, measured in the same run, that the graphs are compared
-with (the ratios close bench.md). Options after `--` go to both `specpair bench` calls.
+`specpair bench --md` renders them), bench_depth.png (the depth sweep), and for the 8b pair the same for a short
+eager run (`--no-graphs`, users 1 and depth 0 only): the baseline, measured in the same run, that the graphs are
+compared with (the ratios close bench.md); for the 35b pair bench_mtp.* beside them. Options after `--` go to
+every `specpair bench` call.
 
 With random weights the draft model agrees with the target only by chance (τ near 1): what this measures is the
 speed of the steps (tok/s against the weights roofline, the cost of a round), not what drafting gains; every
@@ -30,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_gpu import CONFIGS, qwen3_tensors, write_checkpoint  # noqa: E402
+from runtime_gpu import CONFIGS, qwen3_tensors, qwen36_tensors, write_checkpoint  # noqa: E402
+from speculative_gpu import dflash2_checkpoint, mtp_tensors  # noqa: E402
 
 from specpair.checkpoint.gguf_tokenizer import BYTE_SPELLING  # noqa: E402
 
@@ -114,7 +121,23 @@ def build(work: Path) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def bench(target: Path, draft: Path, out: Path, name: str, options: list[str]) -> dict:
+def build_35b(work: Path) -> tuple[Path, Path]:
+    """Qwen3.6-35B-A3B NVFP4 + FP8 with its MTP head, and the DFlash2 drafter, written once into `work`."""
+    config = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())
+    hf_quant = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text())
+    text = config["text_config"]
+    target, draft = work / "qwen3.6-35b-a3b-nvfp4-mtp", work / "qwen3.6-dflash2"
+    if not (target / "tokenizer.json").is_file():
+        tensors = qwen36_tensors(config, hf_quant["quantization"]["quantized_layers"]) + mtp_tensors(config)
+        seconds = write_checkpoint(target, config, tensors, {"hf_quant_config.json": hf_quant})
+        write_byte_tokenizer(target, text["vocab_size"])
+        print(f"wrote {target} in {seconds:.0f} s", file=sys.stderr)
+    if not (draft / "config.json").is_file():
+        dflash2_checkpoint(draft, text["vocab_size"], text["num_hidden_layers"])
+    return target, draft
+
+
+def bench(target: Path, draft: Path | None, out: Path, name: str, options: list[str]) -> dict:
     """`specpair bench ... --json --plot`: its document, also written as NAME.json and NAME.md."""
     command = [
         sys.executable,
@@ -122,7 +145,7 @@ def bench(target: Path, draft: Path, out: Path, name: str, options: list[str]) -
         "specpair",
         "bench",
         str(target),
-        str(draft),
+        *([str(draft)] if draft else []),
         "--json",
         "--plot",
         str(out / f"{name}_depth.png"),
@@ -147,6 +170,7 @@ def bench(target: Path, draft: Path, out: Path, name: str, options: list[str]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=("8b", "35b"), default="8b")
     parser.add_argument("--work", type=Path, default=Path("/tmp/specpair-bench-gpu"))
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     parser.add_argument("--depth", default="0,512,1k,2k,4k,8k,32k")
@@ -157,10 +181,15 @@ def main() -> None:
     rest = [a for a in rest if a != "--"]
     out = args.out or args.work
     out.mkdir(parents=True, exist_ok=True)
+    rows = ["--depth", args.depth, "--users", args.users, "--tokens", args.tokens, *rest]
+    if args.pair == "35b":
+        target, draft = build_35b(args.work)
+        bench(target, draft, out, "bench", ["--draft-bits", "4", *rows])
+        bench(target, None, out, "bench_mtp", ["--mtp", *rows])
+        sys.stdout.write((out / "bench.md").read_text() + (out / "bench_mtp.md").read_text())
+        return
     target, draft = build(args.work)
-    graphs = bench(
-        target, draft, out, "bench", ["--depth", args.depth, "--users", args.users, "--tokens", args.tokens, *rest]
-    )
+    graphs = bench(target, draft, out, "bench", rows)
     eager = bench(
         target,
         draft,

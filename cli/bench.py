@@ -32,6 +32,8 @@ sequence whose prompt is D tokens of the built-in prompts' text (depth 0: one to
 over the users.
 The weights roofline is users x the GPU's nominal memory bandwidth / the bytes of weights one decode step reads
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
+predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
+verify step), each timed alone on the row's prompts; speedup / predicted shows what the loop itself costs.
 Exit codes: 0 measured (every drafted run identical to the undrafted one); 1 a drafted run differed (its
 sequence, token position and both tokens are reported); 2 bad input."""
 COUNT = re.compile(r"(\d+)(k?)")
@@ -288,7 +290,7 @@ class _Runs:
     def row(self, prompts: list[list[int]], name: str) -> dict:
         from specpair.runtime.generate import generate
         from specpair.runtime.sampling import Sampling
-        from specpair.runtime.speculative import acceptance_by_position, speculative_generate
+        from specpair.runtime.speculative import acceptance_by_position, speculative_generate, step_times
 
         self.notes.line(
             f"{name}: undrafted, {len(prompts)} x {self.tokens} tokens after "
@@ -318,20 +320,27 @@ class _Runs:
             )
             rounds = sum(len(r.committed) for r in drafted)
             d_rate = d.generated_tokens / (d.draft_s + d.verify_s)
+            tau = sum(sum(r.committed) for r in drafted) / rounds
             difference = _first_difference([g.tokens for g in undrafted], [r.tokens for r in drafted])
+            steps = step_times(self.target, self.drafter, prompts, self.block, graphs=self.graphs)
+            predicted = steps.predicted_speedup(tau)
             row["drafted"] = {
                 "tokens_per_s": d_rate,
-                "tau": sum(sum(r.committed) for r in drafted) / rounds,
+                "tau": tau,
                 "acceptance_by_position": acceptance_by_position(drafted, self.block - 1),
                 "rounds": rounds,
                 "identical": difference is None,
                 "first_difference": difference,
                 "seconds": {"prefill": d.prefill_s, "draft": d.draft_s, "verify": d.verify_s, "capture": d.capture_s},
+                "step_seconds": {"decode": steps.decode_s, "verify": steps.verify_s, "draft": steps.draft_s},
+                "predicted_speedup": predicted,
+                "of_predicted": d_rate / u_rate / predicted,
             }
             row["speedup"] = d_rate / u_rate
             row["of_roofline"]["drafted"] = d_rate / roofline if roofline else None
-            result += f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×) · τ {row['drafted']['tau']:.2f} · " + (
-                "identical" if difference is None else "DIVERGED"
+            result += (
+                f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · "
+                + ("identical" if difference is None else "DIVERGED")
             )
         self.notes.line(result + (f" · roofline {roofline:.1f}" if roofline else ""))
         return row
@@ -399,7 +408,7 @@ def _tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     for key, label, base in (("users", "users", "undrafted"), ("depth", "depth", "baseline")):
         header = [label, f"{base} tok/s"]
         if drafted:
-            header += ["drafted tok/s", "speedup", "τ", "identical"]
+            header += ["drafted tok/s", "speedup", "predicted", "speedup / predicted", "τ", "identical"]
         header += ["roofline tok/s", f"{base} / roofline"] + (["drafted / roofline"] if drafted else [])
         rows = []
         for r in doc[key]:
@@ -412,6 +421,8 @@ def _tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 cells += [
                     _rate(d["tokens_per_s"]),
                     f"{r['speedup']:.2f}×",
+                    f"{d['predicted_speedup']:.2f}×",
+                    _share(d["of_predicted"]),
                     f"{d['tau']:.2f}",
                     "yes" if d["identical"] else "NO",
                 ]
@@ -453,6 +464,10 @@ def _header(doc: dict) -> list[str]:
         + " / bytes of weights a decode step reads",
     ]
     if doc["identical"] is not None:
+        lines.append(
+            "predicted: the speedup of a loop that cost only its steps, τ × decode step / (draft round + verify "
+            "step), each step timed alone on the same prompts; speedup / predicted is what the loop's own work leaves"
+        )
         runs = [r for key in ("users", "depth") for r in doc[key]]
         lines.append(
             f"drafted == undrafted, token for token: {sum(r['drafted']['identical'] for r in runs)}/{len(runs)} runs"

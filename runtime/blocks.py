@@ -1,12 +1,10 @@
 """The blocks every family is made of: norms, attention, Gated DeltaNet, dense MLP, MoE, the decoder layer.
 
-Every matmul, norm, attention, rotary and cache write, SwiGLU gate, MoE routing and combination, GDN conv, gates
-and recurrence goes through runtime/kernels (a torch reference on CPU, Triton on CUDA, each batch-invariant), so
-a row's bits never depend on how many rows share a call, the CPU path tests the GPU path's logic, and a decode
-step launches a few kernels per layer (its launches are what a CUDA graph replays: benchmarks/step_profile.py
-counts them). What stays here is reshapes, splits and the gated attention's output gate; that sigmoid is
-written with exp, which gives the same bits wherever an element sits (torch's own CPU sigmoid takes a vector
-path or a scalar tail path by position, which differ by an ulp).
+Every matmul, norm, attention and its output gate, rotary and cache write, SwiGLU gate, MoE routing and combination,
+GDN conv, gates and recurrence goes through runtime/kernels (a torch reference on CPU, Triton on CUDA, each
+batch-invariant), so a row's bits never depend on how many rows share a call, the CPU path tests the GPU path's
+logic, and a decode step launches a few kernels per layer (its launches are what a CUDA graph replays:
+benchmarks/step_profile.py counts them). What stays here is reshapes and splits.
 
 Blocks are built by `build(config, ..., fetch)`: `fetch(name, shape, matmul=False, fp32=False)` returns the
 canonical weight (checkpoint/names.py) of that shape: `matmul=True` where it only feeds a matmul and so may stay
@@ -32,10 +30,6 @@ from specpair.runtime.rope import Rope
 
 Weight = Tensor | Packed
 Fetch = Callable[..., Weight]  # fetch(name, shape, matmul=False, fp32=False)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return 1 / (1 + torch.exp(-x))
 
 
 def project(x: Tensor, w: Weight, bias: Tensor | None = None) -> Tensor:
@@ -190,10 +184,9 @@ class Attention:
         end = step.kv_end
         start = (end - self.window).clamp(min=0) if self.window else step.kv_start
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5)
-        o = o.reshape(B, T, self.heads * self.head_dim)
         if self.gated:
-            o = o * sigmoid(gate.reshape(B, T, -1).float()).to(o.dtype)
-        return project(o, self.o_proj, self.o_bias)
+            o = activation.sigmoid_mul(o, gate)
+        return project(o.reshape(B, T, self.heads * self.head_dim), self.o_proj, self.o_bias)
 
 
 @dataclass

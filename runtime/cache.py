@@ -17,17 +17,16 @@ For the recurrent state there are two designs (runtime.md §2):
   (a) per-position slots, as vLLM does: the step writes the state after every token, [B, T, Hv, dk, dv], and
       commit picks slot a-1 (plus the state before the step, for a = 0);
   (b) snapshot-and-replay, chosen here: the step copies the state before it runs into the snapshot buffer and
-      keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit restores the snapshot for the
-      sequences that rejected tokens and reruns the recurrence alone over their kept tokens (no projection, no
-      other layer: the inputs are kept), one call per GDN layer and distinct kept count.
+      keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit restores the snapshot and
+      reruns the recurrence alone over each sequence's kept tokens (no projection, no other layer: the inputs
+      are kept), one call per GDN layer whose shapes do not depend on the counts (gdn_recurrent's `lengths`), so
+      the whole rollback is a CUDA graph (runtime/graphs.py ForwardGraph.commit) and never reads the counts.
 Why (b): memory, and traffic that does not grow with T or the batch. At Qwen3.6-35B-A3B's shape (30 GDN layers,
 32 value heads of 128 x 128 fp32: 60 MiB of state per sequence) and a verify block of 16, (a) adds 1020 MiB per
 sequence (17 states a layer) and writes 960 MiB of it on every verify step, whatever is accepted (~0.25 ms of the
 H200's bandwidth per sequence, 4x that at batch 4); (b) adds 77 MiB per sequence (the snapshot, and 16.5 MiB of
-kept inputs) and moves 120 MiB per step (the snapshot copy), plus 120 MiB and one short kernel per layer when
-a sequence rejected part of its block. Its costs: the replay reruns the kept tokens' recurrence, and commit
-reads the accepted counts on the host (the speculative loop reads them anyway). Measured on the CPU at half
-the shape (30 layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence
+kept inputs) and moves 120 MiB per step (the snapshot copy), plus 120 MiB and one short kernel per layer at
+commit. Its cost: the replay reruns the kept tokens' recurrence. Measured on the CPU at half the shape (30 layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence
 is compute-bound; benchmarks/gdn_rollback.py, benchmarks/results/gdn_rollback.md), against a verify step that
 cannot roll back (155-170 ms; two runs, ~15 % noise on this shared machine): (a) +4..44 % at every accepted
 count; (b) within the noise of the baseline when 0, 1 or all 16 are kept, +48..65 % at 8 and +100..113 % at 15
@@ -150,63 +149,42 @@ class Cache:
 
     def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
         """Keep the first accepted[b] tokens of the last verify step for each sequence b (0 <= accepted[b] <= T).
-        `counts`: the same numbers on the host, where the caller has them; else they are read from `accepted`
-        (one host synchronisation), since the Gated DeltaNet replay groups the sequences by them."""
+        `counts`: the same numbers on the host, checked against the step's shape where the caller has them (the
+        rollback itself never reads them: its shapes do not depend on them)."""
+        self.roll_back(self.take_pending(accepted, counts), accepted)
+
+    def take_pending(self, accepted: Tensor, counts: Sequence[int] | None = None) -> Pending:
+        """The verify step to commit, which the cache then no longer holds; `accepted` and `counts` checked."""
         step = self.pending
         if step is None:
             raise RuntimeError("commit() follows a forward(..., verify=True) step")
         self.pending = None
         batch, steps = step.positions.shape
-        accepted = accepted.to(step.positions.device, torch.int64)
         if accepted.shape != (batch,):
             raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got a tensor of {list(accepted.shape)}")
-        counts = list(counts) if counts is not None else accepted.tolist()
-        if len(counts) != batch or any(not 0 <= c <= steps for c in counts):
-            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {counts}")
+        if counts is None and not accepted.is_cuda:
+            counts = accepted.tolist()  # free on the CPU; on CUDA a host read, which the rollback does not need
+        if counts is not None and (len(counts) != batch or any(not 0 <= c <= steps for c in counts)):
+            raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {list(counts)}")
+        return step
+
+    def roll_back(self, step: Pending, accepted: Tensor) -> None:
+        """Leave the cache as if `step` had only had its first accepted[b] tokens, in ops whose shapes do not
+        depend on the counts (no host read, no boolean index: a CUDA graph captures it)."""
+        batch, steps = step.positions.shape
+        accepted = accepted.to(step.positions.device, torch.int64)
         if self.k:
-            # every row of the step is rewritten, the kept ones with their own values: shapes that do not depend on
-            # the counts (no boolean index, so no host synchronisation)
+            # every row of the step is rewritten, the kept ones with their own values
             rows = torch.arange(batch, device=accepted.device)[:, None].expand(batch, steps)
             kept = torch.arange(steps, device=accepted.device)[None, :] < accepted[:, None]
             cells = self.kv[:, :, rows, step.positions]
             self.kv[:, :, rows, step.positions] = torch.where(kept[:, :, None, None], cells, 0)
-        if step.gdn:
-            replays = self._replays(counts, steps, accepted.device)
-            for layer, inputs in step.gdn.items():
-                self._roll_back_gdn(layer, inputs, accepted, replays, steps)
-
-    @staticmethod
-    def _replays(counts: list[int], steps: int, device: torch.device) -> list[tuple[int, Tensor]]:
-        """(kept count, the rows that kept it) for every count below `steps`, the rows indexed by one tensor that
-        every layer shares (a single copy to the device)."""
-        kept = sorted(set(counts) - {steps})
-        order = [b for k in kept for b, c in enumerate(counts) if c == k]
-        if not order:
-            return []
-        index = on_device(order, device)
-        out, at = [], 0
-        for k in kept:
-            size = counts.count(k)
-            out.append((k, index[at : at + size]))
-            at += size
-        return out
-
-    def _roll_back_gdn(
-        self, layer: int, x: GDNInputs, accepted: Tensor, replays: list[tuple[int, Tensor]], steps: int
-    ) -> None:
-        batch, taps = accepted.shape[0], x.columns.shape[1] - steps
-        index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
-        self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
-        state, snapshot = self.state[layer], self.snapshot[layer]
-        for kept, rows in replays:
-            restored = snapshot[rows]
-            if kept:
-                gdn.gdn_recurrent(
-                    x.q[rows, :kept],
-                    x.k[rows, :kept],
-                    x.v[rows, :kept],
-                    x.g[rows, :kept],
-                    x.beta[rows, :kept],
-                    restored,
-                )
-            state[rows] = restored
+        for layer, x in step.gdn.items():
+            taps = x.columns.shape[1] - steps
+            index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
+            self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
+            # every sequence's state from its snapshot through its kept tokens, in one call (all T kept replays
+            # the step's own recurrence: the state it ended with, the same bits)
+            state = self.state[layer][:batch]
+            state.copy_(self.snapshot[layer][:batch])
+            gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, state, lengths=accepted)

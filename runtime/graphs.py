@@ -26,6 +26,7 @@ candidate walk, and a hybrid draft model's rollback of its own state.
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,8 +79,16 @@ class StepGraph:
         if not self.captures:
             return
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.outputs = self.step(*self.inputs)
+        # no cyclic collection while capturing: freeing an unreachable graph destroys it, which CUDA refuses
+        # during a capture and which invalidates the capture (torch.cuda.graph collects once, before it begins)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph):
+                self.outputs = self.step(*self.inputs)
+        finally:
+            if collecting:
+                gc.enable()
         self.graph = graph
 
 
@@ -126,6 +135,7 @@ class ForwardGraph:
         like = torch.zeros(batch, tokens, dtype=torch.int64, device=model.device)
         self.graph = StepGraph(self._step, (like, like))
         self.pending: Pending | None = None
+        self.rollback: StepGraph | None = None  # a verify step's commit, over the graph's own pending buffers
 
     def _step(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         out = self.model.forward(tokens, positions, self.cache, verify=self.verify, **self.options)
@@ -142,6 +152,17 @@ class ForwardGraph:
         if self.verify and self.graph.graph is not None:  # the capture left its pending step on the cache
             self.pending, self.cache.pending = self.cache.pending, None
         return out
+
+    def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
+        """cache.commit of this graph's last verify step, the rollback itself a graph of its own once the step is
+        captured: the same ops on the same buffers every round (its shapes do not depend on the counts)."""
+        step = self.cache.take_pending(accepted, counts)
+        if self.graph.graph is None:
+            self.cache.roll_back(step, accepted)
+            return
+        if self.rollback is None:
+            self.rollback = StepGraph(functools.partial(self.cache.roll_back, self.pending), (accepted,))
+        self.rollback(accepted)
 
     def __call__(self, tokens: Tensor, positions: Tensor) -> StepOutput:
         if self.cache.pending is not None:

@@ -20,9 +20,14 @@ the undrafted run's draws.
 
 Speed. With `graphs` (the default on CUDA) the verify step is a CUDA graph (runtime/graphs.py) and each drafter
 captures its fixed-shape steps (`start(batch, context, graphs)`), all warmed up and captured before the first
-round, untimed. A round reads the device once: the accepted counts, the tokens after them and the drafts, in one
-copy, which the host needs to emit tokens and `cache.commit` to replay Gated DeltaNet state; its draft and verify
-phases are timed by CUDA events, read at the end.
+round, untimed, and so is the commit's rollback (its shapes do not depend on the counts). A round reads the device
+once: the accepted counts, the tokens after them and the drafts, in one copy, which the host needs to emit
+tokens; its draft and verify phases are timed by CUDA events, read at the end.
+
+What the loop costs beyond its steps: `step_times` times the target's decode step, its verify step and the
+drafter's round (propose + observe) alone, replayed back to back after a prefill of the same prompts. From them
+and τ, `StepTimes.predicted_speedup` is what a loop with no overhead of its own would reach; a measured speedup
+below it is the loop's host work (the round's one read, the rule, commit, observe's bookkeeping).
 """
 
 from __future__ import annotations
@@ -78,6 +83,20 @@ class SpeculativeTiming:
         return self.generated_tokens / total if total else 0.0
 
 
+@dataclass
+class StepTimes:
+    """Seconds per call of each step alone, on the same batch and context."""
+
+    decode_s: float  # the target's one-token step (the undrafted loop's step)
+    verify_s: float  # the target's verify step of a block
+    draft_s: float  # the drafter's round: its proposal of block - 1 drafts and its observation of the verify step
+
+    def predicted_speedup(self, tau: float) -> float:
+        """Tokens per second drafted over undrafted if a round cost only its steps: τ tokens per draft + verify,
+        against one token per decode step."""
+        return tau * self.decode_s / (self.draft_s + self.verify_s)
+
+
 def acceptance_by_position(results: Sequence[Drafted], drafts: int) -> list[float]:
     """For draft position i = 1..drafts: the share of rounds that kept at least i drafts."""
     rounds = [a for r in results for a in r.accepted]
@@ -128,9 +147,11 @@ def speculative_generate(
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     offsets = torch.arange(block, device=device)
     verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+    commit = cache.commit
     if graphs:
         start = time.perf_counter()
         verify = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
+        commit = verify.commit
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
@@ -171,7 +192,7 @@ def speculative_generate(
             r.finished = r.stopped or len(r.tokens) >= max_tokens
             kept.append(count + 1)
         kept_t = on_device(kept, device)
-        cache.commit(kept_t, kept)
+        commit(kept_t, kept)
         timing.rounds += 1
 
         clock.mark("draft")
@@ -186,6 +207,72 @@ def speculative_generate(
     timing.draft_s, timing.verify_s = spent.get("draft", 0.0), spent.get("verify", 0.0)
     timing.generated_tokens = sum(len(r.tokens) for r in results)
     return results, timing
+
+
+def step_times(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    block: int,
+    *,
+    graphs: bool | None = None,
+    repeats: int = 20,
+    chunk: int = PREFILL_CHUNK,
+) -> StepTimes:
+    """Each step of a round timed alone after a prefill of `prompts`, `repeats` calls back to back (after one
+    untimed call), as the loop runs it (CUDA graphs with `graphs`, the default on CUDA). Values are not kept: every
+    call rewrites the same rows. A verify step is timed with the commit of its whole block (the cache takes one
+    verify step at a time; the rollback costs the same whatever was kept, but for the kept tokens' replay); the
+    drafter's observation is of a step that kept nothing (its observe steps have one shape
+    whatever was kept)."""
+    device, batch = target.device, len(prompts)
+    graphs = device.type == "cuda" if graphs is None else graphs
+    lengths = [len(p) for p in prompts]
+    context = max(lengths) + block
+    cache = target.new_cache(batch, context)
+    drafter.start(batch, context, graphs)
+    drafting = Drafting(Sampling(), False, TOKEN_STREAM)
+    _prefill(target, drafter, cache, prompts, chunk)
+    anchors = torch.tensor([p[-1] for p in prompts], device=device)
+    positions = torch.tensor([n - 1 for n in lengths], device=device)
+    rows = positions[:, None] + torch.arange(block, device=device)
+    tokens = anchors[:, None].expand(batch, block).contiguous()
+    verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+    commit = cache.commit
+    if graphs:
+        verify = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
+        commit = verify.commit
+    whole, nothing = torch.full((batch,), block, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
+    out = verify(tokens, rows)
+    commit(whole, [block] * batch)
+
+    def verify_step() -> None:
+        verify(tokens, rows)
+        commit(whole, [block] * batch)
+
+    def draft_round() -> None:
+        if block > 1:
+            drafter.propose(anchors, positions, block - 1, drafting)
+        drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
+
+    verify_s = _seconds_per_call(verify_step, repeats, device)
+    draft_s = _seconds_per_call(draft_round, repeats, device)
+    decode = functools.partial(target.forward, cache=cache)
+    if graphs:
+        decode = ForwardGraph(target, cache, batch, 1)
+        decode.prepare(anchors[:, None], positions[:, None])
+    decode_s = _seconds_per_call(lambda: decode(anchors[:, None], positions[:, None]), repeats, device)
+    return StepTimes(decode_s=decode_s, verify_s=verify_s, draft_s=draft_s)
+
+
+def _seconds_per_call(step: Callable[[], object], repeats: int, device: torch.device) -> float:
+    step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    _sync(device)
+    return (time.perf_counter() - start) / repeats
 
 
 def _warm_up_graphs(

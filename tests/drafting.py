@@ -60,6 +60,13 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, zero_centred: bool) 
     return (h * (1 + w.float()) if zero_centred else h * w).to(x.dtype)
 
 
+def _add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float, zero_centred: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = h + delta
+    return summed, _rms_norm(summed, w, eps, zero_centred)
+
+
 def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
     group = q.shape[2] // k_cache.shape[2]
     k = k_cache.repeat_interleave(group, dim=2)
@@ -74,18 +81,21 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
 
 @contextlib.contextmanager
 def differentiable_kernels() -> Iterator[None]:
-    """The runtime's matmul, norm and attention as plain differentiable torch (for training only)."""
-    saved = (linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention)
-    linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention = (
+    """The runtime's matmul, norms and attention as plain differentiable torch, whole tensors at a time (for
+    training only: the references work row by row for batch invariance, which makes autograd's graph a node per
+    row)."""
+    saved = (linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention)
+    linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention = (
         _matmul,
         _matmul_experts,
         _rms_norm,
+        _add_rms_norm,
         _attention,
     )
     try:
         yield
     finally:
-        linear.matmul, linear.matmul_experts, norm.rms_norm, attention.attention = saved
+        linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention = saved
 
 
 # ------------------------------------------------------------------------------------------------ targets

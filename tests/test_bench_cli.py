@@ -84,15 +84,15 @@ def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
     )
     assert done.exit_code == 0, done.output
     out = done.stdout
-    assert "| users | undrafted tok/s | drafted tok/s | speedup | τ | identical | roofline tok/s |" in out
-    assert "| depth | baseline tok/s | drafted tok/s | speedup | τ | identical | roofline tok/s |" in out
+    drafted = "drafted tok/s | speedup | predicted | speedup / predicted | τ | identical | roofline tok/s"
+    assert f"| users | undrafted tok/s | {drafted} |" in out and f"| depth | baseline tok/s | {drafted} |" in out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| 1 |", "| 2 |", "| 0 |", "| 12 |"))]
-    assert [r[0] for r in rows] == ["| 1", "| 2", "| 0", "| 12"] and all(r[5] == "yes" for r in rows)
+    assert [r[0] for r in rows] == ["| 1", "| 2", "| 0", "| 12"] and all(r[7] == "yes" for r in rows)
     assert "drafted == undrafted, token for token: 4/4 runs" in out and "CUDA graphs on" in out
     plan = plan_load(open_model(str(target)), "cpu")
     for r in rows:  # users x bandwidth / the weights a step of that many tokens reads
         users = 2 if r[0] == "| 2" else 1
-        assert r[6] == f"{users * 50e9 / plan.weights_read(users):.1f}"
+        assert r[8] == f"{users * 50e9 / plan.weights_read(users):.1f}"
     embedding = plan.resident["embed_tokens.weight"]
     assert plan.weights_read(2) == plan.resident_bytes - embedding + embedding * 2 / plan.model.config.vocab_size
     width, height, pixels = png_pixels(png.read_bytes())

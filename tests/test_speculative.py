@@ -35,7 +35,13 @@ from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
-from specpair.runtime.speculative import ACCEPT_STREAM, DRAFT_STREAM, acceptance_by_position, speculative_generate
+from specpair.runtime.speculative import (
+    ACCEPT_STREAM,
+    DRAFT_STREAM,
+    acceptance_by_position,
+    speculative_generate,
+    step_times,
+)
 from specpair.sources.model import open_model
 
 TOKENS = 64
@@ -485,3 +491,17 @@ def test_differentiable_kernels_match_the_runtimes(workshop):
     with differentiable_kernels():
         fast = s.target.forward(tokens, rows, s.target.new_cache(1, 16)).logits
     assert torch.allclose(exact, fast, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_times_leave_the_next_run_as_a_fresh_one(workshop, kind):
+    """Each step timed alone (bench's predicted speedup), through the graph objects as on CUDA: every call is a
+    valid step of its cache (a verify step needs its commit before the next), and the drafter's next run starts
+    over, so its output is still the undrafted one."""
+    family = SOLO[kind]
+    s, drafter = workshop.setup(family), workshop.load(family, kind)
+    times = step_times(s.target, drafter, s.prompts, 4, graphs=True, repeats=2)
+    assert min(times.decode_s, times.verify_s, times.draft_s) > 0
+    assert times.predicted_speedup(2.0) == 2.0 * times.decode_s / (times.draft_s + times.verify_s)
+    results, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=4)
+    assert [r.tokens for r in results] == s.reference

@@ -5,6 +5,10 @@ five elementwise ops (and their four intermediate tensors) that torch runs for i
 gate and up may be views into one fused projection's output ([M, 2I] from a gate|up weight): rows are read
 through a row stride, columns must be contiguous. Elementwise, so batch-invariant by construction: an element's
 bits depend on its own two inputs alone.
+
+The gated attention's output gate, sigmoid_mul(o, gate): o [..., H, D] times sigmoid(gate) in float32, rounded to
+o's dtype, times o, rounded again; gate may be the strided half of each head of a q|gate projection ([..., H, D]
+of a [..., H, 2D] view), read in place. One kernel instead of a copy and seven elementwise ops.
 """
 
 from __future__ import annotations
@@ -44,6 +48,39 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
     return out.reshape(shape)
 
 
+def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
+    if x.is_cuda:
+        return sigmoid_mul_triton(x, gate)
+    return sigmoid_mul_reference(x, gate)
+
+
+def sigmoid_mul_reference(x: Tensor, gate: Tensor) -> Tensor:
+    """sigmoid written with exp, for the same reason as silu_mul_reference's silu."""
+    return x * (1 / (1 + torch.exp(-gate.float()))).to(x.dtype)
+
+
+def sigmoid_mul_triton(x: Tensor, gate: Tensor) -> Tensor:
+    require_triton("sigmoid_mul")
+    if gate.shape != x.shape or x.dim() < 2:
+        raise ValueError(f"sigmoid_mul: x {list(x.shape)} and gate {list(gate.shape)} differ")
+    heads, width = x.shape[-2:]
+    x_rows, gate_rows = x.reshape(-1, heads, width).contiguous(), gate.reshape(-1, heads, width)
+    if gate_rows.stride(-1) != 1:
+        gate_rows = gate_rows.contiguous()
+    out = torch.empty(x_rows.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        _sigmoid_mul_kernel[(out.shape[0], heads)](
+            x_rows,
+            gate_rows,
+            out,
+            width,
+            gate_rows.stride(0),
+            gate_rows.stride(1),
+            BLOCK_D=triton.next_power_of_2(width),
+        )
+    return out.reshape(x.shape)
+
+
 def _rows(x: Tensor) -> Tensor:
     """x as [rows, width] with unit column stride (a view where it can be one)."""
     rows = x.reshape(-1, x.shape[-1])
@@ -62,3 +99,15 @@ if triton is not None:
         dtype = out_ptr.dtype.element_ty
         activated = rounded(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
         tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)
+
+    @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
+    def _sigmoid_mul_kernel(x_ptr, gate_ptr, out_ptr, width, row_stride, head_stride, BLOCK_D: tl.constexpr):
+        row, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        inside = cols < width
+        at = (row * tl.num_programs(1) + head) * width + cols
+        g = tl.load(gate_ptr + row * row_stride + head * head_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        dtype = out_ptr.dtype.element_ty
+        gated = rounded(1.0 / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
+        tl.store(out_ptr + at, rounded(x * gated, dtype), mask=inside)

@@ -5,9 +5,9 @@ top-k, and 2k + 4 elementwise ops torch launches for them):
     out = combine_experts(weights, down, shared, shared_logit)
 
 `route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
-stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id),
-renormalised to sum to one where the family says so (the total summed left to right). `combine_experts`: each
-token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the shared expert [N, H] scaled by
+stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id; int32,
+the expert matmuls' index type), renormalised to sum to one where the family says so (the total summed left to
+right). `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the shared expert [N, H] scaled by
 sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the activations' dtype. The k terms
 are summed in one fixed order, the same for every row (a reduction kernel may order a row's sum by the row
 count), so a row's bits depend on its own inputs alone.
@@ -32,6 +32,7 @@ def route(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor
 def route_reference(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
+    ids = ids.to(torch.int32)  # the expert kernels' index type: no conversion per matmul
     if renormalise:
         total = weights[:, 0]
         for j in range(1, top_k):
@@ -46,7 +47,7 @@ def route_triton(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor,
     if logits.stride(-1) != 1 or not 0 < top_k <= experts:
         raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     if tokens:
         _route_kernel[(tokens,)](
             logits,

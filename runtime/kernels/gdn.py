@@ -19,7 +19,9 @@ q is divided by sqrt(dk), and per value head, with the state S [dk, dv]:
     S = exp(g_t) · S;  u = beta_t · (v_t − Sᵀk_t);  S = S + k_t uᵀ;  o_t = Sᵀq_t
 `state` (float32 [B, Hv, dk, dv]) is updated in place to the state after the last token; `step_states`
 (float32 [B, T, Hv, dk, dv]), when given, receives the state after every token, for rolling a verify back.
-Returns o [B, T, Hv, dv] in v's dtype.
+`lengths` (int [B]), when given, runs sequence b through its first lengths[b] tokens only (clamped to 0..T; its o
+past them is not written): a rollback replays each sequence's kept tokens in one call whose shapes do not depend
+on the counts (a CUDA graph captures it, and the host never reads them). Returns o [B, T, Hv, dv] in v's dtype.
 
 Batch invariance: the state of a token follows from the state before it and that token's inputs alone, by
 the same operations whatever T and B, and the state goes through memory in float32 unchanged, so T steps of
@@ -149,11 +151,18 @@ def gates_triton(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[
 
 
 def gdn_recurrent(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    step_states: Tensor | None = None,
+    lengths: Tensor | None = None,
 ) -> Tensor:
     if v.is_cuda:
-        return gdn_recurrent_triton(q, k, v, g, beta, state, step_states)
-    return gdn_recurrent_reference(q, k, v, g, beta, state, step_states)
+        return gdn_recurrent_triton(q, k, v, g, beta, state, step_states, lengths)
+    return gdn_recurrent_reference(q, k, v, g, beta, state, step_states, lengths)
 
 
 def _l2norm(x: Tensor) -> Tensor:
@@ -161,7 +170,14 @@ def _l2norm(x: Tensor) -> Tensor:
 
 
 def gdn_recurrent_reference(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    step_states: Tensor | None = None,
+    lengths: Tensor | None = None,
 ) -> Tensor:
     batch, tokens, key_heads, key_dim = k.shape
     value_heads = v.shape[2]
@@ -169,7 +185,7 @@ def gdn_recurrent_reference(
     out = torch.empty(v.shape, dtype=v.dtype)
     for b in range(batch):
         s = state[b].to(torch.float32, copy=True)  # [Hv, dk, dv]
-        for t in range(tokens):
+        for t in range(tokens if lengths is None else min(max(int(lengths[b]), 0), tokens)):
             q_t = _l2norm(q[b, t].float().repeat_interleave(per_key, dim=0))  # [Hv, dk]
             k_t = _l2norm(k[b, t].float().repeat_interleave(per_key, dim=0))
             q_t = q_t / (key_dim**0.5)
@@ -186,7 +202,14 @@ def gdn_recurrent_reference(
 
 
 def gdn_recurrent_triton(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, step_states: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    step_states: Tensor | None = None,
+    lengths: Tensor | None = None,
 ) -> Tensor:
     require_triton("gdn_recurrent")
     batch, tokens, key_heads, key_dim = k.shape
@@ -206,6 +229,8 @@ def gdn_recurrent_triton(
         raise ValueError(
             f"gdn_recurrent: step_states must be contiguous float32 {[batch, tokens, value_heads, key_dim, value_dim]}"
         )
+    if lengths is not None and tuple(lengths.shape) != (batch,):
+        raise ValueError(f"gdn_recurrent: lengths {list(lengths.shape)} for {batch} sequences")
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if tokens == 0 or batch == 0:
         return out
@@ -219,6 +244,7 @@ def gdn_recurrent_triton(
         beta,
         state,
         step_states if step_states is not None else state,
+        lengths if lengths is not None else state,
         out,
         tokens,
         key_heads,
@@ -228,6 +254,7 @@ def gdn_recurrent_triton(
         key_dim**0.5,
         L2_EPS,
         STEPS=step_states is not None,
+        LENGTHS=lengths is not None,
         BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=BLOCK_V,
     )
@@ -238,7 +265,7 @@ if triton is not None:
 
     @triton.jit(
         do_not_specialize=["tokens"],
-        do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "out_ptr"],
+        do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "out_ptr", "lengths_ptr"],
     )
     def _gdn_kernel(
         q_ptr,
@@ -248,6 +275,7 @@ if triton is not None:
         beta_ptr,
         state_ptr,
         steps_ptr,
+        lengths_ptr,
         out_ptr,
         tokens,
         key_heads,
@@ -257,6 +285,7 @@ if triton is not None:
         sqrt_dk,
         eps,
         STEPS: tl.constexpr,
+        LENGTHS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr,
     ):
@@ -272,7 +301,10 @@ if triton is not None:
         tile_offsets = kk[:, None] * value_dim + vv[None, :]
         state_base = state_ptr + bh.to(tl.int64) * key_dim * value_dim
         s = tl.load(state_base + tile_offsets, mask=tile, other=0.0)
-        for t in range(tokens):
+        run = tokens
+        if LENGTHS:
+            run = tl.minimum(tl.maximum(tl.load(lengths_ptr + b).to(tl.int32), 0), tokens)
+        for t in range(run):
             row = b.to(tl.int64) * tokens + t
             qk_offsets = (row * key_heads + key_head) * key_dim + kk
             q = tl.load(q_ptr + qk_offsets, mask=k_in, other=0.0).to(tl.float32)

@@ -101,6 +101,21 @@ def test_step_states_are_the_states_of_shorter_runs(fn) -> None:
         assert torch.equal(steps[:, prefix - 1], state)
 
 
+@pytest.mark.parametrize("fn", [gdn.gdn_recurrent_triton, gdn.gdn_recurrent_reference], ids=["triton", "reference"])
+def test_lengths_run_each_sequence_through_its_own_prefix(fn) -> None:
+    """A rollback's replay in one call: sequence b through its first lengths[b] tokens (0, all, and counts out of
+    range clamped) ends in the state, with the outputs, of a run of that prefix alone."""
+    t = inputs(SHAPES[0])
+    batch, tokens = t["v"].shape[:2]
+    lengths = torch.tensor([0, 4, tokens + 3])[:batch]
+    state = t["state"].clone()
+    out = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], state, None, lengths)
+    for b, n in enumerate([0, 4, tokens]):
+        alone = {k: v[b : b + 1, :n].clone() if k != "state" else v[b : b + 1] for k, v in t.items()}
+        o, s, _ = run(fn, alone, steps=False)
+        assert torch.equal(state[b], s[0]) and torch.equal(out[b, :n], o[0])
+
+
 def conv_inputs(batch: int, tokens: int, channels: int = 300, taps: int = 4):
     """A fused projection's output [B, T, C + 40] whose first C columns are qkv; window [B, K-1, C]."""
     torch.manual_seed(batch * 100 + tokens)
