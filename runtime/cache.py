@@ -26,13 +26,14 @@ Why (b): memory, and traffic that does not grow with T or the batch. At Qwen3.6-
 sequence (17 states a layer) and writes 960 MiB of it on every verify step, whatever is accepted (~0.25 ms of the
 H200's bandwidth per sequence, 4x that at batch 4); (b) adds 77 MiB per sequence (the snapshot, and 16.5 MiB of
 kept inputs) and moves 120 MiB per step (the snapshot copy), plus 120 MiB and one short kernel per layer at
-commit. Its cost: the replay reruns the kept tokens' recurrence. Measured on the CPU at half the shape (30 layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence
-is compute-bound; benchmarks/gdn_rollback.py, benchmarks/results/gdn_rollback.md), against a verify step that
-cannot roll back (155-170 ms; two runs, ~15 % noise on this shared machine): (a) +4..44 % at every accepted
-count; (b) within the noise of the baseline when 0, 1 or all 16 are kept, +48..65 % at 8 and +100..113 % at 15
-(the replayed tokens). benchmarks/runtime_gpu.py measures both at the real shape on the GPU, where the
-recurrence is cheap and the slot writes are not. Both are exact: the recurrence is sequential, so T tokens are
-T one-token updates in one order, and a replay of a kept prefix recomputes the same bits.
+commit. Its cost: the replay reruns the kept tokens' recurrence. Measured on the CPU at half the shape (30
+layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence is compute-bound;
+benchmarks/gdn_rollback.py, benchmarks/results/gdn_rollback.md), against a verify step that cannot roll back
+(155-170 ms; two runs, ~15 % noise on this shared machine): (a) +4..44 % at every accepted count; (b) within the
+noise of the baseline when 0, 1 or all 16 are kept, +48..65 % at 8 and +100..113 % at 15 (the replayed tokens).
+On the H200, with the rollback captured as a graph, the steps of a Qwen3.6-35B-A3B round timed alone are 93-97 % of it
+(benchmarks/results/bench_gpu_35b.md). Both designs are exact: the recurrence is sequential, so T tokens are T
+one-token updates in one order, and a replay of a kept prefix recomputes the same bits.
 """
 
 from __future__ import annotations

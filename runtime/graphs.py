@@ -18,9 +18,9 @@ What a captured step must not do, and the runtime's steps do not: read a tensor 
 stream), or change a shape between calls. Positions and the ranges attention reads (kv_end = positions + 1)
 are device tensors; the MoE dispatch builds its tile tables on the device for any T·k (kernels/linear.py); the
 CPU reference kernels read routing and ranges on the host, which costs nothing there and is never captured.
-Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance rule (a few small
-ops), `cache.commit` (it groups the sequences by their accepted counts, read on the host once a round), DFlash2's
-candidate walk, and a hybrid draft model's rollback of its own state.
+A verify step's commit is a graph of its own (`ForwardGraph.commit`: the rollback's shapes do not depend on the
+accepted counts). Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance
+rule (a few small ops), DFlash2's candidate walk, and a hybrid draft model's rollback of its own state.
 """
 
 from __future__ import annotations
