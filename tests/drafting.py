@@ -25,7 +25,7 @@ from specpair.runtime.blocks import project
 from specpair.runtime.drafters import Committed
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
-from specpair.runtime.kernels import attention, linear, norm
+from specpair.runtime.kernels import attention, linear, norm, qk
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -83,19 +83,23 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
 def differentiable_kernels() -> Iterator[None]:
     """The runtime's matmul, norms and attention as plain differentiable torch, whole tensors at a time (for
     training only: the references work row by row for batch invariance, which makes autograd's graph a node per
-    row)."""
-    saved = (linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention)
-    linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention = (
-        _matmul,
-        _matmul_experts,
-        _rms_norm,
-        _add_rms_norm,
-        _attention,
-    )
+    row; the q/k norm inside rotate_and_store's reference included)."""
+    swaps = [
+        (linear, "matmul", _matmul),
+        (linear, "matmul_experts", _matmul_experts),
+        (norm, "rms_norm", _rms_norm),
+        (norm, "add_rms_norm", _add_rms_norm),
+        (qk, "rms_norm_reference", _rms_norm),
+        (attention, "attention", _attention),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in swaps]
+    for module, name, replacement in swaps:
+        setattr(module, name, replacement)
     try:
         yield
     finally:
-        linear.matmul, linear.matmul_experts, norm.rms_norm, norm.add_rms_norm, attention.attention = saved
+        for module, name, original in saved:
+            setattr(module, name, original)
 
 
 # ------------------------------------------------------------------------------------------------ targets
