@@ -146,12 +146,9 @@ def speculative_generate(
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     offsets = torch.arange(block, device=device)
-    verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
-    commit = cache.commit
+    start = time.perf_counter()
+    verify, commit = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     if graphs:
-        start = time.perf_counter()
-        verify = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
-        commit = verify.commit
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
@@ -223,8 +220,7 @@ def step_times(
     untimed call), as the loop runs it (CUDA graphs with `graphs`, the default on CUDA). Values are not kept: every
     call rewrites the same rows. A verify step is timed with the commit of its whole block (the cache takes one
     verify step at a time; the rollback costs the same whatever was kept, but for the kept tokens' replay); the
-    drafter's observation is of a step that kept nothing (its observe steps have one shape
-    whatever was kept)."""
+    drafter's observation is of a step that kept nothing (its observe steps have one shape whatever was kept)."""
     device, batch = target.device, len(prompts)
     graphs = device.type == "cuda" if graphs is None else graphs
     lengths = [len(p) for p in prompts]
@@ -237,11 +233,7 @@ def step_times(
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     rows = positions[:, None] + torch.arange(block, device=device)
     tokens = anchors[:, None].expand(batch, block).contiguous()
-    verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
-    commit = cache.commit
-    if graphs:
-        verify = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
-        commit = verify.commit
+    verify, commit = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     whole, nothing = torch.full((batch,), block, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
     out = verify(tokens, rows)
     commit(whole, [block] * batch)
@@ -273,6 +265,24 @@ def _seconds_per_call(step: Callable[[], object], repeats: int, device: torch.de
         step()
     _sync(device)
     return (time.perf_counter() - start) / repeats
+
+
+def _verify_step(
+    target: Transformer,
+    drafter: Drafter,
+    cache,
+    anchors: Tensor,
+    positions: Tensor,
+    block: int,
+    drafting: Drafting,
+    graphs: bool,
+) -> tuple[Callable[[Tensor, Tensor], object], Callable[..., None]]:
+    """The verify step and its commit: eager, or with `graphs` both captured (the drafter's graphs warmed up too)."""
+    if not graphs:
+        verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+        return verify, cache.commit
+    graph = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
+    return graph, graph.commit
 
 
 def _warm_up_graphs(

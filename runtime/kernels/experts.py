@@ -7,10 +7,10 @@ top-k, and 2k + 4 elementwise ops torch launches for them):
 `route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
 stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id; int32,
 the expert matmuls' index type), renormalised to sum to one where the family says so (the total summed left to
-right). `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the shared expert [N, H] scaled by
-sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the activations' dtype. The k terms
-are summed in one fixed order, the same for every row (a reduction kernel may order a row's sum by the row
-count), so a row's bits depend on its own inputs alone.
+right). `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
+shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the
+activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
+order a row's sum by the row count), so a row's bits depend on its own inputs alone.
 """
 
 from __future__ import annotations
