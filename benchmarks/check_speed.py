@@ -20,7 +20,8 @@ read (configs, headers, tokenizer), in one warm process.
     python benchmarks/check_speed.py [--runs 5] [--skip-512] [--before DIR]
 
 --before DIR times another checkout of specpair too (DIR: a folder holding it as `specpair`, e.g. from
-`git archive <commit> | tar -x -C /tmp/old && ln -s /tmp/old /tmp/before/specpair`), on the same checkpoints.
+`git archive <commit> | tar -x -C /tmp/old && ln -s /tmp/old /tmp/before/specpair`), on the same checkpoints,
+its cold runs taking turns with this one's.
 """
 
 from __future__ import annotations
@@ -177,18 +178,25 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def median_seconds(cmd: list[str], runs: int, env: dict[str, str] | None = None, fresh_cache: bool = False) -> float:
-    times = []
+    return interleaved_medians(cmd, runs, [env or environment()], fresh_cache)[0]
+
+
+def interleaved_medians(cmd: list[str], runs: int, envs: list[dict[str, str]], fresh_cache: bool) -> list[float]:
+    """The median time of `cmd` under each environment, the environments taking turns run by run: a machine
+    whose speed drifts during the benchmark (a shared VM) slows each of them alike."""
+    times: list[list[float]] = [[] for _ in envs]
     for _ in range(runs):
-        run_env = dict(env or environment())
-        with tempfile.TemporaryDirectory() as cache:
-            if fresh_cache:
-                run_env["HF_HUB_CACHE"] = cache
-            start = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, env=run_env)
-            times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 1):
-            sys.exit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.decode()[-800:]}")
-    return statistics.median(times)
+        for env, taken in zip(envs, times):
+            run_env = dict(env)
+            with tempfile.TemporaryDirectory() as cache:
+                if fresh_cache:
+                    run_env["HF_HUB_CACHE"] = cache
+                start = time.perf_counter()
+                done = subprocess.run(cmd, capture_output=True, env=run_env)
+                taken.append(time.perf_counter() - start)
+            if done.returncode not in (0, 1):
+                sys.exit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.decode()[-800:]}")
+    return [statistics.median(taken) for taken in times]
 
 
 def parse_floor(target: Path, draft: Path, runs: int) -> float:
@@ -262,22 +270,22 @@ def main() -> None:
             write_draft(draft, hidden, layers, taps, ffn)
             floor = parse_floor(target, draft, args.runs)
             check = [python, "-m", "specpair", "check", str(target), str(draft), "--json"]
-            cold = median_seconds(check, args.runs, fresh_cache=True)
+            envs, before = [environment()], None
+            if args.before:
+                old_env = environment(PYTHONPATH=str(args.before))
+                done = subprocess.run(check, capture_output=True, env=old_env)  # also writes its .pyc files
+                if done.returncode in (0, 1):
+                    envs.append(old_env)
+                else:
+                    before = done.stderr.decode().strip().splitlines()[-1]
+            cold, *cold_before = interleaved_medians(check, args.runs, envs, fresh_cache=True)
+            before = cold_before[0] if cold_before else before
             with tempfile.TemporaryDirectory() as cache:
                 env = environment(HF_HUB_CACHE=cache)
                 median_seconds(check, 1, env)  # fills the cache
                 cached = median_seconds(check, args.runs, env)
                 tables = median_seconds(check[:-1], args.runs, env)
             per_tensor.append((count, cold))
-            before = None
-            if args.before:
-                old_env = environment(PYTHONPATH=str(args.before))
-                done = subprocess.run(check, capture_output=True, env=old_env)
-                before = (
-                    median_seconds(check, args.runs, old_env, fresh_cache=True)
-                    if done.returncode in (0, 1)
-                    else done.stderr.decode().strip().splitlines()[-1]
-                )
             print(f"{name}: {count} tensors, {sizes(target)}")
             if isinstance(before, float):
                 print(

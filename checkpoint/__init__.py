@@ -214,10 +214,14 @@ class Checkpoint:
 
     def to_json(self) -> dict[str, Any]:
         # Token lists stay in memory: they exist for exact comparison, not for output (and would be slow to copy).
-        tokenizer = dataclasses.replace(self.tokenizer, tokens=None, load_tokens=None) if self.tokenizer else None
+        tokenizer = (
+            dataclasses.replace(self.tokenizer, tokens=None, tokens_json=None, load_tokens=None)
+            if self.tokenizer
+            else None
+        )
         data = dataclasses.asdict(dataclasses.replace(self, tokenizer=tokenizer))
         if data["tokenizer"]:
-            del data["tokenizer"]["tokens"], data["tokenizer"]["load_tokens"]
+            del data["tokenizer"]["tokens"], data["tokenizer"]["tokens_json"], data["tokenizer"]["load_tokens"]
         return data
 
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
+from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import itemgetter, not_
 
@@ -90,7 +91,42 @@ DIGIT_PATTERNS = ("d#t", "t#d")  # the only group patterns with a digit in them:
 SEPARATOR = "\x00"
 
 
-def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGroup]:
+@dataclass
+class NameKinds:
+    """A table's rows as summaries need them, from a few C-level passes over its columns: each row's module, the
+    last component that makes it a part of that module ("" for a name that is its own module) and its kind (the
+    module with digits as '#'), and how many rows share each signature (kind, part, dtype, last dimension,
+    bytes). A 35B MoE export that stores every expert apart has ~94,000 rows and a few hundred signatures."""
+
+    modules: list[str]
+    tails: list[str]
+    kinds: list[str]
+    signatures: Counter
+
+    @classmethod
+    def of(cls, table: TensorTable) -> NameKinds:
+        modules, tails = _modules(table.names)
+        kinds = _kinds(modules)
+        shapes = table.shapes
+        lasts = list(map(itemgetter(-1), shapes)) if [] not in shapes else [s[-1] if s else None for s in shapes]
+        return cls(modules, tails, kinds, Counter(zip(kinds, tails, table.dtypes, lasts, table.nbytes)))
+
+    def rows_of(self, kinds: set[str], tail: str) -> list[int]:
+        """Rows of these kinds with this part, in order."""
+        tails = self.tails
+        return [k for k in compress(range(len(tails)), map(kinds.__contains__, self.kinds)) if tails[k] == tail]
+
+    def prefixed(self, prefix: str) -> tuple[int, int]:
+        """(rows, bytes) of the names that begin with `prefix` (which has no digit), from the signatures alone."""
+        rows = size = 0
+        for (kind, tail, _, _, nbytes), count in self.signatures.items():
+            if (f"{kind}.{tail}" if tail else kind).startswith(prefix):
+                rows += count
+                size += count * nbytes
+        return rows, size
+
+
+def summarize_hf(table: TensorTable, mlx: dict | None = None, names: NameKinds | None = None) -> list[TensorGroup]:
     """Groups of safetensors tensors with their layouts (formats.layouts), in a few passes over the columns.
 
     Modules whose names differ only in digits (layer and expert numbers) form a kind. When every module of a
@@ -101,14 +137,10 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
     if any(isinstance(value, dict) for value in mlx.values()):
         modules = modules_of(table.names)
         return summarize_table(table, classify_table(table, mlx, modules), modules=modules)
-    names, dtypes, nbytes = table.names, table.dtypes, table.nbytes
-    modules, tails = _modules(names)
-    kinds = _kinds(modules)
-    lasts = [shape[-1] if shape else None for shape in table.shapes]
-    # (dtype, last dimension, bytes) fix a part's layout inputs and its size: one count per signature suffices
-    count = Counter(zip(kinds, tails, dtypes, lasts, nbytes))
+    names = names or NameKinds.of(table)
+    kinds, count = names.kinds, names.signatures
     first = dict(zip(reversed(kinds), range(len(kinds) - 1, -1, -1)))  # the first row of each kind
-    modules_per_kind = Counter(dict(zip(modules, kinds)).values())
+    modules_per_kind = Counter(dict(zip(names.modules, kinds)).values())
     by_kind: dict[str, list[tuple]] = {}
     for signature in count:
         by_kind.setdefault(signature[0], []).append(signature)
@@ -133,7 +165,7 @@ def summarize_hf(table: TensorTable, mlx: dict | None = None) -> list[TensorGrou
         else:
             if not any(d in kind for d in DIGIT_PATTERNS) and set(per_suffix.values()) == {modules_per_kind[kind]}:
                 label = module_layout(parts, *affine)
-                group = group_of(names[first[kind]])
+                group = group_of(table.names[first[kind]])
                 for signature in sigs:
                     add(group, label or plain_layout(signature[2]), count[signature], count[signature] * signature[4])
                 continue

@@ -8,14 +8,12 @@ keys a config lacks, what the tensor headers hold) is added here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import methodcaller
 from typing import Any
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
 from specpair.checkpoint.families import DFLASH2_KEYS, family_of
-from specpair.checkpoint.groups import summarize_hf
+from specpair.checkpoint.groups import NameKinds, summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
 
@@ -42,10 +40,11 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
     tensors = TensorTable.of(meta.tensors) if isinstance(meta.tensors, list) else meta.tensors
     known = family_of(model.architecture, model_type)
-    shapes = _shapes(model, tensors or TensorTable.empty())
+    names = NameKinds.of(tensors) if tensors is not None else None
+    shapes = _shapes(model, tensors or TensorTable.empty(), names or NameKinds.of(TensorTable.empty()))
     quant = _quantization(config, meta.quant_files)
-    groups = summarize_hf(tensors, config.get("quantization")) if tensors is not None else []
-    mtp = _mtp(model, tensors)
+    groups = summarize_hf(tensors, config.get("quantization"), names) if tensors is not None else []
+    mtp = _mtp(model, tensors, names)
     drafter = _drafter(model, config, tensors or TensorTable.empty(), meta.files) if model.drafter else None
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
@@ -69,24 +68,17 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     )
 
 
-def _shapes(model: ModelConfig, tensors: TensorTable) -> Shapes:
+def _shapes(model: ModelConfig, tensors: TensorTable, names: NameKinds) -> Shapes:
     # Embedding rows; a drafter's own lm_head may cover only a reduced draft vocabulary (EAGLE-3).
-    suffixes = ("embed_tokens.weight",) if model.drafter else ("embed_tokens.weight", "lm_head.weight")
-    names, tensor_shapes = tensors.names, tensors.shapes
-    heads_and_embeddings = [
-        k
-        for k in compress(range(len(names)), map(methodcaller("endswith", suffixes), names))
-        if not names[k].startswith("mtp.")
-    ]
-    rows = next(
-        (
-            tensor_shapes[k][0]
-            for k in sorted(heads_and_embeddings, key=lambda k: "lm_head" in names[k])
-            if tensor_shapes[k]
-        ),
+    modules = ("embed_tokens",) if model.drafter else ("embed_tokens", "lm_head")
+    wanted = {kind for kind, *_ in names.signatures if kind.endswith(modules) and not kind.startswith("mtp.")}
+    rows = names.rows_of(wanted, "weight")  # the names that end in "embed_tokens.weight" (or "lm_head.weight")
+    tensor_shapes = tensors.shapes
+    embedding_rows = next(
+        (tensor_shapes[k][0] for k in sorted(rows, key=lambda k: "lm_head" in names.kinds[k]) if tensor_shapes[k]),
         None,
     )
-    return Shapes.of(model, model.vocab_size, rows)
+    return Shapes.of(model, model.vocab_size, embedding_rows)
 
 
 def _rope(model: ModelConfig, text: dict[str, Any]) -> Rope:
@@ -98,17 +90,15 @@ def _rope(model: ModelConfig, text: dict[str, Any]) -> Rope:
     return Rope.of(model, schema)
 
 
-def _mtp(model: ModelConfig, tensors: TensorTable | None) -> Mtp | None:
+def _mtp(model: ModelConfig, tensors: TensorTable | None, names: NameKinds | None) -> Mtp | None:
     layers = model.mtp_layers
-    names = tensors.names if tensors is not None else []
-    mtp = list(compress(range(len(names)), map(methodcaller("startswith", "mtp."), names)))
-    if not layers:  # Qwen3-Next configs declare no MTP layer count, yet its repos ship mtp.* weights
-        layers = len({names[k].split(".")[2] for k in mtp if names[k].startswith("mtp.layers.")})
+    if not layers and tensors is not None:  # Qwen3-Next configs declare no MTP layer count, yet its repos ship mtp.*
+        layers = len({n.split(".")[2] for n in tensors.names if n.startswith("mtp.layers.")})
     if not layers:
         return None
-    if tensors is None:
+    if tensors is None or names is None:
         return Mtp(layers)
-    return Mtp(layers, len(mtp), sum(tensors.nbytes[k] for k in mtp))
+    return Mtp(layers, *names.prefixed("mtp."))
 
 
 def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, files: list[FileEntry]) -> Drafter:

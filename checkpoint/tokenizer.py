@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import eq
 
 import orjson
@@ -43,13 +43,33 @@ class Tokenizer:
     chat_template_sha256: str | None = None
     family: str | None = None
     tokens: list[str] | None = field(default=None, repr=False, compare=False)
+    # `tokens` as JSON, when another process parsed the tokenizer (sources/child.py): parsed on first use.
+    tokens_json: bytes | None = field(default=None, repr=False, compare=False)
     # Where `tokens` come from when first needed (a cached Checkpoint keeps them in a file of their own).
     load_tokens: Callable[[], list[str] | None] | None = field(default=None, repr=False, compare=False)
 
     def token_list(self) -> list[str] | None:
+        if self.tokens is None and self.tokens_json is not None:
+            self.tokens, self.tokens_json = orjson.loads(self.tokens_json), None
         if self.tokens is None and self.load_tokens is not None:
             self.tokens, self.load_tokens = self.load_tokens(), None
         return self.tokens
+
+    def token_list_json(self) -> bytes | None:
+        """The token list as JSON, without parsing it when that is how it came."""
+        if self.tokens_json is not None:
+            return self.tokens_json
+        return orjson.dumps(self.tokens) if self.tokens is not None else None
+
+    def to_bytes(self) -> bytes:
+        """Every field and the token list, for another process (`from_bytes`): one line of fields, then the tokens."""
+        summary = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+        return orjson.dumps(summary) + b"\n" + (self.token_list_json() or b"null")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Tokenizer:
+        summary, _, tokens = data.partition(b"\n")  # orjson writes no raw newline
+        return cls(**orjson.loads(summary), tokens_json=None if tokens == b"null" else tokens)
 
 
 def fingerprint(tokens: list[str], merges: list[str]) -> str:

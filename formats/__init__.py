@@ -10,6 +10,8 @@ import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
+
 # Real metadata nests under 10 levels. Deeper JSON is refused: repr, dataclasses.asdict and json.dumps
 # recurse once per level and fail near 1000, orjson.dumps at 255.
 MAX_JSON_DEPTH = 64
@@ -63,6 +65,14 @@ class TensorTable:
 
     def columns(self) -> tuple[list, ...]:
         return self.names, self.dtypes, self.shapes, self.nbytes, self.files, self.offsets
+
+    def to_bytes(self) -> bytes:
+        """The columns as JSON, for another process (`from_bytes`): ~5x cheaper to read back than the headers."""
+        return orjson.dumps(self.columns())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TensorTable:
+        return cls(*orjson.loads(data))
 
     def infos(self) -> list[TensorInfo]:
         return [TensorInfo(n, d, tuple(s), b, f, o) for n, d, s, b, f, o in zip(*self.columns())]

@@ -197,6 +197,16 @@ def read_local(path: str) -> tuple[list[TensorInfo], dict[str, str]]:
     return table.infos(), metadata
 
 
+def header_length(path: str) -> int | None:
+    """The length its first 8 bytes give the header of a local .safetensors file; None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+    except OSError:
+        return None
+    return struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+
+
 def read_local_table(path: str, file: str | None = None) -> tuple[TensorTable, dict[str, str]]:
     try:
         with open(path, "rb") as f:

@@ -8,10 +8,12 @@ directory and the Hub repo it was downloaded from give the same answer. Tensor d
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import accumulate
 from typing import Any, Protocol
 
 import orjson
@@ -19,13 +21,20 @@ import orjson
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.checkpoint import gguf as gguf_builder
 from specpair.checkpoint import hf as hf_builder
-from specpair.checkpoint.tokenizer import from_tokenizer_json
+from specpair.checkpoint.tokenizer import Tokenizer, from_tokenizer_json
 from specpair.errors import BadInput
 from specpair.formats import MAX_JSON_DEPTH, TensorInfo, TensorTable, nests_deeper_than
 from specpair.formats.gguf import GGUFHeader
+from specpair.sources.child import forked
 
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
 MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+# Worth a forked child (~1 ms): a 9 MB tokenizer.json costs ~0.2 s to parse, 2 MB of headers (~15,000 tensors) ~0.06 s.
+FORK_TOKENIZER_BYTES = 1_000_000
+FORK_HEADER_BYTES = 2_000_000
+# Per byte, against parsing a safetensors header: parsing a tokenizer.json costs about as much, reading back a
+# table the child parsed 0.2, summarising the headers (checkpoint/hf.py) 0.55; measured on benchmarks/check_speed.py.
+TABLE_BACK_COST, SUMMARY_COST = 0.2, 0.55
 QUANT_FILES = ("hf_quant_config.json", "quantization_config.json")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -45,6 +54,10 @@ class RepoFiles(Protocol):
 
     def safetensors_table(self, shards: list[str]) -> TensorTable | None:
         """The same as columns (TensorTable.files names each row's shard)."""
+
+    def header_lengths(self, shards: list[str]) -> list[int] | None:
+        """Each shard's header length, where the shards are local files a forked child may read (sources/child.py);
+        None otherwise (remote files, headers kept in a record, a shard that cannot be read)."""
 
     def gguf_header(self, path: str) -> GGUFHeader: ...
 
@@ -113,20 +126,43 @@ def _read_checkpoint(
         files=entries,
     )
     raw_tokenizer = files.read("tokenizer.json", MAX_TOKENIZER_BYTES) if "tokenizer.json" in names else None
+    tokenizer_of: Callable[[], Tokenizer | None] = lambda: None  # noqa: E731
     if raw_tokenizer is not None:
         template = files.read("chat_template.jinja", MAX_CONFIG_BYTES) if "chat_template.jinja" in names else None
-        meta.tokenizer = from_tokenizer_json(
+        tokenizer_of = functools.partial(
+            from_tokenizer_json,
             raw_tokenizer,
             f"{files.where}/tokenizer.json",
             read_json(files, "tokenizer_config.json"),
             meta.generation_config,
             template.decode("utf-8", "replace") if template is not None else None,
         )
-    shards, index = _safetensors_shards(files, names)
-    meta.tensors = files.safetensors_table(shards) if shards else None
-    if meta.tensors is not None and index is not None:
-        _check_index(f"{files.where}/{index[0]}", index[1], meta.tensors)
-    checkpoint = hf_builder.build(meta, ref, source, revision)
+    # Beside the first shards' headers, a child parses the later ones', then a big tokenizer.json
+    # (sources/child.py): the summary needs every header, the tokenizer is wanted last. What is small is not
+    # worth a process.
+    try:
+        shards, index = _safetensors_shards(files, names)
+        big_tokenizer = bool(shards) and raw_tokenizer is not None and len(raw_tokenizer) >= FORK_TOKENIZER_BYTES
+        lengths = files.header_lengths(shards) if shards else None
+        front, back = _child_share(shards, lengths, len(raw_tokenizer) if big_tokenizer else 0)
+        with forked(
+            (lambda: files.safetensors_table(back).to_bytes()) if back else None,
+            (lambda: tokenizer_of().to_bytes()) if big_tokenizer else None,
+        ) as (back_from_child, tokenizer_from_child):
+            meta.tensors = files.safetensors_table(front) if shards else None
+            if back:
+                table = back_from_child()
+                meta.tensors.extend(
+                    TensorTable.from_bytes(table) if table is not None else files.safetensors_table(back)
+                )
+            if meta.tensors is not None and index is not None:
+                _check_index(f"{files.where}/{index[0]}", index[1], meta.tensors)
+            checkpoint = hf_builder.build(meta, ref, source, revision)
+            tokenizer = tokenizer_from_child()
+    except BadInput:
+        tokenizer_of()  # a bad tokenizer.json is named first, as when it is read first
+        raise
+    checkpoint.tokenizer = Tokenizer.from_bytes(tokenizer) if tokenizer is not None else tokenizer_of()
     if meta.tensors is None and any(n.endswith(".safetensors.index.json") for n in names):
         checkpoint.notes.append("no weight shards present (a metadata-only copy): tensor headers not read")
     return checkpoint
@@ -195,6 +231,22 @@ def _safetensors_shards(files: RepoFiles, names: set[str]) -> tuple[list[str], t
         raise BadInput(where, f"names shard {missing[0]!r}, which is not in the checkpoint")
     _refuse_case_collisions(where, shards)
     return shards, (index, weight_map)
+
+
+def _child_share(
+    shards: list[str], header_lengths: list[int] | None, tokenizer_bytes: int
+) -> tuple[list[str], list[str]]:
+    """The shards this process parses and the later ones a forked child parses before a tokenizer.json of
+    `tokenizer_bytes` (0: none). This process summarises every header once it has the child's, while the child
+    parses the tokenizer: the child takes at most half the header bytes, less where its tokenizer would finish
+    after the summary (by the costs above). All are this process's when the headers are small or not local."""
+    if header_lengths is None or len(shards) < 2 or sum(header_lengths) < FORK_HEADER_BYTES:
+        return shards, []
+    total = sum(header_lengths)
+    wanted = min(total / 2, (total * (1 + SUMMARY_COST) - tokenizer_bytes) / (2 - TABLE_BACK_COST))
+    later = [0, *accumulate(reversed(header_lengths[1:]))]  # header bytes of the last 0, 1, 2, ... shards
+    count = min(range(len(later)), key=lambda k: abs(later[k] - wanted))
+    return (shards[:-count], shards[-count:]) if count else (shards, [])
 
 
 def _refuse_case_collisions(where: str, shards: list[str]) -> None:

@@ -168,6 +168,9 @@ class HubFiles:
             self._tensors.extend(table)
         return self._tensors
 
+    def header_lengths(self, shards: list[str]) -> None:
+        return None  # remote: read by threads, not a child
+
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         size = self._size(path)
         position, chunk = 0, GGUF_FIRST_READ
@@ -356,6 +359,11 @@ class CachedFiles:
         if not all(os.path.isfile(os.path.join(self.snapshot, s)) for s in shards):
             return None
         return self._local.safetensors_table(shards)
+
+    def header_lengths(self, shards: list[str]) -> list[int] | None:
+        if self._record is not None and self._record.get("safetensors") is not None:
+            return None  # the record holds every shard's header at once
+        return self._local.header_lengths(shards)
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         where = f"{self.where}/{path}"

@@ -63,6 +63,13 @@ class LocalFiles:
             table.extend(safetensors.read_local_table(self.inside(shard), shard)[0])
         return table
 
+    def header_lengths(self, shards: list[str]) -> list[int] | None:
+        try:
+            lengths = [safetensors.header_length(self.inside(shard)) for shard in shards]
+        except BadInput:  # a shard that is refused: the read names it, in shard order
+            return None
+        return None if None in lengths else lengths
+
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         return gguf.read_local(self.inside(path))
 

@@ -65,10 +65,11 @@ def cached(
             )
         return found
     checkpoint = read()
-    tokens = checkpoint.tokenizer.tokens if checkpoint.tokenizer else None
+    tokens = checkpoint.tokenizer.token_list_json() if checkpoint.tokenizer else None
     with contextlib.suppress(OSError, TypeError):  # a cache that cannot be written only costs the next run a read
         if tokens is not None:  # before the entry: an entry found always has its tokens written
-            write_atomic(tokens_path, orjson.dumps({"entry": _identity_hash(identity), "tokens": tokens}))
+            kept = {"entry": _identity_hash(identity), "tokens": orjson.Fragment(tokens)}
+            write_atomic(tokens_path, orjson.dumps(kept))
         write_atomic(path, orjson.dumps({**identity, "checkpoint": checkpoint.to_json()}))
     return checkpoint
 
@@ -96,7 +97,7 @@ def _tokens(path: str, identity: dict[str, Any], length: int, read: Callable[[],
     except (OSError, ValueError, TypeError, KeyError):
         pass
     tokenizer = read().tokenizer
-    return tokenizer.tokens if tokenizer else None
+    return tokenizer.token_list() if tokenizer else None
 
 
 def _identity_hash(identity: dict[str, Any]) -> str:
