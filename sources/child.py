@@ -52,7 +52,7 @@ def forked(*works: Work | None) -> Iterator[list[Result]]:
         finally:
             os._exit(0)
     os.close(write_end)
-    pipe = open(read_end, "rb")  # noqa: SIM115 (closed on leaving, below)
+    pipe = open(read_end, "rb")  # closed on leaving, below
     received: list[bytes | None] = []  # the results in the child's order; None from the first one that failed
 
     def message() -> bytes | None:
