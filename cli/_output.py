@@ -48,7 +48,12 @@ def print_table(out, table) -> None:
     """A table at least as wide as its unwrappable columns need: prose columns wrap, ids never shrink."""
     from rich.measure import Measurement
 
-    needed = Measurement.get(out, out.options.update_width(UNWRAPPED), table).minimum
+    options = out.options.update_width(UNWRAPPED)
+    for column in table.columns:  # rich measures a cell's words, not what no_wrap keeps on one line ("393.22 KB")
+        if column.no_wrap:
+            cells = [column.header, *column.cells]
+            column.min_width = max(column.min_width or 0, *(Measurement.get(out, options, c).maximum for c in cells))
+    needed = Measurement.get(out, options, table).minimum
     width = out.width
     out.width = max(width, needed)  # rich crops to the console width: widen it for this table only
     try:

@@ -303,6 +303,8 @@ def test_target_without_an_mtp_head_is_told_so_with_no_conversion_fix():
     human = run("check", "Qwen/Qwen3-8B", "--offline").stdout
     assert "draft   none: Qwen/Qwen3-8B has no MTP head (give a DRAFT)" in human
     assert "0 layer(s)" not in human and "draft 0.0" not in human and "specpair convert" not in human
+    verbose = run("check", "Qwen/Qwen3-8B", "--offline", "--verbose").stdout
+    assert "(MTP head)" not in verbose and "specpair run" not in verbose  # nothing for the runtime to verify
 
 
 def test_fixes_are_offered_only_when_they_clear_every_error_of_the_stack():

@@ -632,6 +632,24 @@ def test_report_is_summarised_and_its_overall_error_counts_every_lossy_cast(tmp_
     assert "error by part" in human and "attention" in human
 
 
+def test_part_names_and_figures_are_never_cut_at_80_columns(tmp_path):
+    from fixtures import build_gguf_target
+
+    source = build_gguf_target(tmp_path / "model.gguf", "qwen35moe", layers=4, nextn=1)
+    command = [sys.executable, "-m", "specpair", "convert", str(source)]
+    done = subprocess.run(
+        [*command, str(tmp_path / "a"), "--to", "bf16", "--json"], capture_output=True, text=True, timeout=300
+    )
+    parts = {g["group"] for g in json.loads(done.stdout)["report"]["groups"]}
+    assert {"linear_attention", "shared_expert"} <= parts
+    env = {**os.environ, "COLUMNS": "80"}
+    human = subprocess.run(
+        [*command, str(tmp_path / "b"), "--to", "bf16"], capture_output=True, text=True, timeout=300, env=env
+    ).stdout
+    cells = [cell.strip() for line in human.splitlines() if line.startswith("│ ") for cell in line.split("│")]
+    assert parts <= set(cells) and not any("…" in cell for cell in cells)  # names and figures whole
+
+
 def test_gguf_gets_the_source_models_name_and_eps_comes_back_as_written(tmp_path):
     from fixtures import build_gguf_target
 

@@ -249,6 +249,8 @@ def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
     },
 )
 def _runs(p: Pair, stack: str) -> Iterable[Values]:
+    if p.kind == "mtp" and (p.target.mtp is None or p.target.mtp.tensors == 0):
+        return  # no head to run: mtp.present says so
     yield {
         "families": ", ".join(runtime.AVAILABLE.families),
         "kinds": ", ".join(KIND_NAMES[k] for k in runtime.AVAILABLE.drafter_kinds),
