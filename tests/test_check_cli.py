@@ -381,3 +381,20 @@ def test_weights_only_fork_gguf_drafter_is_judged_and_its_fix_runs(tmp_path: Pat
     after, code = check_json(str(target), str(output), "--stack", "llama.cpp")
     assert code == 0 and not errors(after, "llama.cpp") and after["draft"]["architecture"] == "dflash"
     assert after["draft"]["tokenizer"]["length"] > 0  # the target's tokenizer went into the drafter's GGUF
+
+
+def test_a_command_is_built_alone_and_the_app_keeps_every_command(monkeypatch, capsys):
+    """main() hands typer only the command it runs (building every command's options costs ~20 ms a run)."""
+    from specpair import cli
+
+    every = list(cli.app.registered_commands)
+    for argv in (["check", "--help"], ["--help"]):
+        monkeypatch.setattr(sys, "argv", ["specpair", *argv])
+        try:
+            cli.main()
+        except SystemExit as done:
+            assert done.code == 0
+        assert cli.app.registered_commands == every
+    shown = capsys.readouterr().out
+    assert "specpair check [OPTIONS] {target} [draft]" in shown
+    assert all(f"  {c.callback.__name__} " in shown for c in every)  # the group's help still lists them all
