@@ -33,11 +33,11 @@ def available() -> bool:
 def forked(*works: Work | None) -> Iterator[list[Result]]:
     """Run the works, one after another, in a child; yields, per work, a call that waits for its bytes (None:
     the work was None, failed, or nothing was forked: do it here). On leaving, the child is killed and reaped."""
-    if not any(works) or not available():
+    started = _start() if any(works) and available() else None
+    if started is None:
         yield [lambda: None for _ in works]
         return
-    read_end, write_end = os.pipe()
-    pid = os.fork()
+    pid, read_end, write_end = started
     if pid == 0:  # the child: compute, write, leave without this process's exit handlers or buffers
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # not the parent's handlers (convert's cleanup)
@@ -79,3 +79,17 @@ def forked(*works: Work | None) -> Iterator[list[Result]]:
         with contextlib.suppress(ProcessLookupError):  # a child that has finished is a zombie until reaped
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def _start() -> tuple[int, int, int] | None:
+    """fork() with a pipe: (pid, read end, write end); None when the system has no process or pipe to give."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        return os.fork(), read_end, write_end
+    except OSError:  # EAGAIN at the process limit, ENOMEM
+        os.close(read_end)
+        os.close(write_end)
+        return None

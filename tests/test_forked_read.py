@@ -160,6 +160,21 @@ def test_nothing_is_forked_where_it_is_not_available(monkeypatch: pytest.MonkeyP
         assert (work(), nothing()) == (None, None)
 
 
+def test_a_fork_the_system_refuses_leaves_the_work_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forking: list[str]
+) -> None:
+    root = build_target(tmp_path / "t", "qwen3", shards=3)
+    expected = serial(root, monkeypatch)
+
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused)
+    opened = len(os.listdir("/proc/self/fd"))
+    assert open_checkpoint(str(root)).to_json() == expected.to_json() and forking == []
+    assert len(os.listdir("/proc/self/fd")) == opened  # the pipe was closed
+
+
 def test_a_child_left_uncollected_is_killed_and_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(child, "available", lambda: True)
     started: list[int] = []
