@@ -22,7 +22,19 @@ How the GPU kernel streams weights (few rows of x against a large W):
   hold them and permutes the x tile (small, in shared memory) the same way (`_x_w4`, `_x_w8`). The
   permutation only renames which product goes to which lane; every product is still x_k·w_k.
 - GGUF Q8_0 and Q6_K blocks (34 and 210 bytes) are only 2-byte aligned: their words are read at the
-  4-byte boundary below and realigned with a 16-bit funnel shift (`_words_at`).
+  4-byte boundary below and realigned with a 16-bit funnel shift (`_words_at`). That kernel reads GGUF bytes
+  as stored; loaders give the GGUF types it serves best as planes instead (`to_kernel_layout`).
+
+GGUF Q8_0, Q4_K, Q5_K and Q6_K as planes (formats/gguf_planes.py: each field of every block gathered into
+an aligned array, the same bytes) run `_planes_kernel`, which streams them at 16 bytes a load and keeps the
+tensor cores fed without shared-memory staging or barriers between groups (benchmarks/results/gguf_kernels.md
+says why the GGUF-bytes kernel could not): a program's BLOCK_N rows are `warps` row groups, the batch axis of
+every dot, which Triton lowers to the synchronous mma with one warp a row group; each group of 16 or 32 values
+is decoded with constant shifts (two or four codes a register in PTX), dotted with x's group (one x tile for
+all row groups), and scaled per row into the accumulator: d·Σx·q for Q8_0 and Q6_K (whose high bit pairs are a
+second dot accumulated into the first), d·sc·Σx·q − dmin·m·Σx for Q4_K and Q5_K (Σx a dot with ones, in the
+same register layout as the codes). Its tiles per type are PLANES_TILES, chosen from the benchmark's sweep; a
+tile may hold 8 tokens (half the dot and scaling work of 16; calls of 9 to 16 tokens then read the weight twice).
 
 Exact products: every tensor-core dot takes operands whose values are exact in bf16 (the bf16 activation;
 FP8 values; E2M1 codes times their E4M3 block scale (times 2^-8, undone on the per-tensor scale); integer
@@ -31,9 +43,10 @@ float32 dot: s·Σx·q + b·Σx for affine and Q4_K/Q5_K, d·Σx·q for Q8_0 and
 block, per-tensor scales at the end. So y differs from x @ dequantize() by float32 summation order only (an
 E4M3 NaN code, which no quantizer writes, decodes to a finite value here).
 
-Batch invariance: BLOCK_M = 16 tokens per tile whatever M (rows past M are zeros), one tile configuration per
-(layout, N, K) (`_config`), never chosen by M or by the routing; a split of K, where the weight's shape asks
-for one, sums its float32 partials in a fixed order in a second kernel (never atomics). A row's position in a
+Batch invariance: a fixed number of tokens per tile whatever M (16, or 8 in some planes tilings; rows past M
+are zeros), one tile configuration per (layout, N, K) (`_config`), never chosen by M or by the routing; a split
+of K, where the weight's shape asks for one, sums its float32 partials in a fixed order in a second kernel
+(never atomics). A row's position in a
 tile, and which other rows share it, do not change its bits: the tensor core treats every token column alike.
 """
 
@@ -370,10 +383,7 @@ STEPS = {DENSE: 128, FP8_TENSOR: 128, FP8_BLOCK: 128, NVFP4: 256, Q8_0: 128, Q4_
 def _config(op: _Operand | _PlanesOperand) -> Tiles:
     """The tiles of a weight, from its layout and shape alone."""
     if isinstance(op, _PlanesOperand):
-        tiling = PLANES_TILES[op.planes.qtype]
-        steps = triton.cdiv(op.k, tiling.step)
-        splits = max(1, min(tiling.programs // triton.cdiv(op.n, tiling.block_n), steps // 2))
-        return Tiles(tiling.block_n, tiling.step, splits, tiling.warps, tiling.stages, tiling.block_m)
+        return planes_tiles(op.n, op.k, PLANES_TILES[op.planes.qtype])
     step = 2 * op.group if op.code in (AFFINE4, AFFINE8) else STEPS[op.code]
     if op.f32_weight:  # float32 dots run on the FMA units: a narrower step keeps their operands in registers
         step = 32
@@ -381,6 +391,13 @@ def _config(op: _Operand | _PlanesOperand) -> Tiles:
     steps = triton.cdiv(op.k, step)
     splits = max(1, min(TARGET_PROGRAMS // triton.cdiv(op.n, block_n), steps // 2))
     return Tiles(block_n, step, splits, warps=4, stages=3)
+
+
+def planes_tiles(n: int, k: int, tiling: PlanesTiling) -> Tiles:
+    """The planes kernel's tiles of an [n, k] weight (per expert) under `tiling`: K split until the programs
+    reach tiling.programs, each split at least two steps."""
+    splits = max(1, min(tiling.programs // triton.cdiv(n, tiling.block_n), triton.cdiv(k, tiling.step) // 2))
+    return Tiles(tiling.block_n, tiling.step, splits, tiling.warps, tiling.stages, tiling.block_m)
 
 
 def tiles_of(w: Tensor | Packed) -> Tiles:
@@ -1111,8 +1128,10 @@ if triton is not None:
         else:
             return (((high.to(tl.int32) >> (HIGH_BITS * FIELD)) & ((1 << HIGH_BITS) - 1)) * 16).to(WDT)
 
+    # The scale planes' strides are not specialised (their loads are one value a row, never vectors): one binary
+    # for every K of a type, and the code planes' strides, which vectorised loads need, are multiples of 16.
     @triton.jit(
-        do_not_specialize=["out_rows", "split_steps", "splits", "routing", "top_k", "tokens"],
+        do_not_specialize=["out_rows", "split_steps", "splits", "routing", "top_k", "tokens", "e2", "e3", "r2", "r3"],
         do_not_specialize_on_alignment=["table_ptr", "order_ptr"],
     )
     def _planes_kernel(
