@@ -463,6 +463,7 @@ def _launch(
             ASM_LOW=_field_asm(desc, "codes"),
             ASM_HIGH=_field_asm(desc, "high"),
             STEP=step,
+            EVEN_K=op.k % step == 0,
             F32=f32,
             WDT=tl.float32 if INTERPRETED else tl.bfloat16,
             BLOCK_M=tiling.block_m,
@@ -1171,6 +1172,7 @@ if triton is not None:
         ASM_LOW: tl.constexpr,
         ASM_HIGH: tl.constexpr,
         STEP: tl.constexpr,
+        EVEN_K: tl.constexpr,
         F32: tl.constexpr,
         WDT: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -1203,7 +1205,11 @@ if triton is not None:
         for k0 in range(k_lo, k_hi, STEP):
             for g in tl.static_range(STEP // GROUP):
                 k = k0 + g * GROUP
-                inside = n_in & (n * 0 + k < k_hi)  # (a tensor compare: the interpreter masks with no scalar bools)
+                inside = n_in
+                x_in = valid[None, :]
+                if not EVEN_K:  # a last step past K (tensor compares: the interpreter masks with no scalar bools)
+                    inside = n_in & (n * 0 + k < k_hi)
+                    x_in = x_in & (x_rows[None, :] * 0 + k < k_hi)
                 if (g * GROUP) % 256 == 0 and SCALES == 1:  # an int8 per group, times the block's f16 d
                     d = tl.load(super_rows + k // 256, mask=inside, other=0.0).to(tl.float32)
                 if (g * GROUP) % 256 == 0 and SCALES == 2:  # the block's 16 head bytes as words
@@ -1221,7 +1227,7 @@ if triton is not None:
                         high = tl.load(
                             high_rows + (k // (GROUP * HIGH_FIELDS)) * GROUP, mask=inside[:, :, None], other=0
                         )
-                xs = tl.load(x_cols + k, mask=valid[None, :] & (x_rows[None, :] * 0 + k < k_hi), other=0.0)
+                xs = tl.load(x_cols + k, mask=x_in, other=0.0)
                 if F32:
                     xs = xs.to(tl.float32)
                 xs = tl.broadcast_to(xs[None, :, :], (ROW_GROUPS, GROUP, BLOCK_M))
