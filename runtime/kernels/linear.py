@@ -111,10 +111,10 @@ class PlanesTiling:
 # The planes kernel's tiles per GGUF type, picked from benchmarks/gguf_kernels_gpu.py's sweep on an H200 (its
 # table prints each candidate as a row of this form).
 PLANES_TILES = {
-    "Q8_0": PlanesTiling(block_n=128, step=256, block_m=16, warps=4, stages=4, programs=264),
-    "Q4_K": PlanesTiling(block_n=128, step=256, block_m=8, warps=4, stages=4, programs=264),
-    "Q5_K": PlanesTiling(block_n=128, step=256, block_m=8, warps=4, stages=4, programs=264),
-    "Q6_K": PlanesTiling(block_n=128, step=256, block_m=16, warps=4, stages=4, programs=264),
+    "Q8_0": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q4_K": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q5_K": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q6_K": PlanesTiling(block_n=128, step=256, block_m=8, warps=8, stages=3, programs=264),
 }
 
 
