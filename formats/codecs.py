@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from specpair.errors import BadInput
-from specpair.formats import affine, exl3, fp8, gguf_quants, nvfp4
+from specpair.formats import affine, exl3, fp8, gguf_planes, gguf_quants, nvfp4
 from specpair.formats.layouts import layout_of
 
 Stored = dict[str, tuple[str, tuple[int, ...]]]
@@ -205,11 +205,15 @@ def _gguf(layout: str, method: str = "search") -> Codec:
         return {"": torch.from_numpy(np.ascontiguousarray(data))}
 
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+        # planes (the kernels' arrangement, formats/gguf_planes.py) go back to the blocks they came from
+        data = (
+            gguf_planes.from_planes(parts, qtype, shape, name) if gguf_planes.is_planes(parts) else _only(parts, name)
+        )
         if qtype == "Q8_0":
-            return gguf_quants.dequantize_q8_0(_only(parts, name), shape, name)
+            return gguf_quants.dequantize_q8_0(data, shape, name)
         if qtype in gguf_quants.KQUANT_BLOCKS:
-            return gguf_quants.dequantize_kquant_torch(_only(parts, name), qtype, shape, name)
-        data = _only(parts, name)  # other types decode in gguf-py's numpy: back to the device the bytes are on
+            return gguf_quants.dequantize_kquant_torch(data, qtype, shape, name)
+        # other types decode in gguf-py's numpy: back to the device the bytes are on
         return torch.from_numpy(gguf_quants.dequantize(data.cpu().numpy(), qtype, shape, name)).to(data.device)
 
     # the numpy quantizers take slices big enough to keep every worker process busy, where there are workers

@@ -22,7 +22,19 @@ How the GPU kernel streams weights (few rows of x against a large W):
   hold them and permutes the x tile (small, in shared memory) the same way (`_x_w4`, `_x_w8`). The
   permutation only renames which product goes to which lane; every product is still x_k·w_k.
 - GGUF Q8_0 and Q6_K blocks (34 and 210 bytes) are only 2-byte aligned: their words are read at the
-  4-byte boundary below and realigned with a 16-bit funnel shift (`_words_at`).
+  4-byte boundary below and realigned with a 16-bit funnel shift (`_words_at`). That kernel reads GGUF bytes
+  as stored; loaders give the GGUF types it serves best as planes instead (`to_kernel_layout`).
+
+GGUF Q8_0, Q4_K, Q5_K and Q6_K as planes (formats/gguf_planes.py: each field of every block gathered into
+an aligned array, the same bytes) run `_planes_kernel`, which streams them at 16 bytes a load and keeps the
+tensor cores fed without shared-memory staging or barriers between groups (benchmarks/results/gguf_kernels.md
+says why the GGUF-bytes kernel could not): a program's BLOCK_N rows are `warps` row groups, the batch axis of
+every dot, which Triton lowers to the synchronous mma with one warp a row group; each group of 16 or 32 values
+is decoded with constant shifts (two or four codes a register in PTX), dotted with x's group (one x tile for
+all row groups), and scaled per row into the accumulator: d·Σx·q for Q8_0 and Q6_K (whose high bit pairs are a
+second dot accumulated into the first), d·sc·Σx·q − dmin·m·Σx for Q4_K and Q5_K (Σx a dot with ones, in the
+same register layout as the codes). Its tiles per type are PLANES_TILES, chosen from the benchmark's sweep; a
+tile may hold 8 tokens (half the dot and scaling work of 16; calls of 9 to 16 tokens then read the weight twice).
 
 Exact products: every tensor-core dot takes operands whose values are exact in bf16 (the bf16 activation;
 FP8 values; E2M1 codes times their E4M3 block scale (times 2^-8, undone on the per-tensor scale); integer
@@ -31,9 +43,10 @@ float32 dot: s·Σx·q + b·Σx for affine and Q4_K/Q5_K, d·Σx·q for Q8_0 and
 block, per-tensor scales at the end. So y differs from x @ dequantize() by float32 summation order only (an
 E4M3 NaN code, which no quantizer writes, decodes to a finite value here).
 
-Batch invariance: BLOCK_M = 16 tokens per tile whatever M (rows past M are zeros), one tile configuration per
-(layout, N, K) (`_config`), never chosen by M or by the routing; a split of K, where the weight's shape asks
-for one, sums its float32 partials in a fixed order in a second kernel (never atomics). A row's position in a
+Batch invariance: a fixed number of tokens per tile whatever M (16, or 8 in some planes tilings; rows past M
+are zeros), one tile configuration per (layout, N, K) (`_config`), never chosen by M or by the routing; a split
+of K, where the weight's shape asks for one, sums its float32 partials in a fixed order in a second kernel
+(never atomics). A row's position in a
 tile, and which other rows share it, do not change its bits: the tensor core treats every token column alike.
 """
 
@@ -46,14 +59,17 @@ import torch
 from torch import Tensor
 
 from specpair.errors import BadInput
-from specpair.formats import nvfp4
+from specpair.formats import gguf_planes, nvfp4
 from specpair.formats.codecs import FLOAT_LAYOUTS, codec, nvfp4_read
+from specpair.formats.layouts import layout_of
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels.cpu_rows import rows_mm
 from specpair.runtime.kernels.triton_common import (
     INTERPRETED,
     device_function,
     dot,
+    dot3,
+    dot3_acc,
     require_triton,
     rounded,
     tl,
@@ -75,6 +91,31 @@ class Tiles:
     splits: int
     warps: int
     stages: int
+    block_m: int = BLOCK_M  # tokens per tile
+
+
+@dataclass(frozen=True)
+class PlanesTiling:
+    """A GGUF type's tiles in the planes kernel: weight rows per program, K values per loop step (whole
+    blocks), tokens per tile (16, or 8: the tensor core's narrowest, half the dot and scaling work, but calls
+    of 9 to 16 tokens read the weight twice), warps, pipeline stages, and the programs K is split to reach."""
+
+    block_n: int
+    step: int
+    block_m: int
+    warps: int
+    stages: int
+    programs: int
+
+
+# The planes kernel's tiles per GGUF type, picked from benchmarks/gguf_kernels_gpu.py's sweep on an H200 (its
+# table prints each candidate as a row of this form).
+PLANES_TILES = {
+    "Q8_0": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q4_K": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q5_K": PlanesTiling(block_n=64, step=256, block_m=8, warps=4, stages=3, programs=528),
+    "Q6_K": PlanesTiling(block_n=128, step=256, block_m=8, warps=8, stages=3, programs=264),
+}
 
 
 def matmul(x: Tensor, w: Tensor | Packed) -> Tensor:
@@ -111,8 +152,13 @@ def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) 
 
 
 def to_kernel_layout(w: Packed) -> Packed:
-    """An NVFP4 weight of any flavour as ModelOpt bits (codes and scales move unchanged); other layouts as
-    they are. For loaders: the Triton kernel reads nvfp4-modelopt only."""
+    """For loaders, the layout the Triton kernels read best, exactly: an NVFP4 weight of any flavour as
+    ModelOpt bits (codes and scales move unchanged), a GGUF Q8_0, Q4_K, Q5_K or Q6_K weight as planes
+    (formats/gguf_planes.py: its bytes rearranged, none added; the GGUF bytes are let go with `w`); other
+    layouts as they are."""
+    planes = gguf_planes.of(layout_of(w.layout).flavour or "") if layout_of(w.layout).kind == "gguf" else None
+    if planes is not None and "" in w.parts:
+        return replace(w, parts=gguf_planes.to_planes(w.parts[""], planes.qtype, w.shape, w.name))
     if w.layout not in nvfp4.FLAVOURS or w.layout == "nvfp4-modelopt":
         return w
     experts = [w.expert(e) for e in range(w.experts)] if w.experts is not None else [w]
@@ -214,6 +260,42 @@ class _Operand:
     cols: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class _PlanesOperand:
+    """A GGUF weight as planes, as the planes kernel reads it: the code, high, scale and super planes (the
+    code plane standing in for those a type has not), each with its expert and row strides in its own
+    elements, and the type's descriptor."""
+
+    planes: gguf_planes.Planes
+    parts: tuple[Tensor, Tensor, Tensor, Tensor]
+    expert_strides: tuple[int, int, int, int]
+    row_strides: tuple[int, int, int, int]
+    n: int
+    k: int
+    experts: int | None
+    f32_weight: bool = False
+
+
+def _planes_operand(w: Packed, planes: gguf_planes.Planes) -> _PlanesOperand:
+    stacked = len(w.shape) == 3
+    given = {role: part.contiguous() for role, part in w.parts.items()}
+    if set(given) != {p.role for p in planes.planes}:
+        raise BadInput(
+            w.name, f"{w.layout} planes are {', '.join(p.role for p in planes.planes)}; got {', '.join(given)}"
+        )
+    parts = tuple(given.get(role, given["codes"]) for role in gguf_planes.ROLES)
+    strides = [_strides(part, stacked) for part in parts]
+    return _PlanesOperand(
+        planes,
+        parts,
+        tuple(e for e, _ in strides),
+        tuple(r for _, r in strides),
+        w.shape[-2],
+        w.shape[-1],
+        w.shape[0] if stacked else None,
+    )
+
+
 def _strides(part: Tensor, stacked: bool) -> tuple[int, int]:
     """(expert stride, row stride) of a part [(E,) rows, cols], [(E,)] or []."""
     lead = 1 if stacked else 0
@@ -233,7 +315,12 @@ def _words(part: Tensor) -> Tensor:
     return flat.view(torch.int32)
 
 
-def _operand(w: Tensor | Packed) -> _Operand:
+def _operand(w: Tensor | Packed) -> _Operand | _PlanesOperand:
+    if isinstance(w, Packed) and gguf_planes.is_planes(w.parts) and layout_of(w.layout).kind == "gguf":
+        planes = gguf_planes.of(layout_of(w.layout).flavour or "")
+        if planes is None:
+            raise BadInput(w.name, f"{w.layout} has no planes form")
+        return _planes_operand(w, planes)
     stacked = len(w.shape) == 3
     n, k = w.shape[-2], w.shape[-1]
     if isinstance(w, Tensor):
@@ -293,8 +380,10 @@ def _operand(w: Tensor | Packed) -> _Operand:
 STEPS = {DENSE: 128, FP8_TENSOR: 128, FP8_BLOCK: 128, NVFP4: 256, Q8_0: 128, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 
 
-def _config(op: _Operand) -> Tiles:
+def _config(op: _Operand | _PlanesOperand) -> Tiles:
     """The tiles of a weight, from its layout and shape alone."""
+    if isinstance(op, _PlanesOperand):
+        return planes_tiles(op.n, op.k, PLANES_TILES[op.planes.qtype])
     step = 2 * op.group if op.code in (AFFINE4, AFFINE8) else STEPS[op.code]
     if op.f32_weight:  # float32 dots run on the FMA units: a narrower step keeps their operands in registers
         step = 32
@@ -304,6 +393,13 @@ def _config(op: _Operand) -> Tiles:
     return Tiles(block_n, step, splits, warps=4, stages=3)
 
 
+def planes_tiles(n: int, k: int, tiling: PlanesTiling) -> Tiles:
+    """The planes kernel's tiles of an [n, k] weight (per expert) under `tiling`: K split until the programs
+    reach tiling.programs, each split at least two steps."""
+    splits = max(1, min(tiling.programs // triton.cdiv(n, tiling.block_n), triton.cdiv(k, tiling.step) // 2))
+    return Tiles(tiling.block_n, tiling.step, splits, tiling.warps, tiling.stages, tiling.block_m)
+
+
 def tiles_of(w: Tensor | Packed) -> Tiles:
     """The tiles the kernel cuts `w` into (benchmarks derive candidate configurations from them)."""
     return _config(_operand(w))
@@ -311,7 +407,7 @@ def tiles_of(w: Tensor | Packed) -> Tiles:
 
 def _launch(
     x: Tensor,
-    op: _Operand,
+    op: _Operand | _PlanesOperand,
     out_rows: int,
     tiles: int,
     tiling: Tiles,
@@ -320,8 +416,8 @@ def _launch(
     order: Tensor | None = None,
     top_k: int = 0,
 ) -> Tensor:
-    """y [out_rows, N]: rows of x in tiles of BLOCK_M (routing 0); the routed pairs of a tile table
-    (routing 1: `table` rows (expert, begin, end) over the expert-sorted `order`); or, for at most BLOCK_M
+    """y [out_rows, N]: rows of x in tiles of block_m (routing 0); the routed pairs of a tile table
+    (routing 1: `table` rows (expert, begin, end) over the expert-sorted `order`); or, for at most block_m
     tokens, the pairs each program finds itself in expert_ids, given as `table` (routing 2)."""
     f32 = INTERPRETED or x.dtype != torch.bfloat16 or op.f32_weight
     y = torch.empty(out_rows, op.n, dtype=x.dtype, device=x.device)
@@ -337,41 +433,118 @@ def _launch(
         order = table
     tokens = x.shape[0]
     grid = (tiles, triton.cdiv(op.n, tiling.block_n), splits)
-    _matmul_kernel[grid](
-        x,
-        y,
-        partial,
-        *op.parts,
-        table,
-        order,
-        out_rows,
-        op.n,
-        op.k,
-        x.stride(0),
-        per_split // step,
-        splits,
-        routing,
-        top_k,
-        tokens,
-        *op.expert_strides,
-        *op.row_strides,
-        *op.cols,
-        LAYOUT=op.code,
-        GROUP=op.group,
-        STEP=step,
-        F16_HALVES=op.f16_halves and not f32,
-        F32=f32,
-        WDT=tl.float32 if INTERPRETED else tl.bfloat16,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=tiling.block_n,
-        TOPK=WINDOW_TOP_K,
-        BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.code in (AFFINE4, AFFINE8) else 1,
-        num_warps=tiling.warps,
-        num_stages=tiling.stages,
-    )
+    if isinstance(op, _PlanesOperand):
+        desc = op.planes
+        _planes_kernel[grid](
+            x,
+            y,
+            partial,
+            *op.parts,
+            table,
+            order,
+            out_rows,
+            op.n,
+            op.k,
+            x.stride(0),
+            per_split // step,
+            splits,
+            routing,
+            top_k,
+            tokens,
+            *op.expert_strides,
+            *op.row_strides,
+            GROUP=desc.group,
+            LOW_BITS=desc.low_bits,
+            LOW_FIELDS=desc.code_bits // desc.low_bits,
+            HIGH_BITS=desc.high_bits,
+            HIGH_FIELDS=desc.high_element_bits // desc.high_bits if desc.high_bits else 1,
+            OFFSET=desc.code_offset,
+            SCALES=PLANE_SCALES.index(desc.scales),
+            ASM_LOW=_field_asm(desc, "codes"),
+            ASM_HIGH=_field_asm(desc, "high"),
+            STEP=step,
+            EVEN_K=op.k % step == 0,
+            F32=f32,
+            WDT=tl.float32 if INTERPRETED else tl.bfloat16,
+            BLOCK_M=tiling.block_m,
+            BLOCK_N=tiling.block_n,
+            ROW_GROUPS=tiling.warps,
+            TOPK=WINDOW_TOP_K,
+            num_warps=tiling.warps,
+            num_stages=tiling.stages,
+        )
+    else:
+        _matmul_kernel[grid](
+            x,
+            y,
+            partial,
+            *op.parts,
+            table,
+            order,
+            out_rows,
+            op.n,
+            op.k,
+            x.stride(0),
+            per_split // step,
+            splits,
+            routing,
+            top_k,
+            tokens,
+            *op.expert_strides,
+            *op.row_strides,
+            *op.cols,
+            LAYOUT=op.code,
+            GROUP=op.group,
+            STEP=step,
+            F16_HALVES=op.f16_halves and not f32,
+            F32=f32,
+            WDT=tl.float32 if INTERPRETED else tl.bfloat16,
+            BLOCK_M=tiling.block_m,
+            BLOCK_N=tiling.block_n,
+            TOPK=WINDOW_TOP_K,
+            BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.code in (AFFINE4, AFFINE8) else 1,
+            num_warps=tiling.warps,
+            num_stages=tiling.stages,
+        )
     if splits > 1:
         _sum_splits_kernel[(out_rows, triton.cdiv(op.n, 256))](partial, y, splits, out_rows * op.n, op.n, BLOCK=256)
     return y
+
+
+PLANE_SCALES = ("f16", "int8", "kquant")  # the planes kernel's SCALES codes, for gguf_planes.Planes.scales
+
+
+def _bf16_pair(value: float) -> int:
+    bits = int(torch.tensor(value, dtype=torch.bfloat16).view(torch.int16)) & 0xFFFF
+    return bits | bits << 16
+
+
+def _field_asm(desc: gguf_planes.Planes, role: str) -> tuple[str, ...]:
+    """PTX of `_low_values` (role "codes") or `_high_values` ("high") for each field of a plane's elements,
+    on two 16-bit or four 8-bit elements a register: field f as bf16 (128 + f)·scale + offset, bf16 lanes
+    of 128 + f made under bf16 128's bits. Empty strings under the interpreter, and for 8-bit codes (Triton's
+    own conversion)."""
+    bits, element_bits = (
+        (desc.low_bits, desc.code_bits) if role == "codes" else (desc.high_bits, desc.high_element_bits)
+    )
+    if INTERPRETED or not bits or bits == element_bits:
+        return ("",) * max(1, element_bits // max(bits, 1))
+    scale, offset = (1.0, -128.0 - desc.code_offset) if role == "codes" else (16.0, -2048.0)
+    mask = (1 << bits) - 1
+    out = []
+    for field in range(element_bits // bits):
+        shift = [f"shr.u32 t, $2, {bits * field};" if field else "mov.b32 t, $2;"]
+        if element_bits == 16:  # two elements: each one bf16 lane already
+            body = [*shift, f"and.b32 t, t, {mask * 0x00010001:#010x};", "or.b32 t, t, 0x43004300;"]
+            body += ["fma.rn.bf16x2 $0, t, k, c;"]
+            body = [line.replace("$2", "$1") for line in body]
+        else:  # four bytes: spread into two registers of bf16 lanes
+            body = [*shift, f"and.b32 t, t, {mask * 0x01010101:#010x};"]
+            body += ["prmt.b32 $0, t, 0x43434343, 0x5140;", "prmt.b32 $1, t, 0x43434343, 0x7362;"]
+            body += ["fma.rn.bf16x2 $0, $0, k, c;", "fma.rn.bf16x2 $1, $1, k, c;"]
+        constants = [f"mov.b32 k, {_bf16_pair(scale):#010x};", f"mov.b32 c, {_bf16_pair(offset):#010x};"]
+        out.append("{ .reg .b32 t, k, c; " + " ".join(constants + body) + " }")
+    return tuple(out)
 
 
 def _activations(x: Tensor) -> Tensor:
@@ -390,13 +563,14 @@ def matmul_triton(x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None) -> 
     if len(w.shape) != 2 or x.shape[-1] != op.k:
         raise ValueError(f"matmul: x {list(x.shape)} and weight {list(w.shape)} do not fit")
     x = _activations(x)
-    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], BLOCK_M), tiles or _config(op))
+    tiling = tiles or _config(op)
+    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], tiling.block_m), tiling)
 
 
 def matmul_experts_triton(
     x: Tensor, w: Tensor | Packed, expert_ids: Tensor, tiles: Tiles | None = None, window: bool | None = None
 ) -> Tensor:
-    """Each touched expert is read once per tile of its tokens. Up to BLOCK_M tokens (decode, a verify
+    """Each touched expert is read once per tile of its tokens. Up to a tile's tokens (decode, a verify
     block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
     computes them all if it is the first of them, so no sorting runs before the matmul. Longer calls sort the
     pairs by expert on the device and cut them into tiles of one expert's rows, with a size bound that depends
@@ -414,8 +588,9 @@ def matmul_experts_triton(
     pairs = tokens * top_k
     x = _activations(x)
     tiling = tiles or _config(op)
+    rows = tiling.block_m
     if window is None:
-        window = tokens <= BLOCK_M and top_k <= WINDOW_TOP_K
+        window = tokens <= rows and top_k <= WINDOW_TOP_K
     if window:
         ids = expert_ids.to(torch.int32).contiguous()
         y = _launch(x, op, pairs, pairs, tiling, routing=2, table=ids, top_k=top_k)
@@ -425,13 +600,13 @@ def matmul_experts_triton(
     # scatter_add, not bincount: bincount sizes its output from the data, a host synchronisation on CUDA
     counts = torch.zeros(op.experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
     first_pair = torch.cumsum(counts, 0) - counts
-    tiles_per_expert = (counts + BLOCK_M - 1) // BLOCK_M
+    tiles_per_expert = (counts + rows - 1) // rows
     tiles_end = torch.cumsum(tiles_per_expert, 0)
-    n_tiles = triton.cdiv(pairs, BLOCK_M) + min(op.experts, pairs)
+    n_tiles = triton.cdiv(pairs, rows) + min(op.experts, pairs)
     tile = torch.arange(n_tiles, device=x.device)
     expert = torch.searchsorted(tiles_end, tile, right=True).clamp_max(op.experts - 1)
-    begin = first_pair[expert] + (tile - (tiles_end[expert] - tiles_per_expert[expert])) * BLOCK_M
-    end = torch.minimum(begin + BLOCK_M, first_pair[expert] + counts[expert])
+    begin = first_pair[expert] + (tile - (tiles_end[expert] - tiles_per_expert[expert])) * rows
+    end = torch.minimum(begin + rows, first_pair[expert] + counts[expert])
     end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
     table = torch.stack([expert, begin, end], 1).to(torch.int32).contiguous()
     y = _launch(x, op, pairs, n_tiles, tiling, routing=1, table=table, order=order, top_k=top_k)
@@ -663,6 +838,58 @@ if triton is not None:
         c1, c3 = tl.split(odd)
         return c0, c1, c2, c3
 
+    @device_function
+    def _tile_rows(table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M: tl.constexpr, TOPK: tl.constexpr):
+        """(expert, rows of x, rows of y, which of the BLOCK_M slots hold a row) of this program's tile: rows of
+        x (routing 0), or (token, slot) pairs of one expert (1: the sorted tile table; 2: found in expert_ids)."""
+        tile = tl.program_id(0)
+        slot = tl.arange(0, BLOCK_M)
+        x_rows = tile * BLOCK_M + slot
+        y_rows = x_rows
+        valid = x_rows < out_rows
+        expert = tile * 0
+        if routing == 1:  # (expert, begin, end) of the expert-sorted pairs
+            expert = tl.load(table_ptr + tile * 3)
+            begin = tl.load(table_ptr + tile * 3 + 1)
+            end = tl.load(table_ptr + tile * 3 + 2)
+            index = begin + slot
+            valid = index < end
+            pair = tl.load(order_ptr + index, mask=valid, other=0)
+            x_rows = pair // top_k
+            y_rows = pair
+        if routing == 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
+            ss = tl.arange(0, TOPK)
+            ids = tl.load(
+                table_ptr + slot[:, None] * top_k + ss[None, :],
+                mask=(slot < tokens)[:, None] & (ss < top_k)[None, :],
+                other=-1,
+            )
+            # a token may name an expert twice: its n-th naming goes with the others' n-th, so a tile never
+            # holds a token twice
+            same = (ids[:, :, None] == ids[:, None, :]) & (ss[None, :] < ss[:, None])[None, :, :]
+            nth = tl.sum(same.to(tl.int32), axis=2)
+            here = (slot[:, None] == tile // top_k) & (ss[None, :] == tile % top_k)
+            expert = tl.sum(tl.where(here, ids, 0))
+            match = (ids == expert) & (nth == tl.sum(tl.where(here, nth, 0)))
+            flat = slot[:, None] * TOPK + ss[None, :]
+            leader = tl.min(tl.where(match, flat, BLOCK_M * TOPK)) == tl.sum(tl.where(here, flat, 0))
+            valid = tl.where(leader, tl.max(match.to(tl.int32), axis=1), 0) > 0
+            x_rows = slot
+            y_rows = slot * top_k + tl.sum(tl.where(match, ss[None, :], 0), axis=1)
+        return expert.to(tl.int64), x_rows.to(tl.int64), y_rows.to(tl.int64), valid
+
+    @device_function
+    def _store_tile(acc, y_ptr, partial_ptr, n64, n_in, y_rows, valid, out_rows, N, splits):
+        """acc [..., BLOCK_M] (weight rows n64 [..., 1], in n_in; y rows y_rows [..., BLOCK_M], in valid) into
+        y, rounded once, or as this split's float32 partials [splits, out_rows, N], which _sum_splits_kernel
+        sums in order."""
+        mask = n_in & valid
+        if splits > 1:
+            split_rows = tl.program_id(2).to(tl.int64) * out_rows + y_rows
+            tl.store(partial_ptr + split_rows * N + n64, acc, mask=mask)
+        else:
+            tl.store(y_ptr + y_rows * N + n64, rounded(acc, y_ptr.dtype.element_ty), mask=mask)
+
     # Routed or not, final store or float32 partials: runtime branches on unspecialised scalars, so a weight's
     # calls all run one binary, whatever the call (the routing table's alignment is not specialised on either).
     @triton.jit(
@@ -706,44 +933,9 @@ if triton is not None:
         TOPK: tl.constexpr,
         BIAS_PARTS: tl.constexpr,
     ):
-        tile = tl.program_id(0)
-        slot = tl.arange(0, BLOCK_M)
-        # the tile's output rows: rows of x (routing 0), or (token, slot) pairs of one expert (1, 2)
-        x_rows = tile * BLOCK_M + slot
-        y_rows = x_rows
-        valid = x_rows < out_rows
-        expert = tile * 0
-        if routing == 1:  # (expert, begin, end) of the expert-sorted pairs
-            expert = tl.load(table_ptr + tile * 3)
-            begin = tl.load(table_ptr + tile * 3 + 1)
-            end = tl.load(table_ptr + tile * 3 + 2)
-            index = begin + slot
-            valid = index < end
-            pair = tl.load(order_ptr + index, mask=valid, other=0)
-            x_rows = pair // top_k
-            y_rows = pair
-        if routing == 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
-            ss = tl.arange(0, TOPK)
-            ids = tl.load(
-                table_ptr + slot[:, None] * top_k + ss[None, :],
-                mask=(slot < tokens)[:, None] & (ss < top_k)[None, :],
-                other=-1,
-            )
-            # a token may name an expert twice: its n-th naming goes with the others' n-th, so a tile never
-            # holds a token twice
-            same = (ids[:, :, None] == ids[:, None, :]) & (ss[None, :] < ss[:, None])[None, :, :]
-            nth = tl.sum(same.to(tl.int32), axis=2)
-            here = (slot[:, None] == tile // top_k) & (ss[None, :] == tile % top_k)
-            expert = tl.sum(tl.where(here, ids, 0))
-            match = (ids == expert) & (nth == tl.sum(tl.where(here, nth, 0)))
-            flat = slot[:, None] * TOPK + ss[None, :]
-            leader = tl.min(tl.where(match, flat, BLOCK_M * TOPK)) == tl.sum(tl.where(here, flat, 0))
-            valid = tl.where(leader, tl.max(match.to(tl.int32), axis=1), 0) > 0
-            x_rows = slot
-            y_rows = slot * top_k + tl.sum(tl.where(match, ss[None, :], 0), axis=1)
-        expert = expert.to(tl.int64)
-        x_rows = x_rows.to(tl.int64)
-        y_rows = y_rows.to(tl.int64)
+        expert, x_rows, y_rows, valid = _tile_rows(
+            table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK
+        )
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_in = n < N
         n64 = n.to(tl.int64)
@@ -877,12 +1069,194 @@ if triton is not None:
             acc = acc * tl.load(p1 + expert * e1).to(tl.float32)
         if LAYOUT == 3:  # the 2^-8 the E2M1 decode left in every product
             acc = acc * (tl.load(p2 + expert * e2).to(tl.float32) * 256.0)
-        mask = n_in[:, None] & valid[None, :]
-        if splits > 1:  # float32 partials [splits, out_rows, N], summed in order by _sum_splits_kernel
-            split_rows = tl.program_id(2).to(tl.int64) * out_rows + y_rows
-            tl.store(partial_ptr + split_rows[None, :] * N + n64[:, None], acc, mask=mask)
+        _store_tile(
+            acc, y_ptr, partial_ptr, n64[:, None], n_in[:, None], y_rows[None, :], valid[None, :], out_rows, N, splits
+        )
+
+    @device_function
+    def _low_values(
+        codes, ASMS: tl.constexpr, FIELD: tl.constexpr, LOW_BITS: tl.constexpr, OFFSET: tl.constexpr, WDT: tl.constexpr
+    ):
+        """Group FIELD of a code plane chunk [ROW_GROUPS, ROWS, GROUP] as values in WDT (small integers: exact):
+        signed bytes, or the LOW_BITS-bit field less OFFSET. ASMS[FIELD] (the GPU's, `_field_asm`) does two or
+        four elements at a time: 128 + field in bf16 lanes from bf16 128's bits, less 128 + OFFSET."""
+        if LOW_BITS == 8:
+            return codes.to(WDT)
+        elif ASMS[FIELD] != "":
+            if codes.dtype.primitive_bitwidth == 8:
+                return tl.inline_asm_elementwise(
+                    ASMS[FIELD], "=r,=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=4
+                )
+            else:
+                return tl.inline_asm_elementwise(ASMS[FIELD], "=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
-            tl.store(y_ptr + y_rows[None, :] * N + n64[:, None], rounded(acc, y_ptr.dtype.element_ty), mask=mask)
+            return (((codes.to(tl.int32) >> (LOW_BITS * FIELD)) & ((1 << LOW_BITS) - 1)) - OFFSET).to(WDT)
+
+    @device_function
+    def _ones_like(codes, ASM: tl.constexpr, WDT: tl.constexpr):
+        """Ones in codes' shape, WDT. On the GPU made by asm from the codes (whose bits it ignores), so that
+        Triton lays them out as it does the decoded codes and both dots take x in one register layout (a
+        constant would get a layout of its own, and x a second conversion through shared memory)."""
+        if ASM:
+            if codes.dtype.primitive_bitwidth == 8:
+                return tl.inline_asm_elementwise(
+                    "mov.b32 $0, 0x3F803F80; mov.b32 $1, 0x3F803F80;",
+                    "=r,=r,r",
+                    [codes],
+                    dtype=tl.bfloat16,
+                    is_pure=True,
+                    pack=4,
+                )
+            else:
+                return tl.inline_asm_elementwise(
+                    "mov.b32 $0, 0x3F803F80;", "=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=2
+                )
+        else:
+            return tl.full(codes.shape, 1.0, WDT)
+
+    @device_function
+    def _high_values(high, ASMS: tl.constexpr, FIELD: tl.constexpr, HIGH_BITS: tl.constexpr, WDT: tl.constexpr):
+        """Group FIELD of a high plane row: its bits times 16 (above 4-bit codes), in WDT. A dot of its own: the
+        two planes decoded in one expression would be two loaded operands of one elementwise op, which Triton
+        does not decode in the tensor cores' register layout (it converts the values through shared memory)."""
+        if ASMS[FIELD] != "":
+            if high.dtype.primitive_bitwidth == 8:
+                return tl.inline_asm_elementwise(
+                    ASMS[FIELD], "=r,=r,r", [high], dtype=tl.bfloat16, is_pure=True, pack=4
+                )
+            else:
+                return tl.inline_asm_elementwise(ASMS[FIELD], "=r,r", [high], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return (((high.to(tl.int32) >> (HIGH_BITS * FIELD)) & ((1 << HIGH_BITS) - 1)) * 16).to(WDT)
+
+    # The scale planes' strides are not specialised (their loads are one value a row, never vectors): one binary
+    # for every K of a type, and the code planes' strides, which vectorised loads need, are multiples of 16.
+    @triton.jit(
+        do_not_specialize=["out_rows", "split_steps", "splits", "routing", "top_k", "tokens", "e2", "e3", "r2", "r3"],
+        do_not_specialize_on_alignment=["table_ptr", "order_ptr"],
+    )
+    def _planes_kernel(
+        x_ptr,
+        y_ptr,
+        partial_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        super_ptr,
+        table_ptr,
+        order_ptr,
+        out_rows,
+        N,
+        K,
+        stride_xm,
+        split_steps,
+        splits,
+        routing,
+        top_k,
+        tokens,
+        e0,
+        e1,
+        e2,
+        e3,
+        r0,
+        r1,
+        r2,
+        r3,
+        GROUP: tl.constexpr,
+        LOW_BITS: tl.constexpr,
+        LOW_FIELDS: tl.constexpr,
+        HIGH_BITS: tl.constexpr,
+        HIGH_FIELDS: tl.constexpr,
+        OFFSET: tl.constexpr,
+        SCALES: tl.constexpr,
+        ASM_LOW: tl.constexpr,
+        ASM_HIGH: tl.constexpr,
+        STEP: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        F32: tl.constexpr,
+        WDT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        ROW_GROUPS: tl.constexpr,
+        TOPK: tl.constexpr,
+    ):
+        """GGUF weights as planes (formats/gguf_planes.py). The BLOCK_N rows of a program are ROW_GROUPS groups
+        of rows, the batch axis of every dot (Triton lays a batched dot's warps along its batch and runs it on
+        the tensor cores' synchronous mma: one warp a row group, no shared-memory staging of the weight). A
+        step is STEP values: for each group of GROUP values, in static order, the codes (and high bits) of the
+        rows decoded with constant shifts, one dot with x's group (the same for every row group), scaled per
+        row into acc, less the min times Σx (a dot with ones) for the affine k-quants."""
+        expert, x_rows, y_rows, valid = _tile_rows(
+            table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK
+        )
+        ROWS: tl.constexpr = BLOCK_N // ROW_GROUPS
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, ROW_GROUPS)[:, None] * ROWS + tl.arange(0, ROWS)[None, :]
+        n_in = n < N
+        n64 = n.to(tl.int64)
+        lane = tl.arange(0, GROUP)
+        codes_rows = (codes_ptr + expert * e0 + n64 * r0)[:, :, None] + lane[None, None, :]
+        high_rows = (high_ptr + expert * e1 + n64 * r1)[:, :, None] + lane[None, None, :]
+        scale_rows = scales_ptr + expert * e2 + n64 * r2
+        super_rows = super_ptr + expert * e3 + n64 * r3
+        x_cols = x_ptr + x_rows[None, :] * stride_xm + lane[:, None]  # [GROUP, BLOCK_M]
+        k_lo = tl.program_id(2) * split_steps * STEP
+        k_hi = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, tl.minimum(K, k_lo + split_steps * STEP), k_lo)
+        acc = tl.zeros([ROW_GROUPS, ROWS, BLOCK_M], tl.float32)
+        for k0 in range(k_lo, k_hi, STEP):
+            for g in tl.static_range(STEP // GROUP):
+                k = k0 + g * GROUP
+                inside = n_in
+                x_in = valid[None, :]
+                if not EVEN_K:  # a last step past K (tensor compares: the interpreter masks with no scalar bools)
+                    inside = n_in & (n * 0 + k < k_hi)
+                    x_in = x_in & (x_rows[None, :] * 0 + k < k_hi)
+                if (g * GROUP) % 256 == 0 and SCALES == 1:  # an int8 per group, times the block's f16 d
+                    d = tl.load(super_rows + k // 256, mask=inside, other=0.0).to(tl.float32)
+                if (g * GROUP) % 256 == 0 and SCALES == 2:  # the block's 16 head bytes as words
+                    head = scale_rows + k // 64
+                    h0 = tl.load(head, mask=inside, other=0).to(tl.uint32, bitcast=True)
+                    h1 = tl.load(head + 1, mask=inside, other=0).to(tl.uint32, bitcast=True)
+                    h2 = tl.load(head + 2, mask=inside, other=0).to(tl.uint32, bitcast=True)
+                    h3 = tl.load(head + 3, mask=inside, other=0).to(tl.uint32, bitcast=True)
+                    d = _f16(h0 & 0xFFFF)
+                    dmin = _f16(h0 >> 16)
+                if g % LOW_FIELDS == 0:  # the chunk holding groups g.. g + LOW_FIELDS - 1
+                    codes = tl.load(codes_rows + (k // (GROUP * LOW_FIELDS)) * GROUP, mask=inside[:, :, None], other=0)
+                if HIGH_BITS > 0:
+                    if g % HIGH_FIELDS == 0:
+                        high = tl.load(
+                            high_rows + (k // (GROUP * HIGH_FIELDS)) * GROUP, mask=inside[:, :, None], other=0
+                        )
+                xs = tl.load(x_cols + k, mask=x_in, other=0.0)
+                if F32:
+                    xs = xs.to(tl.float32)
+                xs = tl.broadcast_to(xs[None, :, :], (ROW_GROUPS, GROUP, BLOCK_M))
+                part = dot3(_low_values(codes, ASM_LOW, g % LOW_FIELDS, LOW_BITS, OFFSET, WDT), xs, F32)
+                if HIGH_BITS > 0:
+                    values = _high_values(high, ASM_HIGH, g % HIGH_FIELDS, HIGH_BITS, WDT)
+                    part = dot3_acc(values, xs, part, F32)
+                if SCALES == 0:  # an f16 per group
+                    scale = tl.load(scale_rows + k // GROUP, mask=inside, other=0.0).to(tl.float32)
+                elif SCALES == 1:
+                    scale = d * tl.load(scale_rows + k // GROUP, mask=inside, other=0).to(tl.float32)
+                else:
+                    sc, m = _kq_scales(h1, h2, h3, g % 8)
+                    scale = d * sc
+                acc += part * scale[:, :, None]
+                if SCALES == 2:  # the min: dmin·m times the group's Σx, summed by the tensor core
+                    acc -= dot3(_ones_like(codes, ASM_LOW[0] != "", WDT), xs, F32) * (dmin * m)[:, :, None]
+        _store_tile(
+            acc,
+            y_ptr,
+            partial_ptr,
+            n64[:, :, None],
+            n_in[:, :, None],
+            y_rows[None, None, :],
+            valid[None, None, :],
+            out_rows,
+            N,
+            splits,
+        )
 
     @triton.jit(do_not_specialize=["plane"])
     def _sum_splits_kernel(partial_ptr, y_ptr, splits, plane, N, BLOCK: tl.constexpr):

@@ -72,3 +72,24 @@ if triton is not None:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         else:
             return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+
+    @device_function
+    def dot3_acc(a, b, acc, F32: tl.constexpr):
+        """acc + `dot3`(a, b), accumulated by the dot itself on the GPU."""
+        if _INTERPRETED:
+            return acc + tl.sum(a.to(tl.float32)[:, :, :, None] * b.to(tl.float32)[:, None, :, :], axis=2)
+        elif F32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+
+    @device_function
+    def dot3(a, b, F32: tl.constexpr):
+        """`dot` of batches: a [B, M, K] @ b [B, K, N], each batch entry as `dot` computes it (on the GPU a
+        batched dot, which Triton lowers to the tensor cores' synchronous mma rather than Hopper's wgmma)."""
+        if _INTERPRETED:
+            return tl.sum(a.to(tl.float32)[:, :, :, None] * b.to(tl.float32)[:, None, :, :], axis=2)
+        elif F32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))

@@ -1,13 +1,17 @@
 """runtime/kernels/linear.py: every layout's Triton matmul (interpreted) and torch reference against the
 float64 product with `Packed.dequantize()` of parts made by the project's own quantizers; batch invariance
-of both (a row alone vs the same row among 19, across two tiles of 16); routed experts likewise."""
+of both (a row alone vs the same row among 19, across two tiles of 16); routed experts likewise; GGUF
+weights as planes (the kernel loaders use) at 1 to 16 rows in tiles of 8 and 16."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from specpair.errors import BadInput
+from specpair.formats import gguf_planes
 from specpair.formats.codecs import codec
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels import linear
@@ -299,3 +303,76 @@ def test_weights_that_cannot_be_one_operand_are_not_fused() -> None:
         with pytest.raises(ValueError, match="not one operand"):
             linear.fuse_rows(weights)
     assert linear.fusable_rows([packed("fp8-block", torch.randn(128, 256)), packed("fp8-block", w)])
+
+
+# ---- GGUF weights as planes (formats/gguf_planes.py): the planes kernel --------------------------------------
+
+PLANES_K = {"gguf-Q8_0": 544, "gguf-Q4_K": 512, "gguf-Q5_K": 512, "gguf-Q6_K": 512}  # Q8_0: a partial last step
+
+
+def planes_tiles(w: Packed, block_m: int) -> linear.Tiles:
+    """The weight's own tiles with `block_m` tokens a tile, and rows of 32 (two row groups of 16) so that N = 40
+    ends inside a program."""
+    return replace(linear.tiles_of(w), block_n=32, warps=2, block_m=block_m)
+
+
+@pytest.mark.parametrize("block_m", [8, 16])
+@pytest.mark.parametrize("layout", sorted(PLANES_K))
+def test_planes_matmul(layout: str, block_m: int) -> None:
+    """Every GGUF type the planes kernel reads, at 1 to 16 rows (one tile, or two of 8): within the bound of the
+    float64 product, and each row's bits the same alone and among the others; the planes hold the GGUF bytes."""
+    torch.manual_seed(hash(layout) % 1000 + block_m)
+    k = PLANES_K[layout]
+    stored = packed(layout, torch.randn(N, k))
+    w = linear.to_kernel_layout(stored)
+    assert gguf_planes.is_planes(w.parts) and sum(p.nbytes for p in w.parts.values()) == stored.parts[""].nbytes
+    assert torch.equal(w.dequantize(), stored.dequantize())
+    tiles = planes_tiles(w, block_m)
+    x = torch.randn(16, k).bfloat16()
+    truth, scale = exact(x, stored.dequantize())
+    full = linear.matmul_triton(x, w, tiles)
+    assert_close_to(full, truth, scale, 1e-6)
+    for rows in (1, 3, 9):
+        assert torch.equal(linear.matmul_triton(x[:rows].clone(), w, tiles), full[:rows])
+    for row in (0, 7, 15):
+        assert torch.equal(linear.matmul_triton(x[row : row + 1].clone(), w, tiles)[0], full[row])
+
+
+@pytest.mark.parametrize("layout", sorted(PLANES_K))
+def test_planes_split_k(layout: str) -> None:
+    """K split in two (float32 partials summed in order), the weight's own configuration otherwise."""
+    torch.manual_seed(hash(layout) % 1000 + 11)
+    k = 1024
+    w = linear.to_kernel_layout(packed(layout, torch.randn(N, k)))
+    tiles = replace(planes_tiles(w, 16), splits=2)
+    x = torch.randn(5, k).bfloat16()
+    truth, scale = exact(x, w.dequantize())
+    y = linear.matmul_triton(x, w, tiles)
+    assert_close_to(y, truth, scale, 1e-6)
+    assert torch.equal(linear.matmul_triton(x[2:3].clone(), w, tiles)[0], y[2])
+
+
+@pytest.mark.parametrize("layout", sorted(PLANES_K))
+def test_planes_experts(layout: str) -> None:
+    """Routed experts as planes: the in-kernel window and the sorted tile table give the same bits, within the
+    bound, a token alone as among the others."""
+    torch.manual_seed(hash(layout) % 1000 + 12)
+    w = linear.to_kernel_layout(stacked(layout, [torch.randn(N, 256) for _ in range(3)]))
+    assert w.experts == 3 and gguf_planes.is_planes(w.parts)
+    x = torch.randn(3, 256).bfloat16()
+    ids = torch.tensor([[2, 0], [0, 2], [1, 1]])
+    tiles = planes_tiles(w, 8)
+    window = linear.matmul_experts_triton(x, w, ids, tiles, window=True)
+    assert torch.equal(window, linear.matmul_experts_triton(x, w, ids, tiles, window=False))
+    check_experts(w, w.dequantize(), x, ids)
+
+
+def test_planes_fused_rows() -> None:
+    """q|k|v of Q6_K planes fuse like any layout: the fused weight's planes are the pieces' rows."""
+    torch.manual_seed(13)
+    pieces = [linear.to_kernel_layout(packed("gguf-Q6_K", torch.randn(r, 256))) for r in (40, 24, 8)]
+    fused = linear.fuse_rows(pieces)
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in pieces]))
+    x = torch.randn(4, 256).bfloat16()
+    truth, scale = exact(x, fused.dequantize())
+    assert_close_to(linear.matmul_triton(x, fused), truth, scale, 1e-6)
