@@ -7,7 +7,7 @@ One round = a verify step of `--block` tokens through the recurrence of every GD
 keeps `accepted` of them, for accepted = 0, 1, T/2, T-1, T. Baseline: the same recurrence with no rollback
 support. Slots: the recurrence also writes the state after every token (`step_states`, as vLLM keeps them),
 plus a copy of the state before the step for accepted = 0; commit gathers slot accepted-1. Snapshot-and-replay:
-runtime/cache.py itself (Cache.gdn_state / record_gdn / commit): a copy of the state before the step; commit
+runtime/cache.py itself (Cache.begin / gdn_state, the Pending's commit): a copy of the state before the step; commit
 restores it and reruns the recurrence over the kept tokens where a sequence rejected some. Both end in the
 same state, bit for bit (checked). The shape is Qwen3.6-35B-A3B's (30 GDN layers, 16 key / 32 value heads of
 128) divided by `--scale` in heads and head size (1: the real shape). Memory is what each design adds to the
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from specpair.checkpoint.config import ModelConfig, parse_config
-from specpair.runtime.cache import Cache
+from specpair.runtime.cache import Cache, GDNInputs
 from specpair.runtime.kernels import gdn
 
 CONFIG = (
@@ -108,12 +108,12 @@ def slots_round(
 
 def replay_round(config: ModelConfig, cache: Cache, x: Inputs, accepted: torch.Tensor) -> None:
     batch, block = x.q.shape[:2]
-    cache.begin(torch.arange(block, device=accepted.device).expand(batch, block), verify=True)
+    pending = cache.begin(torch.arange(block, device=accepted.device).expand(batch, block), verify=True)
     for layer in layers(config):
-        _, state = cache.gdn_state(layer, batch)
-        cache.record_gdn(layer, x.columns, x.q, x.k, x.v, x.g, x.beta)
+        _, state = cache.gdn_state(layer, batch, snapshot=True)
+        pending.gdn[layer] = GDNInputs(x.columns, x.q, x.k, x.v, x.g, x.beta)
         gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, state)
-    cache.commit(accepted)
+    pending.commit(accepted)
 
 
 def seconds(runs: dict[str, tuple], device: str, repeats: int) -> dict[str, float]:

@@ -183,8 +183,9 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dic
     token = model.head(prefill(model, cache, [prompt])).argmax(-1)[:, None]
     position = torch.tensor([[len(prompt)]], device="cuda")
     # the eager step as a verify step rolled back to nothing: the graph's step then starts from the same state
-    eager = model.forward(token, position, cache, verify=True).logits.clone()
-    cache.commit(torch.zeros(1, dtype=torch.int64, device="cuda"), [0])
+    out = model.forward(token, position, cache, verify=True)
+    eager = out.logits.clone()
+    out.pending.discard()
     decode = ForwardGraph(model, cache, 1, 1)
     decode.prepare(token, position)
     graphed = decode(token, position).logits.clone()

@@ -5,16 +5,17 @@
     model = load(plan_load(open_model("./Qwen3.6-35B-A3B"), "cuda"))      # runtime/model.py: Transformer
     cache = model.new_cache(batch=4, context=4096)                          # runtime/cache.py: static buffers
     out = model.forward(tokens, positions, cache, taps=(1, 10), hidden=True, verify=True)
-    cache.commit(accepted)                                                  # keep a prefix 0..T of each row
+    out.pending.commit(accepted)                                            # keep a prefix 0..T of each row
     step = ForwardGraph(model, cache, batch=4, tokens=1)                    # runtime/graphs.py: one captured step
 
 - models/<family>.py: what a decoder layer of each family is made of (llama, qwen3, qwen3_moe, qwen3_next,
   qwen3_5, qwen3_5_moe); blocks.py: the blocks (norms, attention, Gated DeltaNet, MLP, MoE); rope.py;
 - model.py: the one step function (decode, verify, prefill chunks), taps and the final normed hidden,
   `embed` and `head` on their own;
-- cache.py: KV and GDN state for a fixed batch and context, rollback of a verify step to any prefix;
+- cache.py: KV and GDN state for a fixed batch and context (targets' and drafters'), a verify step's Pending
+  that commits any prefix of it or discards it;
 - loading.py: a `Model` onto a device, streamed, quantized weights kept packed where the kernels read them;
-- sampling.py, generate.py: the sampler and the generation loop of `specpair run TARGET`;
+- sampling.py, generate.py: the sampler, the one chunked prefill and the generation loop of `specpair run TARGET`;
 - graphs.py: a step of fixed shapes over static buffers, a CUDA graph on CUDA (eager through the same buffers on
   the CPU): the decode and verify steps of both loops and the drafters' fixed-shape steps;
 - kernels/: matmul (dense and packed, projections fused), norms, rotary + cache write, attention, SwiGLU, MoE

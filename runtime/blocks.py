@@ -24,7 +24,7 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.formats.packed import Packed
-from specpair.runtime.cache import Cache
+from specpair.runtime.cache import Cache, GDNInputs, Pending
 from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
 from specpair.runtime.rope import Rope
 
@@ -73,7 +73,8 @@ class Projections:
         return [out if b is None else out + b for out, b in zip(outs, self.biases)]
 
 
-def _bias(config_flag: bool, fetch: Fetch, name: str, size: int) -> Tensor | None:
+def optional_bias(config_flag: bool, fetch: Fetch, name: str, size: int) -> Tensor | None:
+    """The bias beside weight `name` where the config says the layer has one."""
     return fetch(name.removesuffix(".weight") + ".bias", (size,)) if config_flag else None
 
 
@@ -106,15 +107,15 @@ class Step:
     cos: Tensor  # rope tables [B, T, 1, rotary_dim] float32
     sin: Tensor
     cache: Cache
-    verify: bool  # keep what commit() needs to roll this step back
+    pending: Pending | None  # a verify step: what its commit needs to roll it back is kept here
     kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
     kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
 
     @classmethod
-    def of(cls, positions: Tensor, cos: Tensor, sin: Tensor, cache: Cache, verify: bool) -> Step:
+    def of(cls, positions: Tensor, cos: Tensor, sin: Tensor, cache: Cache, pending: Pending | None) -> Step:
         """The ranges once per step, in the attention kernel's int32, not once per layer."""
         end = (positions + 1).to(torch.int32)
-        return cls(positions, cos, sin, cache, verify, end, torch.zeros_like(end))
+        return cls(positions, cos, sin, cache, pending, end, torch.zeros_like(end))
 
 
 @dataclass
@@ -147,7 +148,7 @@ class Attention:
             "o_proj": (hidden, heads * d),
         }
         weights = {k: fetch(p + k + ".weight", s, matmul=True) for k, s in shapes.items()}
-        biases = [_bias(config.attention_bias, fetch, p + k + ".weight", s[0]) for k, s in shapes.items()]
+        biases = [optional_bias(config.attention_bias, fetch, p + k + ".weight", s[0]) for k, s in shapes.items()]
         q_norm = Norm.build(config, p + "q_norm.weight", d, fetch) if config.qk_norm else None
         k_norm = Norm.build(config, p + "k_norm.weight", d, fetch) if config.qk_norm else None
         window = config.sliding_window if config.layer_types[layer] == "sliding" else None
@@ -241,15 +242,16 @@ class GatedDeltaNet:
     def __call__(self, h: Tensor, step: Step) -> Tensor:
         B, T, _ = h.shape
         qkv, z, b, a = self.in_proj(h)
-        conv_window, state = step.cache.gdn_state(self.layer, B)
+        verify = step.pending is not None
+        conv_window, state = step.cache.gdn_state(self.layer, B, snapshot=verify)
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
-        q, k, v, columns = gdn.conv_silu(conv_window, qkv, self.conv, (keys, keys, values), step.verify)
+        q, k, v, columns = gdn.conv_silu(conv_window, qkv, self.conv, (keys, keys, values), verify)
         q = q.reshape(B, T, self.key_heads, self.key_dim)
         k = k.reshape(B, T, self.key_heads, self.key_dim)
         v = v.reshape(B, T, self.value_heads, self.value_dim)
         g, beta = gdn.gates(a, b, self.A_log, self.dt_bias)
-        if step.verify:
-            step.cache.record_gdn(self.layer, columns, q, k, v, g, beta)
+        if verify:
+            step.pending.gdn[self.layer] = GDNInputs(columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)
         o = norm.gated_rms_norm(
             o.reshape(-1, self.value_dim), z.reshape(-1, self.value_dim), self.norm_weight, self.eps
@@ -270,7 +272,7 @@ class MLP:
         hidden = config.hidden_size
         shapes = {"gate_proj": (width, hidden), "up_proj": (width, hidden), "down_proj": (hidden, width)}
         weights = [fetch(f"{prefix}{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        biases = [_bias(bias, fetch, f"{prefix}{k}.weight", s[0]) for k, s in shapes.items()]
+        biases = [optional_bias(bias, fetch, f"{prefix}{k}.weight", s[0]) for k, s in shapes.items()]
         return cls(Projections.of(weights[:2], biases[:2]), weights[2], biases[2])
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -334,10 +336,10 @@ class DecoderLayer:
     post_norm: Norm
     mlp: MLP | MoE
 
-    def __call__(self, h: Tensor, step: Step, pending: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def __call__(self, h: Tensor, step: Step, previous_delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(h, delta): the residual stream after the mixer's add, and the MLP's output, which the next norm adds
-        (fused with it: Norm.add); h + delta is the layer's output. `pending`: the previous layer's delta."""
-        h, x = (h, self.input_norm(h)) if pending is None else self.input_norm.add(h, pending)
+        (fused with it: Norm.add); h + delta is the layer's output. `previous_delta`: the previous layer's delta."""
+        h, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
         h, x = self.post_norm.add(h, self.mixer(x, step))
         return h, self.mlp(x)
 

@@ -8,9 +8,10 @@ kv_start = p - window + 1, not a ring buffer: a position is never wrapped, rollb
   - Gated DeltaNet layers: the conv window [batch, K-1, C] (the last K-1 pre-conv projections, model dtype)
     and the recurrent state [batch, Hv, dk, dv] float32, plus a snapshot buffer of the same shape.
 
-Rollback. A step run with `verify=True` is provisional: `commit(accepted)` then keeps, per sequence, the first
-accepted[b] of its T tokens, 0 and T included, and leaves KV, conv windows and states exactly (bitwise) as
-if the step had only had those tokens. KV needs nothing but zeroing the rejected rows (positions, not a
+Rollback. A step run with `verify=True` is provisional: it returns a `Pending`, which the caller decides before
+any other step runs: `pending.commit(accepted)` keeps, per sequence, the first accepted[b] of its T tokens, 0 and
+T included, and leaves KV, conv windows and states exactly (bitwise) as if the step had only had those tokens
+(`pending.discard()` keeps none). KV needs nothing but zeroing the rejected rows (positions, not a
 length, decide what attention reads; zeroing makes the cache a function of the kept tokens alone). The conv
 window after a kept tokens is columns a .. a+K-2 of [old window | step projections], which the step keeps.
 For the recurrent state there are two designs (runtime.md §2):
@@ -20,7 +21,8 @@ For the recurrent state there are two designs (runtime.md §2):
       keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit restores the snapshot and
       reruns the recurrence alone over each sequence's kept tokens (no projection, no other layer: the inputs
       are kept), one call per GDN layer whose shapes do not depend on the counts (gdn_recurrent's `lengths`), so
-      the whole rollback is a CUDA graph (runtime/graphs.py ForwardGraph.commit) and never reads the counts.
+      the whole rollback is a CUDA graph (runtime/graphs.py: the Pending of a graphed verify step carries it)
+      and never reads the counts.
 Why (b): memory, and traffic that does not grow with T or the batch. At Qwen3.6-35B-A3B's shape (30 GDN layers,
 32 value heads of 128 x 128 fp32: 60 MiB of state per sequence) and a verify block of 16, (a) adds 1020 MiB per
 sequence (17 states a layer) and writes 960 MiB of it on every verify step, whatever is accepted (~0.25 ms of the
@@ -38,7 +40,7 @@ one-token updates in one order, and a replay of a kept prefix recomputes the sam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -68,12 +70,26 @@ class GDNInputs:
     beta: Tensor
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
-    """A verify step awaiting commit."""
+    """A verify step awaiting its decision, returned by the step (StepOutput.pending): `commit(accepted)` keeps the
+    first accepted[b] of its T tokens for each sequence b; `discard()` keeps none. Until one of them, the cache
+    refuses every other step. `rollback`: how to roll back these buffers when not eagerly (a CUDA graph of
+    Cache.roll_back, runtime/graphs.py)."""
 
+    cache: Cache
     positions: Tensor  # [B, T]
     gdn: dict[int, GDNInputs] = field(default_factory=dict)
+    rollback: Callable[[Tensor], None] | None = None
+
+    def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
+        """`counts`: the same numbers on the host, checked against the step's shape where the caller has them (the
+        rollback itself never reads them: its shapes do not depend on them)."""
+        self.cache.commit(self, accepted, counts)
+
+    def discard(self) -> None:
+        batch = self.positions.shape[0]
+        self.commit(torch.zeros(batch, dtype=torch.int64, device=self.positions.device), [0] * batch)
 
 
 class Cache:
@@ -102,7 +118,7 @@ class Cache:
                 )
                 self.state[i] = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=device)
                 self.snapshot[i] = torch.zeros_like(self.state[i])
-        self.pending: Pending | None = None
+        self.open: Pending | None = None  # the verify step awaiting its decision, which every other step waits for
 
     @property
     def nbytes(self) -> int:
@@ -117,16 +133,31 @@ class Cache:
 
     # -------------------------------------------------------------------------------------- used by a step
 
-    def begin(self, positions: Tensor, verify: bool) -> None:
-        if self.pending is not None:
-            raise RuntimeError("the last verify step was not committed: call commit(accepted) first")
+    def begin(self, positions: Tensor, verify: bool) -> Pending | None:
+        """A step over `positions` [B, T] starts: a verify step gets its Pending, which the caller must decide."""
         if positions.shape[0] > self.batch:
             raise ValueError(f"a step of {positions.shape[0]} sequences on a cache for {self.batch}")
-        if verify:
-            self.pending = Pending(positions)
+        step = Pending(self, positions) if verify else None
+        self.hold(step)
+        return step
 
-    def write_kv(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v [B, T, kv_heads, head_dim] at their positions; the layer's caches for rows 0..B-1."""
+    def hold(self, step: Pending | None) -> None:
+        """Make `step` the open verify step (None: check only that none is open); a replayed graph's verify step
+        holds the Pending over the graph's buffers this way."""
+        if self.open is not None:
+            raise RuntimeError("the last verify step was neither committed nor discarded: decide it first")
+        self.open = step
+
+    def release(self, step: Pending) -> None:
+        """Forget `step` without rolling anything back: a step whose work never ran (a CUDA-graph capture records
+        the ops of a step and runs none)."""
+        if self.open is not step:
+            raise RuntimeError("release() takes the open verify step")
+        self.open = None
+
+    def store(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v [B, T, kv_heads, head_dim] at their positions; the layer's caches for rows 0..B-1 (the
+        drafters' attention writes its K and V this way; the target's goes through kernels.qk, fused with rotary)."""
         batch = positions.shape[0]
         rows = torch.arange(batch, device=positions.device)[:, None].expand_as(positions)
         slot = self.slots[layer]
@@ -135,31 +166,20 @@ class Cache:
         self.kv[:, slot, rows, positions] = torch.stack((k, v))
         return self.kv[0, slot, :batch], self.kv[1, slot, :batch]
 
-    def gdn_state(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
-        """The conv window and recurrent state of rows 0..batch-1 (views: the step updates them in place);
-        a verify step first copies the state into the snapshot."""
+    def gdn_state(self, layer: int, batch: int, snapshot: bool) -> tuple[Tensor, Tensor]:
+        """The conv window and recurrent state of rows 0..batch-1 (views: the step updates them in place); with
+        `snapshot` (a verify step) the state is first copied into the snapshot that its rollback restores."""
         state = self.state[layer][:batch]
-        if self.pending is not None:
+        if snapshot:
             self.snapshot[layer][:batch].copy_(state)
         return self.conv[layer][:batch], state
 
-    def record_gdn(self, layer: int, columns: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> None:
-        self.pending.gdn[layer] = GDNInputs(columns, q, k, v, g, beta)
-
     # -------------------------------------------------------------------------------------- after a verify step
 
-    def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
-        """Keep the first accepted[b] tokens of the last verify step for each sequence b (0 <= accepted[b] <= T).
-        `counts`: the same numbers on the host, checked against the step's shape where the caller has them (the
-        rollback itself never reads them: its shapes do not depend on them)."""
-        self.roll_back(self.take_pending(accepted, counts), accepted)
-
-    def take_pending(self, accepted: Tensor, counts: Sequence[int] | None = None) -> Pending:
-        """The verify step to commit, which the cache then no longer holds; `accepted` and `counts` checked."""
-        step = self.pending
-        if step is None:
-            raise RuntimeError("commit() follows a forward(..., verify=True) step")
-        self.pending = None
+    def commit(self, step: Pending, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
+        """Pending.commit: keep the first accepted[b] tokens of `step` for each sequence b (0 <= accepted[b] <= T)."""
+        if step.cache is not self or self.open is not step:
+            raise RuntimeError("commit() takes the open verify step of this cache: this one was decided already")
         batch, steps = step.positions.shape
         if accepted.shape != (batch,):
             raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got a tensor of {list(accepted.shape)}")
@@ -167,7 +187,11 @@ class Cache:
             counts = accepted.tolist()  # free on the CPU; on CUDA a host read, which the rollback does not need
         if counts is not None and (len(counts) != batch or any(not 0 <= c <= steps for c in counts)):
             raise ValueError(f"accepted must be {batch} counts in 0..{steps}, got {list(counts)}")
-        return step
+        self.open = None
+        if step.rollback is not None:
+            step.rollback(accepted)
+        else:
+            self.roll_back(step, accepted)
 
     def roll_back(self, step: Pending, accepted: Tensor) -> None:
         """Leave the cache as if `step` had only had its first accepted[b] tokens, in ops whose shapes do not

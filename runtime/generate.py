@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specpair.runtime.cache import Cache
+from specpair.runtime.drafters import Committed
 from specpair.runtime.graphs import ForwardGraph
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
@@ -111,11 +113,24 @@ def generate(
     return out, Timing(prefill_s, decode_s, sum(lengths), sum(len(g.tokens) for g in out), batch, capture_s)
 
 
-def prefill(model: Transformer, cache, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> Tensor:
-    """Run the prompts into the cache in chunks of up to `chunk` tokens per sequence; the final normed hidden
-    state of each prompt's last token, [B, H]."""
+def prefill(
+    model: Transformer,
+    cache: Cache,
+    prompts: Sequence[Sequence[int]],
+    chunk: int = PREFILL_CHUNK,
+    *,
+    lengths: Sequence[int] | None = None,
+    taps: Sequence[int] = (),
+    hidden: bool = True,
+    observe: Callable[[Committed], None] | None = None,
+) -> Tensor | None:
+    """Run the first lengths[b] tokens of each prompt (default: all of them) into the cache, in chunks of up to
+    `chunk` tokens per sequence; the one prefill of both loops. `observe` sees each chunk as a drafter does
+    (runtime/drafters: its rows, the tokens after them, how many each sequence kept, the `taps` and the final
+    normed hidden when `hidden`). Returns, with `hidden`, the final normed hidden state of each prompt's last run
+    token, [B, H] (None when a sequence ran none)."""
     device, batch = model.device, len(prompts)
-    lengths = [len(p) for p in prompts]
+    lengths = [len(p) for p in prompts] if lengths is None else list(lengths)
     done = [0] * batch
     last: list[Tensor | None] = [None] * batch
     while any(d < n for d, n in zip(done, lengths)):
@@ -125,21 +140,24 @@ def prefill(model: Transformer, cache, prompts: Sequence[Sequence[int]], chunk: 
         tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
         positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
         padded = any(k < steps for k in kept)
-        out = model.forward(
-            torch.tensor(tokens, device=device),
-            torch.tensor(positions, device=device),
-            cache,
-            hidden=True,
-            logits=False,
-            verify=padded,
-        )
+        tokens_t, positions_t = torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
+        out = model.forward(tokens_t, positions_t, cache, taps=taps, hidden=hidden, logits=False, verify=padded)
+        kept_t = torch.tensor(kept, device=device)
         if padded:
-            cache.commit(torch.tensor(kept, device=device), kept)
+            out.pending.commit(kept_t, kept)
+        if observe is not None:
+            following = [
+                [p[d + t + 1] if t < k and d + t + 1 < len(p) else 0 for t in range(steps)]
+                for p, d, k in zip(prompts, done, kept)
+            ]
+            observe(
+                Committed(tokens_t, positions_t, torch.tensor(following, device=device), kept_t, out.taps, out.hidden)
+            )
         for b, k in enumerate(kept):
-            if k and done[b] + k == lengths[b]:
+            if hidden and k and done[b] + k == lengths[b]:
                 last[b] = out.hidden[b, k - 1]
             done[b] += k
-    return torch.stack(last)
+    return torch.stack(last) if hidden and all(x is not None for x in last) else None
 
 
 def _sync(device: torch.device) -> None:

@@ -10,7 +10,7 @@ kernels, torch initialises what it initialises lazily), captures it into a torch
 on replays it: one launch for the whole step instead of a Python call and a launch per op. Its outputs are the
 graph's own buffers, which the next replay overwrites: the caller consumes or copies them first. On the CPU the
 same object runs the step eagerly on the same static buffers, so CI tests the logic (what is copied in, what
-comes out, the cache's pending verify step); what it cannot test is the capture itself.
+comes out, a verify step's Pending and its decision); what it cannot test is the capture itself.
 
 What a captured step must not do, and the runtime's steps do not: read a tensor on the host (.item(),
 .tolist(), bool(tensor), a Python branch on a value), give an op an output size that depends on values
@@ -18,8 +18,8 @@ What a captured step must not do, and the runtime's steps do not: read a tensor 
 stream), or change a shape between calls. Positions and the ranges attention reads (kv_end = positions + 1)
 are device tensors; the MoE dispatch builds its tile tables on the device for any T·k (kernels/linear.py); the
 CPU reference kernels read routing and ranges on the host, which costs nothing there and is never captured.
-A verify step's commit is a graph of its own (`ForwardGraph.commit`: the rollback's shapes do not depend on the
-accepted counts). Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance
+A verify step's commit is a graph of its own (the Pending a ForwardGraph returns rolls back through it: the
+rollback's shapes do not depend on the accepted counts). Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance
 rule (a few small ops), DFlash2's candidate walk, and a hybrid draft model's rollback of its own state.
 """
 
@@ -112,9 +112,11 @@ class StepGraphs:
 class ForwardGraph:
     """`model.forward(tokens, positions, cache, ...)` for tokens and positions of [batch, tokens], on one cache.
 
-    A verify step's pending state (runtime/cache.py: the positions and the Gated DeltaNet inputs that commit reads)
-    is made by the forward's Python, which a replay does not run: the graph keeps the one its capture made, whose
-    tensors are the graph's buffers, and hands it to the cache after every replay."""
+    A verify step's Pending (runtime/cache.py: the positions and the Gated DeltaNet inputs its commit reads) is made
+    by the forward's Python, which a replay does not run: the graph keeps the one its capture made, whose tensors
+    are the graph's own buffers, and every replay returns a Pending over those buffers, held by the cache, whose
+    rollback is a graph of its own (the same ops on the same buffers every round: its shapes do not depend on the
+    counts)."""
 
     def __init__(
         self,
@@ -134,42 +136,37 @@ class ForwardGraph:
         self.options = {"taps": tuple(taps), "hidden": hidden, "logits": logits}
         like = torch.zeros(batch, tokens, dtype=torch.int64, device=model.device)
         self.graph = StepGraph(self._step, (like, like))
-        self.pending: Pending | None = None
-        self.rollback: StepGraph | None = None  # a verify step's commit, over the graph's own pending buffers
+        self.traced: Pending | None = None  # the Pending of the last run of the step's Python
+        self.rollback: StepGraph | None = None  # cache.roll_back of `traced`, over the graph's own buffers
 
     def _step(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         out = self.model.forward(tokens, positions, self.cache, verify=self.verify, **self.options)
+        self.traced = out.pending
         return out.logits, out.taps, out.hidden
 
     def prepare(self, tokens: Tensor, positions: Tensor) -> StepOutput:
         """Warm the step up and capture it before its first use, leaving the cache as it was: the step runs once,
-        provisionally (a verify step, then rolled back to nothing), at positions it may write. Returns that run's
-        output (the warm-up of a drafter that observes it needs its taps)."""
+        provisionally (a verify step, then discarded), at positions it may write. Returns that run's output (the
+        warm-up of a drafter that observes it needs its taps)."""
         out = self.model.forward(*self.graph.load(tokens, positions), self.cache, verify=True, **self.options)
-        batch = tokens.shape[0]
-        self.cache.commit(torch.zeros(batch, dtype=torch.int64, device=tokens.device), [0] * batch)
+        out.pending.discard()
         self.graph.record()
-        if self.verify and self.graph.graph is not None:  # the capture left its pending step on the cache
-            self.pending, self.cache.pending = self.cache.pending, None
+        if self.graph.graph is not None and self.traced is not None:
+            self.cache.release(self.traced)  # the capture opened a verify step and ran none of its work
         return out
 
-    def commit(self, accepted: Tensor, counts: Sequence[int] | None = None) -> None:
-        """cache.commit of this graph's last verify step, the rollback itself a graph of its own once the step is
-        captured: the same ops on the same buffers every round (its shapes do not depend on the counts)."""
-        step = self.cache.take_pending(accepted, counts)
-        if self.graph.graph is None:
-            self.cache.roll_back(step, accepted)
-            return
+    def _roll_back(self, accepted: Tensor) -> None:
         if self.rollback is None:
-            self.rollback = StepGraph(functools.partial(self.cache.roll_back, self.pending), (accepted,))
+            self.rollback = StepGraph(functools.partial(self.cache.roll_back, self.traced), (accepted,))
         self.rollback(accepted)
 
     def __call__(self, tokens: Tensor, positions: Tensor) -> StepOutput:
-        if self.cache.pending is not None:
-            raise RuntimeError("the last verify step was not committed: call commit(accepted) first")
+        self.cache.hold(None)  # refuse a step while a verify step is undecided, before touching any buffer
         logits, taps, hidden = self.graph(tokens, positions)
-        if self.verify:
-            if self.graph.ran_python:
-                self.pending = self.cache.pending
-            self.cache.pending = Pending(self.pending.positions, dict(self.pending.gdn))
-        return StepOutput(logits, taps, hidden)
+        pending = None
+        if self.verify and self.graph.ran_python:
+            pending = self.traced  # the forward's Python opened it on the cache
+        elif self.verify:
+            pending = Pending(self.cache, self.traced.positions, dict(self.traced.gdn), rollback=self._roll_back)
+            self.cache.hold(pending)
+        return StepOutput(logits, taps, hidden, pending)

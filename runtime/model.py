@@ -2,7 +2,7 @@
 one step function every use goes through.
 
     out = model.forward(tokens, positions, cache, taps=(1, 10), hidden=True, verify=True)
-    cache.commit(accepted)
+    out.pending.commit(accepted)
 
 `forward` runs T tokens for each of B sequences: decode (T = 1), a verify block (T = block size), a prefill
 chunk. tokens and positions are [B, T]; sequences may be at different positions (row b of the cache is
@@ -12,8 +12,9 @@ sequence b; a step over B rows uses rows 0..B-1); position p of sequence b atten
   - taps [B, T, len(taps) * H]: the residual stream after each listed decoder layer (k = "output of decoder
     layer k", before the final norm; transformers' hidden_states[k + 1]), concatenated in the order given;
   - hidden [B, T, H] with `hidden=True`: the final normed hidden state, what the head and MTP read.
-Taps and hidden cost nothing when not asked. With `verify=True` the step is provisional until
-`cache.commit(accepted)` (runtime/cache.py: KV and Gated DeltaNet state rolled back to any prefix 0..T).
+Taps and hidden cost nothing when not asked. With `verify=True` the step is provisional: `out.pending` is decided
+before the cache takes another step, `out.pending.commit(accepted)` or `out.pending.discard()` (runtime/cache.py:
+KV and Gated DeltaNet state rolled back to any prefix 0..T).
 `embed(tokens)` and `head(hidden)` are the model's own embedding lookup and lm_head (the tied embedding
 where there is no lm_head), callable on their own (DFlash drafts through them).
 
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
-from specpair.runtime.cache import Cache
+from specpair.runtime.cache import Cache, Pending
 from specpair.runtime.rope import Rope
 
 
@@ -40,6 +41,7 @@ class StepOutput:
     logits: Tensor | None  # [B, T, V]
     taps: Tensor | None  # [B, T, len(taps) * H]
     hidden: Tensor | None  # [B, T, H], final normed
+    pending: Pending | None = None  # a verify step's decision, to be taken (runtime/cache.py)
 
 
 class Transformer:
@@ -102,9 +104,9 @@ class Transformer:
         wanted = {k: None for k in taps}
         if any(not 0 <= k < len(self.layers) for k in wanted):
             raise ValueError(f"taps {list(taps)} are not all layers of 0..{len(self.layers) - 1}")
-        cache.begin(positions, verify)
+        pending = cache.begin(positions, verify)
         cos, sin = self.rope.tables(positions)
-        step = Step.of(positions, cos, sin, cache, verify)
+        step = Step.of(positions, cos, sin, cache, pending)
         h, delta = self.embed(tokens), None
         for i, layer in enumerate(self.layers):
             h, delta = layer(h, step, delta)
@@ -115,4 +117,5 @@ class Transformer:
             self.head(normed) if logits else None,
             torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,
             normed if hidden else None,
+            pending,
         )

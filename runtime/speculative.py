@@ -6,8 +6,8 @@ Prefill runs each prompt but its last token through the target (chunked, taps an
 and the drafter observes every chunk. The last prompt token is the first round's anchor: a round at anchor
 position s drafts k = block_size - 1 tokens, runs [anchor, d_1 .. d_k] at s .. s+k through the target as a
 verify step, keeps `accepted` drafts and the token after them (runtime/acceptance.py), commits anchor +
-accepted rows (cache.commit rolls the target's KV and Gated DeltaNet state back to exactly that prefix), and
-the drafter observes the step with its kept rows; the next anchor is the token after the kept drafts, at
+accepted rows (the verify step's Pending.commit rolls the target's KV and Gated DeltaNet state back to exactly
+that prefix), and the drafter observes the step with its kept rows; the next anchor is the token after the kept drafts, at
 s + accepted + 1. Sequences of a batch sit at their own positions and accept independently; a finished
 sequence (a stop id, or max_tokens) keeps its place and commits nothing.
 
@@ -41,11 +41,11 @@ import torch
 from torch import Tensor
 
 from specpair.runtime import acceptance
-from specpair.runtime.cache import on_device
+from specpair.runtime.cache import Cache, on_device
 from specpair.runtime.drafters import Committed, Drafter, Drafting
-from specpair.runtime.generate import PREFILL_CHUNK
+from specpair.runtime.generate import PREFILL_CHUNK, prefill
 from specpair.runtime.graphs import ForwardGraph
-from specpair.runtime.model import Transformer
+from specpair.runtime.model import StepOutput, Transformer
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
 
 RULES = ("exact", "rejection")
@@ -140,14 +140,14 @@ def speculative_generate(
     results = [Drafted() for _ in prompts]
 
     start = time.perf_counter()
-    _prefill(target, drafter, cache, prompts, chunk)
+    _prefill_drafted(target, drafter, cache, prompts, chunk)
     _sync(device)
     timing.prefill_s = time.perf_counter() - start
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     offsets = torch.arange(block, device=device)
     start = time.perf_counter()
-    verify, commit = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     if graphs:
         _sync(device)
         timing.capture_s = time.perf_counter() - start
@@ -189,7 +189,7 @@ def speculative_generate(
             r.finished = r.stopped or len(r.tokens) >= max_tokens
             kept.append(count + 1)
         kept_t = on_device(kept, device)
-        commit(kept_t, kept)
+        out.pending.commit(kept_t, kept)
         timing.rounds += 1
 
         clock.mark("draft")
@@ -228,19 +228,18 @@ def step_times(
     cache = target.new_cache(batch, context)
     drafter.start(batch, context, graphs)
     drafting = Drafting(Sampling(), False, TOKEN_STREAM)
-    _prefill(target, drafter, cache, prompts, chunk)
+    _prefill_drafted(target, drafter, cache, prompts, chunk)
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     rows = positions[:, None] + torch.arange(block, device=device)
     tokens = anchors[:, None].expand(batch, block).contiguous()
-    verify, commit = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     whole, nothing = torch.full((batch,), block, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
     out = verify(tokens, rows)
-    commit(whole, [block] * batch)
+    out.pending.commit(whole, [block] * batch)
 
     def verify_step() -> None:
-        verify(tokens, rows)
-        commit(whole, [block] * batch)
+        verify(tokens, rows).pending.commit(whole, [block] * batch)
 
     def draft_round() -> None:
         if block > 1:
@@ -270,23 +269,28 @@ def _seconds_per_call(step: Callable[[], object], repeats: int, device: torch.de
 def _verify_step(
     target: Transformer,
     drafter: Drafter,
-    cache,
+    cache: Cache,
     anchors: Tensor,
     positions: Tensor,
     block: int,
     drafting: Drafting,
     graphs: bool,
-) -> tuple[Callable[[Tensor, Tensor], object], Callable[..., None]]:
-    """The verify step and its commit: eager, or with `graphs` both captured (the drafter's graphs warmed up too)."""
+) -> Callable[[Tensor, Tensor], StepOutput]:
+    """The verify step, whose output's Pending the caller commits: eager, or with `graphs` captured with its
+    rollback (the drafter's graphs warmed up too)."""
     if not graphs:
-        verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
-        return verify, cache.commit
-    graph = _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
-    return graph, graph.commit
+        return functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+    return _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
 
 
 def _warm_up_graphs(
-    target: Transformer, drafter: Drafter, cache, anchors: Tensor, positions: Tensor, block: int, drafting: Drafting
+    target: Transformer,
+    drafter: Drafter,
+    cache: Cache,
+    anchors: Tensor,
+    positions: Tensor,
+    block: int,
+    drafting: Drafting,
 ) -> ForwardGraph:
     """Before the first round, untimed: the target's verify step captured (its warm-up run at the first round's
     positions is rolled back to nothing), and the drafter's graphs, which it builds at the second call of each
@@ -350,30 +354,21 @@ def _verify(
     return acceptance.rejection(p, proposed, q_ids, q_probs, accept_u[..., 0], noise)
 
 
-def _prefill(target: Transformer, drafter: Drafter, cache, prompts: Sequence[Sequence[int]], chunk: int) -> None:
-    """Each prompt but its last token into the target's cache in chunks (shorter ones padded, then committed to
-    their own rows), each chunk observed by the drafter."""
-    device, batch = target.device, len(prompts)
-    lengths = [len(p) - 1 for p in prompts]
-    done = [0] * batch
-    while any(d < n for d, n in zip(done, lengths)):
-        steps = min(chunk, max(n - d for d, n in zip(done, lengths)))
-        kept = [min(steps, n - d) for d, n in zip(done, lengths)]
-        tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
-        following = [[p[d + t + 1] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
-        positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
-        padded = any(k < steps for k in kept)
-        tokens_t, positions_t = torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
-        out = target.forward(
-            tokens_t, positions_t, cache, taps=drafter.taps, hidden=drafter.hidden, logits=False, verify=padded
-        )
-        kept_t = torch.tensor(kept, device=device)
-        if padded:
-            cache.commit(kept_t, kept)
-        drafter.observe(
-            Committed(tokens_t, positions_t, torch.tensor(following, device=device), kept_t, out.taps, out.hidden)
-        )
-        done = [d + k for d, k in zip(done, kept)]
+def _prefill_drafted(
+    target: Transformer, drafter: Drafter, cache: Cache, prompts: Sequence[Sequence[int]], chunk: int
+) -> None:
+    """Each prompt but its last token (the first round's anchor) into the target's cache, every chunk observed by
+    the drafter."""
+    prefill(
+        target,
+        cache,
+        prompts,
+        chunk,
+        lengths=[len(p) - 1 for p in prompts],
+        taps=drafter.taps,
+        hidden=drafter.hidden,
+        observe=drafter.observe,
+    )
 
 
 def _sync(device: torch.device) -> None:

@@ -92,11 +92,11 @@ def test_a_forward_graph_is_the_plain_forward_bit_for_bit_across_steps_and_rollb
         want = model.forward(block, rows, plain, taps=(1, 2), hidden=True, verify=True)
         for a, b in ((got.logits, want.logits), (got.taps, want.taps), (got.hidden, want.hidden)):
             assert torch.equal(a, b)
-        assert graphed.pending.positions is verify.graph.inputs[1]  # commit reads the step's own buffers
+        assert got.pending.positions is verify.graph.inputs[1]  # commit reads the step's own buffers
         with pytest.raises(RuntimeError, match="commit"):
             verify(block, rows)
-        graphed.commit(torch.tensor(accepted), accepted)  # counts given on the host
-        plain.commit(torch.tensor(accepted))  # counts read from the tensor
+        got.pending.commit(torch.tensor(accepted), accepted)  # counts given on the host
+        want.pending.commit(torch.tensor(accepted))  # counts read from the tensor
         assert same(state(graphed), state(plain)), accepted
         positions = positions + torch.tensor(accepted)[:, None]
         token = decode_both(block[:, :1], positions)

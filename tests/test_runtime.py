@@ -191,8 +191,10 @@ def test_rollback_to_every_prefix_is_a_run_of_that_prefix(checkpoints, family):
     for accepted in range(block + 1):
         cache = model.new_cache(1, 16)
         steps(model, ids, [prompt], cache)
-        model.forward(ids[:, prompt : prompt + block], torch.arange(prompt, prompt + block)[None], cache, verify=True)
-        cache.commit(torch.tensor([accepted]))
+        out = model.forward(
+            ids[:, prompt : prompt + block], torch.arange(prompt, prompt + block)[None], cache, verify=True
+        )
+        out.pending.commit(torch.tensor([accepted]))
         alone = model.new_cache(1, 16)
         steps(model, ids, [prompt] + ([accepted] if accepted else []), alone)
         assert all(torch.equal(a, b) for a, b in zip(cache_state(cache), cache_state(alone))), accepted
@@ -209,26 +211,42 @@ def test_rollback_of_a_batch_keeps_each_sequence_its_own_prefix(checkpoints):
     accepted = [0, 2, 2, 4]
     cache = model.new_cache(4, 12)
     model.forward(ids[:, :5], torch.arange(5).expand(4, 5), cache)
-    model.forward(ids[:, 5:9], torch.arange(5, 9).expand(4, 4), cache, verify=True)
-    cache.commit(torch.tensor(accepted))
+    model.forward(ids[:, 5:9], torch.arange(5, 9).expand(4, 4), cache, verify=True).pending.commit(
+        torch.tensor(accepted)
+    )
     for row, kept in enumerate(accepted):
         alone = model.new_cache(1, 12)
         model.forward(ids[row : row + 1, : 5 + kept], torch.arange(5 + kept)[None], alone)
         assert all(torch.equal(a, b) for a, b in zip(cache_state(cache, slice(row, row + 1)), cache_state(alone))), row
 
 
-def test_commit_is_required_after_a_verify_step_and_checks_its_counts(checkpoints):
+def test_a_verify_step_is_decided_once_before_any_other_step_and_its_counts_are_checked(checkpoints):
     model = runtime(checkpoints["qwen3_5"][1])
     cache = model.new_cache(1, 8)
     tokens, positions = torch.tensor([[1, 2, 3]]), torch.arange(3)[None]
-    model.forward(tokens, positions, cache, verify=True)
+    assert model.forward(tokens, positions, cache).pending is None  # a plain step needs no decision
+    out = model.forward(tokens, positions + 3, cache, verify=True)
     with pytest.raises(RuntimeError, match="commit"):
         model.forward(tokens, positions + 3, cache)
+    with pytest.raises(RuntimeError, match="commit"):
+        model.forward(tokens, positions + 3, cache, verify=True)
     with pytest.raises(ValueError, match="0..3"):
-        cache.commit(torch.tensor([4]))
-    cache = model.new_cache(1, 8)
-    with pytest.raises(RuntimeError, match="verify=True"):
-        cache.commit(torch.tensor([1]))
+        out.pending.commit(torch.tensor([4]))
+    out.pending.commit(torch.tensor([2]))
+    with pytest.raises(RuntimeError, match="decided already"):
+        out.pending.commit(torch.tensor([1]))  # committed twice
+    with pytest.raises(RuntimeError, match="decided already"):
+        out.pending.discard()
+    later = model.forward(tokens, positions + 5, cache, verify=True)
+    with pytest.raises(RuntimeError, match="decided already"):
+        out.pending.commit(torch.tensor([1]))  # a stale step, while a newer one is open
+    other = model.new_cache(1, 8)
+    with pytest.raises(RuntimeError, match="decided already"):
+        other.commit(later.pending, torch.tensor([1]))  # another cache's step
+    later.pending.discard()
+    fresh = model.new_cache(1, 8)
+    model.forward(torch.tensor([[1, 2, 3, 1, 2]]), torch.arange(5)[None], fresh)
+    assert all(torch.equal(a, b) for a, b in zip(cache_state(cache), cache_state(fresh)))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5_moe"])

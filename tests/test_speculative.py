@@ -321,8 +321,7 @@ def test_rollback_after_every_acceptance_length_is_a_fresh_run(workshop, family)
         cache = target.new_cache(1, 40)
         target.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache)
         rows = torch.arange(len(prompt), len(prompt) + 6)[None]
-        target.forward(torch.tensor([block]), rows, cache, verify=True)
-        cache.commit(torch.tensor([kept]))
+        target.forward(torch.tensor([block]), rows, cache, verify=True).pending.commit(torch.tensor([kept]))
         fresh = target.new_cache(1, 40)
         committed = prompt + block[:kept]
         target.forward(torch.tensor([committed]), torch.arange(len(committed))[None], fresh)

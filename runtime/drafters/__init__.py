@@ -10,9 +10,10 @@ Positions are the target's. The anchor of sequence b is the last token chosen an
 target, at `positions[b]`; a proposal is `drafts` tokens for positions[b] + 1 .. positions[b] + drafts.
 `Committed` describes one target step (a prefill chunk or a verify block): its rows t = 0..T-1 at positions
 p, the token x_p each row ran and the token x_{p+1} that follows it, and how many leading rows of each
-sequence the target kept; only kept rows are committed history. A drafter's caches hold each position at
-its absolute index, and a row beyond what was kept is overwritten before any later query can read it (each
-drafter's docstring says why), so no drafter needs a rollback of its own.
+sequence the target kept; only kept rows are committed history. A drafter's attention caches are the target's
+Cache class (runtime/cache.py, store() writing K and V at their positions), each position at its absolute index;
+a row beyond what was kept is overwritten before any later query can read it (each drafter's docstring says
+why), so no drafter needs to roll its own cache back; a draft model, a target itself, commits its verify steps.
 
 Drafts never change the output (the target verifies them), only how many tokens a round commits: a wrong
 proposal costs speed, never exactness.
@@ -30,7 +31,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.sampling import Sampling, gumbel, keyed_sample, uniform
 
 
@@ -78,25 +78,6 @@ class Drafting:
         q = torch.softmax(scores.float() / self.sampling.temperature, dim=-1)
         noise = -torch.log(-torch.log(uniform(self.sampling.seed, self.stream, positions, candidates)))
         return keyed_sample(q, noise), q
-
-
-class KVCache:
-    """A drafter's own attention cache: per layer K and V [batch, context, kv_heads, head_dim], position p at
-    index p (a ModelConfig gives the layer count and shapes)."""
-
-    def __init__(self, config: ModelConfig, batch: int, context: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (batch, context, config.num_kv_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.context = context
-
-    def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        batch = positions.shape[0]
-        rows = torch.arange(batch, device=positions.device)[:, None].expand_as(positions)
-        k_cache, v_cache = self.k[layer][:batch], self.v[layer][:batch]
-        k_cache[rows, positions] = k
-        v_cache[rows, positions] = v
-        return k_cache, v_cache
 
 
 class Drafter(Protocol):

@@ -30,8 +30,9 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
-from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, _bias, project
-from specpair.runtime.drafters import Committed, Drafting, KVCache, Proposal
+from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
+from specpair.runtime.cache import Cache
+from specpair.runtime.drafters import Committed, Drafting, Proposal
 from specpair.runtime.drafters.dflash2 import CandidateSelector, DynamicConv
 from specpair.runtime.drafters.weights import load_weights
 from specpair.runtime.graphs import StepGraphs
@@ -77,7 +78,9 @@ class DFlashLayer:
             "o_proj": (hidden, heads * d),
         }
         weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        biases = tuple(_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items())
+        biases = tuple(
+            optional_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items()
+        )
         sliding = config.layer_types[i] == "sliding"
         dflash2 = config.drafter.kind == "dflash2"
         return cls(
@@ -105,7 +108,7 @@ class DFlashLayer:
         return rope.rotate(k, cos, sin), v
 
     def __call__(
-        self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: KVCache
+        self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache
     ) -> Tensor:
         B, T, _ = h.shape
         x = self.input_norm(h)
@@ -116,7 +119,7 @@ class DFlashLayer:
         k = self.k_norm(project(x, self.k_proj, bk).view(B, T, self.kv_heads, self.head_dim))
         v = project(x, self.v_proj, bv).view(B, T, self.kv_heads, self.head_dim)
         q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
-        k_cache, v_cache = cache.write(self.layer, positions, k, v)
+        k_cache, v_cache = cache.store(self.layer, positions, k, v)
         end = positions + 1 if self.causal else block_end[:, None].expand_as(positions)
         start = torch.zeros_like(positions)
         if self.reach is not None:
@@ -161,7 +164,7 @@ class DFlash:
         self.max_positions = config.max_position_embeddings
         self.samples = selector is not None
         self.rope = Rope(config, target.device)
-        self.cache: KVCache | None = None
+        self.cache: Cache | None = None
         self.drafting: StepGraphs | None = None  # `_drafted` for a proposal's block
         self.observing: StepGraphs | None = None  # `_context` for a round's block
         self.round = 0  # rows of a round's block: drafts + 1
@@ -193,7 +196,7 @@ class DFlash:
         return load_weights(model, build, target.device, target.dtype, bits)
 
     def start(self, batch: int, context: int, graphs: bool = False) -> None:
-        self.cache = KVCache(self.config, batch, context, self.target.dtype, self.target.device)
+        self.cache = Cache(self.config, batch, context, self.target.dtype, self.target.device)
         self.drafting, self.observing = StepGraphs(self._drafted, graphs), StepGraphs(self._context, graphs)
         self.round = 0
 
@@ -206,7 +209,7 @@ class DFlash:
         cos, sin = self.rope.tables(positions)
         for layer in self.layers:
             k, v = layer.context_kv(c, cos, sin, self.rope)
-            self.cache.write(layer.layer, positions, k, v)
+            self.cache.store(layer.layer, positions, k, v)
 
     def block(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor]:
         """The normed output rows [B, size, H] of the block [anchor, mask x (size - 1)] at positions .. + size,

@@ -74,8 +74,7 @@ class DraftModel:
             tokens = committed.tokens.gather(1, index)
             positions = start[:, None] + first[:, None] + torch.arange(width, device=first.device)
             positions = positions.clamp(max=self.cache.context - 1)
-            self.model.forward(tokens, positions, self.cache, logits=False, verify=True)
-            self.cache.commit(counts)
+            self.model.forward(tokens, positions, self.cache, logits=False, verify=True).pending.commit(counts)
         self.covered[:batch] = torch.where(committed.kept > 0, start + committed.kept, covered)
 
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:

@@ -1,4 +1,5 @@
-"""EAGLE-3 heads (LlamaForCausalLMEagle3: dflash.md §6; speculators' / vLLM's llama_eagle3) as a drafter.
+"""EAGLE-3 heads (LlamaForCausalLMEagle3: dflash.md §6; speculators' / vLLM's llama_eagle3) as a chain drafter
+(chain.py).
 
 A row at position p pairs a feature f_p with the next token x_{p+1}. For committed rows f_p = fc(taps_p), the
 target's residual streams entering its aux layers (the config's eagle_aux_hidden_state_layer_ids, default
@@ -6,10 +7,7 @@ vLLM's (2, L // 2, L - 3); ModelConfig holds them as "output of layer k" taps); 
 previous step's output. The one decoder layer ("midlayer") attends from [input_layernorm(embed(x_{p+1})) |
 hidden_norm(f_p)] (2H wide q/k/v), its residual is f_p (hidden_norm(f_p) with norm_before_residual), then a
 SwiGLU MLP; logits = lm_head(norm(z)) over the draft vocabulary, whose id i is target id i + d2t[i]. The
-embedding is the head's own where it ships one, else the target's. Drafts are each step's argmax.
-
-Cache hygiene as for MTP (mtp.py): chained and rejected rows sit at positions the next round rewrites before
-any query reads them.
+embedding is the head's own where it ships one, else the target's.
 """
 
 from __future__ import annotations
@@ -22,10 +20,11 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
-from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, _bias, project
-from specpair.runtime.drafters import Committed, Drafting, KVCache, Proposal
+from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
+from specpair.runtime.cache import Cache
+from specpair.runtime.drafters import Committed
+from specpair.runtime.drafters.chain import ChainDrafter
 from specpair.runtime.drafters.weights import load_weights
-from specpair.runtime.graphs import StepGraphs
 from specpair.runtime.kernels import attention
 from specpair.runtime.model import Transformer
 from specpair.runtime.rope import Rope
@@ -59,7 +58,9 @@ class MidLayer:
             "o_proj": (hidden, heads * d),
         }
         weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        biases = tuple(_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items())
+        biases = tuple(
+            optional_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items()
+        )
         norms = [
             Norm.build(config, f"{p}{n}.weight", hidden, fetch)
             for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")
@@ -75,7 +76,7 @@ class MidLayer:
             config.drafter.norm_before_residual,
         )
 
-    def __call__(self, embeds: Tensor, feature: Tensor, positions: Tensor, rope: Rope, cache: KVCache) -> Tensor:
+    def __call__(self, embeds: Tensor, feature: Tensor, positions: Tensor, rope: Rope, cache: Cache) -> Tensor:
         B, T, _ = embeds.shape
         normed = self.hidden_norm(feature)
         residual = normed if self.norm_before_residual else feature
@@ -86,7 +87,7 @@ class MidLayer:
         v = project(x, self.v_proj, bv).view(B, T, self.kv_heads, self.head_dim)
         cos, sin = rope.tables(positions)
         q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
-        k_cache, v_cache = cache.write(0, positions, k, v)
+        k_cache, v_cache = cache.store(0, positions, k, v)
         o = attention.attention(
             q.contiguous(), k_cache, v_cache, torch.zeros_like(positions), positions + 1, self.head_dim**-0.5
         )
@@ -94,10 +95,9 @@ class MidLayer:
         return h + self.mlp(self.post_norm(h))
 
 
-class Eagle3:
+class Eagle3(ChainDrafter):
     kind = "eagle3"
     hidden = False
-    samples = False
     block_size = 8  # seven chained drafts a round, as vLLM's EAGLE-3 examples run
 
     def __init__(
@@ -112,17 +112,14 @@ class Eagle3:
         lm_head: Weight,
         d2t: Tensor,
     ) -> None:
+        super().__init__()
         self.config, self.target, self.taps = config, target, taps
+        self.cache_config = dataclasses.replace(config, num_layers=1, layer_types=("full",))
         self.fc, self.embed_tokens, self.layer, self.norm, self.lm_head = fc, embed_tokens, layer, norm, lm_head
         self.to_target = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+        self.draft_vocab = lm_head.shape[0]
         self.max_positions = config.max_position_embeddings
         self.rope = Rope(config, target.device)
-        self.cache: KVCache | None = None
-        self.last_feature: Tensor | None = None
-        self.last_logits: Tensor | None = None
-        self.steps: StepGraphs | None = None  # `step` for a proposal's rows
-        self.observing: StepGraphs | None = None  # `_observed` for a round's block
-        self.round = 0  # rows of a round's block: drafts + 1
 
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> Eagle3:
@@ -166,38 +163,16 @@ class Eagle3:
             raise BadInput(model.ref, "has d2t offsets that map draft ids outside the target's vocabulary")
         return drafter
 
-    def start(self, batch: int, context: int, graphs: bool = False) -> None:
-        t = self.target
-        one_layer = dataclasses.replace(self.config, num_layers=1, layer_types=("full",))
-        self.cache = KVCache(one_layer, batch, context, t.dtype, t.device)
-        self.last_feature = torch.zeros(batch, self.config.hidden_size, dtype=t.dtype, device=t.device)
-        self.last_logits = torch.zeros(batch, self.lm_head.shape[0], dtype=t.dtype, device=t.device)
-        self.steps, self.observing, self.round = StepGraphs(self.step, graphs), StepGraphs(self._observed, graphs), 0
-
     def step(self, feature: Tensor, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         embeds = self.embed_tokens[tokens] if self.embed_tokens is not None else self.target.embed(tokens)
         z = self.layer(embeds, feature, positions, self.rope, self.cache)
         return z, project(self.norm(z), self.lm_head)
 
-    def _observed(self, taps: Tensor, following: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return self.step(project(taps, self.fc), following, positions)
+    def observed(self, read: Tensor, following: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.step(project(read, self.fc), following, positions)
 
-    def observe(self, committed: Committed) -> None:
-        rows = self.observing if committed.tokens.shape[1] == self.round else self._observed  # prefill: as they come
-        z, logits = rows(committed.taps, committed.following, committed.positions)
-        last = (committed.kept - 1).clamp(min=0)
-        rows = torch.arange(z.shape[0], device=z.device)
-        some = (committed.kept > 0)[:, None]
-        batch = z.shape[0]
-        self.last_feature[:batch] = torch.where(some, z[rows, last], self.last_feature[:batch])
-        self.last_logits[:batch] = torch.where(some, logits[rows, last], self.last_logits[:batch])
+    def read_of(self, committed: Committed) -> Tensor:
+        return committed.taps
 
-    def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
-        batch = anchors.shape[0]
-        self.round = drafts + 1
-        draft_ids = [drafting.pick(self.last_logits[:batch, None], positions[:, None] + 1).tokens[:, 0]]
-        feature, at = self.last_feature[:batch, None], positions[:, None]
-        for i in range(1, drafts):
-            feature, logits = self.steps(feature, self.to_target[draft_ids[-1]][:, None], at + i - 1)
-            draft_ids.append(drafting.pick(logits, at + i + 1).tokens[:, 0])
-        return Proposal(self.to_target[torch.stack(draft_ids[:drafts], dim=1)])
+    def target_ids(self, ids: Tensor) -> Tensor:
+        return self.to_target[ids]

@@ -1,18 +1,80 @@
-"""What every kernel check runs under: Triton's interpreter (tests/test_kernels.py starts them with it), and
-poisoned allocations."""
+"""What every kernel check runs under: Triton's interpreter (tests/test_kernels.py starts them with it), or, in the
+GPU tier (tests/gpu/test_kernels_compiled.py), the compiled kernels on CUDA; and poisoned allocations.
+
+On CUDA the checks stay as written (CPU tensors, the CPU references, the same bounds and bitwise row checks): each
+kernel module's `*_triton` entry is wrapped to move its tensor arguments to the GPU, run the compiled kernel, and
+bring the results back, along with any argument the kernel wrote in place (caches, states)."""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
+from specpair.formats.packed import Packed
+from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
+
+ON_CUDA = os.environ.get("SPECPAIR_KERNEL_CHECKS") == "cuda"
+KERNEL_MODULES = (activation, attention, experts, gdn, linear, norm, qk)
+
 
 @pytest.fixture(autouse=True)
 def interpreted() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if ON_CUDA:
+        if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+            pytest.fail("SPECPAIR_KERNEL_CHECKS=cuda runs the compiled kernels: a CUDA device, no TRITON_INTERPRET")
+    elif os.environ.get("TRITON_INTERPRET") != "1":
         pytest.fail("the kernel checks run under TRITON_INTERPRET=1: run them through tests/test_kernels.py")
+
+
+def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    if isinstance(value, torch.Tensor) and not value.is_cuda:
+        on_gpu = value.to("cuda")
+        moved.append((value, on_gpu))
+        return on_gpu
+    if isinstance(value, Packed):
+        return value.to("cuda")
+    if isinstance(value, tuple | list):
+        return type(value)(_to_cuda(v, moved) for v in value)
+    return value
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, tuple | list):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def on_cuda(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`kernel` compiled on CUDA for CPU arguments; a call already on CUDA (one kernel calling another) goes as is."""
+
+    @functools.wraps(kernel)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        moved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        args, kwargs = _to_cuda(args, moved), {k: _to_cuda(v, moved) for k, v in kwargs.items()}
+        if not moved:
+            return kernel(*args, **kwargs)
+        result = _to_cpu(kernel(*args, **kwargs))
+        for original, on_gpu in moved:  # what the kernel wrote in place (a cache, a recurrent state) comes back
+            back = on_gpu.cpu()
+            if not torch.equal(back, original):
+                original.copy_(back)
+        return result
+
+    return run
+
+
+if ON_CUDA:  # before the check modules import, so that what they bind at import time is the wrapped kernel
+    for module in KERNEL_MODULES:
+        for name, kernel in vars(module).copy().items():
+            if name.endswith("_triton") and callable(kernel) and kernel.__module__ == module.__name__:
+                setattr(module, name, on_cuda(kernel))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,49 @@
+"""Drafted == undrafted on CUDA, bit for bit, for every drafter kind on every target family where the pair is valid,
+at tiny shapes: the CPU tier's targets and drafters (tests/test_speculative.py's Workshop: drafters distilled on
+their own targets so that drafts are kept and the accept and rollback paths run), loaded as `specpair run` loads
+them on CUDA (bf16, packed weights) and run with CUDA graphs: greedy with 4 sequences of different lengths, and a
+seeded temperature alone and in a batch."""
+
+from __future__ import annotations
+
+import pytest
+from drafting import prompts
+from gpu_tier import DEVICE
+from test_speculative import GRID, PROMPT_LENGTHS, Workshop, first_difference
+
+from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.generate import generate
+from specpair.runtime.loading import load, plan_load
+from specpair.runtime.sampling import Sampling
+from specpair.runtime.speculative import speculative_generate
+from specpair.sources.model import open_model
+
+TOKENS = 48
+SEEDED = Sampling(temperature=0.7, top_k=40, seed=11)
+
+
+@pytest.fixture(scope="module")
+def workshop(tmp_path_factory) -> Workshop:
+    return Workshop(tmp_path_factory.mktemp("speculative_gpu"))
+
+
+def on_cuda(workshop: Workshop, family: str, kind: str):
+    checkpoint = workshop.drafter(family, kind)  # trained on the CPU as the CPU tier trains it
+    model = open_model(str(workshop.setup(family).path))
+    target = load(plan_load(model, DEVICE))
+    drafter = load_drafter(open_model(str(checkpoint)) if checkpoint else None, model, target)
+    return target, drafter
+
+
+@pytest.mark.parametrize("family,kind", GRID)
+def test_drafted_equals_undrafted_on_cuda(workshop, family, kind):
+    target, drafter = on_cuda(workshop, family, kind)
+    asked = prompts(PROMPT_LENGTHS)
+    for sampling, batch in ((Sampling(), asked), (SEEDED, asked), (SEEDED, asked[:1])):
+        want, _ = generate(target, batch, TOKENS, sampling)
+        got, timing = speculative_generate(target, drafter, batch, TOKENS, sampling)
+        for g, w in zip(got, want):
+            assert g.tokens == w.tokens, f"{sampling}: " + first_difference(g.tokens, w.tokens)
+        assert timing.rounds > 0
+    tau = sum(r.tau for r in got) / len(got)
+    assert tau >= 1.0
