@@ -26,6 +26,7 @@ from specpair.checkpoint.config import ModelConfig
 from specpair.formats.packed import Packed
 from specpair.runtime.cache import Cache, GDNInputs, Pending
 from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
+from specpair.runtime.parallel import SINGLE
 from specpair.runtime.rope import Rope
 
 Weight = Tensor | Packed
@@ -110,12 +111,21 @@ class Step:
     pending: Pending | None  # a verify step: what its commit needs to roll it back is kept here
     kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
     kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
+    reduce: Callable[[Tensor], Tensor]  # the sum of a row-parallel output over the ranks (runtime/parallel.py)
 
     @classmethod
-    def of(cls, positions: Tensor, cos: Tensor, sin: Tensor, cache: Cache, pending: Pending | None) -> Step:
+    def of(
+        cls,
+        positions: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: Cache,
+        pending: Pending | None,
+        reduce: Callable[[Tensor], Tensor] = SINGLE.reduce,
+    ) -> Step:
         """The ranges once per step, in the attention kernel's int32, not once per layer."""
         end = (positions + 1).to(torch.int32)
-        return cls(positions, cos, sin, cache, pending, end, torch.zeros_like(end))
+        return cls(positions, cos, sin, cache, pending, end, torch.zeros_like(end), reduce)
 
 
 @dataclass
@@ -340,8 +350,8 @@ class DecoderLayer:
         """(h, delta): the residual stream after the mixer's add, and the MLP's output, which the next norm adds
         (fused with it: Norm.add); h + delta is the layer's output. `previous_delta`: the previous layer's delta."""
         h, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
-        h, x = self.post_norm.add(h, self.mixer(x, step))
-        return h, self.mlp(x)
+        h, x = self.post_norm.add(h, step.reduce(self.mixer(x, step)))
+        return h, step.reduce(self.mlp(x))
 
 
 def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attention | GatedDeltaNet:

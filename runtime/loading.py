@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ from specpair.formats.packed import Packed
 from specpair.runtime.kernels import linear
 from specpair.runtime.model import Transformer
 from specpair.runtime.models import FAMILIES
+from specpair.runtime.parallel import SINGLE, Parallel
 from specpair.runtime.rope import ROPE_TYPES, rope_type
 from specpair.sources.model import Model
 
@@ -47,6 +48,8 @@ class LoadPlan:
     device: torch.device
     stored_bytes: int  # read from the files
     resident: dict[str, int]  # name -> bytes held on the device once loaded (a packed weight: its stored parts)
+    parallel: Parallel = SINGLE  # this rank's place under tensor parallelism
+    shards: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> this rank's shape of it (parallel)
 
     @property
     def resident_bytes(self) -> int:
@@ -69,13 +72,18 @@ class LoadPlan:
 
 
 def plan_load(
-    model: Model, device: str | torch.device, dtype: torch.dtype | None = None, packed: bool | None = None
+    model: Model,
+    device: str | torch.device,
+    dtype: torch.dtype | None = None,
+    packed: bool | None = None,
+    parallel: Parallel = SINGLE,
 ) -> LoadPlan:
     """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
-    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default."""
+    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default, never under tensor parallelism
+    (each rank's slice of a weight is cut from its float values: the kernels' packed layouts are not sliced)."""
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    packed = device.type == "cuda" if packed is None else packed
+    packed = device.type == "cuda" and parallel.size == 1 if packed is None else packed and parallel.size == 1
     config = supported(model)
     needs: dict[str, Need] = {}
 
@@ -101,14 +109,27 @@ def plan_load(
             f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
             + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""),
         )
+    shards: dict[str, tuple[int, ...]] = {}
+    if parallel.size > 1:
+
+        def local(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
+            shards[name] = tuple(shape)
+            return torch.empty(shape, device="meta")
+
+        local_config = parallel.config(config, model.ref)
+        Transformer.build(
+            local_config, FAMILIES[config.family].decoder_layer, local, dtype, torch.device("meta"), parallel
+        )
     kept = frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n)))
     sources = {s for name in needs for s in model.maps[name].sources}  # a fused source feeds two weights
     stored = sum(part.nbytes for s in sources for part in model.weights[s].parts.values())
     resident = {
-        n: _stored_bytes(model, n) if n in kept else math.prod(need.shape) * (4 if need.fp32 else dtype.itemsize)
+        n: _stored_bytes(model, n)
+        if n in kept
+        else math.prod(shards.get(n, need.shape)) * (4 if need.fp32 else dtype.itemsize)
         for n, need in needs.items()
     }
-    return LoadPlan(model, needs, kept, dtype, device, stored, resident)
+    return LoadPlan(model, needs, kept, dtype, device, stored, resident, parallel, shards)
 
 
 def _packable(layout: str) -> bool:
@@ -122,20 +143,31 @@ def _stored_bytes(model: Model, name: str) -> int:
 
 def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Transformer:
     """Stream the planned weights onto the device and build the model; `progress` gets stored bytes as read."""
-    model, config = plan.model, plan.model.config
+    model, config, parallel = plan.model, plan.model.config, plan.parallel
     loaded: dict[str, torch.Tensor] = {}
+    # under tensor parallelism each weight is cut on the host and only this rank's slice goes to the device
+    where = plan.device if parallel.size == 1 else torch.device("cpu")
     for name, value in model.stream(
-        plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32, device=plan.device, progress=progress
+        plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32, device=where, progress=progress
     ):
         if isinstance(value, Packed):
             loaded[name] = linear.to_kernel_layout(value)
-        else:
-            loaded[name] = value if plan.needs[name].fp32 else value.to(plan.dtype)
+            continue
+        if parallel.size > 1:
+            value = parallel.shard(name, value, plan.shards[name], config).to(plan.device)
+        loaded[name] = value if plan.needs[name].fp32 else value.to(plan.dtype)
 
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
         return loaded.pop(name)  # the model holds it now: a weight fused with others is freed once they are
 
-    return Transformer.build(config, FAMILIES[config.family].decoder_layer, take, plan.dtype, plan.device)
+    return Transformer.build(
+        parallel.config(config, model.ref),
+        FAMILIES[config.family].decoder_layer,
+        take,
+        plan.dtype,
+        plan.device,
+        parallel,
+    )
 
 
 def supported(model: Model) -> ModelConfig:

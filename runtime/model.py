@@ -33,6 +33,7 @@ from torch import Tensor
 from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
 from specpair.runtime.cache import Cache, Pending
+from specpair.runtime.parallel import SINGLE, Parallel
 from specpair.runtime.rope import Rope
 
 
@@ -55,9 +56,12 @@ class Transformer:
         rope: Rope,
         dtype: torch.dtype,
         device: torch.device,
+        parallel: Parallel = SINGLE,
     ) -> None:
         self.config, self.embed_tokens, self.layers, self.norm = config, embed_tokens, layers, norm
         self.lm_head, self.rope, self.dtype, self.device = lm_head, rope, dtype, device
+        self.parallel = parallel  # this rank's shard (config: its heads and widths; embed and head: its vocab rows)
+        self.vocab_rows = parallel.slice(config.vocab_size, "vocab_size")
 
     @classmethod
     def build(
@@ -67,26 +71,34 @@ class Transformer:
         fetch: Fetch,
         dtype: torch.dtype,
         device: torch.device,
+        parallel: Parallel = SINGLE,
     ) -> Transformer:
-        """The model from `fetch` (blocks.py), with `decoder_layer(config, i, fetch, rope)` from a family file."""
+        """The model from `fetch` (blocks.py), with `decoder_layer(config, i, fetch, rope)` from a family file;
+        with `parallel`, `config` is this rank's (Parallel.config) and fetch gives its shard of each weight."""
         rope = Rope(config, device)
-        shape = (config.vocab_size, config.hidden_size)
+        shape = (config.vocab_size // parallel.size, config.hidden_size)
         embed = fetch("embed_tokens.weight", shape)
         layers = [decoder_layer(config, i, fetch, rope) for i in range(config.num_layers)]
         norm = Norm.build(config, "norm.weight", config.hidden_size, fetch)
         head = embed if config.tie_word_embeddings else fetch("lm_head.weight", shape, matmul=True)
-        return cls(config, embed, layers, norm, head, rope, dtype, device)
+        return cls(config, embed, layers, norm, head, rope, dtype, device, parallel)
 
     def new_cache(self, batch: int, context: int) -> Cache:
         return Cache(self.config, batch, context, self.dtype, self.device)
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """[B, T] ids -> [B, T, H] (no scaling: none of these families scales its embedding)."""
-        return self.embed_tokens[tokens]
+        """[B, T] ids -> [B, T, H] (no scaling: none of these families scales its embedding). Under tensor
+        parallelism a token's row is on one rank; the others give zeros, and the sum is that row, exactly."""
+        if self.parallel.size == 1:
+            return self.embed_tokens[tokens]
+        local = tokens - self.vocab_rows.start
+        mine = (local >= 0) & (local < self.embed_tokens.shape[0])
+        rows = self.embed_tokens[local.clamp(0, self.embed_tokens.shape[0] - 1)] * mine[..., None]
+        return self.parallel.reduce(rows)
 
     def head(self, hidden: Tensor) -> Tensor:
-        """Final normed hidden [..., H] -> logits [..., V]."""
-        return project(hidden, self.lm_head)
+        """Final normed hidden [..., H] -> logits [..., V] (every rank's vocabulary slice, gathered)."""
+        return self.parallel.gather(project(hidden, self.lm_head))
 
     def forward(
         self,
@@ -106,7 +118,7 @@ class Transformer:
             raise ValueError(f"taps {list(taps)} are not all layers of 0..{len(self.layers) - 1}")
         pending = cache.begin(positions, verify)
         cos, sin = self.rope.tables(positions)
-        step = Step.of(positions, cos, sin, cache, pending)
+        step = Step.of(positions, cos, sin, cache, pending, self.parallel.reduce)
         h, delta = self.embed(tokens), None
         for i, layer in enumerate(self.layers):
             h, delta = layer(h, step, delta)

@@ -105,10 +105,10 @@ def differentiable_kernels() -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------ targets
 
 
-def tiny_target(directory: Path, family: str, mtp: bool = True) -> Path:
-    """fixtures.tiny_model(family) as a checkpoint; the hybrid families get a random MTP head (mtp.*, as a
+def tiny_target(directory: Path, family: str, mtp: bool = True, **dims: int) -> Path:
+    """fixtures.tiny_model(family, **dims) as a checkpoint; the hybrid families get a random MTP head (mtp.*, as a
     stacked-expert MoE layer for the MoE ones) and the config key that declares it."""
-    model = tiny_model(family)
+    model = tiny_model(family, **dims)
     path = save(model, directory, "llama3" if family == "llama" else "qwen3")
     if mtp and family in HYBRID:
         config = json.loads((path / "config.json").read_text())

@@ -1746,8 +1746,9 @@ __all__ = [
 TINY_VOCAB = 512
 
 
-def tiny_model(family: str, hidden: int = 64, init: float = 0.08) -> Any:
-    """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3)."""
+def tiny_model(family: str, hidden: int = 64, init: float = 0.08, kv_heads: int = 2, linear_key_heads: int = 2) -> Any:
+    """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3);
+    `kv_heads` and `linear_key_heads` 4 split over 4 tensor-parallel ranks."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -1768,13 +1769,13 @@ def tiny_model(family: str, hidden: int = 64, init: float = 0.08) -> Any:
         hidden_size=hidden,
         num_hidden_layers=4,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         head_dim=16,
         max_position_embeddings=4096,
         initializer_range=init,
     )
     hybrid = dict(
-        linear_num_key_heads=2,
+        linear_num_key_heads=linear_key_heads,
         linear_num_value_heads=4,
         linear_key_head_dim=16,
         linear_value_head_dim=16,

@@ -1,0 +1,216 @@
+"""Tensor parallelism (Megatron's split, gpt-fast's tp.py habit: the model files do not change) on torch.distributed:
+NCCL between GPUs, gloo between CPU processes.
+
+    parallel = Parallel.from_environment()          # RANK / WORLD_SIZE as torchrun or `specpair run --tp N` set them
+    model = load(plan_load(model, device), parallel=parallel)
+
+What each of N ranks holds (runtime/loading.py slices every weight with `shard`):
+  - column-parallel (a contiguous 1/N of the output rows): q/k/v (whole heads and KV heads), gate/up (dense, shared
+    expert, and each routed expert's rows), the Gated DeltaNet's input projections, conv and per-head parameters
+    (q, k and v channels each split by heads);
+  - row-parallel (1/N of the input columns): o_proj, down_proj (dense, shared and routed), out_proj; their outputs
+    are partial sums, added across ranks by `reduce` once per mixer and once per MLP (DecoderLayer);
+  - vocabulary-parallel: embedding rows (a token's row lives on one rank: the others add zeros) and lm_head rows
+    (the logits of each rank's slice, gathered: every rank then has the whole vocabulary, so samplers and DFlash2's
+    candidate selector see all of it, llama.cpp #27819);
+  - replicated: norms, the router, the shared expert's gate; drafters (small beside the target, and they read
+    the replicated residual stream and full logits, so every rank drafts the same tokens).
+Experts are split by tensor, not by expert: every rank reads each touched expert's slice, so the bytes a step reads
+divide evenly whatever the routing, and a token's sum over its experts needs no exchange beyond the MLP's reduce.
+
+Exactness. `reduce` does not use all_reduce, whose algorithm (ring, tree, NCCL's choice by message size) and so
+summation order can change with the number of rows a step carries (vLLM disabled its custom all-reduce for this,
+landscape.md §5): it gathers every rank's partial and sums them in rank order in float32, so a row's bits depend on
+nothing but that row, and drafted == undrafted holds at every N. A gather moves N times the bytes of an all-reduce's
+result; a decode row is a few KB, where latency, not bytes, is the cost.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from specpair.checkpoint.config import ModelConfig
+from specpair.errors import BadInput
+
+# outputs of row-parallel projections are partial sums: their bias is added once, on rank 0
+ROW_PARALLEL_BIASES = ("o_proj.bias", "down_proj.bias", "out_proj.bias")
+# weights whose split dim holds sections split each on its own: the Gated DeltaNet's q, k and v channels
+SECTIONED = ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True)
+class Parallel:
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def from_environment(cls, device: torch.device | str = "cpu") -> Parallel:
+        """This process's place in a group started by torchrun or `specpair run --tp N` (one process: rank 0 of 1);
+        the process group is initialised here, NCCL on CUDA, gloo on the CPU."""
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        if size == 1:
+            return cls()
+        for key, value in MULTICAST_OFF.items():
+            os.environ.setdefault(key, value)
+        rank = int(os.environ["RANK"])
+        if torch.device(device).type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))  # "cuda" is then this rank's GPU
+        if not dist.is_initialized():
+            backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=rank, world_size=size)
+        return cls(rank, size)
+
+    def slice(self, total: int, what: str) -> slice:
+        """This rank's contiguous 1/size of `total` (heads, rows, columns)."""
+        if total % self.size:
+            raise ValueError(f"{what} ({total}) do not split evenly over {self.size} ranks")
+        part = total // self.size
+        return slice(self.rank * part, (self.rank + 1) * part)
+
+    def reduce(self, partial: Tensor) -> Tensor:
+        """The sum of every rank's `partial`, in rank order, in float32, cast back: the same bits on every rank, and
+        for every row whatever else the tensor holds."""
+        if self.size == 1:
+            return partial
+        parts = [torch.empty_like(partial) for _ in range(self.size)]
+        dist.all_gather(parts, partial.contiguous())
+        total = parts[0].float()
+        for part in parts[1:]:
+            total = total + part.float()
+        return total.to(partial.dtype)
+
+    def gather(self, part: Tensor) -> Tensor:
+        """Every rank's `part` side by side along the last dim, in rank order (vocabulary slices of logits)."""
+        if self.size == 1:
+            return part
+        parts = [torch.empty_like(part) for _ in range(self.size)]
+        dist.all_gather(parts, part.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def config(self, config: ModelConfig, where: str) -> ModelConfig:
+        """The config of this rank's shard: heads, KV heads, Gated DeltaNet heads and MLP widths divided by size
+        (head_dim and the hidden size stay); a model whose counts do not split is refused."""
+        if self.size == 1:
+            return config
+        divided = {}
+        for key in (
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+        ):
+            value = getattr(config, key)
+            if value is None:
+                continue
+            if value % self.size:
+                raise BadInput(where, f"{key} {value} does not split over tensor parallelism {self.size}")
+            divided[key] = value // self.size
+        if config.vocab_size % self.size:
+            raise BadInput(where, f"vocab_size {config.vocab_size} does not split over tensor parallelism {self.size}")
+        return replace(config, **divided)
+
+    def shard(self, name: str, value: Tensor, local: tuple[int, ...], config: ModelConfig) -> Tensor:
+        """This rank's part of weight `name` (its whole value, `config` the whole model's), which the rank's model
+        asks for in shape `local`: a contiguous slice along the one dim where the shapes differ, section by section
+        where that dim holds sections."""
+        if tuple(value.shape) == tuple(local):
+            if self.rank and name.endswith(ROW_PARALLEL_BIASES):
+                return torch.zeros_like(value)
+            return value
+        dims = [d for d, (whole, part) in enumerate(zip(value.shape, local)) if whole != part]
+        if len(dims) != 1 or len(value.shape) != len(local):
+            raise ValueError(f"{name} is {list(value.shape)}; a shard of {list(local)} is not a slice of one dim")
+        dim = dims[0]
+        sections = [value.shape[dim]]
+        if name.endswith(SECTIONED):
+            keys = config.linear_num_key_heads * config.linear_key_head_dim
+            sections = [keys, keys, config.linear_num_value_heads * config.linear_value_head_dim]
+        pieces = []
+        for piece in value.split(sections, dim=dim):
+            part = self.slice(piece.shape[dim], name)
+            pieces.append(piece.narrow(dim, part.start, part.stop - part.start))
+        shard = torch.cat(pieces, dim=dim).contiguous()
+        if tuple(shard.shape) != tuple(local):
+            raise ValueError(f"{name}: this rank's slice is {list(shard.shape)}, its model asks for {list(local)}")
+        return shard
+
+
+SINGLE = Parallel()
+
+
+def launch(command: Sequence[str], size: int) -> tuple[int, str | None]:
+    """Run `command` as ranks 0..size-1 of one group on this machine (torchrun's environment: RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR/PORT; NVLink multicast off): rank 0 keeps this process's stdout and stderr, the others
+    print nothing. A rank that fails ends the others. Returns (exit code, None) or (its code, a line naming the rank
+    and the last line it wrote to stderr)."""
+    port = _free_port()
+    logs = [tempfile.TemporaryFile() for _ in range(size)]
+    ranks = []
+    for rank in range(size):
+        env = {
+            **os.environ,
+            **MULTICAST_OFF,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(size),
+            "LOCAL_WORLD_SIZE": str(size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        quiet = rank > 0
+        ranks.append(
+            subprocess.Popen(
+                list(command),
+                env=env,
+                stdout=subprocess.DEVNULL if quiet else None,
+                stderr=logs[rank] if quiet else None,
+            )
+        )
+    try:
+        while True:
+            codes = [r.poll() for r in ranks]
+            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                for r in ranks:
+                    if r.poll() is None:
+                        r.terminate()
+                for r in ranks:
+                    r.wait()
+                return codes[failed], f"rank {failed} of {size} exited with {codes[failed]}{_last_line(logs[failed])}"
+            if all(c == 0 for c in codes):
+                return 0, None
+            time.sleep(0.05)
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                r.kill()
+                r.wait()
+        for log in logs:
+            log.close()
+
+
+def _last_line(log) -> str:
+    log.seek(0)
+    lines = [line for line in log.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    return f": {lines[-1].strip()}" if lines else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
