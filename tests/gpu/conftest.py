@@ -5,7 +5,7 @@
 
 On a machine without CUDA (CI) every test here is skipped with that reason: the CPU tier tests the same logic
 (the kernels under Triton's interpreter, StepGraph's eager path through static buffers, the loop in float32).
-`benchmarks/results/gpu_tier.md` holds the last run on a GPU.
+`benchmarks/results/gpu_tier.md` holds the last run on a GPU (its raw output: gpu_tier_run.txt).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Every kernel check of tests/kernel_checks/ (each Triton kernel against its torch reference: error bounds, and a
 row's bits alone equal to its bits among other rows) with the kernels compiled for the CUDA device instead of
-interpreted (kernel_checks/conftest.py moves each kernel's arguments to the GPU and its results back)."""
+interpreted (kernel_checks/conftest.py moves each kernel's arguments to the GPU and its results back). The checks of
+the CPU references against transformers' code are the CPU tier's: they hold for the transformers the tests pin, and
+a GPU machine's own transformers may differ (2026-12-04's H200 image: its Gated DeltaNet reference no longer repeats
+key heads for value heads), so they are left out here."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ CHECKS = sorted((Path(__file__).resolve().parents[1] / "kernel_checks").glob("ch
 def test_compiled_kernels_on_cuda(checks: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"SPECPAIR_KERNEL_CHECKS": "cuda"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+        [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+        + ["-k", "not is_transformers"],
         cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,

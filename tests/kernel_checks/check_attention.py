@@ -91,7 +91,11 @@ def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
     got = attention.attention_triton(q, k, v, start, end, head_dim**-0.5)
     assert got.dtype == dtype and not got.isnan().any()
     rounding = 2.0**-8 if dtype == torch.bfloat16 else 0.0
-    assert ((got.double() - want).abs() <= 1e-5 + rounding * want.abs()).all()
+    # on the GPU the probabilities are rounded to the cache dtype before the product with V (the module's
+    # docstring): each term p·v errs by up to one bf16 rounding of p, so the sum by 2^-8·Σ p|v|, beside the
+    # output's own rounding (the interpreter keeps p in float32)
+    spread = exact(q, k, v.abs(), start, end, head_dim**-0.5)
+    assert ((got.double() - want).abs() <= 1e-5 + rounding * (want.abs() + spread)).all()
 
 
 def test_cache_outside_the_ranges_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
