@@ -158,11 +158,11 @@ def bench(target: Path, draft: Path | None, out: Path, name: str, options: list[
         sys.exit(f"specpair bench exited {done.returncode}: {done.stdout[-2000:]}")
     document = json.loads(done.stdout)
     (out / f"{name}.json").write_text(json.dumps(document, indent=2))
-    from specpair.cli.bench import _print
+    from specpair.cli.bench import print_report
 
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        _print(document, md=True)
+        print_report(document, md=True)
     wall = f"\n(wall time of the command: {time.perf_counter() - start:.0f} s)\n"
     (out / f"{name}.md").write_text(text.getvalue() + wall)
     return document

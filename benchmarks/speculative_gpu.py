@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_gpu import CONFIGS, GB, Tensor, loaded, qwen36_tensors, write_checkpoint  # noqa: E402
 
-from specpair.cli._gate import BUILTIN_PROMPTS  # noqa: E402
+from specpair.app.prompts import BUILTIN_PROMPTS  # noqa: E402
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
 from specpair.runtime.generate import generate  # noqa: E402
 from specpair.runtime.sampling import Sampling  # noqa: E402

@@ -1,4 +1,6 @@
-"""The `specpair` command line: one typer command per file, shared options in `_options`."""
+"""The `specpair` command line: one command per file, each registered here (no command module imports this
+package), shared options declared once in `_options`, one `_output.Output` per command for what it prints. The
+commands parse, call the application layer (specpair.app) and print."""
 
 from __future__ import annotations
 
@@ -37,7 +39,19 @@ def _root(
     """Pair a target LLM with a speculative-decoding drafter."""
 
 
-from specpair.cli import bench, catalog, check, convert, download, inspect, run, verify  # noqa: E402,F401  (each module registers its command on `app`)
+from specpair.cli import bench, catalog, check, convert, download, inspect, run, verify  # noqa: E402
+
+for module, command in (
+    (bench, bench.bench),
+    (catalog, catalog.catalog),
+    (check, check.check),
+    (convert, convert.convert),
+    (download, download.download),
+    (inspect, inspect.inspect),
+    (run, run.run),
+    (verify, verify.verify),
+):
+    app.command(epilog=module.EXAMPLES)(command)
 
 
 def main() -> None:
@@ -69,13 +83,16 @@ def main() -> None:
         else:
             e.show()
             code = e.exit_code
-    except Abort:
+    except Abort:  # end of input where a command read some
         code = 130
     except Interrupted as e:  # the work cleaned up after itself; worker threads still running are not waited for
         report_error(None, f"interrupted by {e}: nothing was left behind", e.exit_code, command, as_json)
         stdout.flush()
         sys.stderr.flush()
         os._exit(e.exit_code)
+    else:
+        if code == 130:  # typer's answer to Ctrl-C (KeyboardInterrupt): nothing else exits 130 this way
+            report_error(None, "interrupted by SIGINT (Ctrl-C)", code, command, as_json)
     finally:
         app.registered_commands = every
         stdout.flush()

@@ -1,4 +1,8 @@
-"""Option types shared by every command, defined once so each command spells them the same way."""
+"""Option types shared by commands, each declared once so that every command spells and explains it the same way.
+
+--json and --quiet mean one thing everywhere (cli/_output.py): --json puts one JSON document on stdout, errors
+included; --quiet leaves on stdout only the result a script needs, and nothing on stderr but an error.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,45 @@ from typing import Annotated
 
 import typer
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success; the exit code tells.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout (errors too) instead of tables.")
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="Print only the result a script needs (see Output below), no progress or warnings."
+    ),
+]
 GgufFileOpt = Annotated[
     str | None, typer.Option("--gguf-file", help="Which .gguf file to read when a directory or repo holds several.")
 ]
+DraftGgufFileOpt = Annotated[str | None, typer.Option("--draft-gguf-file", help="Which .gguf file of DRAFT to read.")]
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="Do not contact the Hub: use the HF cache, then the built-in catalog.")
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every row: all findings, all tensors.")]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="Where the work runs: cuda, cuda:N or cpu (default: cuda when present).")
+]
+MtpOpt = Annotated[bool, typer.Option("--mtp", help="Draft with the target's own MTP head (give no DRAFT).")]
+BlockSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--block-size", min=1, help="Tokens verified per round, the anchor and block-1 drafts (default: the drafter's)."
+    ),
+]
+DraftBitsOpt = Annotated[
+    int,
+    typer.Option("--draft-bits", help="4: quantize the drafter to affine-4 at load, as TensorFold does; 0: as stored."),
+]
+GraphsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--graphs/--no-graphs",
+        help="Decode and verify steps as CUDA graphs (default: on CUDA); --no-graphs runs them eagerly, for debugging.",
+    ),
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the plan (what would be written or fetched, and why) and change nothing."),
+]

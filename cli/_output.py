@@ -1,4 +1,11 @@
-"""One place that writes results: rich tables for people, one JSON document for scripts, errors as either.
+"""One place that writes what a command prints: the `Output` object a command makes from --json and --quiet, which
+prints the result (rich tables for people, one JSON document for scripts, or only what a script needs) and shows
+the application layer's progress on stderr; errors as one line or one JSON document.
+
+--json: stdout holds one JSON document, errors included; stderr is as without it. --quiet: stdout holds only the
+result a script needs (each command's help says what: the generated text, the downloaded paths, or nothing when
+the exit code tells), and stderr nothing but an error. Progress (stderr): on a terminal, a bar for metered work
+and a line per stage; elsewhere a line per stage (and, where asked, a line per tenth of metered work).
 
 Widths: on a terminal, prose wraps at word boundaries to its width; into a pipe or a file it does not wrap (a log
 line holds a whole finding), and tables take COLUMNS when it is set. Commands, paths and repo ids are never wrapped
@@ -8,10 +15,16 @@ need, wrapping only its prose columns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from specpair.app.progress import Advance, duration
 
 ERROR_SCHEMA = "specpair.error/1"
 UNWRAPPED = 1_000_000  # the console width into a pipe: no line is long enough to wrap
@@ -62,10 +75,146 @@ def print_table(out, table) -> None:
         out.width = width
 
 
+class Output:
+    """What one command prints. It is the application layer's `Progress` (stage, note, warn, meter) on stderr, and
+    prints the command's result on stdout in the mode asked (`result`)."""
+
+    def __init__(self, json_output: bool = False, quiet: bool = False, prefix: str = "") -> None:
+        self.json, self.quiet, self.prefix = json_output, quiet, prefix
+        self.terminal = sys.stderr.isatty()
+
+    @property
+    def human(self) -> bool:
+        """Whether the result is printed for people (neither --json nor --quiet)."""
+        return not (self.json or self.quiet)
+
+    def result(
+        self,
+        document: dict[str, Any] | Callable[[], dict[str, Any]],
+        human: Callable[[], None],
+        quiet: Iterable[str] | Callable[[], None] = (),
+    ) -> None:
+        """The command's result: the JSON `document` under --json; under --quiet the `quiet` lines (or what
+        `quiet()` prints); else `human()`."""
+        if self.json:
+            print_json(document() if callable(document) else document)
+        elif self.quiet and callable(quiet):
+            quiet()
+        elif self.quiet:
+            for line in quiet:
+                sys.stdout.write(line + "\n")
+        else:
+            human()
+
+    def stage(self, what: str) -> None:
+        self._line(what + " ...")
+
+    def note(self, line: str) -> None:
+        self._line(line)
+
+    def warn(self, message: str) -> None:
+        self._line("warning: " + message)
+
+    def _line(self, text: str) -> None:
+        if not self.quiet:
+            sys.stderr.write(self.prefix + text + "\n")
+            sys.stderr.flush()
+
+    @contextlib.contextmanager
+    def meter(
+        self,
+        label: str,
+        total: int,
+        *,
+        unit: str = "bytes",
+        done: int = 0,
+        detail: Callable[[], str] | None = None,
+        tenths: bool = False,
+    ) -> Iterator[Advance]:
+        """A bar with rate and ETA on a terminal; elsewhere, with `tenths`, a line at each further tenth of the
+        work (done, rate, ETA), else nothing."""
+        if self.quiet or total <= done or not (self.terminal or tenths):
+            yield lambda n: None
+        elif self.terminal:
+            with _bar(label, total, unit, done) as advance:
+                yield advance
+        else:
+            yield _Tenths(self, total, unit, done, detail).advance
+
+
+@contextlib.contextmanager
+def _bar(label: str, total: int, unit: str, done: int) -> Iterator[Advance]:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TaskProgressColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        [BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()]
+        if unit == "bytes"
+        else [
+            BarColumn(),
+            TaskProgressColumn(),
+            f"{{task.completed:,.0f}}/{{task.total:,.0f}} {unit}",
+            "{task.fields[rate]}",
+            TimeRemainingColumn(),
+        ]
+    )
+    with Progress(label, *columns, console=Console(stderr=True), transient=True) as bar:
+        started = time.perf_counter()
+        task = bar.add_task(label, total=total, completed=done, rate="")
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            if unit != "bytes":
+                rate = (bar.tasks[0].completed - done) / max(time.perf_counter() - started, 1e-9)
+                bar.update(task, rate=f"{rate:,.1f} {unit}/s")
+
+        yield advance
+
+
+class _Tenths:
+    """One line at each further tenth of metered work: how far, where (detail), rate, time elapsed and left."""
+
+    def __init__(self, out: Output, total: int, unit: str, done: int, detail: Callable[[], str] | None) -> None:
+        self.out, self.total, self.unit, self.done, self.detail = out, total, unit, done, detail
+        self.first = done
+        self.tenths = done * 10 // total
+        self.started = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def advance(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            tenths = min(10, self.done * 10 // max(self.total, 1))
+            if tenths <= self.tenths:
+                return
+            self.tenths = tenths
+            elapsed = time.perf_counter() - self.started
+            rate = (self.done - self.first) / max(elapsed, 1e-9)
+            left = (self.total - self.done) / rate if rate else 0.0
+            shown = f"{rate / 1e6:,.1f} MB/s" if self.unit == "bytes" else f"{rate:,.1f} {self.unit}/s"
+            where = f" ({self.detail()})" if self.detail else ""
+            self.out.note(f"{tenths * 10}%{where}, {shown}, {elapsed:.0f} s elapsed, {duration(left)} left")
+
+
+def printable(text: str, one_line: bool = False) -> str:
+    """`text` with control characters escaped (a model's reply or a file name may hold terminal escapes); newlines
+    kept, unless `one_line`."""
+    return "".join(
+        c if c.isprintable() or (c == "\n" and not one_line) else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def error_line(message: str) -> str:
     """`error: message` as one line: control characters (a newline in a hostile file name) are escaped."""
-    line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
-    return f"error: {line}\n"
+    return f"error: {printable(message, one_line=True)}\n"
 
 
 def report_error(where: str | None, problem: str, code: int, command: str | None, as_json: bool) -> int:

@@ -5,28 +5,33 @@ from __future__ import annotations
 from collections import defaultdict
 
 from specpair.checkpoint import Checkpoint
-from specpair.cli import app
 from specpair.cli._options import JsonOpt
-from specpair.cli._output import console, print_json, print_prose, print_table
+from specpair.cli._output import Output, console, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
   specpair catalog
-  specpair catalog --json"""
+  specpair catalog --json
+
+\b
+Output: a table of the entries; --json: one document (schema specpair.catalog/1)."""
 
 
-@app.command(epilog=EXAMPLES)
 def catalog(json_output: JsonOpt = False) -> None:
     """List the built-in catalog: what `check` and `inspect` can answer with no network."""
     from specpair.sources.catalog import SCHEMA, entries, is_reconstructed
 
     found = entries()
-    if json_output:
-        print_json(
-            {"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]}
-        )
-        return
+    Output(json_output).result(
+        lambda: {"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]},
+        lambda: print_human(found),
+    )
+
+
+def print_human(found: list[Checkpoint]) -> None:
     from rich.table import Table
+
+    from specpair.sources.catalog import is_reconstructed
 
     table = Table("repo", "revision", "role", "kind", "format", "layouts", "GB", "data")
     for column in (table.columns[0], table.columns[1], table.columns[4]):

@@ -6,9 +6,8 @@ from typing import Annotated
 
 import typer
 
-from specpair.cli import app
-from specpair.cli._options import GgufFileOpt, JsonOpt, OfflineOpt, QuietOpt, VerboseOpt
-from specpair.cli._output import console, print_command, print_json, print_prose, print_table
+from specpair.cli._options import DraftGgufFileOpt, GgufFileOpt, JsonOpt, OfflineOpt, QuietOpt, VerboseOpt
+from specpair.cli._output import Output, console, print_command, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -16,85 +15,73 @@ Examples:
   specpair check ./Qwen3.6-27B ./Qwen3.6-27B-DFlash --gpu h200 --context 65536
   specpair check Qwen/Qwen3.5-122B-A10B            # the target's own MTP head
   specpair check target.gguf draft.gguf --stack llama.cpp --json
-  specpair check specpair.lock                     # the pair `specpair download` fetched"""
+  specpair check specpair.lock                     # the pair `specpair download` fetched
+
+\b
+Output: what was read, a verdict per stack, the reasons, launch commands and fixes; --quiet: nothing (the exit
+code tells); --json: one document (schema specpair.check/1).
+Exit codes: 0 at least one stack asked is ok or warn; 1 every one fails; 2 bad input."""
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 SEVERITY_STYLE = {"error": "red", "warn": "yellow", "info": "dim"}
 
+TargetArg = Annotated[
+    str,
+    typer.Argument(
+        help="Target: local directory, .gguf file, Hub repo org/name[@revision], or a specpair.lock (its pair)."
+    ),
+]
+DraftArg = Annotated[str | None, typer.Argument(help="Drafter or draft model; omit to use the target's MTP head.")]
+StackOpt = Annotated[
+    list[str] | None, typer.Option("--stack", "-s", help="Stack to judge, any case (repeatable; default: all).")
+]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu", help="GPU to size memory for: h100, h200, b200, gb10, rtx4090, ... (default: the local GPU, if any)."
+    ),
+]
+GpusOpt = Annotated[int, typer.Option("--gpus", min=1, help="Number of GPUs available for tensor parallelism.")]
+ContextOpt = Annotated[
+    int | None, typer.Option("--context", min=1, help="Context length to serve (default: min(target max, 32768)).")
+]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", min=1, help="Sequences served at once, for KV and state memory.")
+]
 
-@app.command(epilog=EXAMPLES)
+
 def check(
-    target: Annotated[
-        str,
-        typer.Argument(
-            help="Target: local directory, .gguf file, Hub repo org/name[@revision], or a specpair.lock (its pair)."
-        ),
-    ],
-    draft: Annotated[
-        str | None, typer.Argument(help="Drafter or draft model; omit to use the target's MTP head.")
-    ] = None,
-    stack: Annotated[
-        list[str] | None, typer.Option("--stack", "-s", help="Stack to judge, any case (repeatable; default: all).")
-    ] = None,
-    gpu: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu",
-            help="GPU to size memory for: h100, h200, b200, gb10, rtx4090, ... (default: the local GPU, if any).",
-        ),
-    ] = None,
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="Number of GPUs available for tensor parallelism.")] = 1,
-    context: Annotated[
-        int | None, typer.Option("--context", min=1, help="Context length to serve (default: min(target max, 32768)).")
-    ] = None,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", min=1, help="Sequences served at once, for KV and state memory.")
-    ] = 1,
+    target: TargetArg,
+    draft: DraftArg = None,
+    stack: StackOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = 1,
+    context: ContextOpt = None,
+    concurrency: ConcurrencyOpt = 1,
     gguf_file: GgufFileOpt = None,
-    draft_gguf_file: Annotated[
-        str | None, typer.Option("--draft-gguf-file", help="Which .gguf file of DRAFT to read.")
-    ] = None,
+    draft_gguf_file: DraftGgufFileOpt = None,
     offline: OfflineOpt = False,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Check from metadata alone whether TARGET and DRAFT run together on each serving stack."""
-    from specpair.compat.memory import GPUS, local_gpu
-    from specpair.compat.pair import Deployment
-    from specpair.compat.stacks import STACK_NAMES
-    from specpair.compat.verdict import exit_code, judge, report
-    from specpair.errors import BadInput
-    from specpair.sources import open_checkpoint
+    from specpair.app.check import check_pair
 
-    stacks = []
-    for name in stack or STACK_NAMES:
-        known = next((s for s in STACK_NAMES if s == name.lower()), None)
-        if known is None:
-            raise BadInput(f"--stack {name}", f"unknown stack (stacks: {', '.join(STACK_NAMES)})")
-        stacks.append(known)
-    if gpu is not None and gpu.lower() not in GPUS:
-        raise BadInput(f"--gpu {gpu}", f"unknown GPU (known: {', '.join(GPUS)})")
-    deployment = Deployment(
-        gpu=GPUS[gpu.lower()] if gpu else local_gpu(),
+    result = check_pair(
+        target,
+        draft,
+        stacks=stack,
+        gpu=gpu,
         gpus=gpus,
         context=context,
         concurrency=concurrency,
+        gguf_file=gguf_file,
+        draft_gguf_file=draft_gguf_file,
+        offline=offline,
     )
-    if draft is None and target.endswith(".lock"):  # the pair `specpair download` wrote, read where it lies
-        from specpair.sources.lockfile import open_locked_pair
-
-        target_checkpoint, draft_checkpoint = open_locked_pair(target, gguf_file, draft_gguf_file)
-    else:
-        target_checkpoint = open_checkpoint(target, gguf_file, offline or None)
-        draft_checkpoint = open_checkpoint(draft, draft_gguf_file, offline or None) if draft else None
-    pair, verdicts = judge(target_checkpoint, draft_checkpoint, deployment, list(dict.fromkeys(stacks)))
-    code = exit_code(verdicts)
-    if json_output:
-        print_json(report(pair, verdicts))
-    elif not quiet:
-        _print_human(pair, verdicts, verbose)
-    raise typer.Exit(code)
+    Output(json_output, quiet).result(result.to_json, lambda: print_human(result, verbose))
+    raise typer.Exit(result.exit_code)
 
 
 def _describe(c, kind: str | None = None) -> str:
@@ -111,20 +98,30 @@ def _describe(c, kind: str | None = None) -> str:
     return f"{c.ref} ({where}; {what})"
 
 
-def _print_human(pair, verdicts, verbose: bool) -> None:
+def print_human(result, verbose: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    pair, verdicts = result.pair, result.verdicts
     out = console()
     print_prose(out, f"[bold]target[/bold]  {escape(_describe(pair.target))}")
     print_prose(out, f"[bold]draft[/bold]   {escape(_describe(pair.draft, pair.kind))}  [dim]as {pair.kind}[/dim]")
+    for ref, why in result.fallbacks:  # said here: otherwise only --json's notes tell why the catalog answered
+        print_prose(out, f"[yellow]offline[/yellow] {escape(ref)}: {escape(why)}")
     table = Table("stack", "status", "reasons")
     for stack, v in verdicts.items():
         rules = ", ".join(dict.fromkeys(f.rule for f in v.reasons if f.severity != "info")) or "-"
         table.add_row(stack, f"[{STATUS_STYLE[v.status]}]{v.status}[/]", rules)
     table.columns[0].no_wrap = True
     print_table(out, table)
-    # One paragraph per distinct finding, with the stacks it applies to; info only with --verbose.
+    _print_reasons(out, verdicts, verbose)
+    _print_commands(out, verdicts)
+
+
+def _print_reasons(out, verdicts, verbose: bool) -> None:
+    """One paragraph per distinct finding, with the stacks it applies to; info only with --verbose."""
+    from rich.markup import escape
+
     seen: dict[tuple[str, str, str], list[str]] = {}
     for stack, v in verdicts.items():
         for f in v.reasons:
@@ -145,6 +142,10 @@ def _print_human(pair, verdicts, verbose: bool) -> None:
         )
     if hidden:
         print_prose(out, f"[dim]and {hidden} info note(s): --verbose shows them, --json has every one[/dim]", indent=2)
+
+
+def _print_commands(out, verdicts) -> None:
+    """Each stack's launch line, then the fixes (or what no specpair command clears)."""
     launches = [(s, v.launch) for s, v in verdicts.items() if v.launch]
     if launches:
         out.print("[bold]Launch[/bold]")

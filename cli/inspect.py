@@ -6,31 +6,33 @@ from typing import Annotated
 
 import typer
 
-from specpair.cli import app
 from specpair.cli._options import GgufFileOpt, JsonOpt, OfflineOpt
-from specpair.cli._output import console, print_json, print_prose, print_table
+from specpair.cli._output import Output, console, print_prose, print_table
 
 EXAMPLES = """\b
 Examples:
   specpair inspect ./Qwen3.6-35B-A3B
   specpair inspect z-lab/Qwen3.6-35B-A3B-DFlash --json
-  specpair inspect ./models --gguf-file qwen3.6-35b-a3b-dflash.gguf"""
+  specpair inspect ./models --gguf-file qwen3.6-35b-a3b-dflash.gguf
+
+\b
+Output: what was read, a line per fact, and the tensor groups; --json: one document (schema specpair.inspect/1)."""
+RefArg = Annotated[str, typer.Argument(help="Local directory, .gguf file, or Hub repo org/name[@revision].")]
 
 
-@app.command(epilog=EXAMPLES)
 def inspect(
-    ref: Annotated[str, typer.Argument(help="Local directory, .gguf file, or Hub repo org/name[@revision].")],
-    gguf_file: GgufFileOpt = None,
-    offline: OfflineOpt = False,
-    json_output: JsonOpt = False,
+    ref: RefArg, gguf_file: GgufFileOpt = None, offline: OfflineOpt = False, json_output: JsonOpt = False
 ) -> None:
     """Print what specpair reads from one checkpoint's metadata (no tensor data is read)."""
     from specpair.sources import open_checkpoint
 
     checkpoint = open_checkpoint(ref, gguf_file, offline or None)
-    if json_output:
-        print_json({"schema": "specpair.inspect/1", "checkpoint": checkpoint.to_json()})
-        return
+    Output(json_output).result(
+        lambda: {"schema": "specpair.inspect/1", "checkpoint": checkpoint.to_json()}, lambda: print_human(checkpoint)
+    )
+
+
+def print_human(checkpoint) -> None:
     from rich.table import Table
 
     out = console()

@@ -6,9 +6,8 @@ from typing import Annotated
 
 import typer
 
-from specpair.cli import app
 from specpair.cli._options import JsonOpt, QuietOpt
-from specpair.cli._output import console, print_json, print_table
+from specpair.cli._output import Output, console, print_table
 
 EXAMPLES = """\b
 Examples:
@@ -17,74 +16,43 @@ Examples:
   specpair verify specpair.lock --json
 
 \b
+Output: a table per repo (file, size, status) and a summary line; --quiet: nothing (the exit code tells);
+--json: one document (schema specpair.verify/1).
 Exit codes: 0 every file matches the lock; 1 a file is missing, or its size or sha256 differs; 2 bad input."""
 
 STATUS_STYLE = {"ok": "green", "missing": "red", "size_differs": "red", "hash_differs": "red"}
+LockArg = Annotated[str, typer.Argument(metavar="DIR|LOCK", help="A specpair.lock, or the directory holding one.")]
 
 
-@app.command(epilog=EXAMPLES)
-def verify(
-    target: Annotated[str, typer.Argument(metavar="DIR|LOCK", help="A specpair.lock, or the directory holding one.")],
-    json_output: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
+def verify(target: LockArg, json_output: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Re-hash every file a lockfile lists (sha256) and report ok / missing / size differs / hash differs."""
-    from specpair.sources.lockfile import lock_path_of, read_lock
-    from specpair.sources.lockfile import verify as verify_files
+    from specpair.app.verify import verify_lock
 
-    path = lock_path_of(target)
-    repos = read_lock(path)
-    per_repo = verify_files(repos)
-    checks = [c for repo_checks in per_repo for c in repo_checks]
-    differ = [c for c in checks if c.status != "ok"]
-    code = 1 if differ else 0
-    if json_output:
-        print_json(
-            {
-                "schema": "specpair.verify/1",
-                "lock": path,
-                "ok": not differ,
-                "exit_code": code,
-                "repos": [
-                    {
-                        "repo": r.repo,
-                        "commit": r.commit,
-                        "path": r.directory,
-                        "files": [
-                            {
-                                "path": c.path,
-                                "size": c.size,
-                                "status": c.status,
-                                "found_size": c.found_size,
-                                "found_sha256": c.found_sha256,
-                            }
-                            for c in repo_checks
-                        ],
-                    }
-                    for r, repo_checks in zip(repos, per_repo)
-                ],
-            }
-        )
-    elif not quiet:
-        from rich.markup import escape
-        from rich.table import Table
+    result = verify_lock(target)
+    Output(json_output, quiet).result(result.to_json, lambda: print_human(result))
+    raise typer.Exit(result.exit_code)
 
-        out = console()
-        for r, repo_checks in zip(repos, per_repo):
-            out.print(
-                f"[bold]{r.role}[/bold] {r.repo} @ {r.commit}  {escape(r.directory)}", highlight=False, soft_wrap=True
-            )
-            table = Table("file", "size", "status")
-            table.columns[0].no_wrap = True  # file names are copied from here
-            for c in repo_checks:
-                found = f" ({c.found_size} bytes)" if c.status == "size_differs" else ""
-                status = c.status.replace("_", " ") + found
-                table.add_row(escape(c.path), str(c.size), f"[{STATUS_STYLE[c.status]}]{status}[/]")
-            print_table(out, table)
-        summary = (
-            f"{len(differ)} of {len(checks)} files differ from the lock"
-            if differ
-            else f"all {len(checks)} files match the lock"
+
+def print_human(result) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
+    for r, repo_checks in zip(result.repos, result.checks):
+        out.print(
+            f"[bold]{r.role}[/bold] {r.repo} @ {r.commit}  {escape(r.directory)}", highlight=False, soft_wrap=True
         )
-        out.print(summary, style="red" if differ else "green")
-    raise typer.Exit(code)
+        table = Table("file", "size", "status")
+        table.columns[0].no_wrap = True  # file names are copied from here
+        for c in repo_checks:
+            found = f" ({c.found_size} bytes)" if c.status == "size_differs" else ""
+            status = c.status.replace("_", " ") + found
+            table.add_row(escape(c.path), str(c.size), f"[{STATUS_STYLE[c.status]}]{status}[/]")
+        print_table(out, table)
+    differ = result.differ
+    summary = (
+        f"{len(differ)} of {result.files} files differ from the lock"
+        if differ
+        else f"all {result.files} files match the lock"
+    )
+    out.print(summary, style="red" if differ else "green")

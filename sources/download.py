@@ -38,18 +38,17 @@ from typing import Any
 
 from specpair.checkpoint import FileEntry
 from specpair.errors import BadInput, Incomplete
-from specpair.sources import REPO_ID
 from specpair.sources.hub import (
     REQUEST_TIMEOUT_S,
     HubFiles,
-    HubSettings,
     Unreachable,
     hub_errors,
     repo_folder,
-    settings_from_env,
     write_ref,
 )
 from specpair.sources.lockfile import ROLES, LockedFile, LockedRepo, hash_file
+from specpair.sources.reading import REPO_ID
+from specpair.sources.settings import HubSettings, settings_from_env
 
 WORKERS = 8  # files in flight at once, as huggingface_hub's snapshot_download
 RETRIES = 5  # failed tries in a row without a new byte before a file is given up

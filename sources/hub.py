@@ -19,19 +19,17 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo, TensorTable, gguf, safetensors
-from specpair.sources import MAX_CONFIG_BYTES, read_checkpoint
 from specpair.sources.local import LocalFiles
+from specpair.sources.reading import MAX_CONFIG_BYTES, read_checkpoint
+from specpair.sources.settings import HubSettings, settings_from_env, write_atomic
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 HEADERS_CACHE = "specpair-headers"
 RECORD_SCHEMA = "specpair.hub-metadata/1"
 REQUEST_TIMEOUT_S = 10.0  # per request; an unreachable Hub must fail fast so the offline fallback runs
@@ -40,8 +38,8 @@ GGUF_FIRST_READ = 1 << 20
 GGUF_MAX_READ = 16 << 20  # GGUF reads double up to this: token lists make headers several MB
 SHARD_WORKERS = 8
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+UNREACHABLE = "was unreachable"  # in the note of a checkpoint read offline because the Hub could not be reached
 CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment flag
 
 
 class Unreachable(Exception):
@@ -50,27 +48,6 @@ class Unreachable(Exception):
 
 class _NotCached(Exception):
     """The HF cache holds part of a checkpoint but not what is needed to build it."""
-
-
-@dataclass(frozen=True)
-class HubSettings:
-    endpoint: str
-    cache_dir: str
-    offline: bool
-
-
-def settings_from_env(offline: bool | None) -> HubSettings:
-    """HF_ENDPOINT, HF_HUB_CACHE / HF_HOME and HF_HUB_OFFLINE as they are now, not at import time."""
-    env = os.environ
-    xdg_cache = env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    hf_home = env.get("HF_HOME") or os.path.join(xdg_cache, "huggingface")
-    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(hf_home, "hub")
-    env_offline = any((env.get(k) or "").upper() in TRUE_VALUES for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return HubSettings(
-        endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
-        cache_dir=os.path.expandvars(os.path.expanduser(cache)),
-        offline=bool(offline) or env_offline,
-    )
 
 
 def open_repo(repo: str, revision: str | None, ref: str, gguf_file: str | None, offline: bool | None) -> Checkpoint:
@@ -403,8 +380,13 @@ def _open_offline(
             if checkpoint.source == "hf-cache"
             else "the built-in catalog"
         )
-        checkpoint.notes.append(f"the Hub at {settings.endpoint} was unreachable ({unreachable}); read from {origin}")
+        checkpoint.notes.append(f"the Hub at {settings.endpoint} {UNREACHABLE} ({unreachable}); read from {origin}")
     return checkpoint
+
+
+def unreachable_note(checkpoint: Checkpoint) -> str | None:
+    """The note saying that `checkpoint` was read offline because the Hub could not be reached, if it was."""
+    return next((n for n in checkpoint.notes if n.startswith("the Hub at ") and f" {UNREACHABLE} (" in n), None)
 
 
 @contextlib.contextmanager
@@ -513,20 +495,6 @@ def write_ref(cache_dir: str, repo: str, revision: str, commit: str) -> None:
     if safe_relative(revision):
         with contextlib.suppress(OSError):  # like the header record: a cache that cannot be written only costs a lookup
             write_atomic(os.path.join(cache_dir, repo_folder(repo), "refs", revision), commit.encode("ascii"))
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write under a temporary name beside `path`, then rename: readers never see a half-written file."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; caches and locks are shared with other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _has_gguf(snapshot: str) -> bool:

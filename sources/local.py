@@ -16,7 +16,7 @@ import stat
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo, TensorTable, gguf, safetensors
-from specpair.sources import read_checkpoint
+from specpair.sources.reading import read_checkpoint
 
 
 class LocalFiles:

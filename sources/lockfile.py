@@ -30,7 +30,8 @@ from typing import Any
 from specpair.checkpoint import Checkpoint
 from specpair.errors import BadInput
 from specpair.formats import MAX_JSON_DEPTH, brief, nests_deeper_than
-from specpair.sources.hub import COMMIT, safe_relative, write_atomic
+from specpair.sources.hub import COMMIT, safe_relative
+from specpair.sources.settings import write_atomic
 
 LOCK_SCHEMA = "specpair.lock/1"
 LOCK_NAME = "specpair.lock"
@@ -160,8 +161,8 @@ def open_locked_pair(
 
 
 def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
-    from specpair.sources import read_checkpoint
     from specpair.sources.hub import CachedFiles
+    from specpair.sources.reading import read_checkpoint
 
     if not os.path.isdir(repo.directory):
         raise BadInput(
@@ -216,7 +217,7 @@ def _repo_to_json(repo: LockedRepo, base: str) -> dict[str, Any]:
 
 
 def _repo_from_json(item: object, where: str, base: str) -> LockedRepo:
-    from specpair.sources import REPO_ID
+    from specpair.sources.reading import REPO_ID
 
     if not isinstance(item, dict):
         raise BadInput(where, "not an object")

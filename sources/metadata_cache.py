@@ -39,7 +39,7 @@ def cached(
     """The Checkpoint of the directory `root` (files `listed`, relative): from the cache when every file is as it
     was, else `read()`, then kept for next time. `named_file`: one .gguf file named on the command line, read by
     other rules than a checkpoint directory's files (its symlinks followed), so never the same entry."""
-    from specpair.sources.hub import settings_from_env, write_atomic
+    from specpair.sources.settings import settings_from_env, write_atomic
 
     real = os.path.realpath(root)
     keys = _file_keys(real, listed)

@@ -186,7 +186,7 @@ class Model:
         return self.reader.read(name, MAX_SMALL_FILE) if name in self.files else None
 
     def _json(self, name: str) -> dict[str, Any] | None:
-        from specpair.sources import read_json
+        from specpair.sources.reading import read_json
 
         return read_json(self.reader, name) if name in self.files else None
 
@@ -367,19 +367,19 @@ def open_model(ref: str, gguf_file: str | None = None, target_vocab: int | None 
 
 def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
     from specpair.checkpoint.mlx_names import from_mlx, is_mlx_layout
-    from specpair.sources import _check_index, _safetensors_shards, read_json
+    from specpair.sources.reading import check_index, read_json, safetensors_shards
 
     hf_config = read_json(files, "config.json", required=True)
     where = os.path.join(files.where, "config.json")
     config = parse_config(
         hf_config, where, read_json(files, "generation_config.json") if "generation_config.json" in names else None
     )
-    shards, index = _safetensors_shards(files, set(names))
+    shards, index = safetensors_shards(files, set(names))
     if not shards:
         raise BadInput(files.where, "has no .safetensors weights (a metadata-only copy?)")
     tensors = files.safetensors_headers(shards)
     if index is not None:
-        _check_index(f"{files.where}/{index[0]}", index[1], TensorTable.of(tensors))
+        check_index(f"{files.where}/{index[0]}", index[1], TensorTable.of(tensors))
     weights = unpadded(hf_weights(tensors, hf_config.get("quantization")), hf_config, files.where)
     for w in weights:
         check_readable(w, files.where)
@@ -495,11 +495,12 @@ def local_path(ref: str) -> str:
     path = os.path.expanduser(ref)
     if os.path.exists(path):
         return path
-    from specpair.sources import REPO_ID
+    from specpair.sources.reading import REPO_ID
 
     repo, _, revision = ref.partition("@")
     if REPO_ID.match(repo):
-        from specpair.sources.hub import CachedFiles, settings_from_env
+        from specpair.sources.hub import CachedFiles
+        from specpair.sources.settings import settings_from_env
 
         cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
         if cached is not None:

@@ -17,8 +17,8 @@ from fixtures import build_draft_model, build_target
 from typer.testing import CliRunner
 
 from specpair.cli import app
-from specpair.cli._plot import HEIGHT, WIDTH, line_chart
-from specpair.cli.bench import COLORS
+from specpair.cli._plot import BOTTOM, GLYPHS, HEIGHT, LEGEND_Y, SWATCH, TITLE_Y, TOP, WIDTH, line_chart
+from specpair.cli.bench import COLORS, PLOT_TITLE
 from specpair.runtime.loading import plan_load
 from specpair.sources.model import open_model
 
@@ -85,7 +85,8 @@ def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
     assert done.exit_code == 0, done.output
     out = done.stdout
     drafted = "drafted tok/s | speedup | predicted | speedup / predicted | τ | identical | roofline tok/s"
-    assert f"| users | undrafted tok/s | {drafted} |" in out and f"| depth | baseline tok/s | {drafted} |" in out
+    assert f"| users | undrafted tok/s | {drafted} |" in out and f"| depth | undrafted tok/s | {drafted} |" in out
+    assert "| undrafted / roofline | drafted / roofline |" in out and "baseline" not in out  # one name, both tables
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| 1 |", "| 2 |", "| 0 |", "| 12 |"))]
     assert [r[0] for r in rows] == ["| 1", "| 2", "| 0", "| 12"] and all(r[7] == "yes" for r in rows)
     assert "drafted == undrafted, token for token: 4/4 runs" in out and "CUDA graphs on" in out
@@ -98,6 +99,14 @@ def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
     width, height, pixels = png_pixels(png.read_bytes())
     assert (width, height) == (WIDTH, HEIGHT)
     assert bytes(COLORS["roofline"]) in colors(pixels)  # drawn last, so on top wherever the lines cross
+    legend = colors(band(pixels, width, LEGEND_Y, LEGEND_Y + SWATCH))
+    assert {bytes(COLORS[name]) for name in ("undrafted", "drafted", "roofline")} <= legend
+    assert "blue undrafted, orange drafted, grey roofline" in out
+
+
+def band(pixels: bytes, width: int, top: int, bottom: int) -> bytes:
+    """Rows [top, bottom) of an RGB image `width` pixels wide."""
+    return pixels[3 * width * top : 3 * width * bottom]
 
 
 def colors(pixels: bytes) -> set[bytes]:
@@ -109,6 +118,23 @@ def test_the_chart_draws_each_series_and_its_tick_labels():
     width, height, pixels = png_pixels(line_chart(["0", "4k", "32k"], series))
     assert (width, height) == (WIDTH, HEIGHT)
     assert {bytes(c) for c, _ in series} | {b"\x00\x00\x00", b"\xff\xff\xff"} <= colors(pixels)
+
+
+def test_the_chart_has_a_title_axis_labels_and_a_legend():
+    """Above the plot the title (centred) and a legend row (a swatch of each series' colour and its name, the y
+    axis's label at its left); under the tick labels the x axis's label. Every character has a glyph."""
+    words = [PLOT_TITLE, "context depth (prompt tokens)", "tok/s", "undrafted", "drafted", "roofline"]
+    assert set("".join(words).lower()) <= set(GLYPHS)
+    series = [((31, 119, 180), [10.0, 12.0]), ((255, 127, 14), [300.0, 280.0])]
+    bare = png_pixels(line_chart(["0", "4k"], series))[2]
+    width, _, drawn = png_pixels(
+        line_chart(["0", "4k"], series, title=PLOT_TITLE, x_label=words[1], y_label="tok/s", names=["a", "b"])
+    )
+    white, black = b"\xff\xff\xff", b"\x00\x00\x00"
+    assert colors(band(bare, width, 0, TOP - 8)) == {white} == colors(band(bare, width, HEIGHT - BOTTOM // 2, HEIGHT))
+    assert black in colors(band(drawn, width, TITLE_Y, TITLE_Y + 10))
+    assert {bytes(c) for c, _ in series} | {black} <= colors(band(drawn, width, LEGEND_Y, LEGEND_Y + SWATCH))
+    assert black in colors(band(drawn, width, HEIGHT - BOTTOM // 2, HEIGHT))  # the x axis's label
 
 
 def test_without_a_drafter_only_the_undrafted_columns(pair):

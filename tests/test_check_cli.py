@@ -398,3 +398,26 @@ def test_a_command_is_built_alone_and_the_app_keeps_every_command(monkeypatch, c
     shown = capsys.readouterr().out
     assert "specpair check [OPTIONS] {target} [draft]" in shown
     assert all(f"  {c.callback.__name__} " in shown for c in every)  # the group's help still lists them all
+
+
+def test_a_catalog_answer_says_when_the_hub_was_unreachable(tmp_path: Path):
+    """Without --offline and with no network, `check` falls back to the catalog: the human output says why."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{closed}", HF_HOME=str(tmp_path / "hf"))
+    done = run("check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", env=env)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if "was unreachable" in line]
+    assert [line.split(": the Hub at ")[0] for line in said] == [
+        "offline Qwen/Qwen3.6-35B-A3B",
+        "offline z-lab/Qwen3.6-35B-A3B-DFlash",
+    ]
+    assert all(f"http://127.0.0.1:{closed} was unreachable (" in line for line in said)
+    assert all(line.endswith("; read from the built-in catalog") for line in said)
+    offline = run("check", "Qwen/Qwen3.6-35B-A3B", "z-lab/Qwen3.6-35B-A3B-DFlash", "--offline", env=env)
+    assert offline.returncode == 0 and "unreachable" not in offline.stdout  # asked for: nothing to explain

@@ -689,7 +689,7 @@ def test_exl3_work_is_estimated_before_it_starts_and_reported_as_it_goes(tmp_pat
 
 
 def test_exl3_estimate_says_when_a_gpu_would_help():
-    from specpair.cli.convert import exl3_estimate
+    from specpair.app.convert import exl3_estimate
 
     slow = exl3_estimate(527_360, 35.0, "cpu")
     assert slow.startswith("EXL3 encodes 527,360 tiles of 256 weights at 35 tiles/s measured on cpu now: about 4.2 h")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fixtures import build_target
 
-import specpair.sources
+import specpair.sources.reading
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.errors import BadInput
@@ -32,8 +32,8 @@ def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def forking(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Fork for any tokenizer, give the child every shard but the first, even on one CPU; records what came back
     from a child."""
-    monkeypatch.setattr(specpair.sources, "FORK_TOKENIZER_BYTES", 0)
-    monkeypatch.setattr(specpair.sources, "_child_share", lambda shards, *_: (shards[:1], shards[1:]))
+    monkeypatch.setattr(specpair.sources.reading, "FORK_TOKENIZER_BYTES", 0)
+    monkeypatch.setattr(specpair.sources.reading, "_child_share", lambda shards, *_: (shards[:1], shards[1:]))
     monkeypatch.setattr(child, "available", lambda: True)
     received: list[str] = []
     for cls in (Tokenizer, TensorTable):
@@ -75,7 +75,7 @@ def test_a_forked_read_gives_what_a_serial_read_gives(
 
 def test_the_child_takes_the_later_shards_that_make_both_processes_finish_together() -> None:
     shards = [f"s{k}" for k in range(10)]
-    share = specpair.sources._child_share
+    share = specpair.sources.reading._child_share
     headers = [1_330_000] * 10  # the 94k-tensor NVFP4 export's 13.3 MB
     assert share(shards, headers, 0) == (shards[:5], shards[5:])  # half: then the summary waits for neither
     # a tokenizer.json the child parses after its headers: it takes fewer (4.8 MB wanted for 12 MB)
@@ -217,11 +217,11 @@ with child.forked(lambda: b"ok") as (result,):
 
 def test_small_files_or_a_single_cpu_fork_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = build_target(tmp_path / "t", "qwen3", shards=3)
-    assert (root / "tokenizer.json").stat().st_size < specpair.sources.FORK_TOKENIZER_BYTES
+    assert (root / "tokenizer.json").stat().st_size < specpair.sources.reading.FORK_TOKENIZER_BYTES
     monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked"))
     open_checkpoint(str(root))
-    monkeypatch.setattr(specpair.sources, "FORK_TOKENIZER_BYTES", 0)
-    monkeypatch.setattr(specpair.sources, "FORK_HEADER_BYTES", 0)
+    monkeypatch.setattr(specpair.sources.reading, "FORK_TOKENIZER_BYTES", 0)
+    monkeypatch.setattr(specpair.sources.reading, "FORK_HEADER_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0})
     other = build_target(tmp_path / "u", "qwen3", shards=3)
     assert open_checkpoint(str(other)).tokenizer.tokens is not None  # parsed here, not sent as JSON

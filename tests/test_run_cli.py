@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from specpair.sources.model import open_model
 
 def run(*args: str) -> subprocess.CompletedProcess:
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:  # the tree under test, where it is not the installed one
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run(
         [sys.executable, "-m", "specpair", "run", *args], capture_output=True, text=True, timeout=300, env=env
     )
@@ -84,11 +87,11 @@ def test_bad_input_is_one_line_or_one_json_document(target, tmp_path):
 
 
 def test_a_model_too_big_for_the_gpu_is_told_what_it_needs_and_what_fits(target):
-    from specpair.cli.run import _needs, does_not_fit
+    from specpair.app.memory import does_not_fit, needs
     from specpair.compat.memory import OVERHEAD_PER_GPU
 
     plan = plan_load(open_model(str(target)), "cpu")  # float32 weights: 32 bits each
-    needed = _needs(plan, 100)
+    needed = needs(plan, 100)
     message = does_not_fit(plan, 100, needed - 1, "1 GB are free")
     assert message.startswith(f"needs {round(needed / 1e9, 1)} GB on the GPU (") and "cache for 100 tokens" in message
     assert message.endswith(f"at 8.5 bits it would fit: specpair convert {target} DST --to fp8")
@@ -131,3 +134,47 @@ def test_a_repo_in_the_hf_cache_reports_its_commit(target, tmp_path, monkeypatch
     )
     assert result.exception is None, result.exception
     assert json.loads(result.stdout)["target"]["revision"] == commit
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line_naming_it(target, tmp_path):
+    """`printf '\xff\xfe bad' > p.txt; specpair run MODEL --prompt-file p.txt` once printed a traceback (exit 1)."""
+    bad = tmp_path / "p.txt"
+    bad.write_bytes(b"\xff\xfe bad")
+    problem = "cannot be read as UTF-8 text (invalid start byte: byte 0xff at offset 0)"
+    done = run(str(target), "--prompt-file", str(bad), "--device", "cpu")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {bad}: {problem}\n")
+    done = run(str(target), "--prompt-file", str(bad), "--device", "cpu", "--json")
+    assert done.returncode == 2 and done.stderr == ""
+    assert json.loads(done.stdout)["error"] == {"file": str(bad), "problem": problem}
+
+
+def test_a_prompt_file_reads_as_text_mode_would(tmp_path):
+    from specpair.app.prompts import read_prompt
+
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes("é\r\nline\rend".encode())
+    with open(crlf, encoding="utf-8") as f:
+        assert read_prompt(None, str(crlf)) == f.read() == "é\nline\nend"
+
+
+def test_help_code_and_readme_give_the_same_max_tokens():
+    """`run --help` said 128 where the README said 64: the defaults are the code's constants, named in both."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from specpair.app.gate import GATE_MAX_TOKENS
+    from specpair.app.generation import MAX_TOKENS
+    from specpair.app.pair import DEMO_CPU_MAX_TOKENS
+    from specpair.cli import app
+
+    shown = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    option = re.search(r"--max-tokens <int range> (.*?) --temperature", shown).group(1)
+    assert option.startswith(
+        f"Most tokens to generate (default: {MAX_TOKENS}; with a drafter {GATE_MAX_TOKENS} per prompt and setting, "
+        f"{DEMO_CPU_MAX_TOKENS} for --demo on a CPU)."
+    ), option
+    assert "default: 128]" not in option  # no second default beside the sentence
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"`--max-tokens N` ({MAX_TOKENS})" in readme
+    assert f"`--max-tokens N` ({GATE_MAX_TOKENS}; {DEMO_CPU_MAX_TOKENS} for `--demo` on a CPU)" in readme

@@ -206,9 +206,65 @@ def test_a_divergence_names_its_position_and_both_tokens_and_exits_1(pair, monke
         ],
     )
     assert done.exit_code == 1 and isinstance(done.exception, (SystemExit, type(None))), done.output
-    line = next(line for line in done.stdout.splitlines() if line.startswith("DIVERGED"))
-    assert "at token 2" in line and "undrafted" in line and "drafted" in line
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("DIVERGED"))
+    assert "at token 2" in lines[at] and "undrafted" in lines[at] and "drafted" in lines[at]
     assert done.stdout.strip().splitlines()[-1].startswith("identical 0/1")
+    # the text around the difference, both ways: the same before it, not from it on
+    undrafted, drafted = lines[at + 1], lines[at + 2]
+    assert undrafted.startswith('  undrafted: "…') and drafted.startswith('  drafted:   "…')
+    assert undrafted.split("⟨")[0].removeprefix("  undrafted: ") == drafted.split("⟨")[0].removeprefix("  drafted:   ")
+    assert undrafted.split("⟨")[1] != drafted.split("⟨")[1]
+
+
+def test_the_human_report_names_what_ran_and_shows_the_replies(pair):
+    """What the README promises: revisions and file hashes, the generated text, a summary line last; --quiet
+    leaves the summary line alone on stdout, and nothing on stderr."""
+    import hashlib
+
+    from specpair.cli._output import printable
+
+    target, draft = pair
+    args = ["--prompt", "Hello", "--max-tokens", "6", "--temperature", "0", "--batch", "1"]
+    done = specpair("run", str(target), str(draft), *args)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"target  {target} (qwen3) · revision none (not a Hub repo)"
+    assert f"draft   {draft} (dflash, block 4) · revision none (not a Hub repo)" in lines
+    for root in (target, draft):
+        for name in ("config.json", "model.safetensors"):
+            assert f"  {name}  sha256 {hashlib.sha256((root / name).read_bytes()).hexdigest()}" in lines
+    undrafted = specpair("run", str(target), "--prompt", "Hello", "--max-tokens", "6", "--json")
+    text = printable(json.loads(undrafted.stdout)["text"]).split("\n")
+    at = lines.index("reply 1 (prompt, greedy, solo):")
+    assert lines[at + 1 : at + 1 + len(text)] == ["  " + line for line in text]
+    assert lines[-1].startswith("identical 1/1 · τ ")
+    quiet = specpair("run", str(target), str(draft), *args, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith("identical 1/1 · τ ")
+
+
+def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(pair, monkeypatch, capsys):
+    """Ctrl-C during the gate (KeyboardInterrupt in the main thread) once exited 130 with nothing said."""
+    from specpair.cli import main
+    from specpair.runtime import speculative
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(speculative, "speculative_generate", interrupted)
+    target, draft = pair
+    for extra in ([], ["--json"]):
+        argv = ["specpair", "run", str(target), str(draft), "--prompt", "Hi", "--max-tokens", "2", "--batch", "1"]
+        monkeypatch.setattr(sys, "argv", argv + ["--temperature", "0", *extra])
+        with pytest.raises(SystemExit) as exited:
+            main()
+        assert exited.value.code == 130
+        out, err = capsys.readouterr()
+        if extra:
+            assert json.loads(out)["error"] == {"file": None, "problem": "interrupted by SIGINT (Ctrl-C)"}
+        else:
+            assert out == "" and err.endswith("\nerror: interrupted by SIGINT (Ctrl-C)\n") and err.count("error") == 1
 
 
 def test_the_smollm2_demo_pair_is_identical_and_keeps_drafts(tmp_path):

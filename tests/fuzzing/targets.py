@@ -848,7 +848,7 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "config",
-            "config.json: checkpoint/hf.build via sources.read_checkpoint",
+            "config.json: checkpoint/hf.build via sources.reading.read_checkpoint",
             HF_BASES,
             ("config.json",),
             config_case,
@@ -862,7 +862,7 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "index",
-            "model.safetensors.index.json: sources._safetensors_shards, _check_index",
+            "model.safetensors.index.json: sources.reading.safetensors_shards, check_index",
             ("qwen3-sharded",),
             ("model.safetensors.index.json",),
             index_case,

@@ -1,0 +1,463 @@
+"""`specpair run TARGET DRAFT`: the gate. The same prompts run undrafted and drafted, greedy and seeded, solo and
+concurrent, and every drafted reply must equal the undrafted one token for token (the exact rule makes that the
+contract: runtime/speculative.py). Also measured: tau, acceptance per draft position, the draft/verify time split,
+tok/s and the speedup; the report carries revisions, file hashes and prompt hashes so it can be rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specpair.app.device import choose_device
+from specpair.app.generation import SCHEMA, SamplingArgs
+from specpair.app.models import describe, load_target
+from specpair.app.pair import GatePair, gate_pair
+from specpair.app.progress import SILENT, Progress
+from specpair.app.prompts import BUILTIN_PROMPTS, encode_prompt
+from specpair.errors import BadInput
+
+if TYPE_CHECKING:
+    import torch
+
+    from specpair.compat.verdict import Verdict
+    from specpair.runtime.sampling import Sampling
+    from specpair.sources.model import Model
+
+GATE_TEMPERATURES = ((0.0, 0, 1.0, 0), (0.7, 0, 1.0, 1), (1.0, 40, 0.95, 2))  # (temperature, top_k, top_p, seed)
+CONCURRENT = 4
+GATE_MAX_TOKENS = 64  # per prompt and setting, unless --max-tokens says otherwise
+CONTEXT = (12, 6)  # tokens shown before and from a first difference
+
+
+@dataclass
+class GatePrompt:
+    name: str  # "prose", "code", or "prompt" for --prompt
+    text: str
+    ids: list[int]
+
+
+@dataclass
+class Cell:
+    """One setting of the gate: a sampling and a batch size, all prompts."""
+
+    sampling: Sampling
+    batch: int
+    block: int
+    prompts: list[dict] = field(default_factory=list)  # per prompt run, as the JSON report holds it
+    indices: list[int] = field(default_factory=list)  # which of the gate's prompts each prompt run is
+    outputs: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (undrafted, drafted) per prompt run
+    identical: bool = True
+    drafted_tokens: int = 0
+    undrafted_tokens: int = 0
+    drafted_s: float = 0.0
+    undrafted_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rounds: int = 0
+    committed: int = 0
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{describe_sampling(self.sampling)}, {'solo' if self.batch == 1 else f'{self.batch} concurrent'}"
+
+
+@dataclass
+class Divergence:
+    """Where a drafted reply first left the undrafted one, with the text around it both ways."""
+
+    setting: str
+    batch: int
+    prompt: str
+    position: int
+    undrafted: int | None  # the token there, None past the reply's end
+    drafted: int | None
+    before: str  # the text both replies share just before the position
+    undrafted_after: str
+    drafted_after: str
+
+
+@dataclass
+class GateReport:
+    target: Model
+    draft: Model | None  # None: the target's MTP head
+    pair: GatePair
+    kind: str
+    device: torch.device
+    dtype: str
+    block: int
+    max_tokens: int
+    rule: str
+    chat: bool
+    prompts: list[GatePrompt]
+    verdicts: dict[str, Verdict]
+    warnings: list[str]
+    cells: list[Cell]
+    drafter_bytes: int
+    draft_bits: int | None
+    tokenizer: Any
+    stops: list[int]
+
+    @property
+    def compared(self) -> list[Cell]:
+        return [c for c in self.cells if compared(c, self.rule)]
+
+    @property
+    def identical(self) -> bool:
+        return all(c.identical for c in self.compared)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.identical else 1
+
+    @property
+    def summary(self) -> str:
+        overall = totals(self.cells)
+        return (
+            f"identical {sum(c.identical for c in self.compared)}/{len(self.compared)} · τ {overall['tau']:.2f} · "
+            f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
+            f"{overall['tokens_per_s']['undrafted']:.1f} tok/s) · {self.kind} block {self.block} · "
+            f"{self.target.config.family} on {self.device} · "
+            + " ".join(f"{stack} {v.status}" for stack, v in self.verdicts.items() if stack != "specpair")
+        )
+
+    def described(self, role: str) -> dict[str, Any]:
+        """ref, revision, family and file hashes of the target or the draft (the target's, for its MTP head)."""
+        model = self.target if role == "target" else self.draft
+        if model is None:
+            return {"ref": self.target.ref, "mtp": True}
+        return describe(model, self.pair.locked.get(role))
+
+    def text(self, tokens: list[int]) -> str:
+        """A reply as text, a final stop token not shown."""
+        return self.tokenizer.decode(tokens[:-1] if tokens and tokens[-1] in self.stops else tokens)
+
+    def divergences(self) -> list[Divergence]:
+        found = []
+        for c in self.cells:
+            for p, (u, d) in zip(c.prompts, c.outputs):
+                if p["identical"] is False:
+                    at = p["first_difference"]["position"]
+                    before, after = CONTEXT
+                    found.append(
+                        Divergence(
+                            describe_sampling(c.sampling),
+                            c.batch,
+                            p["prompt"],
+                            at,
+                            p["first_difference"]["undrafted"],
+                            p["first_difference"]["drafted"],
+                            self.tokenizer.decode(u[max(0, at - before) : at]),
+                            self.tokenizer.decode(u[at : at + after]),
+                            self.tokenizer.decode(d[at : at + after]),
+                        )
+                    )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        verdict = self.verdicts["specpair"]
+        return {
+            "schema": SCHEMA,
+            "target": self.described("target"),
+            "draft": {
+                **self.described("draft"),
+                "kind": self.kind,
+                "resident_bytes": self.drafter_bytes,
+                "bits": self.draft_bits,
+            },
+            "device": str(self.device),
+            "dtype": self.dtype,
+            "block_size": self.block,
+            "max_tokens": self.max_tokens,
+            "rule": self.rule,
+            "chat": self.chat,
+            "prompts": [
+                {"name": p.name, "sha256": hashlib.sha256(p.text.encode("utf-8")).hexdigest(), "tokens": len(p.ids)}
+                for p in self.prompts
+            ],
+            "check": {
+                "status": verdict.status,
+                "warnings": self.warnings,
+                "stacks": {stack: v.status for stack, v in self.verdicts.items()},
+            },
+            "runs": [cell_json(c, self.rule) for c in self.cells],
+            "identical": self.identical,
+            **totals(self.cells),
+            "summary": self.summary,
+        }
+
+
+def run_gate(
+    target: str | None,
+    draft: str | None,
+    *,
+    mtp: bool = False,
+    demo: bool = False,
+    prompt: str | None = None,
+    max_tokens: int = GATE_MAX_TOKENS,
+    sampling: SamplingArgs | None = None,
+    chat: bool = False,
+    device: str | None = None,
+    gguf_file: str | None = None,
+    draft_gguf_file: str | None = None,
+    block_size: int | None = None,
+    batch: int | None = None,
+    draft_bits: int | None = None,
+    rule: str = "exact",
+    graphs: bool | None = None,
+    progress: Progress = SILENT,
+) -> GateReport:
+    """The gate on the pair the arguments name (`pair.gate_pair`): `prompt` or the built-in ones, `sampling` or
+    the gate's three settings, `batch` or solo and CONCURRENT at once."""
+    from specpair.runtime import loading
+    from specpair.runtime.drafters.loading import drafter_kind, load_drafter
+    from specpair.runtime.speculative import RULES
+    from specpair.sources.model import open_model
+
+    if rule not in RULES:
+        raise BadInput("--rule", f"{rule!r} is not one of {', '.join(RULES)}")
+    pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
+    chat = chat or pair.chat
+    where = choose_device(device)
+    target_model = open_model(pair.target, gguf_file)
+    draft_model = open_model(pair.draft, draft_gguf_file) if pair.draft is not None else None
+    kind = drafter_kind(draft_model)
+    tokenizer = target_model.tokenizer()
+    named = [("prompt", prompt)] if prompt is not None else list(BUILTIN_PROMPTS)
+    prompts = [GatePrompt(name, text, encode_prompt(tokenizer, text, chat)) for name, text in named]
+    context = max(len(p.ids) for p in prompts) + max_tokens
+    verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
+
+    plan = loading.plan_load(target_model, where)
+    target_run = load_target(plan, progress, context).runtime
+    progress.stage(
+        f"loading the {kind} drafter"
+        + (f" from {draft_model.ref}" if draft_model else "")
+        + (", quantized to affine-4" if draft_bits == 4 else "")
+    )
+    drafter = load_drafter(draft_model, target_model, target_run, draft_bits)
+    block = block_size or drafter.block_size
+    if drafter.max_positions and context + block > drafter.max_positions:
+        warnings.append(
+            f"context: {context + block} positions exceed the drafter's max_position_embeddings "
+            f"{drafter.max_positions}: acceptance may fall past it, the output does not change"
+        )
+    for w in warnings:
+        progress.warn(w)
+
+    stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
+    runner = CellRunner(target_run, drafter, prompts, max_tokens, stops, block, rule, graphs)
+    runner.warm_up()
+    cells = []
+    for setting in [sampling] if sampling is not None else list(GATE_TEMPERATURES):
+        for size in [batch] if batch else [1, CONCURRENT]:
+            cell = runner.run(setting, size, progress)
+            cells.append(cell)
+            progress.note(cell_line(cell, rule))
+    return GateReport(
+        target_model,
+        draft_model,
+        pair,
+        kind,
+        where,
+        str(plan.dtype).removeprefix("torch."),
+        block,
+        max_tokens,
+        rule,
+        chat,
+        prompts,
+        verdicts,
+        warnings,
+        cells,
+        drafter.resident_bytes,
+        draft_bits,
+        tokenizer,
+        stops,
+    )
+
+
+def judged(
+    pair: GatePair, gguf_file: str | None, draft_gguf_file: str | None, context: int
+) -> tuple[dict[str, Verdict], list[str]]:
+    """`specpair check` first: what it refuses on the specpair stack is not run; its warnings are shown."""
+    from specpair.compat.pair import Deployment
+    from specpair.compat.stacks import STACK_NAMES
+    from specpair.compat.verdict import judge
+    from specpair.sources import open_checkpoint
+
+    target_checkpoint = open_checkpoint(pair.target, gguf_file, True)
+    draft_checkpoint = open_checkpoint(pair.draft, draft_gguf_file, True) if pair.draft is not None else None
+    _, verdicts = judge(target_checkpoint, draft_checkpoint, Deployment(context=context), list(STACK_NAMES))
+    verdict = verdicts["specpair"]
+    if verdict.status == "fail":
+        errors = [f for f in verdict.reasons if f.severity == "error"]
+        raise BadInput(
+            pair.target,
+            f"`specpair check` refuses this pair on the specpair stack: {errors[0].rule}: "
+            f"{errors[0].message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+        )
+    return verdicts, [f"{f.rule}: {f.message}" for f in verdict.reasons if f.severity == "warn"]
+
+
+class CellRunner:
+    """Runs the gate's settings on one loaded pair."""
+
+    def __init__(self, target, drafter, prompts, max_tokens, stops, block, rule, graphs) -> None:
+        self.target, self.drafter, self.prompts, self.max_tokens = target, drafter, prompts, max_tokens
+        self.stops, self.block, self.rule, self.graphs = stops, block, rule, graphs
+
+    def warm_up(self) -> None:
+        """A few tokens each way first, so that one-time costs (kernel compilation, allocator) are not timed."""
+        from specpair.runtime.generate import generate
+        from specpair.runtime.sampling import Sampling
+        from specpair.runtime.speculative import speculative_generate
+
+        ids = self.prompts[0].ids
+        generate(self.target, [ids], 2, Sampling(), self.stops, graphs=self.graphs)
+        speculative_generate(
+            self.target,
+            self.drafter,
+            [ids],
+            self.block + 1,
+            Sampling(),
+            self.stops,
+            block_size=self.block,
+            rule=self.rule,
+            graphs=self.graphs,
+        )
+
+    def run(self, setting: SamplingArgs, size: int, progress: Progress) -> Cell:
+        from specpair.runtime.sampling import Sampling
+
+        cell = Cell(Sampling(*setting), size, self.block)
+        progress.stage(cell.label)
+        count = len(self.prompts)
+        groups = [[i] for i in range(count)] if size == 1 else [[i % count for i in range(size)]]
+        for group in groups:
+            self.run_group(cell, group)
+        return cell
+
+    def run_group(self, cell: Cell, group: list[int]) -> None:
+        from specpair.runtime.generate import generate
+        from specpair.runtime.speculative import acceptance_by_position, speculative_generate
+
+        prompts = [self.prompts[i].ids for i in group]
+        undrafted, u_timing = generate(
+            self.target, prompts, self.max_tokens, cell.sampling, self.stops, graphs=self.graphs
+        )
+        drafted, d_timing = speculative_generate(
+            self.target,
+            self.drafter,
+            prompts,
+            self.max_tokens,
+            cell.sampling,
+            self.stops,
+            block_size=self.block,
+            rule=self.rule,
+            graphs=self.graphs,
+        )
+        u_s, d_s = u_timing.prefill_s + u_timing.decode_s, d_timing.prefill_s + d_timing.draft_s + d_timing.verify_s
+        cell.undrafted_tokens += u_timing.generated_tokens
+        cell.drafted_tokens += d_timing.generated_tokens
+        cell.undrafted_s += u_s
+        cell.drafted_s += d_s
+        cell.draft_s += d_timing.draft_s
+        cell.verify_s += d_timing.verify_s
+        cell.rounds += sum(len(r.committed) for r in drafted)
+        cell.committed += sum(sum(r.committed) for r in drafted)
+        checked = compared(cell, self.rule)
+        for i, u, d in zip(group, undrafted, drafted):
+            cell.accepted += d.accepted
+            same = u.tokens == d.tokens
+            at = next(
+                (j for j, (a, b) in enumerate(zip(u.tokens, d.tokens)) if a != b), min(len(u.tokens), len(d.tokens))
+            )
+            cell.identical &= same or not checked
+            cell.indices.append(i)
+            cell.outputs.append((u.tokens, d.tokens))
+            cell.prompts.append(
+                {
+                    "prompt": self.prompts[i].name,
+                    "identical": same if checked else None,
+                    "first_difference": None
+                    if same or not checked
+                    else {
+                        "position": at,
+                        "undrafted": u.tokens[at] if at < len(u.tokens) else None,
+                        "drafted": d.tokens[at] if at < len(d.tokens) else None,
+                    },
+                    "tokens": len(d.tokens),
+                    "tau": d.tau,
+                    "acceptance_by_position": acceptance_by_position([d], self.block - 1),
+                    "tokens_per_s": {"drafted": d_timing.tokens_per_s, "undrafted": u_timing.tokens_per_s},
+                    "speedup": d_timing.tokens_per_s / u_timing.tokens_per_s if u_timing.tokens_per_s else None,
+                }
+            )
+
+
+def compared(cell: Cell, rule: str) -> bool:
+    """The exact rule's output is the undrafted run's at every temperature; the rejection rule's only greedy."""
+    return rule == "exact" or cell.sampling.greedy
+
+
+def totals(cells: list[Cell]) -> dict[str, Any]:
+    drafted_tokens, undrafted_tokens = sum(c.drafted_tokens for c in cells), sum(c.undrafted_tokens for c in cells)
+    drafted_s, undrafted_s = sum(c.drafted_s for c in cells), sum(c.undrafted_s for c in cells)
+    rounds, committed = sum(c.rounds for c in cells), sum(c.committed for c in cells)
+    drafted = drafted_tokens / drafted_s if drafted_s else 0.0
+    undrafted = undrafted_tokens / undrafted_s if undrafted_s else 0.0
+    accepted = [a for c in cells for a in c.accepted]
+    block = cells[0].block
+    draft_s, verify_s = sum(c.draft_s for c in cells), sum(c.verify_s for c in cells)
+    return {
+        "tau": committed / rounds if rounds else 0.0,
+        "acceptance_by_position": [
+            sum(a >= i for a in accepted) / len(accepted) if accepted else 0.0 for i in range(1, block)
+        ],
+        "tokens_per_s": {"drafted": drafted, "undrafted": undrafted},
+        "speedup": drafted / undrafted if undrafted else 0.0,
+        "seconds": {"draft": draft_s, "verify": verify_s, "drafted": drafted_s, "undrafted": undrafted_s},
+    }
+
+
+def cell_json(c: Cell, rule: str) -> dict[str, Any]:
+    return {
+        "sampling": {
+            "temperature": c.sampling.temperature,
+            "top_k": c.sampling.top_k,
+            "top_p": c.sampling.top_p,
+            "seed": c.sampling.seed,
+        },
+        "batch": c.batch,
+        "identical": c.identical if compared(c, rule) else None,
+        "prompts": c.prompts,
+        **totals([c]),
+    }
+
+
+def cell_line(c: Cell, rule: str) -> str:
+    """One setting's outcome as a progress line."""
+    t = totals([c])
+    same = ("identical" if c.identical else "DIVERGED") if compared(c, rule) else "not compared (rejection rule)"
+    accept = " ".join(f"{a:.2f}" for a in t["acceptance_by_position"])
+    spent = t["seconds"]["draft"] + t["seconds"]["verify"]
+    split = (
+        f"draft {100 * t['seconds']['draft'] / spent:.0f}% / verify {100 * t['seconds']['verify'] / spent:.0f}%"
+        if spent
+        else ""
+    )
+    return (
+        f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · {t['tokens_per_s']['drafted']:.1f} vs "
+        f"{t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×) · {split}"
+    )
+
+
+def describe_sampling(sampling: Sampling) -> str:
+    if sampling.greedy:
+        return "greedy"
+    extra = (f" top-k {sampling.top_k}" if sampling.top_k else "") + (
+        f" top-p {sampling.top_p}" if sampling.top_p < 1 else ""
+    )
+    return f"temperature {sampling.temperature}{extra} seed {sampling.seed}"

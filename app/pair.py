@@ -1,0 +1,56 @@
+"""Which pair the gate runs: TARGET DRAFT, TARGET --mtp (its own MTP head), a specpair.lock (the pair it pins),
+or the built-in demo pair."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specpair.app.progress import SILENT, Progress
+from specpair.errors import BadInput
+
+if TYPE_CHECKING:
+    from specpair.sources.lockfile import LockedRepo
+
+DEMO_CPU_MAX_TOKENS = 16  # --demo on a CPU: the exact row-by-row kernels run SmolLM2 at a few tok/s, six settings
+
+
+@dataclass
+class GatePair:
+    target: str
+    draft: str | None  # None: the target's own MTP head
+    locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
+    chat: bool = False  # the demo's prompts go through the chat template
+
+
+def gate_pair(
+    target: str | None, draft: str | None, *, mtp: bool = False, demo: bool = False, progress: Progress = SILENT
+) -> GatePair:
+    """The refs the gate opens, refused with a one-line BadInput when the arguments do not name one pair."""
+    if demo:
+        return demo_pair(target, draft, mtp, progress)
+    if target is None:
+        raise BadInput("TARGET", "give a target checkpoint (or --demo for the built-in pair)")
+    locked = {}
+    if target.endswith(".lock") and draft is None:
+        from specpair.sources.lockfile import read_lock
+
+        locked = {r.role: r for r in read_lock(target)}
+        target = locked["target"].directory
+        draft = locked["draft"].directory if "draft" in locked else None
+    if mtp and draft is not None:
+        raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
+    if draft is None and not mtp:
+        raise BadInput("DRAFT", "give a drafter or draft model, or --mtp for the target's own MTP head")
+    return GatePair(target, draft, locked)
+
+
+def demo_pair(target: str | None, draft: str | None, mtp: bool, progress: Progress) -> GatePair:
+    """The built-in pair: SmolLM2-135M-Instruct and its Q8_0 requantization as draft model (converted once)."""
+    from specpair.convert.demo import demo_pair as demo_files
+
+    if target or draft or mtp:
+        raise BadInput("--demo", "runs the built-in SmolLM2 pair: give no TARGET, DRAFT or --mtp with it")
+    progress.stage("setting up the demo pair (SmolLM2-135M-Instruct, draft requantized to Q8_0)")
+    target, draft = demo_files()
+    return GatePair(target, draft, chat=True)
