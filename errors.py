@@ -35,6 +35,18 @@ class Incomplete(Exception):
         return type(self), (self.where, self.problem)
 
 
+class RankFailed(Incomplete):
+    """A rank of a tensor-parallel run ended in an error and the others were stopped; the exit code is that
+    rank's (its own error line came first, from rank 0, or is quoted in `problem`)."""
+
+    def __init__(self, where: str, problem: str, exit_code: int) -> None:
+        super().__init__(where, problem)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int]]:
+        return type(self), (self.where, self.problem, self.exit_code)
+
+
 class Interrupted(BaseException):
     """SIGTERM or SIGINT arrived during work that cleans up after itself (convert removes DST.specpair-partial);
     the process then ends with 128 + the signal's number. A BaseException, so no error handler swallows it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specpair.app.device import choose_device
+from specpair.app.device import place_runtime
 from specpair.app.models import dtype_name, load_target
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS
@@ -81,6 +81,7 @@ def run_bench(
     tokens: int,
     block_size: int | None = None,
     device: str | None = None,
+    threads: int | None = None,
     gguf_file: str | None = None,
     draft_gguf_file: str | None = None,
     draft_bits: int | None = None,
@@ -100,11 +101,11 @@ def run_bench(
 
     if mtp and draft is not None:
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
-    where = choose_device(device)
+    where, parallel = place_runtime(device, threads)
     graphs = where.type == "cuda" if graphs is None else graphs
     target_model = open_model(target, gguf_file)
     draft_model = open_model(draft, draft_gguf_file) if draft is not None else None
-    plan = loading.plan_load(target_model, where)
+    plan = loading.plan_load(target_model, where, parallel=parallel)
     tokenizer = target_model.tokenizer()
     user_prompts = [tokenizer.encode(text) for _, text in BUILTIN_PROMPTS]
     text = tokenizer.encode("\n\n".join(text for _, text in BUILTIN_PROMPTS) + "\n\n")

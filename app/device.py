@@ -1,14 +1,19 @@
-"""Where the runtime runs: `--device` checked once for every command that runs a model."""
+"""Where the runtime runs: `--device` checked once for every command that runs a model, the CPU threads it
+uses there (`--threads`), and its ranks under tensor parallelism (`--tp`)."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import TYPE_CHECKING
 
-from specpair.errors import BadInput
+from specpair.errors import BadInput, RankFailed
 
 if TYPE_CHECKING:
     import torch
+
+    from specpair.runtime.parallel import Parallel
 
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
@@ -32,3 +37,40 @@ def on_cpu(asked: str | None) -> bool:
     import torch
 
     return not torch.cuda.is_available()
+
+
+def place_runtime(asked: str | None, threads: int | None = None) -> tuple[torch.device, Parallel]:
+    """The device (`choose_device`) and this process's rank under tensor parallelism (one of one outside a group).
+    On the CPU, torch's thread count: `threads`, else OMP_NUM_THREADS, else the usable cores idle now, shared among
+    the ranks (runtime/threads.py: a thread on a core another process holds stalls every op)."""
+    import torch
+
+    from specpair.runtime.parallel import Parallel
+    from specpair.runtime.threads import pick_threads
+
+    where = choose_device(asked)
+    parallel = Parallel.from_environment(where)
+    if where.type == "cpu":
+        count = pick_threads(threads)
+        torch.set_num_threads(count if threads is not None else max(1, count // parallel.size))
+    return where, parallel
+
+
+def start_ranks(size: int) -> int | None:
+    """Under `--tp N` (N > 1) in a plain process: run N ranks of this same command (runtime.parallel.launch: rank 0
+    prints, the others are silent) and return the exit code to end with; inside a group, started so or by torchrun:
+    None, this process is a rank and does the work. RankFailed when a rank but rank 0 (which reports its own
+    errors) fails."""
+    from specpair.runtime.parallel import launch
+
+    started = os.environ.get("WORLD_SIZE")
+    if started is not None:
+        if size > 1 and int(started) != size:
+            raise BadInput("--tp", f"{size} asked inside a group of {started} processes (torchrun --nproc-per-node)")
+        return None
+    if size == 1:
+        return None
+    code, rank, failure = launch([sys.executable, "-m", "specpair", *sys.argv[1:]], size)
+    if rank:
+        raise RankFailed("--tp", failure, code)
+    return code

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specpair.app.device import choose_device
+from specpair.app.device import place_runtime
 from specpair.app.generation import SCHEMA, SamplingArgs
 from specpair.app.models import describe, load_target
 from specpair.app.pair import GatePair, gate_pair
@@ -200,6 +200,7 @@ def run_gate(
     sampling: SamplingArgs | None = None,
     chat: bool = False,
     device: str | None = None,
+    threads: int | None = None,
     gguf_file: str | None = None,
     draft_gguf_file: str | None = None,
     block_size: int | None = None,
@@ -220,7 +221,7 @@ def run_gate(
         raise BadInput("--rule", f"{rule!r} is not one of {', '.join(RULES)}")
     pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
     chat = chat or pair.chat
-    where = choose_device(device)
+    where, parallel = place_runtime(device, threads)
     target_model = open_model(pair.target, gguf_file)
     draft_model = open_model(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)
@@ -230,7 +231,7 @@ def run_gate(
     context = max(len(p.ids) for p in prompts) + max_tokens
     verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
 
-    plan = loading.plan_load(target_model, where)
+    plan = loading.plan_load(target_model, where, parallel=parallel)
     target_run = load_target(plan, progress, context).runtime
     progress.stage(
         f"loading the {kind} drafter"

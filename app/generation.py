@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specpair.app.device import choose_device
+from specpair.app.device import place_runtime
 from specpair.app.models import LoadedTarget, layouts, load_target, revision
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import encode_prompt
@@ -73,6 +73,7 @@ def generate_text(
     sampling: SamplingArgs = (0.0, 0, 1.0, 0),
     chat: bool = False,
     device: str | None = None,
+    threads: int | None = None,
     gguf_file: str | None = None,
     graphs: bool | None = None,
     on_text: Callable[[str], None] | None = None,
@@ -87,11 +88,11 @@ def generate_text(
     from specpair.runtime.sampling import Sampling
     from specpair.sources.model import open_model
 
-    where = choose_device(device)
+    where, parallel = place_runtime(device, threads)
     if sampling[2] == 0:
         raise BadInput("--top-p", "0 keeps no token; give a value in (0, 1]")
     model = open_model(target, gguf_file)
-    plan = loading.plan_load(model, where)
+    plan = loading.plan_load(model, where, parallel=parallel)
     tokenizer = model.tokenizer()
     ids = encode_prompt(tokenizer, prompt, chat)
     context = len(ids) + max_tokens

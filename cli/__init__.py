@@ -68,6 +68,8 @@ def main() -> None:
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     command = next((a for a in args if not a.startswith("-")), None)
     original = sys.stdout
+    if int(os.environ.get("RANK", "0")) > 0:  # a tensor-parallel rank but the first (torchrun): only rank 0 prints
+        original = open(os.devnull, "w")  # this process's stdout until it exits
     stdout = sys.stdout = ClosedPipeSafe(original)
     every = app.registered_commands
     invoked = [c for c in every if (c.name or get_command_name(c.callback.__name__)) == command]

@@ -41,6 +41,22 @@ DraftBitsOpt = Annotated[
     int,
     typer.Option("--draft-bits", help="4: quantize the drafter to affine-4 at load, as TensorFold does; 0: as stored."),
 ]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="CPU threads for the runtime (default: OMP_NUM_THREADS, else the cores idle now: a thread on a busy core stalls every op).",
+    ),
+]
+TpOpt = Annotated[
+    int,
+    typer.Option(
+        "--tp",
+        min=1,
+        help="Tensor parallelism: run as N processes, one GPU each (gloo processes on a CPU); only the first prints. Also works under torchrun --nproc-per-node N -m specpair.",
+    ),
+]
 GraphsOpt = Annotated[
     bool | None,
     typer.Option(

@@ -22,6 +22,8 @@ from specpair.cli._options import (
     JsonOpt,
     MtpOpt,
     QuietOpt,
+    ThreadsOpt,
+    TpOpt,
 )
 from specpair.cli._output import Output, console, print_prose, print_table
 from specpair.errors import BadInput
@@ -114,6 +116,8 @@ def bench(
     tokens: TokensOpt = 512,
     block_size: BlockSizeOpt = None,
     device: DeviceOpt = None,
+    threads: ThreadsOpt = None,
+    tp: TpOpt = 1,
     gguf_file: GgufFileOpt = None,
     draft_gguf_file: DraftGgufFileOpt = None,
     draft_bits: DraftBitsOpt = 0,
@@ -127,7 +131,11 @@ def bench(
     """Measure decode tok/s by users and by depth, undrafted and (with DRAFT or --mtp) drafted, with τ and the
     weights roofline of the GPU."""
     from specpair.app.bench import run_bench
+    from specpair.app.device import start_ranks
 
+    ended = start_ranks(tp)
+    if ended is not None:
+        raise typer.Exit(ended)
     depths = parse_counts("--depth", depth, 0)
     user_counts = parse_counts("--users", users, 1)
     if json_output and md:
@@ -145,6 +153,7 @@ def bench(
         tokens=tokens,
         block_size=block_size,
         device=device,
+        threads=threads,
         gguf_file=gguf_file,
         draft_gguf_file=draft_gguf_file,
         draft_bits=draft_bits or None,

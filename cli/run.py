@@ -21,6 +21,8 @@ from specpair.cli._options import (
     JsonOpt,
     MtpOpt,
     QuietOpt,
+    ThreadsOpt,
+    TpOpt,
 )
 from specpair.cli._output import Output, printable
 
@@ -111,6 +113,8 @@ def run(
     seed: SeedOpt = 0,
     chat: ChatOpt = False,
     device: DeviceOpt = None,
+    threads: ThreadsOpt = None,
+    tp: TpOpt = 1,
     gguf_file: GgufFileOpt = None,
     mtp: MtpOpt = False,
     demo: DemoOpt = False,
@@ -126,9 +130,13 @@ def run(
     """Generate text from TARGET with specpair's runtime, streamed as it comes, then the speed. With DRAFT, --mtp or
     --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, or --prompt), greedy
     and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
+    from specpair.app.device import start_ranks
     from specpair.app.prompts import read_prompt
     from specpair.errors import BadInput
 
+    ended = start_ranks(tp)
+    if ended is not None:
+        raise typer.Exit(ended)
     out = Output(json_output, quiet)
     sampling = (temperature, top_k, top_p, seed)
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
@@ -146,6 +154,7 @@ def run(
             sampling=sampling if any(s is not None and s.name == "COMMANDLINE" for s in given) else None,
             chat=chat,
             device=device,
+            threads=threads,
             gguf_file=gguf_file,
             draft_gguf_file=draft_gguf_file,
             block_size=block_size,
@@ -167,13 +176,14 @@ def run(
         sampling,
         chat,
         device,
+        threads,
         gguf_file,
         graphs,
     )
 
 
 def _generate(
-    out: Output, target: str, prompt: str, max_tokens: int, sampling, chat, device, gguf_file, graphs
+    out: Output, target: str, prompt: str, max_tokens: int, sampling, chat, device, threads, gguf_file, graphs
 ) -> None:
     from specpair.app.generation import generate_text
 
@@ -188,6 +198,7 @@ def _generate(
         sampling=sampling,
         chat=chat,
         device=device,
+        threads=threads,
         gguf_file=gguf_file,
         graphs=graphs,
         on_text=None if out.json else write,

@@ -49,7 +49,7 @@ class LoadPlan:
     stored_bytes: int  # read from the files
     resident: dict[str, int]  # name -> bytes held on the device once loaded (a packed weight: its stored parts)
     parallel: Parallel = SINGLE  # this rank's place under tensor parallelism
-    shards: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> this rank's shape of it (parallel)
+    shards: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # name -> every rank's shape of it
 
     @property
     def resident_bytes(self) -> int:
@@ -109,16 +109,21 @@ def plan_load(
             f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
             + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""),
         )
-    shards: dict[str, tuple[int, ...]] = {}
-    if parallel.size > 1:
+    shards: dict[str, list[tuple[int, ...]]] = {}
+    for rank in range(parallel.size if parallel.size > 1 else 0):  # what each rank's model asks for
 
         def local(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
-            shards[name] = tuple(shape)
+            shards.setdefault(name, []).append(tuple(shape))
             return torch.empty(shape, device="meta")
 
-        local_config = parallel.config(config, model.ref)
+        ranked = Parallel(rank, parallel.size)
         Transformer.build(
-            local_config, FAMILIES[config.family].decoder_layer, local, dtype, torch.device("meta"), parallel
+            ranked.config(config, model.ref),
+            FAMILIES[config.family].decoder_layer,
+            local,
+            dtype,
+            torch.device("meta"),
+            ranked,
         )
     kept = frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n)))
     sources = {s for name in needs for s in model.maps[name].sources}  # a fused source feeds two weights
@@ -126,7 +131,7 @@ def plan_load(
     resident = {
         n: _stored_bytes(model, n)
         if n in kept
-        else math.prod(shards.get(n, need.shape)) * (4 if need.fp32 else dtype.itemsize)
+        else math.prod(shards[n][parallel.rank] if n in shards else need.shape) * (4 if need.fp32 else dtype.itemsize)
         for n, need in needs.items()
     }
     return LoadPlan(model, needs, kept, dtype, device, stored, resident, parallel, shards)

@@ -28,7 +28,6 @@ result; a decode row is a few KB, where latency, not bytes, is the cost.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -99,36 +98,41 @@ class Parallel:
         dist.all_gather(parts, part.contiguous())
         return torch.cat(parts, dim=-1)
 
-    def config(self, config: ModelConfig, where: str) -> ModelConfig:
-        """The config of this rank's shard: heads, KV heads, Gated DeltaNet heads and MLP widths divided by size
-        (head_dim and the hidden size stay); a model whose counts do not split is refused."""
+    def share(self, total: int, rank: int | None = None) -> int:
+        """A rank's count of `total` units split as evenly as they go (the first total % size ranks take one more:
+        SmolLM2's 3 KV heads at TP 2 are 2 and 1)."""
+        rank = self.rank if rank is None else rank
+        return total // self.size + (rank < total % self.size)
+
+    def config(self, config: ModelConfig, where: str, rank: int | None = None) -> ModelConfig:
+        """The config of a rank's shard (default: this one's): KV heads split as evenly as they go and each keeps its
+        query heads, Gated DeltaNet key heads likewise with their value heads, MLP widths split; head_dim, the hidden
+        size and the vocabulary stay (the vocabulary splits evenly: embed and head). A model a rank would hold
+        nothing of is refused."""
         if self.size == 1:
             return config
-        divided = {}
-        for key in (
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "moe_intermediate_size",
-            "shared_expert_intermediate_size",
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-        ):
-            value = getattr(config, key)
-            if value is None:
-                continue
-            if value % self.size:
-                raise BadInput(where, f"{key} {value} does not split over tensor parallelism {self.size}")
-            divided[key] = value // self.size
         if config.vocab_size % self.size:
             raise BadInput(where, f"vocab_size {config.vocab_size} does not split over tensor parallelism {self.size}")
-        return replace(config, **divided)
+        groups = {"num_kv_heads": ("num_heads", config.num_kv_heads)}
+        if config.linear_num_key_heads is not None:
+            groups["linear_num_key_heads"] = ("linear_num_value_heads", config.linear_num_key_heads)
+        changed: dict[str, int] = {}
+        for key, (follower, total) in groups.items():
+            if total < self.size:
+                raise BadInput(where, f"{key} {total} leaves a rank of tensor parallelism {self.size} without one")
+            changed[key] = self.share(total, rank)
+            changed[follower] = changed[key] * (getattr(config, follower) // total)
+        for key in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            if getattr(config, key) is not None:
+                changed[key] = self.share(getattr(config, key), rank)
+        return replace(config, **changed)
 
-    def shard(self, name: str, value: Tensor, local: tuple[int, ...], config: ModelConfig) -> Tensor:
-        """This rank's part of weight `name` (its whole value, `config` the whole model's), which the rank's model
-        asks for in shape `local`: a contiguous slice along the one dim where the shapes differ, section by section
-        where that dim holds sections."""
-        if tuple(value.shape) == tuple(local):
+    def shard(self, name: str, value: Tensor, shapes: Sequence[tuple[int, ...]], config: ModelConfig) -> Tensor:
+        """This rank's part of weight `name` (its whole value, `config` the whole model's), given the shape every
+        rank's model asks for (`shapes`, by rank): along the one dim where they differ from the whole, the ranks'
+        slices follow one another in rank order, section by section where that dim holds sections."""
+        local = tuple(shapes[self.rank])
+        if tuple(value.shape) == local:
             if self.rank and name.endswith(ROW_PARALLEL_BIASES):
                 return torch.zeros_like(value)
             return value
@@ -136,29 +140,35 @@ class Parallel:
         if len(dims) != 1 or len(value.shape) != len(local):
             raise ValueError(f"{name} is {list(value.shape)}; a shard of {list(local)} is not a slice of one dim")
         dim = dims[0]
-        sections = [value.shape[dim]]
-        if name.endswith(SECTIONED):
-            keys = config.linear_num_key_heads * config.linear_key_head_dim
-            sections = [keys, keys, config.linear_num_value_heads * config.linear_value_head_dim]
+        if name.endswith(SECTIONED):  # per rank: its q, k and v channels
+            ranks = [self.config(config, name, r) for r in range(self.size)]
+            sizes = [[c.linear_num_key_heads * c.linear_key_head_dim] * 2 for c in ranks]
+            sizes = [k + [c.linear_num_value_heads * c.linear_value_head_dim] for k, c in zip(sizes, ranks)]
+        else:
+            sizes = [[shape[dim]] for shape in shapes]
+        sections = [sum(rank[i] for rank in sizes) for i in range(len(sizes[0]))]
+        if sum(sections) != value.shape[dim]:
+            raise ValueError(
+                f"{name}: the ranks' shards {sizes} do not add up to its {value.shape[dim]} along dim {dim}"
+            )
         pieces = []
-        for piece in value.split(sections, dim=dim):
-            part = self.slice(piece.shape[dim], name)
-            pieces.append(piece.narrow(dim, part.start, part.stop - part.start))
-        shard = torch.cat(pieces, dim=dim).contiguous()
-        if tuple(shard.shape) != tuple(local):
-            raise ValueError(f"{name}: this rank's slice is {list(shard.shape)}, its model asks for {list(local)}")
-        return shard
+        for i, piece in enumerate(value.split(sections, dim=dim)):
+            start = sum(rank[i] for rank in sizes[: self.rank])
+            pieces.append(piece.narrow(dim, start, sizes[self.rank][i]))
+        return torch.cat(pieces, dim=dim).contiguous()
 
 
 SINGLE = Parallel()
 
 
-def launch(command: Sequence[str], size: int) -> tuple[int, str | None]:
+def launch(command: Sequence[str], size: int) -> tuple[int, int | None, str | None]:
     """Run `command` as ranks 0..size-1 of one group on this machine (torchrun's environment: RANK, LOCAL_RANK,
     WORLD_SIZE, MASTER_ADDR/PORT; NVLink multicast off): rank 0 keeps this process's stdout and stderr, the others
-    print nothing. A rank that fails ends the others. Returns (exit code, None) or (its code, a line naming the rank
-    and the last line it wrote to stderr)."""
-    port = _free_port()
+    print nothing. A rank that fails ends the others. Returns (0, None, None), or (its exit code, the rank, a line
+    naming the rank and the last line it wrote to stderr: rank 0 wrote its own)."""
+    # This process hosts the group's store on a port the OS picks and holds, as torchrun's agent does: a port
+    # chosen free and handed on could be taken by another process before rank 0 binds it.
+    store = dist.TCPStore("127.0.0.1", 0, world_size=size, is_master=True, wait_for_workers=False)
     logs = [tempfile.TemporaryFile() for _ in range(size)]
     ranks = []
     for rank in range(size):
@@ -170,7 +180,8 @@ def launch(command: Sequence[str], size: int) -> tuple[int, str | None]:
             "WORLD_SIZE": str(size),
             "LOCAL_WORLD_SIZE": str(size),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
         quiet = rank > 0
         ranks.append(
@@ -191,9 +202,10 @@ def launch(command: Sequence[str], size: int) -> tuple[int, str | None]:
                         r.terminate()
                 for r in ranks:
                     r.wait()
-                return codes[failed], f"rank {failed} of {size} exited with {codes[failed]}{_last_line(logs[failed])}"
+                line = f"rank {failed} of {size} exited with {codes[failed]}{_last_line(logs[failed])}"
+                return codes[failed], failed, line
             if all(c == 0 for c in codes):
-                return 0, None
+                return 0, None, None
             time.sleep(0.05)
     finally:
         for r in ranks:
@@ -208,9 +220,3 @@ def _last_line(log) -> str:
     log.seek(0)
     lines = [line for line in log.read().decode("utf-8", "replace").splitlines() if line.strip()]
     return f": {lines[-1].strip()}" if lines else ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

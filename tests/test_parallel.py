@@ -7,6 +7,7 @@ cut what the model asks for; a rank that fails ends the others with a one-line e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -38,7 +39,7 @@ def one_thread():
 def run_ranks(tmp_path: Path, job: dict, size: int) -> dict[str, torch.Tensor]:
     (tmp_path / "job.json").write_text(json.dumps(job))
     out = tmp_path / f"out{size}.safetensors"
-    code, failure = launch([sys.executable, str(WORKER), str(tmp_path / "job.json"), str(out)], size)
+    code, _, failure = launch([sys.executable, str(WORKER), str(tmp_path / "job.json"), str(out)], size)
     assert code == 0, failure
     return load_file(str(out))
 
@@ -91,28 +92,34 @@ def test_shards_cut_what_each_rank_asks_for(splittable):
     keys = config.linear_num_key_heads * config.linear_key_head_dim
     channels = 2 * keys + config.linear_num_value_heads * config.linear_value_head_dim
     qkv = torch.arange(channels * 3, dtype=torch.float32).reshape(channels, 3)
-    halves = [
-        Parallel(r, 2).shard("layers.0.linear_attn.in_proj_qkv.weight", qkv, (channels // 2, 3), config) for r in (0, 1)
-    ]
+    shapes = [(channels // 2, 3)] * 2
+    halves = [Parallel(r, 2).shard("layers.0.linear_attn.in_proj_qkv.weight", qkv, shapes, config) for r in (0, 1)]
     # each rank holds its half of the q, of the k and of the v channels, in that order
     q, k, v = qkv.split([keys, keys, channels - 2 * keys])
     assert torch.equal(halves[0], torch.cat([q[: keys // 2], k[: keys // 2], v[: v.shape[0] // 2]]))
     assert torch.equal(halves[1], torch.cat([q[keys // 2 :], k[keys // 2 :], v[v.shape[0] // 2 :]]))
     down = torch.randn(8, 12)
-    parts = [Parallel(r, 4).shard("layers.0.mlp.down_proj.weight", down, (8, 3), config) for r in range(4)]
+    parts = [Parallel(r, 4).shard("layers.0.mlp.down_proj.weight", down, [(8, 3)] * 4, config) for r in range(4)]
     assert torch.equal(torch.cat(parts, dim=1), down)
+    uneven = [(8, 7), (8, 5)]  # rows of whole heads where they do not split evenly (SmolLM2: 3 KV heads at TP 2)
+    parts = [Parallel(r, 2).shard("layers.0.self_attn.o_proj.weight", down, uneven, config) for r in (0, 1)]
+    assert [p.shape[1] for p in parts] == [7, 5] and torch.equal(torch.cat(parts, dim=1), down)
     bias = torch.randn(8)
-    assert torch.equal(Parallel(0, 2).shard("layers.0.self_attn.o_proj.bias", bias, (8,), config), bias)
-    assert not Parallel(1, 2).shard("layers.0.self_attn.o_proj.bias", bias, (8,), config).any()
+    assert torch.equal(Parallel(0, 2).shard("layers.0.self_attn.o_proj.bias", bias, [(8,)] * 2, config), bias)
+    assert not Parallel(1, 2).shard("layers.0.self_attn.o_proj.bias", bias, [(8,)] * 2, config).any()
     norm = torch.randn(8)
-    assert torch.equal(Parallel(1, 2).shard("layers.0.input_layernorm.weight", norm, (8,), config), norm)
-    with pytest.raises(ValueError, match="split evenly"):
-        Parallel(0, 4).shard("layers.0.mlp.up_proj.weight", torch.randn(6, 4), (1, 4), config)
+    assert torch.equal(Parallel(1, 2).shard("layers.0.input_layernorm.weight", norm, [(8,)] * 2, config), norm)
+    with pytest.raises(ValueError, match="do not add up"):
+        Parallel(0, 2).shard("layers.0.mlp.up_proj.weight", torch.randn(6, 4), [(2, 4), (2, 4)], config)
 
 
-def test_a_model_that_does_not_split_is_refused(splittable):
-    config = config_of(splittable["qwen3"])
-    with pytest.raises(Exception, match="does not split over tensor parallelism 3"):
+def test_heads_split_by_kv_groups_as_evenly_as_they_go(splittable):
+    config = dataclasses.replace(config_of(splittable["qwen3"]), num_heads=9, num_kv_heads=3, intermediate_size=1536)
+    ranks = [Parallel(r, 2).config(config, "tiny") for r in (0, 1)]
+    assert [(c.num_kv_heads, c.num_heads, c.intermediate_size) for c in ranks] == [(2, 6, 768), (1, 3, 768)]
+    with pytest.raises(Exception, match="num_kv_heads 3 leaves a rank of tensor parallelism 4 without one"):
+        Parallel(0, 4).config(config, "tiny")
+    with pytest.raises(Exception, match="vocab_size 512 does not split over tensor parallelism 3"):
         Parallel(0, 3).config(config, "tiny")
 
 
@@ -126,7 +133,7 @@ def test_a_failing_rank_ends_the_others_with_one_line(tmp_path):
         "time.sleep(60)\n"
     )
     start = time.monotonic()
-    code, failure = launch([sys.executable, str(script)], 3)
-    assert code == 3 and failure == "rank 1 of 3 exited with 3: the shard is missing"
+    code, rank, failure = launch([sys.executable, str(script)], 3)
+    assert (code, rank, failure) == (3, 1, "rank 1 of 3 exited with 3: the shard is missing")
     assert time.monotonic() - start < 30  # the others were ended, not waited for
-    assert launch([sys.executable, "-c", "import os; assert os.environ['WORLD_SIZE'] == '2'"], 2) == (0, None)
+    assert launch([sys.executable, "-c", "import os; assert os.environ['WORLD_SIZE'] == '2'"], 2) == (0, None, None)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from specpair import runtime
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, HIDDEN_STATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, DFLASH, HIDDEN_STATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import STACKS
 
 KIND_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "mtp": "MTP", "eagle3": "EAGLE-3", "draft_model": "draft-model"}

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from specpair.checkpoint.families import FAMILIES
 from specpair.compat.fixes import WEIGHT_GROUPS, convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
 from specpair.formats.layouts import layout_of
 

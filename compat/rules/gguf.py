@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, DFLASH, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, DFLASH, Values, rule
 
 
 @rule(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from specpair.compat.memory import TP_SIZES, MemoryPlan, estimate, plan
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, ALL_STACKS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, Values, rule
 from specpair.compat.stacks import STACKS
 from specpair.formats.layouts import layout_of
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_KINDS, ALL_STACKS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, Values, rule
 
 REMOTE_SOURCES = ("hub", "hf-cache", "catalog")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rule
 
 
 @rule(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from specpair.checkpoint.tokenizer import shared_prefix_differences
 from specpair.compat.pair import Pair
-from specpair.compat.rules import ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
 
 LLAMA_CPP_MAX_VOCAB_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in common/speculative.cpp
 

@@ -1,0 +1,90 @@
+"""The rule table: every pairing check as a row (id, severity, stacks, drafter kinds, message, check).
+
+A rule's `check(pair, stack)` returns the values that clash, one dict per finding; the rule's
+`message` template turns each into a sentence naming both checkpoints, the values and what to do.
+docs/check.md is generated from this table with each rule's `example` values, so it cannot drift.
+Rule families live one per module of this package and register themselves here with `@rule`;
+the package's __init__ imports them in table order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from specpair.checkpoint import DRAFTER_KINDS
+from specpair.compat.pair import Pair
+from specpair.compat.stacks import STACK_NAMES
+
+SEVERITIES = ("error", "warn", "info")
+ALL_STACKS = STACK_NAMES
+ALL_KINDS = DRAFTER_KINDS
+SEPARATE_DRAFTERS = ("dflash", "dflash2", "eagle3", "draft_model")
+HIDDEN_STATE_DRAFTERS = ("dflash", "dflash2", "eagle3")
+DFLASH = ("dflash", "dflash2")
+
+Values = dict[str, Any]
+Check = Callable[[Pair, str], Iterable[Values]]
+Fix = Callable[[Pair, str], str | None]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    stacks: tuple[str, ...]
+    kinds: tuple[str, ...]
+    title: str  # what the rule checks, for docs
+    message: str  # str.format template over the check's values plus {target}, {draft}, {stack}
+    example: Values  # values that render `message` in docs
+    check: Check
+    fix: Fix | None = None
+
+    def render(self, values: Values) -> str:
+        return self.message.format(**values)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    message: str
+    values: Values  # the check's values the message was rendered from: its numbers as fields for --json
+
+
+RULES: list[Rule] = []
+
+
+def rule(
+    id: str,
+    severity: str,
+    stacks: Iterable[str],
+    kinds: Iterable[str],
+    title: str,
+    message: str,
+    example: Values,
+    fix: Fix | None = None,
+) -> Callable[[Check], Check]:
+    """Register the decorated check function as a row of the rule table."""
+    stacks, kinds = tuple(stacks), tuple(kinds)
+    assert severity in SEVERITIES and set(stacks) <= set(STACK_NAMES) and set(kinds) <= set(ALL_KINDS), id
+
+    def register(check: Check) -> Check:
+        RULES.append(Rule(id, severity, stacks, kinds, title, message, example, check, fix))
+        return check
+
+    return register
+
+
+def evaluate(pair: Pair, stack: str) -> list[tuple[Rule, Finding]]:
+    """Every finding of every rule that applies to this stack and drafter kind, errors first."""
+    found = []
+    for r in RULES:
+        if stack not in r.stacks or pair.kind not in r.kinds:
+            continue
+        for values in r.check(pair, stack):
+            named = {"target": pair.target.ref, "draft": pair.draft_name, "stack": stack, **values}
+            found.append((r, Finding(r.id, r.severity, r.render(named), values)))
+    found.sort(key=lambda item: SEVERITIES.index(item[0].severity))
+    return found
