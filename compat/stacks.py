@@ -12,12 +12,12 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.families import BLOCK, OWN_STACK, families_served_by, kinds_served_by
 from specpair.compat.pair import Pair
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, NVFP4, layout_of
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
 
@@ -31,6 +31,13 @@ class Stack:
     target_layouts: tuple[str, ...]
     draft_layouts: tuple[str, ...]
     launch: Callable[[Pair], str]
+    # The `specpair convert --to` spec that makes a target / a drafter loadable on it where no lossless repack does
+    # (compat/fixes.py); "bf16" where none is given.
+    convert_to: dict[str, str] = field(default_factory=dict)
+    # Layout kinds it runs only on GPUs with tensor cores for them (LayoutKind.native_capability) -> why, in its words
+    native_only: dict[str, str] = field(default_factory=dict)
+    moe_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout kind -> the only labels of it it
+    # loads for a target with routed experts
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -221,6 +228,9 @@ STACKS: dict[str, Stack] = {
             ("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
             ("bf16", "f16", "f32"),
             _sglang,
+            native_only={
+                NVFP4: '"FP4 is not available on this device" (sglang#40022, sglang#28256): use an FP8 or BF16 checkpoint'
+            },
         ),
         Stack(
             "vllm",
@@ -235,9 +245,26 @@ STACKS: dict[str, Stack] = {
             ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
             ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
             _llama_cpp,
+            convert_to={"target": "gguf:Q8_0", "draft": "gguf:BF16"},
         ),
-        Stack("exllamav3", "safetensors", ("exl3", "bf16", "f16", "f32"), ("exl3", "bf16", "f16", "f32"), _exllamav3),
-        Stack("tensorfold", "safetensors", ("affine", "nvfp4-modelopt", "fp8", "exl3"), ("bf16",), _tensorfold),
+        Stack(
+            "exllamav3",
+            "safetensors",
+            ("exl3", "bf16", "f16", "f32"),
+            ("exl3", "bf16", "f16", "f32"),
+            _exllamav3,
+            convert_to={"target": "exl3:4"},  # ExLlamaV3's own layout, at its usual 4 bits
+        ),
+        Stack(
+            "tensorfold",
+            "safetensors",
+            ("affine", "nvfp4-modelopt", "fp8", "exl3"),
+            ("bf16",),
+            _tensorfold,
+            convert_to={"target": "affine4"},
+            # its Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers)
+            moe_layouts={AFFINE: ("affine4-g64", "affine8-g64")},
+        ),
     ]
 }
 STACK_NAMES = tuple(STACKS)

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", action="store_true", help="list the files beside each count")
     parser.add_argument("--lines", action="store_true", help="list the files and lines beside each count")
     args = parser.parse_args(argv)
+    if not (args.root / "checkpoint" / "families.py").is_file():
+        parser.error(f"{args.root} is not a specpair tree (no checkpoint/families.py)")
     found = {group: occurrences(args.root, names) for group, names in GROUPS.items()}
     if args.json:
         print(json.dumps(found, indent=1))

@@ -13,8 +13,6 @@ from specpair.formats.layouts import layout_of
 
 # Tensor groups that are not weights a stack computes with (vision towers load through their own path).
 SKIPPED_GROUPS = ("vision",)
-# TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
-TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
 
 
 def _layouts(p: Pair, which: str) -> set[str]:
@@ -60,10 +58,9 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         weights = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS}
         refused |= weights & FLOAT_LAYOUTS if weights and weights <= FLOAT_LAYOUTS else set()
     family = FAMILIES.get(p.target.family or "")
-    if stack == "tensorfold" and which == "target" and family and family.experts:
-        refused |= {
-            layout for layout in layouts if layout_of(layout).kind == "affine" and layout not in TENSORFOLD_MOE_AFFINE
-        }
+    if which == "target" and family and family.experts:
+        for kind, labels in s.moe_layouts.items():
+            refused |= {layout for layout in layouts if layout_of(layout).kind == kind and layout not in labels}
     if refused:
         yield {
             "which": which,

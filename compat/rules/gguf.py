@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, BLOCK_DRAFTERS, SELECTOR_DRAFTERS, Values, rule
+from specpair.formats.layouts import NVFP4, layout_of
 
 
 @rule(
@@ -48,5 +49,5 @@ def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
 )
 def _nvfp4(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:
-        if checkpoint.format == "gguf" and "nvfp4-gguf" in checkpoint.layouts_of():
+        if checkpoint.format == "gguf" and any(layout_of(layout).kind == NVFP4 for layout in checkpoint.layouts_of()):
             yield {"name": checkpoint.ref}

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from specpair.compat.pair import Pair
 from specpair.compat.rules import ALL_KINDS, Values, rule
-from specpair.formats.layouts import layout_of
+from specpair.compat.stacks import STACKS
+from specpair.formats.layouts import LAYOUT_KINDS, NVFP4, layout_of
 
 
 def _layouts(p: Pair) -> set[str]:
@@ -36,12 +37,10 @@ def _capability(p: Pair, stack: str) -> Iterable[Values]:
     if gpu is None:
         return
     values = {"gpu": gpu.name, "sm": _sm(gpu.capability)}
-    if stack == "sglang" and gpu.capability < (10, 0) and _any_kind(_layouts(p), "nvfp4"):
-        yield {
-            **values,
-            "what": "NVFP4 weights",
-            "why": '"FP4 is not available on this device" (sglang#40022, sglang#28256): use an FP8 or BF16 checkpoint',
-        }
+    for kind, why in STACKS[stack].native_only.items():
+        row = LAYOUT_KINDS[kind]
+        if gpu.capability < row.native_capability and _any_kind(_layouts(p), kind):
+            yield {**values, "what": f"{row.title} weights", "why": why}
     if stack == "tensorfold" and gpu.capability < (8, 9):
         yield {
             **values,
@@ -64,17 +63,23 @@ def _capability(p: Pair, stack: str) -> Iterable[Values]:
     ALL_KINDS,
     title="Quantized layouts that fall back to slower weight-only kernels on this GPU.",
     message="On the {gpu} ({sm}) vLLM runs {layout} weights with weight-only fallback kernels (Marlin), not native {native}: it works, slower.",
-    example={"gpu": "H100 80GB", "sm": "sm_90", "layout": "NVFP4", "native": "FP4 tensor cores (Blackwell)"},
+    example={
+        "gpu": "H100 80GB",
+        "sm": "sm_90",
+        "layout": LAYOUT_KINDS[NVFP4].title,
+        "native": LAYOUT_KINDS[NVFP4].native,
+    },
 )
 def _kernels(p: Pair, stack: str) -> Iterable[Values]:
     gpu = p.deployment.gpu
     if gpu is None:
         return
     layouts = _layouts(p)
-    if gpu.capability < (10, 0) and _any_kind(layouts, "nvfp4"):
-        yield {"gpu": gpu.name, "sm": _sm(gpu.capability), "layout": "NVFP4", "native": "FP4 tensor cores (Blackwell)"}
-    if gpu.capability < (8, 9) and _any_kind(layouts, "fp8"):
-        yield {"gpu": gpu.name, "sm": _sm(gpu.capability), "layout": "FP8", "native": "FP8 tensor cores (Ada/Hopper)"}
+    # newest tensor cores first
+    native = sorted((k for k in LAYOUT_KINDS.values() if k.native_capability), key=lambda k: k.native_capability)
+    for row in reversed(native):
+        if gpu.capability < row.native_capability and _any_kind(layouts, row.name):
+            yield {"gpu": gpu.name, "sm": _sm(gpu.capability), "layout": row.title, "native": row.native}
 
 
 def _any_kind(layouts: set[str], kind: str) -> bool:
