@@ -13,7 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint.families import DFLASH2_KEYS, DRAFTER_BY_ARCHITECTURE, FAMILIES, Family, family_of
+from specpair.checkpoint.families import (
+    CHAIN,
+    DFLASH2_KEYS,
+    DRAFTER_BY_ARCHITECTURE,
+    DRAFTER_KINDS,
+    FAMILIES,
+    OWN_STACK,
+    Family,
+    family_of,
+    with_own_keys,
+)
 from specpair.errors import BadInput
 from specpair.formats import brief
 
@@ -26,7 +36,7 @@ LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear", "sliding_
 class DrafterConfig:
     """What wires a drafter to its target (DFlash, DFlash2, EAGLE-3)."""
 
-    kind: str  # dflash | dflash2 | eagle3
+    kind: str  # a DRAFTER_KINDS key with a config of its own
     target_layer_ids: tuple[int, ...] = ()  # taps: the output of target decoder layer k, in fc input order
     block_size: int | None = None
     mask_token_id: int | None = None
@@ -123,15 +133,12 @@ def parse_config(
         raise BadInput(where, "config is not a JSON object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     architecture = _architecture(config, where)
-    kind = drafter_kind(config, architecture)
+    kind = config_kind(config, architecture)
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
     family = family_of(architecture, model_type)
     if kind is not None:
-        family = (
-            FAMILIES[DRAFTER_BY_ARCHITECTURE[architecture].family]
-            if architecture in DRAFTER_BY_ARCHITECTURE
-            else family or FAMILIES["qwen3"]
-        )
+        row = DRAFTER_KINDS[kind]
+        family = FAMILIES[row.family] if architecture in DRAFTER_BY_ARCHITECTURE else family or FAMILIES[row.family]
     if family is None and summary:
         family = Family(model_type or architecture or "unknown", (), (), "", "model.", qk_norm=False)
     if family is None:
@@ -219,31 +226,34 @@ def parse_config(
     )
 
 
-def drafter_kind(config: dict[str, Any], architecture: str | None) -> str | None:
-    """dflash | dflash2 | eagle3 from the architecture, else from the drafter keys a config carries."""
+def config_kind(config: dict[str, Any], architecture: str | None) -> str | None:
+    """The drafter kind a config declares: by its architecture, else by the drafter keys it carries (EAGLE-3 heads
+    may name their base architecture, e.g. LlamaForCausalLM); None for a plain model."""
     if architecture in DRAFTER_BY_ARCHITECTURE:
         return DRAFTER_BY_ARCHITECTURE[architecture].name
-    dflash = config.get("dflash_config")
-    if isinstance(dflash, dict) or "target_layer_ids" in config:
-        keys = dflash if isinstance(dflash, dict) else config
-        return "dflash2" if any(k in keys for k in DFLASH2_KEYS) else "dflash"
-    if isinstance(config.get("eagle_config"), dict) or "draft_vocab_size" in config:
-        return "eagle3"  # EAGLE-3 heads that declare their base architecture (e.g. LlamaForCausalLM)
+    for block in dict.fromkeys(k.config_block for k in DRAFTER_KINDS.values() if k.config_block):
+        schema = [k for k in DRAFTER_KINDS.values() if k.config_block == block]
+        nested = config.get(block)
+        if isinstance(nested, dict) or any(m in config for s in schema for m in s.config_markers):
+            keys = nested if isinstance(nested, dict) else config
+            return with_own_keys(schema, any(k in keys for s in schema for k in s.own_keys)).name
     return None
 
 
 def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
-    nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    row = DRAFTER_KINDS[kind]
+    nested = config.get(row.config_block) if isinstance(config.get(row.config_block), dict) else {}
 
     def key(name: str) -> Any:
         return nested.get(name, config.get(name))
 
-    if kind == "eagle3":
-        eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-        aux = eagle.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
-        # vLLM: aux id j is the residual stream entering layer j, the output of layer j - 1
+    shift = row.serving[OWN_STACK].tap_shift
+    if row.drafting == CHAIN:  # EAGLE-3: aux hidden-state ids, read as specpair's runtime taps them
+        aux = key("eagle_aux_hidden_state_layer_ids")
         taps = (
-            tuple(i - 1 for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids")) if aux is not None else ()
+            tuple(i + shift for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids"))
+            if aux is not None
+            else ()
         )
         return DrafterConfig(
             kind,
@@ -256,7 +266,7 @@ def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
     causal = config.get("is_causal", nested.get("causal"))
     return DrafterConfig(
         kind,
-        tuple(_int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
+        tuple(i + shift for i in _int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
         block_size=_drafter_int(nested, config, "block_size", where),
         mask_token_id=_drafter_int(nested, config, "mask_token_id", where),
         is_causal=causal if isinstance(causal, bool) else None,

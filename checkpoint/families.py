@@ -1,18 +1,34 @@
-"""The family table: one row per model family and per drafter kind, everything specpair knows about each.
+"""The family and drafter-kind tables: one row per model family and per drafter kind, everything specpair knows
+about each.
 
 A family is the decoder architecture a checkpoint's blocks follow; a drafter kind is how a drafter is wired
-to its target. Every reader, rule, converter and runtime module that needs a per-family fact reads it here:
-adding a family is adding a row (gguf-py's habit).
+to its target, and how each serving stack serves it. Every reader, rule, converter and runtime module that needs a
+per-family or per-kind fact reads it here, by the row's properties rather than its name: adding a family or a kind
+is adding a row (gguf-py's habit).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# Serving stacks that load the decoder blocks of every family here (compat/stacks.py); specpair's own runtime says
-# what it runs in runtime/__init__.py.
-STACKS = ("sglang", "vllm", "llama.cpp", "exllamav3")
+# specpair's own runtime, as a stack of the stack table (compat/stacks.py)
+OWN_STACK = "specpair"
+# Stacks that load the decoder blocks of every family here (compat/stacks.py holds what else each stack accepts).
+STACKS = (OWN_STACK, "sglang", "vllm", "llama.cpp", "exllamav3")
+
+# Hyper-parameter groups of gguf_arch.HPARAMS, named where a GGUF arch lists those it writes.
+COMMON, VOCAB, MOE, SHARED, HYBRID, MROPE, NEXTN, DFLASH_KEYS = (
+    "common",
+    "vocab",
+    "moe",
+    "shared",
+    "hybrid",
+    "mrope",
+    "mtp",
+    "dflash",
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class GGUFArch:
     renormalises_topk: bool = (
         False  # llama.cpp always renormalises top-k router weights: norm_topk_prob false is refused
     )
+    llama3_rope: bool = False  # Llama 3 rope scaling, which llama.cpp keeps as a rope_freqs tensor (its llama arch)
     config_extras: dict[str, Any] = field(default_factory=dict)  # what a config read from a GGUF carries beyond
     # the hyper-parameters, as the published configs have it
 
@@ -74,9 +91,10 @@ FAMILIES: dict[str, Family] = {
                 "LlamaForCausalLM",
                 "llama",
                 "ffn_norm",
-                frozenset({"common", "vocab"}),
+                frozenset({COMMON, VOCAB}),
                 rope_dims="full",
                 rope_permute=True,
+                llama3_rope=True,
                 config_extras={**COMMON_EXTRAS, "mlp_bias": False},
             ),
         ),
@@ -91,7 +109,7 @@ FAMILIES: dict[str, Family] = {
                 "Qwen3ForCausalLM",
                 "qwen3",
                 "ffn_norm",
-                frozenset({"common"}),
+                frozenset({COMMON}),
                 config_extras={**COMMON_EXTRAS, "use_sliding_window": False},
             ),
         ),
@@ -108,7 +126,7 @@ FAMILIES: dict[str, Family] = {
                 "Qwen3MoeForCausalLM",
                 "qwen3_moe",
                 "ffn_norm",
-                frozenset({"common", "moe"}),
+                frozenset({COMMON, MOE}),
                 renormalises_topk=True,
                 config_extras={
                     **COMMON_EXTRAS,
@@ -137,7 +155,7 @@ FAMILIES: dict[str, Family] = {
                 "Qwen3NextForCausalLM",
                 "qwen3_next",
                 "post_attention_norm",
-                frozenset({"common", "moe", "shared", "hybrid", "mtp"}),
+                frozenset({COMMON, MOE, SHARED, HYBRID, NEXTN}),
                 rope_dims="partial",
                 mtp=True,
                 renormalises_topk=True,
@@ -167,7 +185,7 @@ FAMILIES: dict[str, Family] = {
                 "Qwen3_5ForCausalLM",
                 "qwen3_5_text",
                 "post_attention_norm",
-                frozenset({"common", "hybrid", "mrope", "mtp"}),
+                frozenset({COMMON, HYBRID, MROPE, NEXTN}),
                 v_reorder=True,
                 rope_dims="partial",
                 mtp=True,
@@ -195,7 +213,7 @@ FAMILIES: dict[str, Family] = {
                 "Qwen3_5MoeForCausalLM",
                 "qwen3_5_moe_text",
                 "post_attention_norm",
-                frozenset({"common", "moe", "shared", "hybrid", "mrope", "mtp"}),
+                frozenset({COMMON, MOE, SHARED, HYBRID, MROPE, NEXTN}),
                 v_reorder=True,
                 rope_dims="partial",
                 mtp=True,
@@ -207,14 +225,60 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# Target features a drafter reads (DrafterKind.reads)
+TAPS = "taps"  # the hidden states of chosen target layers
+FINAL_HIDDEN = "final_hidden"  # the target's last hidden state
+# How a drafter proposes (DrafterKind.drafting)
+BLOCK = "block"  # a block of tokens in one forward pass
+CHAIN = "chain"  # one token per step, each fed back
+
+
+@dataclass(frozen=True)
+class Serves:
+    """How one serving stack serves a drafter kind."""
+
+    archs: tuple[str, ...] = ()  # architecture strings it registers for the kind (HF classes, or GGUF archs)
+    method: str | None = None  # the kind's name on its launch line (SGLang's algorithm, vLLM's method, llama.cpp's
+    # spec type)
+    required: tuple[str, ...] = ()  # drafter fields it refuses to run without (compat/rules/drafter.py FIELD_KEYS)
+    required_keys: tuple[str, ...] = ()  # config keys its loader reads with no default
+    # Its tap convention: tap id j of the drafter's config is fed the output of target decoder layer j + tap_shift.
+    # None: the kind reads no taps, or how this stack reads them is not established.
+    tap_shift: int | None = None
+    tensor_parallel: int | None = 1  # the most GPUs it splits a pair of this kind across; None: as many as given
+    unnamed: bool = False  # it loads a drafter whose config names no architecture as this kind
+    min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs to run the kind
+
+
 @dataclass(frozen=True)
 class DrafterKind:
     name: str
-    hf_architectures: tuple[str, ...]
+    title: str  # as people write it, in messages
+    hf_architectures: tuple[str, ...]  # architectures[0] values that name the kind
     family: str | None  # the family of its decoder blocks; None: the target's own (MTP) or any (draft models)
+    head_group: str | None  # a head inside the target: its tensors' group (checkpoint/groups.py); None: a checkpoint
+    # of its own
+    reads: frozenset[str]  # target features it reads (TAPS, FINAL_HIDDEN); none: a plain model reading tokens only
+    drafting: str  # BLOCK or CHAIN
+    block_size: int  # tokens verified per round when its config does not say
+    runtime: str  # "module:Class" of its drafter in specpair's runtime, whose `load` builds it (imported there only)
+    serving: dict[str, Serves]  # stack -> how it serves the kind; the stacks that serve it
+    config_block: str | None = None  # the nested config object of its drafter keys
+    config_markers: tuple[str, ...] = ()  # top-level config keys that mark a config of this kind
+    own_keys: tuple[str, ...] = ()  # keys of its own that tell it apart from a kind of the same schema
+    base_architecture: bool = False  # its configs may name their base model's architecture instead of the kind's
+    reduced_vocabulary: bool = False  # may draft over fewer ids than the target's, mapped to them by a d2t tensor
+    default_taps: Callable[[int], list[int]] | None = None  # tap ids (its config's convention) when the config gives
+    # none, from the target's layer count
+    default_taps_source: str | None = None
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
+
+    @property
+    def plain(self) -> bool:
+        """A plain model: it reads only tokens, with a tokenizer and embeddings of its own."""
+        return not self.reads
 
 
 # llama.cpp's `dflash` arch holds DFlash and DFlash-2 drafters alike (the selector keys tell them apart)
@@ -222,18 +286,23 @@ DFLASH_GGUF = GGUFArch(
     "DFlashDraftModel",
     "qwen3",
     "ffn_norm",
-    frozenset({"common", "dflash"}),
+    frozenset({COMMON, DFLASH_KEYS}),
     rope_dims="partial",
     config_extras={**COMMON_EXTRAS, "tie_word_embeddings": False},
 )
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
+# Architecture strings the stacks register for DFlash drafters (each stack lists its own).
+DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
+EVERY_GPU = None  # Serves.tensor_parallel: as many GPUs as the deployment gives
+
 DRAFTER_KINDS: dict[str, DrafterKind] = {
     k.name: k
     for k in (
         DrafterKind(
             "dflash",
+            "DFlash",
             (
                 "DFlashDraftModel",
                 "MuseGlimmerAssistantModel",
@@ -242,19 +311,159 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "DFlashQwen3XPressModel",
             ),
             "qwen3",
-            ("dflash", "dflash-draft"),
-            DFLASH_GGUF,
+            None,
+            frozenset({TAPS}),
+            BLOCK,
+            16,
+            "specpair.runtime.drafters.dflash:DFlash",
+            {
+                OWN_STACK: Serves(
+                    DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",), required=("taps", "mask"), tap_shift=0
+                ),
+                "sglang": Serves(DFLASH_ARCHS, "DFLASH", tap_shift=0, tensor_parallel=EVERY_GPU),
+                "vllm": Serves(
+                    DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
+                    "dflash",
+                    ("taps", "mask"),
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                ),
+                "llama.cpp": Serves(
+                    ("dflash",), "draft-dflash", ("taps", "mask"), tap_shift=0, tensor_parallel=EVERY_GPU
+                ),
+                # ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later (its tap_shift +1, set empirically)
+                "exllamav3": Serves(DFLASH_ARCHS, required=("taps", "mask"), tap_shift=1),
+                "tensorfold": Serves(("DFlashDraftModel",), required=("taps", "mask"), tap_shift=0),
+            },
+            config_block="dflash_config",
+            config_markers=("target_layer_ids",),
+            gguf_archs=("dflash", "dflash-draft"),
+            gguf=DFLASH_GGUF,
         ),
         DrafterKind(
             "dflash2",
+            "DFlash2",
             ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
             "qwen3",
-            ("dflash", "dflash-draft"),
-            DFLASH_GGUF,
+            None,
+            frozenset({TAPS}),
+            BLOCK,
+            16,
+            "specpair.runtime.drafters.dflash:DFlash",
+            {
+                OWN_STACK: Serves(("DFlash2DraftModel",), required=("taps", "mask", "conv_selector"), tap_shift=0),
+                "sglang": Serves(
+                    ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
+                    "DFLASH",
+                    ("conv_selector",),
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                ),
+                "vllm": Serves(
+                    ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
+                    "dflash",
+                    ("taps", "mask", "conv_selector"),
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                ),
+                "llama.cpp": Serves(
+                    ("dflash",),
+                    "draft-dflash",
+                    ("taps", "mask", "conv_selector"),
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                ),
+                # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334)
+                "exllamav3": Serves(
+                    ("DFlash2DraftModel",),
+                    required=("taps", "mask", "conv_selector"),
+                    tap_shift=0,
+                    min_capability=(8, 0),
+                ),
+                # TensorFold reads a drafter without `architectures` as DFlash2; its CUDA loader reads these keys
+                "tensorfold": Serves(
+                    ("DFlash2DraftModel",),
+                    required=("mask", "conv_selector"),
+                    required_keys=("sliding_window", "rope_parameters.rope_theta", "dflash_config.conv_group_size"),
+                    tap_shift=0,
+                    tensor_parallel=2,
+                    unnamed=True,
+                ),
+            },
+            config_block="dflash_config",
+            config_markers=("target_layer_ids",),
+            own_keys=DFLASH2_KEYS,
+            gguf_archs=("dflash", "dflash-draft"),
+            gguf=DFLASH_GGUF,
         ),
-        DrafterKind("mtp", (), None),  # the target's own mtp.* head: no checkpoint of its own
-        DrafterKind("eagle3", ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), "llama", ("eagle3",)),
-        DrafterKind("draft_model", (), None),  # a smaller model of any family, sharing the tokenizer
+        DrafterKind(
+            "eagle3",
+            "EAGLE-3",
+            ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+            "llama",
+            None,
+            frozenset({TAPS}),
+            CHAIN,
+            6,
+            "specpair.runtime.drafters.eagle3:Eagle3",
+            {
+                # vLLM (and specpair): aux id j is the residual stream entering layer j, the output of layer j - 1
+                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), tap_shift=-1),
+                # SGLang adds 1 to each aux id (set_eagle3_layers_to_capture): the output of layer j
+                "sglang": Serves(("LlamaForCausalLMEagle3",), "EAGLE3", tap_shift=0, tensor_parallel=EVERY_GPU),
+                "vllm": Serves(
+                    ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+                    "eagle3",
+                    tap_shift=-1,
+                    tensor_parallel=EVERY_GPU,
+                ),
+                "llama.cpp": Serves(("eagle3",), tensor_parallel=EVERY_GPU),
+            },
+            config_block="eagle_config",
+            config_markers=("draft_vocab_size",),
+            base_architecture=True,
+            reduced_vocabulary=True,
+            default_taps=lambda layers: [2, layers // 2, layers - 3],
+            default_taps_source="vLLM default (2, L//2, L-3)",
+            gguf_archs=("eagle3",),
+        ),
+        DrafterKind(
+            "mtp",
+            "MTP",
+            (),
+            None,
+            "mtp",  # the target's own mtp.* head: no checkpoint of its own
+            frozenset({FINAL_HIDDEN}),
+            CHAIN,
+            4,
+            "specpair.runtime.drafters.mtp:MTP",
+            {
+                OWN_STACK: Serves(),
+                "sglang": Serves(method="NEXTN", tensor_parallel=EVERY_GPU),
+                "vllm": Serves(method="mtp", tensor_parallel=EVERY_GPU),
+                "llama.cpp": Serves(method="draft-mtp", tensor_parallel=EVERY_GPU),
+                "exllamav3": Serves(),
+                "tensorfold": Serves(),
+            },
+        ),
+        DrafterKind(
+            "draft_model",
+            "draft-model",
+            (),
+            None,  # a smaller model of any family, sharing the tokenizer
+            None,
+            frozenset(),
+            CHAIN,
+            4,
+            "specpair.runtime.drafters.draft_model:DraftModel",
+            {
+                OWN_STACK: Serves(),
+                "sglang": Serves(method="STANDALONE", tensor_parallel=EVERY_GPU),
+                "vllm": Serves(method="draft_model", tensor_parallel=EVERY_GPU),
+                "llama.cpp": Serves(tensor_parallel=EVERY_GPU),
+                "exllamav3": Serves(tensor_parallel=EVERY_GPU),
+            },
+        ),
     )
 }
 
@@ -263,6 +472,12 @@ BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.m
 BY_GGUF_ARCH: dict[str, Family] = {f.gguf_arch: f for f in FAMILIES.values()}
 DRAFTER_BY_ARCHITECTURE: dict[str, DrafterKind] = {a: k for k in DRAFTER_KINDS.values() for a in k.hf_architectures}
 DRAFTER_BY_GGUF_ARCH: dict[str, DrafterKind] = {a: k for k in reversed(DRAFTER_KINDS.values()) for a in k.gguf_archs}
+# A fork's GGUF arch -> the upstream arch it is read as (each kind lists upstream's first)
+UPSTREAM_GGUF_ARCH: dict[str, str] = {a: k.gguf_archs[0] for k in DRAFTER_KINDS.values() for a in k.gguf_archs[1:]}
+# The kind of a pair with no separate drafter (the target's own head), and of a drafter whose config names no kind
+HEAD_KIND = next(k for k in DRAFTER_KINDS.values() if k.head_group is not None)
+HEAD_GROUPS = tuple(k.head_group for k in DRAFTER_KINDS.values() if k.head_group is not None)
+PLAIN_KIND = next(k for k in DRAFTER_KINDS.values() if k.plain)
 
 
 def family_of(architecture: str | None, model_type: str | None) -> Family | None:
@@ -272,3 +487,21 @@ def family_of(architecture: str | None, model_type: str | None) -> Family | None
 
 def families_served_by(stack: str) -> tuple[str, ...]:
     return tuple(f.name for f in FAMILIES.values() if stack in f.stacks)
+
+
+def kinds_served_by(stack: str) -> tuple[str, ...]:
+    return tuple(k.name for k in DRAFTER_KINDS.values() if stack in k.serving)
+
+
+def drafter_kind(own_kind: str | None, separate: bool) -> str:
+    """How a pair speculates: with no separate drafter, through the target's own head; else the drafter's own
+    kind (`own_kind`, from its config), or as a plain draft model when its config names none."""
+    if not separate:
+        return HEAD_KIND.name
+    return own_kind or PLAIN_KIND.name
+
+
+def with_own_keys(kinds: list[DrafterKind], present: bool) -> DrafterKind:
+    """Of kinds that share one schema (config object, GGUF arch), the one whose own keys are `present`, or else
+    the base kind (none of its own)."""
+    return next(k for k in kinds if bool(k.own_keys) == present)

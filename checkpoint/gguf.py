@@ -15,7 +15,7 @@ import re
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps, gguf_arch
 from specpair.checkpoint.config import MAX_LAYERS, ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import BY_GGUF_ARCH, DFLASH2_KEYS, DRAFTER_BY_GGUF_ARCH
+from specpair.checkpoint.families import BY_GGUF_ARCH, DRAFTER_BY_GGUF_ARCH, DRAFTER_KINDS, HEAD_KIND, with_own_keys
 from specpair.checkpoint.groups import group_of, summarize
 from specpair.checkpoint.tokenizer import from_gguf_fields
 from specpair.errors import BadInput
@@ -54,11 +54,11 @@ def build(header: GGUFHeader, ref: str, source: str, revision: str | None = None
 
     def group_for(name: str) -> str:
         block = _block_index(name)
-        return "mtp" if block is not None and block >= layers else group_of(name)
+        return HEAD_KIND.head_group if block is not None and block >= layers else group_of(name)
 
     mtp = None
     if nextn:
-        mtp_tensors = [t for t in tensors if group_for(t.name) == "mtp"]
+        mtp_tensors = [t for t in tensors if group_for(t.name) == HEAD_KIND.head_group]
         mtp = Mtp(nextn, len(mtp_tensors), sum(t.nbytes for t in mtp_tensors))
     kind = DRAFTER_BY_GGUF_ARCH.get(arch)
     drafter = _drafter(header, arch, by_name, model) if kind else None
@@ -147,8 +147,11 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     wiring = model.drafter
     fork = arch == gguf_arch.FORK_ARCH
     prefix = "dflash-draft.dflash." if fork else "dflash."
-    has_selector = any(f"{prefix}{k}" in f for k in DFLASH2_KEYS) or any("selector" in n for n in by_name)
-    drafter = Drafter(kind="dflash2" if has_selector else "dflash", config_keys=sorted(f))
+    schema = [k for k in DRAFTER_KINDS.values() if arch in k.gguf_archs]  # the kinds this arch holds
+    own_keys = [key for k in schema for key in k.own_keys]
+    has_own = any(f"{prefix}{k}" in f for k in own_keys) or any("selector" in n for n in by_name)
+    kind = with_own_keys(schema, has_own)
+    drafter = Drafter(kind=kind.name, config_keys=sorted(f))
     taps_key = f"{prefix}target_layer_ids" if fork else "dflash.target_layers"
     raw = f.get(taps_key)
     if raw is not None:
@@ -161,7 +164,7 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     mask_key = f"{prefix}mask_token_id" if fork else gguf_arch.MASK_TOKEN_KEY
     drafter.mask_token_id = wiring.mask_token_id
     drafter.mask_token_source = mask_key if drafter.mask_token_id is not None else None
-    for key in DFLASH2_KEYS:
+    for key in kind.own_keys:
         setattr(drafter, key, getattr(wiring, key))
     drafter.is_causal = wiring.is_causal
     anchor = f.get(f"{prefix}sample_from_anchor")
@@ -172,8 +175,7 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     drafter.has_embeddings = "token_embd.weight" in by_name
     required = {"taps": taps_key, "mask_token_id": mask_key, "block_size": f"{prefix}block_size"}
     drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]
-    if drafter.kind == "dflash2":
-        drafter.missing_keys += [f"{prefix}{k}" for k in DFLASH2_KEYS if getattr(drafter, k) is None]
+    drafter.missing_keys += [f"{prefix}{k}" for k in kind.own_keys if getattr(drafter, k) is None]
     return drafter
 
 

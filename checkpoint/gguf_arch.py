@@ -22,9 +22,18 @@ from specpair.checkpoint.config import as_int, rope_parameters
 from specpair.checkpoint.families import (
     BY_ARCHITECTURE,
     BY_MODEL_TYPE,
+    COMMON,
     DFLASH2_KEYS,
+    DFLASH_KEYS,
     DRAFTER_KINDS,
     FAMILIES,
+    HYBRID,
+    MOE,
+    MROPE,
+    NEXTN,
+    SHARED,
+    UPSTREAM_GGUF_ARCH,
+    VOCAB,
     Family,
     GGUFArch,
 )
@@ -65,6 +74,7 @@ class Arch:
     config_extras: dict[str, Any] = field(default_factory=dict)
     prefix: str = "model."  # HF name prefix of the language model (from_gguf)
     drafter: bool = False
+    llama3_rope: bool = False
 
 
 def _arch(family: Family, gguf: GGUFArch, drafter: bool) -> Arch:
@@ -88,19 +98,10 @@ def _arch(family: Family, gguf: GGUFArch, drafter: bool) -> Arch:
         gguf.config_extras,
         "" if drafter else "model.",
         drafter,
+        gguf.llama3_rope,
     )
 
 
-COMMON, VOCAB, MOE, SHARED, HYBRID, MROPE, MTP_GROUP, DFLASH = (
-    "common",
-    "vocab",
-    "moe",
-    "shared",
-    "hybrid",
-    "mrope",
-    "mtp",
-    "dflash",
-)
 ARCHS: dict[str, Arch] = {
     **{f.gguf_arch: _arch(f, f.gguf, False) for f in FAMILIES.values() if f.gguf},
     **{k.gguf_archs[0]: _arch(FAMILIES[k.family], k.gguf, True) for k in DRAFTER_KINDS.values() if k.gguf},
@@ -138,17 +139,17 @@ HPARAMS: tuple[tuple[str, str, str, ValueType], ...] = (
     (HYBRID, "ssm.time_step_rank", "linear_num_value_heads", U32),
     (HYBRID, "ssm.inner_size", "linear_value_size", U32),  # linear_value_head_dim * linear_num_value_heads
     (MROPE, "rope.dimension_sections", "rope_sections", ARRAY),
-    (MTP_GROUP, "nextn_predict_layers", "mtp_num_hidden_layers", U32),
-    (DFLASH, "block_size", "block_size", U32),
-    (DFLASH, "target_layers", "target_layers", ARRAY),  # HF target_layer_ids + 1: the input of target layer L
-    (DFLASH, "attention.sliding_window", "sliding_window", U32),
-    (DFLASH, "attention.sliding_window_pattern", "sliding_layers", ARRAY),
-    (DFLASH, "attention.causal", "is_causal", BOOL),
-    (DFLASH, "rope.dimension_sections", "rope_sections", ARRAY),  # degenerate M-RoPE for Qwen3.5 targets
-    (DFLASH, "conv_kernel_size", "conv_kernel_size", U32),
-    (DFLASH, "conv_group_size", "conv_group_size", U32),
-    (DFLASH, "selector_rank", "selector_rank", U32),
-    (DFLASH, "selector_top_k", "selector_top_k", U32),
+    (NEXTN, "nextn_predict_layers", "mtp_num_hidden_layers", U32),
+    (DFLASH_KEYS, "block_size", "block_size", U32),
+    (DFLASH_KEYS, "target_layers", "target_layers", ARRAY),  # HF target_layer_ids + 1: the input of target layer L
+    (DFLASH_KEYS, "attention.sliding_window", "sliding_window", U32),
+    (DFLASH_KEYS, "attention.sliding_window_pattern", "sliding_layers", ARRAY),
+    (DFLASH_KEYS, "attention.causal", "is_causal", BOOL),
+    (DFLASH_KEYS, "rope.dimension_sections", "rope_sections", ARRAY),  # degenerate M-RoPE for Qwen3.5 targets
+    (DFLASH_KEYS, "conv_kernel_size", "conv_kernel_size", U32),
+    (DFLASH_KEYS, "conv_group_size", "conv_group_size", U32),
+    (DFLASH_KEYS, "selector_rank", "selector_rank", U32),
+    (DFLASH_KEYS, "selector_top_k", "selector_top_k", U32),
 )
 GGUF_KEYS = {name: key for _, key, name, _ in HPARAMS}  # canonical name -> key under "{arch}."
 # DFlash variant keys llama.cpp's converter maps but this module does not (yet): refused, never dropped.
@@ -413,7 +414,7 @@ def weights_only_drafter(fields: dict[str, object], tensors: dict[str, tuple[int
     """A drafter GGUF that says nothing of its vocabulary (no tokenizer, no embedding or head): its target's,
     which from_gguf then needs as `target_vocab`."""
     arch = fields.get("general.architecture")
-    arch = "dflash" if arch == FORK_ARCH else arch
+    arch = UPSTREAM_GGUF_ARCH.get(arch, arch)
     return (
         arch in ARCHS
         and ARCHS[arch].drafter
@@ -431,7 +432,7 @@ def _read_header(
     stored_arch = fields.get("general.architecture")
     if not isinstance(stored_arch, str):
         raise BadInput(HEADER, "missing general.architecture")
-    arch = "dflash" if stored_arch == FORK_ARCH else stored_arch
+    arch = UPSTREAM_GGUF_ARCH.get(stored_arch, stored_arch)
     if arch not in ARCHS:
         raise BadInput(
             HEADER,
@@ -506,7 +507,7 @@ def _hparams_from_config(
         hp["intermediate_size"] = _positive(text, "intermediate_size", CONFIG)
     rope = _rope(text)
     hp["rope_theta"] = _number(rope, "rope_theta", CONFIG)
-    hp.update(_rope_scaling(arch, rope))
+    hp.update(_rope_scaling(arch, spec, rope))
     partial = rope.get("partial_rotary_factor", 0.25 if spec.rope_dims == "partial" and not spec.drafter else None)
     if partial is not None and not (
         isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial <= 1
@@ -558,7 +559,7 @@ def _rope(text: dict[str, Any]) -> dict[str, Any]:
     return rope
 
 
-def _rope_scaling(arch: str, rope: dict[str, Any]) -> dict[str, Any]:
+def _rope_scaling(arch: str, spec: Arch, rope: dict[str, Any]) -> dict[str, Any]:
     rope_type = rope["rope_type"]
     if rope_type == "default":
         return {}
@@ -573,7 +574,7 @@ def _rope_scaling(arch: str, rope: dict[str, Any]) -> dict[str, Any]:
             "factor": _number(rope, "factor", CONFIG),
             "original_max_position_embeddings": _positive(rope, "original_max_position_embeddings", CONFIG),
         }
-    if rope_type == "llama3" and arch == "llama":
+    if rope_type == "llama3" and spec.llama3_rope:
         return {
             "llama3": {
                 "factor": _number(rope, "factor", CONFIG),

@@ -1,6 +1,7 @@
 """Tensor groups: which part of a model a tensor belongs to, from its name (HF, MLX or GGUF).
 
-First match wins; the order puts the narrow patterns (vision, MTP, norms) before the broad ones.
+First match wins; the order puts the narrow patterns (vision, MTP, norms) before the broad ones. The MTP group is
+the head drafter kind's (checkpoint/families.py `head_group`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter, not_
 
 from specpair.checkpoint import TensorGroup
+from specpair.checkpoint.families import HEAD_KIND
 from specpair.formats import TensorInfo, TensorTable
 from specpair.formats.layouts import LAST_COMPONENTS, classify_table, module_layout, modules_of, plain_layout
 
@@ -20,7 +22,7 @@ GROUP_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     (group, re.compile(pattern))
     for group, pattern in [
         ("vision", r"(^|\.)(visual|vision_tower|vision_model|multi_modal_projector|mm_projector)\."),
-        ("mtp", r"(^|\.)mtp\.|\.nextn\."),
+        (HEAD_KIND.head_group, r"(^|\.)mtp\.|\.nextn\."),  # the target's own drafter head
         ("embedding", r"embed_tokens|^token_embd\.|(^|\.)wte\."),
         ("lm_head", r"(^|\.)lm_head\.|^output\."),
         ("selector", r"candidate_selector|selector"),

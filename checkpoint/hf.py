@@ -12,12 +12,14 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import DFLASH2_KEYS, family_of
+from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, OWN_STACK, family_of
 from specpair.checkpoint.groups import NameKinds, summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Config objects whose keys the per-stack required-key rules name with a dot (Drafter.config_keys)
+NESTED_KEYS = {"rope_parameters", *(k.config_block for k in DRAFTER_KINDS.values() if k.config_block)}
 
 
 @dataclass
@@ -103,46 +105,44 @@ def _mtp(model: ModelConfig, tensors: TensorTable | None, names: NameKinds | Non
 
 def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, files: list[FileEntry]) -> Drafter:
     wiring = model.drafter
-    nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    row = DRAFTER_KINDS[wiring.kind]
+    block = row.config_block
+    nested = config.get(block) if isinstance(config.get(block), dict) else {}
     drafter = Drafter(kind=wiring.kind, config_keys=_dotted_keys(config))
+    shift = row.serving[OWN_STACK].tap_shift
 
     def source(key: str) -> str | None:
-        """The key a DFlash value came from, as the config spells it."""
-        return f"dflash_config.{key}" if nested.get(key) is not None else key if config.get(key) is not None else None
+        """The key a value came from, as the config spells it."""
+        return f"{block}.{key}" if nested.get(key) is not None else key if config.get(key) is not None else None
 
-    if wiring.kind in ("dflash", "dflash2"):
+    if row.drafting == BLOCK:
         taps = source("target_layer_ids")
         if taps is not None:
             drafter.taps = Taps(
                 list(wiring.target_layer_ids),
-                list(wiring.target_layer_ids),
+                [i - shift for i in wiring.target_layer_ids],
                 taps,
                 "output of decoder layer k (HF hidden_states[k + 1])",
             )
         drafter.mask_token_id, drafter.mask_token_source = wiring.mask_token_id, source("mask_token_id")
         drafter.block_size, drafter.block_size_source = wiring.block_size, source("block_size")
         drafter.num_target_layers = wiring.num_target_layers
-        for key in DFLASH2_KEYS:
+        for key in row.own_keys:
             setattr(drafter, key, getattr(wiring, key))
         drafter.is_causal = wiring.is_causal
         anchor = nested.get("sample_from_anchor")
         drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
-        required = {
-            "taps": "dflash_config.target_layer_ids",
-            "mask_token_id": "dflash_config.mask_token_id",
-            "block_size": "dflash_config.block_size",
-        }
-        drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]
-        if wiring.kind == "dflash2":
-            drafter.missing_keys += [f"dflash_config.{k}" for k in DFLASH2_KEYS if getattr(drafter, k) is None]
-    elif wiring.kind == "eagle3":
-        eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-        if eagle.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")) is not None:
+        required = {"taps": "target_layer_ids", "mask_token_id": "mask_token_id", "block_size": "block_size"}
+        missing = [key for attr, key in required.items() if getattr(drafter, attr) is None]
+        missing += [k for k in row.own_keys if getattr(drafter, k) is None]
+        drafter.missing_keys = [f"{block}.{key}" for key in missing]
+    else:  # EAGLE-3: aux hidden-state ids, read as specpair's runtime taps them
+        if nested.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")) is not None:
             # vLLM: aux id j is the residual stream entering layer j, i.e. the output of layer j - 1.
             drafter.taps = Taps(
                 list(wiring.target_layer_ids),
-                [i + 1 for i in wiring.target_layer_ids],
-                "eagle_config.eagle_aux_hidden_state_layer_ids",
+                [i - shift for i in wiring.target_layer_ids],
+                f"{block}.eagle_aux_hidden_state_layer_ids",
                 "input of decoder layer k (output of layer k - 1)",
             )
         drafter.draft_vocab_size = wiring.draft_vocab_size
@@ -214,6 +214,6 @@ def _dotted_keys(config: dict[str, Any]) -> list[str]:
     keys = []
     for key, value in config.items():
         keys.append(key)
-        if isinstance(value, dict) and key in ("dflash_config", "rope_parameters", "eagle_config"):
+        if isinstance(value, dict) and key in NESTED_KEYS:
             keys += [f"{key}.{k}" for k in value]
     return sorted(keys)

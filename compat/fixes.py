@@ -6,8 +6,8 @@ from __future__ import annotations
 import shlex
 
 from specpair.checkpoint import Checkpoint
-from specpair.compat.stacks import FLOAT_LAYOUTS
-from specpair.formats.layouts import layout_of
+from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
+from specpair.formats.layouts import GGUF, NVFP4, layout_of
 
 WEIGHT_GROUPS = ("attention", "linear_attention", "mlp", "experts", "shared_expert")
 
@@ -28,21 +28,17 @@ def convert_command(checkpoint: Checkpoint, stack: str, which: str, target_ref: 
 
 def _convert_spec(checkpoint: Checkpoint, stack: str, which: str) -> str:
     quantized = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS} - FLOAT_LAYOUTS
-    nvfp4 = bool(quantized) and all(layout_of(layout).kind == "nvfp4" for layout in quantized)
-    if stack == "llama.cpp":
-        gguf_types = {layout_of(layout).flavour for layout in quantized if layout_of(layout).kind == "gguf"}
+    forms = [layout_of(layout) for layout in quantized]
+    nvfp4 = bool(forms) and all(form.kind == NVFP4 for form in forms)
+    if STACKS[stack].file_format == "gguf":
+        gguf_types = {form.flavour for form in forms if form.kind == GGUF}
         if checkpoint.format == "gguf" and len(gguf_types) == 1:
             return f"gguf:{gguf_types.pop()}"  # a fork's GGUF rewritten: its blocks are copied as they are
         if nvfp4:
             return "gguf:NVFP4"  # codes and scales repacked bit for bit
-        return "gguf:Q8_0" if which == "target" else "gguf:BF16"
-    if nvfp4 and (which == "target" or stack == "vllm") and "nvfp4-modelopt" not in quantized:
-        return "nvfp4"  # ModelOpt's flavour, which SGLang, vLLM and TensorFold read: a bit-for-bit repack
-    if stack == "tensorfold" and which == "target":
-        return "affine4"
-    if stack == "exllamav3" and which == "target":
-        return "exl3:4"  # ExLlamaV3's own layout, at its usual 4 bits
-    return "bf16"
+    elif nvfp4 and (which == "target" or stack == "vllm") and not any(f.flavour == "modelopt" for f in forms):
+        return NVFP4  # ModelOpt's flavour, which SGLang, vLLM and TensorFold read: a bit-for-bit repack
+    return STACKS[stack].convert_to.get(which, "bf16")
 
 
 def _out(ref: str) -> str:

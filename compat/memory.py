@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import dataclass
 
 from specpair.checkpoint import Checkpoint
+from specpair.checkpoint.families import HEAD_GROUPS
 
 GB = 1e9
 
@@ -195,9 +196,11 @@ def recurrent_state_bytes(c: Checkpoint) -> float:
     return linear * (state + conv)
 
 
-def estimate(target: Checkpoint, draft: Checkpoint, kind: str, context: int, concurrency: int) -> Estimate:
-    target_weights = target.total_bytes - (0 if kind == "mtp" else target.bytes_of("mtp"))
-    if kind == "mtp":
+def estimate(target: Checkpoint, draft: Checkpoint, head: str | None, context: int, concurrency: int) -> Estimate:
+    """`head`: the tensor group of the drafter when it is a head inside the target (None: a checkpoint of its
+    own); the target's other heads are not loaded."""
+    target_weights = target.total_bytes - target.bytes_of(*(g for g in HEAD_GROUPS if g != head))
+    if head:
         draft_weights = 0.0  # the MTP head is part of the target's weights
         mtp_layers = target.mtp.layers if target.mtp else 1
         s = target.shapes

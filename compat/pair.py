@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpair.checkpoint import Checkpoint, Taps
+from specpair.checkpoint.families import DRAFTER_KINDS, OWN_STACK, DrafterKind, Serves
 from specpair.compat.memory import Gpu
 
 DEFAULT_CONTEXT = 32768
@@ -22,8 +23,16 @@ class Deployment:
 class Pair:
     target: Checkpoint
     draft: Checkpoint  # the target itself when the drafter is its MTP head
-    kind: str  # dflash | dflash2 | mtp | eagle3 | draft_model
+    kind: str  # a DRAFTER_KINDS key
     deployment: Deployment
+
+    @property
+    def kind_row(self) -> DrafterKind:
+        return DRAFTER_KINDS[self.kind]
+
+    def serves(self, stack: str) -> Serves | None:
+        """How `stack` serves this pair's drafter kind; None when it does not."""
+        return self.kind_row.serving.get(stack)
 
     @property
     def checkpoints(self) -> list[Checkpoint]:
@@ -42,20 +51,32 @@ class Pair:
         drafter = self.draft.drafter
         if drafter and drafter.taps:
             return drafter.taps
-        if self.kind == "eagle3":
-            n = self.target.shapes.num_layers
-            raw = [2, n // 2, n - 3]
-            return Taps([i - 1 for i in raw], raw, "vLLM default (2, L//2, L-3)", "input of decoder layer k")
+        row = self.kind_row
+        if row.default_taps is not None:
+            raw = row.default_taps(self.target.shapes.num_layers)
+            shift = row.serving[OWN_STACK].tap_shift
+            return Taps([i + shift for i in raw], raw, row.default_taps_source, "input of decoder layer k")
         return None
 
     @property
     def block_size(self) -> int:
-        """Tokens verified per round: the drafter's trained block, 16 where it does not say (SGLang, llama.cpp)."""
+        """Tokens verified per round: the drafter's trained block, the kind's default where it does not say (16 for
+        DFlash, as SGLang and llama.cpp assume)."""
         drafter = self.draft.drafter
         if drafter and drafter.block_size:
             return drafter.block_size
-        return 4 if self.kind in ("mtp", "draft_model") else (6 if self.kind == "eagle3" else 16)
+        return self.kind_row.block_size
+
+    @property
+    def separate(self) -> bool:
+        """Whether the drafter is a checkpoint of its own (not a head inside the target)."""
+        return self.kind_row.head_group is None
+
+    @property
+    def head_missing(self) -> bool:
+        """The pair drafts with the target's own head, which the target does not ship."""
+        return not self.separate and (self.target.mtp is None or self.target.mtp.tensors == 0)
 
     @property
     def draft_name(self) -> str:
-        return f"{self.draft.ref} (MTP head)" if self.kind == "mtp" else self.draft.ref
+        return self.draft.ref if self.separate else f"{self.draft.ref} ({self.kind_row.title} head)"

@@ -19,7 +19,7 @@ def render() -> str:
         "",
         "A stack's verdict is `fail` when any rule of severity `error` fires for it, `warn` when a `warn` rule",
         "fires, else `ok`; `info` findings explain without changing the status. Each rule applies to the listed",
-        "stacks and drafter kinds (`dflash`, `dflash2`, `mtp`, `eagle3`, `draft_model`).",
+        f"stacks and drafter kinds ({', '.join(f'`{k}`' for k in ALL_KINDS)}).",
         "",
         f"{len(RULES)} rules.",
         "",

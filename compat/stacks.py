@@ -1,4 +1,5 @@
-"""What each serving stack loads, as data, and the launch command it needs for a pair.
+"""The stack table: what each serving stack loads (file format, layouts; the families and drafter kinds it serves
+come from their rows in checkpoint/families.py), and the launch command it needs for a pair.
 
 Versions these facts describe: SGLang 0.5.23, vLLM 0.33.0, llama.cpp mid/late 2026 (upstream `dflash`
 arch), ExLlamaV3 1.6.5, TensorFold 0.6.x/1.x (shared/spec/dflash.md §7, tensorfold.md).
@@ -11,31 +12,42 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specpair import runtime
 from specpair.checkpoint import Checkpoint
-from specpair.checkpoint.families import families_served_by
+from specpair.checkpoint.families import BLOCK, OWN_STACK, families_served_by, kinds_served_by
 from specpair.compat.pair import Pair
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, NVFP4, layout_of
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
-STACK_NAMES = ("specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold")
 
 
 @dataclass(frozen=True)
 class Stack:
     name: str
-    kinds: tuple[str, ...]  # drafter kinds it can serve
-    archs: dict[str, tuple[str, ...]]  # drafter kind -> architecture strings it registers
-    file_format: str  # "safetensors" (HF directory) or "gguf"
+    file_format: str  # "safetensors" (HF directory), "gguf", or "any"
     # Layout labels and kinds it loads for a target / a separate drafter. Float labels listed: it takes those
     # unquantized weights; none listed: it needs quantized weight matrices (float norms are always fine).
     target_layouts: tuple[str, ...]
     draft_layouts: tuple[str, ...]
-    families: tuple[str, ...]
-    tensor_parallel_drafts: tuple[str, ...]  # drafter kinds that may run with tensor parallelism
     launch: Callable[[Pair], str]
+    # The `specpair convert --to` spec that makes a target / a drafter loadable on it where no lossless repack does
+    # (compat/fixes.py); "bf16" where none is given.
+    convert_to: dict[str, str] = field(default_factory=dict)
+    # Layout kinds it runs only on GPUs with tensor cores for them (LayoutKind.native_capability) -> why, in its words
+    native_only: dict[str, str] = field(default_factory=dict)
+    moe_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout kind -> the only labels of it it
+    # loads for a target with routed experts
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The drafter kinds it serves (their rows' `serving`)."""
+        return kinds_served_by(self.name)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The target families it loads (their rows' `stacks`)."""
+        return families_served_by(self.name)
 
     @staticmethod
     def unloadable(layouts: set[str], accepted: tuple[str, ...]) -> set[str]:
@@ -53,20 +65,13 @@ def _sglang(p: Pair) -> str:
     args = ["python", "-m", "sglang.launch_server", "--model-path", target]
     if target_rev and p.target.source != "local":
         args += ["--revision", target_rev]
-    algorithm = {
-        "dflash": "DFLASH",
-        "dflash2": "DFLASH",
-        "mtp": "NEXTN",
-        "eagle3": "EAGLE3",
-        "draft_model": "STANDALONE",
-    }[p.kind]
-    args += ["--speculative-algorithm", algorithm]
-    if p.kind != "mtp":
+    args += ["--speculative-algorithm", p.serves("sglang").method]
+    if p.separate:
         draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
         args += ["--speculative-draft-model-path", draft]
         if draft_rev and p.draft.source != "local":
             args += ["--speculative-draft-model-revision", draft_rev]
-    if p.kind in ("dflash", "dflash2"):
+    if p.kind_row.drafting == BLOCK:
         args += ["--speculative-num-draft-tokens", str(p.block_size)]
     else:
         steps = p.block_size - 1
@@ -78,7 +83,7 @@ def _sglang(p: Pair) -> str:
             "--speculative-num-draft-tokens",
             str(steps + 1),
         ]
-    if p.kind != "mtp" and p.target.quantization and not p.draft.quantization:
+    if p.separate and p.target.quantization and not p.draft.quantization:
         args += ["--speculative-draft-model-quantization", "unquant"]
     if p.target.is_hybrid:
         args += ["--mamba-scheduler-strategy", "extra_buffer"]
@@ -93,11 +98,8 @@ def _vllm(p: Pair) -> str:
     args = ["vllm", "serve", target]
     if target_rev and p.target.source != "local":
         args += ["--revision", target_rev]
-    method = {"dflash": "dflash", "dflash2": "dflash", "mtp": "mtp", "eagle3": "eagle3", "draft_model": "draft_model"}[
-        p.kind
-    ]
-    spec: dict[str, object] = {"method": method}
-    if p.kind != "mtp":
+    spec: dict[str, object] = {"method": p.serves("vllm").method}
+    if p.separate:
         draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
         spec["model"] = draft
         if draft_rev and p.draft.source != "local":
@@ -121,12 +123,13 @@ def _vllm(p: Pair) -> str:
 
 def _llama_cpp(p: Pair) -> str:
     args = ["llama-server", "-m", _gguf_path(p.target), "-c", str(p.context), "-ngl", "99"]
-    if p.kind != "mtp":
+    if p.separate:
         args += ["-md", _gguf_path(p.draft), "-ngld", "99"]
-    if p.kind == "draft_model":
+    if p.kind_row.plain:
         return shlex.join(args + ["--draft-max", str(p.block_size - 1)])
-    if p.kind in ("dflash", "dflash2", "mtp"):
-        args += ["--spec-type", "draft-mtp" if p.kind == "mtp" else "draft-dflash"]
+    spec_type = p.serves("llama.cpp").method
+    if spec_type:
+        args += ["--spec-type", spec_type]
     return shlex.join(args + ["--spec-draft-n-max", str(p.block_size - 1)])
 
 
@@ -142,7 +145,7 @@ def _exllamav3(p: Pair) -> str:
     """ExLlamaV3 has no server of its own: its model_init arguments (-m, -dm or -mtp, -cs, -ndt; the draft cache
     gets the target cache's size) and Generator, in a `python -c` over local directories. Hub checkpoints are
     downloaded first, each into its own folder."""
-    checkpoints = [p.target] if p.kind == "mtp" else [p.target, p.draft]
+    checkpoints = [p.target, p.draft] if p.separate else [p.target]
     steps, paths = [], []
     remote = [c for c in checkpoints if c.source != "local"]
     if remote:
@@ -158,7 +161,7 @@ def _exllamav3(p: Pair) -> str:
     for c in checkpoints:
         paths.append(c.ref if c.source == "local" else f"{EXLLAMAV3_DIR}/{_repo_name(c.ref)}")
     args = ["-m", paths[0], "-cs", str(p.context), "-ndt", str(p.block_size - 1)]
-    args += ["-mtp"] if p.kind == "mtp" else ["-dm", paths[1]]
+    args += ["-dm", paths[1]] if p.separate else ["-mtp"]
     code = "; ".join(
         [
             "import argparse",
@@ -186,7 +189,7 @@ def _repo_name(ref: str) -> str:
 
 def _tensorfold(p: Pair) -> str:
     args = ["tensorfold", "serve", p.target.ref.partition("@")[0] if p.target.source != "local" else p.target.ref]
-    if p.kind == "mtp":
+    if not p.separate:
         args += ["--mtp-drafts", str(min(p.block_size - 1, 3))]
     else:
         args += [
@@ -196,100 +199,72 @@ def _tensorfold(p: Pair) -> str:
             "0",
         ]
     args += ["--context", str(p.context)]
-    if p.deployment.gpus > 1 and p.kind == "dflash2":
-        args += ["--tp", "2"]
+    tensor_parallel = p.serves("tensorfold").tensor_parallel
+    if p.deployment.gpus > 1 and tensor_parallel != 1:
+        args += ["--tp", str(tensor_parallel)]
     return shlex.join(args)
 
 
 def _specpair(p: Pair) -> str:
     args = ["specpair", "run", p.target.ref]
-    args += ["--mtp"] if p.kind == "mtp" else [p.draft.ref]
+    args += [p.draft.ref] if p.separate else ["--mtp"]
     args += ["--block-size", str(p.block_size)]
     return shlex.join(args)
 
-
-DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
 
 STACKS: dict[str, Stack] = {
     s.name: s
     for s in [
         Stack(
-            name="specpair",
-            kinds=runtime.AVAILABLE.drafter_kinds,
-            archs={
-                "dflash": DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
-                "dflash2": ("DFlash2DraftModel",),
-                "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+            OWN_STACK,
+            "any",
+            ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
+            ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
+            _specpair,
+        ),
+        Stack(
+            "sglang",
+            "safetensors",
+            ("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            ("bf16", "f16", "f32"),
+            _sglang,
+            native_only={
+                NVFP4: '"FP4 is not available on this device" (sglang#40022, sglang#28256): use an FP8 or BF16 checkpoint'
             },
-            file_format="any",
-            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
-            draft_layouts=("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
-            families=runtime.AVAILABLE.families,
-            tensor_parallel_drafts=(),
-            launch=_specpair,
         ),
         Stack(
-            name="sglang",
-            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            archs={
-                "dflash": DFLASH_ARCHS,
-                "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
-                "eagle3": ("LlamaForCausalLMEagle3",),
-            },
-            file_format="safetensors",
-            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32"),
-            families=families_served_by("sglang"),
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            launch=_sglang,
+            "vllm",
+            "safetensors",
+            ("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
+            ("bf16", "f16", "f32", "fp8", "int8", "int4-ct"),
+            _vllm,
         ),
         Stack(
-            name="vllm",
-            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            archs={
-                "dflash": DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
-                "dflash2": ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
-                "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
-            },
-            file_format="safetensors",
-            target_layouts=("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
-            draft_layouts=("bf16", "f16", "f32", "fp8", "int8", "int4-ct"),
-            families=families_served_by("vllm"),
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            launch=_vllm,
+            "llama.cpp",
+            "gguf",
+            ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
+            ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
+            _llama_cpp,
+            convert_to={"target": "gguf:Q8_0", "draft": "gguf:BF16"},
         ),
         Stack(
-            name="llama.cpp",
-            kinds=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            archs={"dflash": ("dflash",), "dflash2": ("dflash",), "eagle3": ("eagle3",)},
-            file_format="gguf",
-            target_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
-            draft_layouts=("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
-            families=families_served_by("llama.cpp"),
-            tensor_parallel_drafts=("dflash", "dflash2", "mtp", "eagle3", "draft_model"),
-            launch=_llama_cpp,
+            "exllamav3",
+            "safetensors",
+            ("exl3", "bf16", "f16", "f32"),
+            ("exl3", "bf16", "f16", "f32"),
+            _exllamav3,
+            convert_to={"target": "exl3:4"},  # ExLlamaV3's own layout, at its usual 4 bits
         ),
         Stack(
-            name="exllamav3",
-            kinds=("dflash", "dflash2", "mtp", "draft_model"),
-            archs={"dflash": DFLASH_ARCHS, "dflash2": ("DFlash2DraftModel",)},
-            file_format="safetensors",
-            target_layouts=("exl3", "bf16", "f16", "f32"),
-            draft_layouts=("exl3", "bf16", "f16", "f32"),
-            families=families_served_by("exllamav3"),
-            tensor_parallel_drafts=("draft_model",),
-            launch=_exllamav3,
-        ),
-        Stack(
-            name="tensorfold",
-            kinds=("dflash", "dflash2", "mtp"),
-            archs={"dflash": ("DFlashDraftModel",), "dflash2": ("DFlash2DraftModel",)},
-            file_format="safetensors",
-            target_layouts=("affine", "nvfp4-modelopt", "fp8", "exl3"),
-            draft_layouts=("bf16",),
-            families=families_served_by("tensorfold"),
-            tensor_parallel_drafts=("dflash2",),
-            launch=_tensorfold,
+            "tensorfold",
+            "safetensors",
+            ("affine", "nvfp4-modelopt", "fp8", "exl3"),
+            ("bf16",),
+            _tensorfold,
+            convert_to={"target": "affine4"},
+            # its Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers)
+            moe_layouts={AFFINE: ("affine4-g64", "affine8-g64")},
         ),
     ]
 }
+STACK_NAMES = tuple(STACKS)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
+from specpair.checkpoint.families import drafter_kind
 from specpair.compat.memory import MemoryPlan
 from specpair.compat.pair import Deployment, Pair
 from specpair.compat.rules import Finding, evaluate
-from specpair.compat.rules.hardware import memory_plan
+from specpair.compat.rules.memory import memory_plan
 from specpair.compat.stacks import STACKS
 from specpair.errors import BadInput
 
@@ -38,24 +39,16 @@ class Verdict:
         }
 
 
-def drafter_kind(target: Checkpoint, draft: Checkpoint | None) -> str:
-    """How the pair speculates: the drafter's own kind, the target's MTP head, or a plain draft model."""
+def judge(
+    target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, stacks: list[str]
+) -> tuple[Pair, dict[str, Verdict]]:
     if target.role == "drafter":
         raise BadInput(
             target.ref,
             f"is a {target.drafter.kind} drafter, not a target: give the target first (specpair check TARGET DRAFT)",
         )
-    if draft is None or draft is target:
-        return "mtp"
-    if draft.drafter is not None:
-        return draft.drafter.kind
-    return "draft_model"
-
-
-def judge(
-    target: Checkpoint, draft: Checkpoint | None, deployment: Deployment, stacks: list[str]
-) -> tuple[Pair, dict[str, Verdict]]:
-    kind = drafter_kind(target, draft)
+    separate = draft is not None and draft is not target
+    kind = drafter_kind(draft.drafter.kind if separate and draft.drafter else None, separate)
     pair = Pair(target, draft if draft is not None else target, kind, deployment)
     verdicts = {}
     for stack in stacks:

@@ -40,7 +40,7 @@ from specpair.errors import BadInput, Incomplete, Interrupted
 from specpair.formats import gguf
 from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec, repack, row_slice, stored_nbytes
 from specpair.formats.gguf import GGUFHeader
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, EXL3, FP8, GGUF, NVFP4, layout_of
 from specpair.formats.transforms import Step, TensorMap, compose, identity
 from specpair.formats.weights import Weight
 from specpair.sources.model import Model, open_model
@@ -73,19 +73,19 @@ def parse_target(spec: str) -> Target:
     where = f"--to {spec}"
     if kind in FLOAT_LAYOUTS and not args:
         return Target(spec, "safetensors", kind, "hf", "float")
-    if kind == "fp8" and len(args) <= 1:
+    if kind == FP8 and len(args) <= 1:
         variant = args[0] if args else "block"
         if variant not in ("block", "tensor"):
             raise BadInput(where, "fp8 comes as fp8:block (Qwen's 128x128 blocks) or fp8:tensor (ModelOpt)")
         return Target(spec, "safetensors", f"fp8-{variant}", "hf", "fp8")
-    if kind == "nvfp4" and len(args) <= 1:
+    if kind == NVFP4 and len(args) <= 1:
         layout = NVFP4_FLAVOURS.get(args[0] if args else "modelopt")
         if layout is None:
             raise BadInput(where, f"NVFP4 flavours: {', '.join(NVFP4_FLAVOURS)}")
         return Target(spec, "safetensors", layout, "mlx" if layout == "nvfp4-mlx" else "hf", layout)
     if kind == "affine4" and not args:
         return Target(spec, "safetensors", "affine4-g64", "mlx", "affine", "mlx")
-    if kind == "affine" and len(args) in (2, 3):
+    if kind == AFFINE and len(args) in (2, 3):
         bits, group, method = args[0], args[1], args[2] if len(args) == 3 else "mlx"
         from specpair.formats import affine
 
@@ -98,7 +98,7 @@ def parse_target(spec: str) -> Target:
         if method not in affine.METHODS:
             raise BadInput(where, f"affine quantizers: {', '.join(affine.METHODS)}")
         return Target(spec, "safetensors", f"affine{bits}-g{group}", "mlx", "affine", method)
-    if kind == "gguf" and len(args) in (1, 2):
+    if kind == GGUF and len(args) in (1, 2):
         qtype = args[0].upper()
         method = args[1] if len(args) == 2 else "search"
         if qtype not in GGUF_TYPES or method not in ("search", "rtn"):
@@ -108,7 +108,7 @@ def parse_target(spec: str) -> Target:
         )
         family = "float" if layout in FLOAT_LAYOUTS else "nvfp4-gguf" if layout == "nvfp4-gguf" else "gguf"
         return Target(spec, "gguf", layout, "gguf", family, method)
-    if kind == "exl3" and len(args) in (1, 2):
+    if kind == EXL3 and len(args) in (1, 2):
         from specpair.formats import exl3
 
         codebook = args[1] if len(args) == 2 else "mul1"
@@ -343,7 +343,7 @@ def _gguf_dtypes(
 
 def _check_parts(weight: Weight) -> None:
     """Missing or misshapen scales are refused before anything is written."""
-    if weight.layout in FLOAT_LAYOUTS or layout_of(weight.layout).kind in ("gguf", "exl3"):  # EXL3 checks its own
+    if weight.layout in FLOAT_LAYOUTS or layout_of(weight.layout).kind in (GGUF, EXL3):  # EXL3 checks its own
         return
     expected = codec(weight.layout).stored(weight.shape)
     for key, (_, shape) in expected.items():
@@ -948,7 +948,7 @@ def _goes_by_rows(source: Source, output: Output) -> bool:
 
 def _by_rows(output: Output, weights: list[Weight]) -> bool:
     """A one-source, step-free float conversion whose parts all split by rows runs a few MB at a time."""
-    if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or layout_of(output.layout).kind == "exl3":
+    if output.map.steps or len(weights) != 1 or len(output.map.shape) < 2 or layout_of(output.layout).kind == EXL3:
         return False
     rows = math.prod(output.map.shape[:-1])
     shapes = [info.shape for info in weights[0].parts.values()] + [shape for _, shape in output.stored.values()]

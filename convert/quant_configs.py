@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from specpair import __version__
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, EXL3, layout_of
 
 FLOAT = ("bf16", "f16", "f32", "int")
 PRODUCER = {"name": "specpair", "version": __version__}
@@ -52,7 +52,7 @@ def quantization_files(
 
 def _kind(layout: str) -> str:
     kind = layout_of(layout).kind
-    return kind if kind in ("affine", "exl3") else layout
+    return kind if kind in (AFFINE, EXL3) else layout
 
 
 def _fp8_block(layouts: dict[str, str]) -> dict[str, Any]:

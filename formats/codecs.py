@@ -23,7 +23,7 @@ from torch import Tensor
 
 from specpair.errors import BadInput
 from specpair.formats import affine, exl3, fp8, gguf_planes, gguf_quants, nvfp4
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, EXL3, FP8, GGUF, NVFP4, layout_of
 
 Stored = dict[str, tuple[str, tuple[int, ...]]]
 
@@ -260,15 +260,15 @@ def codec(layout: str, method: str | None = None) -> Codec:
         raise BadInput(layout, NO_CODEC) from None
     if layout in FLOAT_LAYOUTS:
         return _float(layout)
-    if form.kind == "fp8":
+    if form.kind == FP8:
         return _fp8(layout)
-    if form.kind == "nvfp4":
+    if form.kind == NVFP4:
         return _nvfp4(layout)
-    if form.kind == "affine" and form.bits:
+    if form.kind == AFFINE and form.bits:
         return _affine(layout, method or "mlx")
-    if form.kind == "gguf":
+    if form.kind == GGUF:
         return _gguf(layout, method or "search")
-    if form.kind == "exl3" and (2 * form.bits).is_integer():  # whole and half-integer trellis rates
+    if form.kind == EXL3 and (2 * form.bits).is_integer():  # whole and half-integer trellis rates
         return _exl3(layout, method or "mul1")
     raise BadInput(layout, NO_CODEC)
 

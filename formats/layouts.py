@@ -16,47 +16,89 @@ from specpair.formats import TensorInfo, TensorTable
 
 
 @dataclass(frozen=True)
+class LayoutKind:
+    """One row of the layout table: a kind of storage and what code branches on for it."""
+
+    name: str
+    form: re.Pattern[str]  # its labels; groups are (flavour,), (bits, group) or (bits,)
+    title: str  # as messages write it
+    native_capability: tuple[int, int] | None = None  # the CUDA compute capability with tensor cores for it
+    native: str = ""  # those tensor cores, for messages
+    code_bits: int | None = None  # bits per code, for a kind of sub-byte codes packed into bytes or words
+
+
+# Kinds code names (compat, codecs), defined once here
+FLOAT, INT, FP8, NVFP4, MXFP4, INT4, INT8, AFFINE, GGUF, EXL3 = (
+    "float",
+    "int",
+    "fp8",
+    "nvfp4",
+    "mxfp4",
+    "int4",
+    "int8",
+    "affine",
+    "gguf",
+    "exl3",
+)
+
+# The registry, in the order labels are tried.
+LAYOUT_KINDS: dict[str, LayoutKind] = {
+    k.name: k
+    for k in (
+        LayoutKind(FLOAT, re.compile(r"(bf16|f16|f32|f64)"), "float"),
+        LayoutKind(INT, re.compile(r"int"), "integer"),
+        LayoutKind(FP8, re.compile(r"fp8-(tensor|block)"), "FP8", (8, 9), "FP8 tensor cores (Ada/Hopper)"),
+        LayoutKind(
+            NVFP4, re.compile(r"nvfp4-(modelopt|ct|mlx|gguf)"), "NVFP4", (10, 0), "FP4 tensor cores (Blackwell)", 4
+        ),
+        LayoutKind(MXFP4, re.compile(r"mxfp4-(mlx)"), "MXFP4", code_bits=4),
+        LayoutKind(INT4, re.compile(r"int4-(ct)"), "INT4", code_bits=4),
+        LayoutKind(INT8, re.compile(r"int8"), "INT8"),
+        # bare "affine": MLX scales of no known group size
+        LayoutKind(AFFINE, re.compile(r"affine(?:(\d)-g(\d+))?"), "MLX affine"),
+        LayoutKind(GGUF, re.compile(r"gguf-(\w+)"), "GGUF"),
+        LayoutKind(EXL3, re.compile(r"exl3-(\d+(?:\.\d+)?)bpw"), "EXL3"),
+    )
+}
+
+
+@dataclass(frozen=True)
 class Layout:
     """A layout label taken apart: every test of what a label is reads these fields, never the label's text."""
 
     label: str
-    kind: str  # LAYOUT_FORMS key: float, int, fp8, nvfp4, mxfp4, int4, int8, affine, gguf, exl3
+    kind: str  # LAYOUT_KINDS key
     flavour: str | None = None  # fp8: tensor | block; nvfp4: modelopt | ct | mlx | gguf; gguf: the ggml type
     bits: float | None = None  # affine and exl3: bits per weight (exl3: trellis bits, half-integers read)
     group: int | None = None  # affine: values per scale
+
+    @property
+    def packing(self) -> tuple[int, int] | None:
+        """(bits per stored element, bits per code) of a layout of packed codes: MLX packs them into 32-bit words,
+        the others into bytes; None where a stored element is one weight (GGUF's block tensors have the weight's
+        own shape) or the packing is unknown."""
+        bits = LAYOUT_KINDS[self.kind].code_bits or (int(self.bits) if self.kind == AFFINE and self.bits else None)
+        if bits is None or self.flavour == "gguf":
+            return None
+        return (32 if self.flavour == "mlx" or self.kind == AFFINE else 8), bits
 
     def matches(self, names: tuple[str, ...] | set[str] | frozenset[str]) -> bool:
         """Whether `names` (layout labels or kinds: "fp8" covers fp8-tensor and fp8-block) hold this layout."""
         return self.label in names or self.kind in names
 
 
-# The registry: label form per kind; groups are (flavour,), (bits, group) or (bits,).
-LAYOUT_FORMS: dict[str, re.Pattern[str]] = {
-    "float": re.compile(r"(bf16|f16|f32|f64)"),
-    "int": re.compile(r"int"),
-    "fp8": re.compile(r"fp8-(tensor|block)"),
-    "nvfp4": re.compile(r"nvfp4-(modelopt|ct|mlx|gguf)"),
-    "mxfp4": re.compile(r"mxfp4-(mlx)"),
-    "int4": re.compile(r"int4-(ct)"),
-    "int8": re.compile(r"int8"),
-    "affine": re.compile(r"affine(?:(\d)-g(\d+))?"),  # bare "affine": MLX scales of no known group size
-    "gguf": re.compile(r"gguf-(\w+)"),
-    "exl3": re.compile(r"exl3-(\d+(?:\.\d+)?)bpw"),
-}
-
-
 @functools.cache
 def layout_of(label: str) -> Layout:
-    """The parsed form of a layout label; ValueError for a label no form in LAYOUT_FORMS has."""
-    for kind, form in LAYOUT_FORMS.items():
-        m = form.fullmatch(label)
+    """The parsed form of a layout label; ValueError for a label no row of LAYOUT_KINDS has."""
+    for kind in LAYOUT_KINDS.values():
+        m = kind.form.fullmatch(label)
         if m is None:
             continue
-        if kind == "affine":
-            return Layout(label, kind, bits=float(m[1]) if m[1] else None, group=int(m[2]) if m[2] else None)
-        if kind == "exl3":
-            return Layout(label, kind, bits=float(m[1]))
-        return Layout(label, kind, flavour=m.groups()[0] if m.groups() else None)
+        if kind.name == AFFINE:
+            return Layout(label, AFFINE, bits=float(m[1]) if m[1] else None, group=int(m[2]) if m[2] else None)
+        if kind.name == EXL3:
+            return Layout(label, EXL3, bits=float(m[1]))
+        return Layout(label, kind.name, flavour=m.groups()[0] if m.groups() else None)
     raise ValueError(f"{label!r} is not a layout label")
 
 
@@ -201,11 +243,16 @@ def _mlx_layout(words: int, groups: int, has_biases: bool, bits: int | None, gro
 
 
 def plain_layout(dtype: str) -> str:
+    """The label of a tensor with no companions: its float dtype, a lone FP8 tensor's per-tensor layout, or int."""
     if dtype in FLOAT_DTYPES:
         return FLOAT_DTYPES[dtype]
     if dtype in FP8_DTYPES:
         return "fp8-tensor"
     return "int"
+
+
+# the labels plain_layout gives
+PLAIN_LAYOUTS = frozenset({*FLOAT_DTYPES.values(), plain_layout(next(iter(FP8_DTYPES))), plain_layout("I32")})
 
 
 def _int(value: object) -> int | None:

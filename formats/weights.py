@@ -20,15 +20,14 @@ from specpair.errors import BadInput
 from specpair.formats import TensorInfo, gguf, safetensors
 from specpair.formats.layouts import (
     COMPANION_SUFFIXES,
-    FLOAT_DTYPES,
+    EXL3,
+    PLAIN_LAYOUTS,
     WEIGHT_SUFFIXES,
     classify,
     gguf_layout,
     layout_of,
     split_module,
 )
-
-PLAIN_LAYOUTS = set(FLOAT_DTYPES.values()) | {"fp8-tensor", "int"}  # labels a lone tensor gets
 
 
 @dataclass(frozen=True)
@@ -145,13 +144,10 @@ def _logical_shape(layout: str, parts: dict[str, TensorInfo], module: str) -> tu
         raise BadInput(module, f"{layout} weight has no stored weight tensor (parts: {', '.join(sorted(parts))})")
     lead, last = main.shape[:-1], main.shape[-1]
     form = layout_of(layout)
-    if layout in ("nvfp4-modelopt", "nvfp4-ct", "int4-ct"):
-        return (*lead, last * 2)
-    if layout in ("nvfp4-mlx", "mxfp4-mlx"):
-        return (*lead, last * 8)
-    if form.kind == "affine" and form.bits:
-        return (*lead, last * 32 // int(form.bits))
-    if form.kind == "exl3":  # trellis [in/16, out/16, 16K]: 16x16 tiles of the transposed weight
+    if form.packing:
+        element, code = form.packing
+        return (*lead, last * element // code)
+    if form.kind == EXL3:  # trellis [in/16, out/16, 16K]: 16x16 tiles of the transposed weight
         if len(main.shape) != 3:
             raise BadInput(module + ".trellis", f"shape {list(main.shape)} is not [in/16, out/16, 16·bits]")
         return (main.shape[1] * 16, main.shape[0] * 16)

@@ -23,12 +23,15 @@
 - drafters/<kind>.py: DFlash and DFlash2, EAGLE-3, the MTP head, plain draft models; acceptance.py: the
   verify rules; speculative.py: the speculative loop of `specpair run TARGET DRAFT`.
 
-`check` reads `AVAILABLE` for its `specpair` stack verdict: which target families and drafter kinds this runtime
-runs (from any layout the model layer reads). It is data here, so that `check` needs no torch; the runtime
-tests hold it equal to runtime/models and runtime/drafters.
+`AVAILABLE` says which target families and drafter kinds this runtime runs (from any layout the model layer
+reads): the family and drafter-kind rows that list specpair's own stack (checkpoint/families.py), which `check`
+reads for its `specpair` verdict without importing torch; the runtime tests hold it equal to runtime/models and
+runtime/drafters.
 """
 
 from dataclasses import dataclass
+
+from specpair.checkpoint.families import OWN_STACK, families_served_by, kinds_served_by
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,4 @@ class Runs:
     drafter_kinds: tuple[str, ...]  # runtime/drafters/loading.py LOADERS
 
 
-AVAILABLE = Runs(
-    families=("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"),
-    drafter_kinds=("dflash", "dflash2", "eagle3", "mtp", "draft_model"),
-)
+AVAILABLE = Runs(families=families_served_by(OWN_STACK), drafter_kinds=kinds_served_by(OWN_STACK))

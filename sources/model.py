@@ -28,7 +28,7 @@ from specpair.errors import BadInput
 from specpair.formats import TensorTable
 from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec
 from specpair.formats.gguf import GGUFHeader
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import EXL3, layout_of
 from specpair.formats.packed import Packed
 from specpair.formats.transforms import Step, TensorMap, compose, identity
 from specpair.formats.weights import Weight, gguf_weights, hf_weights
@@ -291,9 +291,10 @@ def _shape_after(steps: tuple[Step, ...], shapes: list[tuple[int, ...]]) -> tupl
 def _part_kinds(parts: dict[str, Tensor], shape: tuple[int, ...], layout: str) -> dict[str, str] | None:
     """Per part: "rows" (one stored row per weight row), "scalar" (per tensor), "tiles" (fp8-block scales)."""
     rows = math.prod(shape[:-1])
+    row_blocked = codec(layout).row_block > 1  # its scales are tiles over blocks of rows
     kinds = {}
     for key, part in parts.items():
-        if layout == "fp8-block" and key == ".weight_scale_inv":
+        if row_blocked and key != ".weight":
             kinds[key] = "tiles"
         elif part.numel() == 1:
             kinds[key] = "scalar"
@@ -453,7 +454,7 @@ def unpadded(weights: list[Weight], config: dict[str, Any], where: str) -> list[
     """EXL3 pads both dims to 128: the real shapes come from the model the config describes."""
     import dataclasses
 
-    padded = {w.name for w in weights if layout_of(w.layout).kind == "exl3"}
+    padded = {w.name for w in weights if layout_of(w.layout).kind == EXL3}
     if not padded:
         return weights
     from specpair.checkpoint import gguf_arch

@@ -279,7 +279,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "drafter.required_keys": (T, lambda: dflash_draft(mask_token_id=None), "vllm", {}),
     "drafter.defaulted_keys": (T, lambda: dflash_draft(mask_token_id=None), "sglang", {}),
     "drafter.layer_types": (T, lambda: dflash_draft(layer_types=["full_attention"]), "sglang", {}),
-    "dflash2.params": (T, lambda: dflash2_draft(conv_group_size=48), "sglang", {}),
+    "drafter.dflash2_params": (T, lambda: dflash2_draft(conv_group_size=48), "sglang", {}),
     "drafter.tensor_parallel": (T, dflash_draft, "exllamav3", {"gpus": 2}),
     "runtime.runs": (T, dflash_draft, "specpair", {}),
     "runtime.draft_family": (T, lambda: with_(draft_model(), lambda c: setattr(c, "family", "gemma3")), "specpair", {}),
@@ -300,7 +300,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.range": (T, lambda: dflash_draft(mask_token_id=300), "sglang", {}),
     "mask.padded_row": (T, dflash_draft, "sglang", {}),
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
-    "eagle3.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
+    "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
     "base.num_target_layers": (T, lambda: dflash_draft(num_target_layers=20), "sglang", {}),
     "base.num_target_layers_strict": (H, lambda: dflash_draft(num_target_layers=LAYERS + 1), "tensorfold", {}),
@@ -312,8 +312,8 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "rope.schema": (H, lambda: dflash_draft(rope_parameters=None, rope_theta=1e7), "tensorfold", {}),
     "format.target": (T, dflash_draft, "llama.cpp", {}),
     "format.draft": (_gguf_target, dflash_draft, "llama.cpp", {}),
-    "family.supported": (T, dflash_draft, "tensorfold", {}),
-    "draft.quant_inherit": (_modelopt_target, dflash_draft, "sglang", {}),
+    "format.family": (T, dflash_draft, "tensorfold", {}),
+    "format.quant_inherit": (_modelopt_target, dflash_draft, "sglang", {}),
     "tensorfold.single_file": (
         H,
         lambda: with_(
@@ -355,8 +355,8 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         "sglang",
         {},
     ),
-    "catalog.source": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
-    "download.incomplete": (
+    "trust.catalog": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
+    "trust.incomplete": (
         lambda: with_(
             qwen3_target(), _note("incomplete download model.safetensors.incomplete: a transfer was interrupted here")
         ),
@@ -400,7 +400,7 @@ def test_good_pair_silences_every_pair_rule():
         "taps.convention",
         "memory.plan",
         "mask.padded_row",
-        "family.supported",
+        "format.family",
         "vllm.runner",
         "vllm.token_budget",
         "format.target",

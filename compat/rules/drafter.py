@@ -1,26 +1,26 @@
-"""Drafter identity and config: kind served, architecture string, required keys, layer types, DFlash2 params."""
+"""Drafter identity and config: kind served, architecture string, required keys, layer types, DFlash2 params,
+tensor parallelism, DSpark's readout."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair import runtime
+from specpair.checkpoint.families import DRAFTER_KINDS, UPSTREAM_GGUF_ARCH, family_of
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, DFLASH, HIDDEN_STATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import (
+    ALL_KINDS,
+    ALL_STACKS,
+    BLOCK_DRAFTERS,
+    HIDDEN_STATE_DRAFTERS,
+    SELECTOR_DRAFTERS,
+    Values,
+    rule,
+)
 from specpair.compat.stacks import STACKS
 
-KIND_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "mtp": "MTP", "eagle3": "EAGLE-3", "draft_model": "draft-model"}
-
-# Logical drafter fields each stack refuses to run without, per kind; the rest it defaults (see DEFAULTS).
-REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
-    "specpair": {"dflash": ("taps", "mask"), "dflash2": ("taps", "mask", "dflash2")},
-    "sglang": {"dflash": (), "dflash2": ("dflash2",)},
-    "vllm": {"dflash": ("taps", "mask"), "dflash2": ("taps", "mask", "dflash2")},
-    "llama.cpp": {"dflash": ("taps", "mask"), "dflash2": ("taps", "mask", "dflash2")},
-    "exllamav3": {"dflash": ("taps", "mask"), "dflash2": ("taps", "mask", "dflash2")},
-    "tensorfold": {"dflash": ("taps", "mask"), "dflash2": ("mask", "dflash2")},
-}
+# The logical drafter fields a stack refuses to run without are its Serves.required (checkpoint/families.py); it
+# defaults these:
 DEFAULTS: dict[str, dict[str, str]] = {
     "specpair": {"block": "block size 16"},
     "sglang": {
@@ -34,7 +34,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "tensorfold": {"taps": "the 27B layout [5, 19, 33, 47, 61]", "block": "block size 8 (its training block floor)"},
 }
 FIELD_KEYS = {"taps": "target_layer_ids", "mask": "mask_token_id", "block": "block_size"}
-TENSORFOLD_DFLASH2_KEYS = ("sliding_window", "rope_parameters.rope_theta", "dflash_config.conv_group_size")
+CONV_SELECTOR = "conv_selector"  # the logical field of a selector drafter's own keys (DrafterKind.own_keys)
 
 
 def _kind_stacks(kind: str) -> str:
@@ -52,7 +52,7 @@ def _kind_stacks(kind: str) -> str:
 )
 def _kind(p: Pair, stack: str) -> Iterable[Values]:
     if p.kind not in STACKS[stack].kinds:
-        yield {"kind_name": KIND_NAMES[p.kind], "others": _kind_stacks(p.kind)}
+        yield {"kind_name": p.kind_row.title, "others": _kind_stacks(p.kind)}
 
 
 def _arch_fix(p: Pair, stack: str) -> str | None:
@@ -71,28 +71,29 @@ def _arch_fix(p: Pair, stack: str) -> str | None:
     example={
         "kind_name": "DFlash",
         "arch": "dflash-draft",
-        "known": "dflash",
+        "known": UPSTREAM_GGUF_ARCH["dflash-draft"],
         "hint": ": 'dflash-draft' is a fork schema that upstream llama.cpp refuses (llama.cpp#25116)",
     },
     fix=_arch_fix,
 )
 def _arch(p: Pair, stack: str) -> Iterable[Values]:
-    s = STACKS[stack]
-    if p.kind not in s.kinds or not _format_matches(p, stack):
+    serves, row = p.serves(stack), p.kind_row
+    if serves is None or not _format_matches(p, stack):
         return
-    known = s.archs.get(p.kind, ())
     arch = p.draft.architecture
-    # TensorFold reads a drafter without `architectures` as DFlash2.
-    if arch is None and stack == "tensorfold" and p.kind == "dflash2":
+    if arch is None and serves.unnamed:
         return
-    if arch in known or (stack == "specpair" and arch in ("dflash", "dflash-draft")):
+    # A stack that reads any file format reads the GGUF archs specpair converts the kind to (and forks of them).
+    if arch in serves.archs or (STACKS[stack].file_format == "any" and row.gguf and arch in row.gguf_archs):
         return
     hint = ""
     if arch == "dflash-draft":
         hint = ": 'dflash-draft' is a fork schema that upstream llama.cpp refuses (llama.cpp#25116)"
-    elif p.kind == "eagle3" and arch and not arch.endswith(("Eagle3", "Eagle3LlamaForCausalLM")):
-        hint = ": the head declares its base architecture; use a repackaged EAGLE-3 copy (sglang#33966, vllm#11126)"
-    yield {"kind_name": KIND_NAMES[p.kind], "arch": arch, "known": ", ".join(known) or "none", "hint": hint}
+    elif row.base_architecture and family_of(arch, None) is not None:
+        hint = (
+            f": the head declares its base architecture; use a repackaged {row.title} copy (sglang#33966, vllm#11126)"
+        )
+    yield {"kind_name": row.title, "arch": arch, "known": ", ".join(serves.archs) or "none", "hint": hint}
 
 
 def _format_matches(p: Pair, stack: str) -> bool:
@@ -110,13 +111,9 @@ def _missing(p: Pair) -> dict[str, str]:
     for field, key in FIELD_KEYS.items():
         if key in keys or (field == "taps" and "target_layers" in keys):
             missing[field] = keys.get(key) or keys.get("target_layers", key)
-    dflash2 = [
-        k
-        for k in d.missing_keys
-        if k.rsplit(".", 1)[-1] in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-    ]
-    if dflash2:
-        missing["dflash2"] = ", ".join(dflash2)
+    own = [k for k in d.missing_keys if k.rsplit(".", 1)[-1] in DRAFTER_KINDS[d.kind].own_keys]
+    if own:
+        missing[CONV_SELECTOR] = ", ".join(own)
     return missing
 
 
@@ -124,7 +121,7 @@ def _missing(p: Pair) -> dict[str, str]:
     "drafter.required_keys",
     "error",
     ALL_STACKS,
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="The drafter's config has every key the stack requires (target_layer_ids, mask_token_id, DFlash2 conv/selector keys, TensorFold's loader keys).",
     message="{draft} lacks {keys}, which {stack} requires for {kind_name} drafters{why}.",
     example={
@@ -134,11 +131,13 @@ def _missing(p: Pair) -> dict[str, str]:
     },
 )
 def _required(p: Pair, stack: str) -> Iterable[Values]:
-    missing = _missing(p)
-    needed = [missing[f] for f in REQUIRED[stack].get(p.kind, ()) if f in missing]
-    if stack == "tensorfold" and p.kind == "dflash2" and p.draft.drafter:
+    missing, serves = _missing(p), p.serves(stack)
+    if serves is None:
+        return
+    needed = [missing[f] for f in serves.required if f in missing]
+    if p.draft.drafter:
         present = set(p.draft.drafter.config_keys)
-        needed += [k for k in TENSORFOLD_DFLASH2_KEYS if k not in present and k not in needed]
+        needed += [k for k in serves.required_keys if k not in present and k not in needed]
     if not needed:
         return
     why = ""
@@ -148,21 +147,21 @@ def _required(p: Pair, stack: str) -> Iterable[Values]:
         why = ' ("Model config must specify dflash_config.mask_token_id ...")'
     elif stack == "tensorfold":
         why = " (its CUDA DFlash2 loader raises KeyError without them)"
-    yield {"keys": ", ".join(needed), "kind_name": KIND_NAMES[p.kind], "why": why}
+    yield {"keys": ", ".join(needed), "kind_name": p.kind_row.title, "why": why}
 
 
 @rule(
     "drafter.defaulted_keys",
     "warn",
     ALL_STACKS,
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="Keys the drafter omits and the stack fills with a default that may not match training.",
     message="{draft} has no {key}: {stack} assumes {default}; if the drafter was trained otherwise, acceptance drops with no error.",
     example={"key": "dflash_config.block_size", "default": "block size 16"},
 )
 def _defaulted(p: Pair, stack: str) -> Iterable[Values]:
-    missing = _missing(p)
-    required = REQUIRED[stack].get(p.kind, ())
+    missing, serves = _missing(p), p.serves(stack)
+    required = serves.required if serves else ()
     for field, default in DEFAULTS[stack].items():
         if field in missing and field not in required:
             yield {"key": missing[field], "default": default}
@@ -172,7 +171,7 @@ def _defaulted(p: Pair, stack: str) -> Iterable[Values]:
     "drafter.layer_types",
     "error",
     ("specpair", "sglang", "vllm", "exllamav3", "tensorfold"),
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="layer_types has one entry per drafter layer, and sliding layers have a window.",
     message="{draft}: {problem}; {stack} refuses such a config.",
     example={"problem": "layer_types lists 5 layers but num_hidden_layers is 6"},
@@ -186,10 +185,10 @@ def _layer_types(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "dflash2.params",
+    "drafter.dflash2_params",
     "error",
     ALL_STACKS,
-    ("dflash2",),
+    SELECTOR_DRAFTERS,
     title="DFlash2 conv and selector parameters are consistent (pairs set together, rank > 0, group divides hidden, kernel <= block, top-k in range).",
     message="{draft}: DFlash2 {problem} ({stack} checks this at load).",
     example={"problem": "conv_group_size 48 does not divide hidden_size 5120"},
@@ -232,50 +231,16 @@ def _dflash2(p: Pair, stack: str) -> Iterable[Values]:
     example={"kind_name": "DFlash", "gpus": 2},
 )
 def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
-    if p.deployment.gpus > 1 and p.kind not in STACKS[stack].tensor_parallel_drafts:
-        yield {"kind_name": KIND_NAMES[p.kind], "gpus": p.deployment.gpus}
-
-
-@rule(
-    "runtime.runs",
-    "info",
-    ("specpair",),
-    ALL_KINDS,
-    title="What specpair's own runtime runs: target families x drafter kinds, from every layout the model layer reads.",
-    message="specpair's runtime runs {families} targets with {kinds} drafters, from BF16/F16/F32, FP8, NVFP4, MLX affine, EXL3 and GGUF weights (dequantized, or packed where a CUDA kernel reads them); `specpair run` verifies {draft} against {target} token for token.",
-    example={
-        "families": "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe",
-        "kinds": "DFlash, DFlash2, EAGLE-3, MTP, draft-model",
-    },
-)
-def _runs(p: Pair, stack: str) -> Iterable[Values]:
-    if p.kind == "mtp" and (p.target.mtp is None or p.target.mtp.tensors == 0):
-        return  # no head to run: mtp.present says so
-    yield {
-        "families": ", ".join(runtime.AVAILABLE.families),
-        "kinds": ", ".join(KIND_NAMES[k] for k in runtime.AVAILABLE.drafter_kinds),
-    }
-
-
-@rule(
-    "runtime.draft_family",
-    "error",
-    ("specpair",),
-    ("draft_model",),
-    title="specpair's runtime has a model file for the draft model's family.",
-    message="{draft} is a {family} model, which specpair's runtime does not build (it runs {known} draft models).",
-    example={"family": "gemma3", "known": "llama, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe"},
-)
-def _draft_family(p: Pair, stack: str) -> Iterable[Values]:
-    if p.draft.family not in runtime.AVAILABLE.families:
-        yield {"family": p.draft.family, "known": ", ".join(runtime.AVAILABLE.families)}
+    serves = p.serves(stack)
+    if p.deployment.gpus > 1 and (serves is None or serves.tensor_parallel == 1):
+        yield {"kind_name": p.kind_row.title, "gpus": p.deployment.gpus}
 
 
 @rule(
     "drafter.sample_from_anchor",
     "error",
     ("vllm",),
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="The drafter does not ask for DSpark's sample-from-anchor readout, which vLLM's DFlash refuses.",
     message='{draft} sets dflash_config.sample_from_anchor: vLLM raises "sample_from_anchor=True is not supported for DFlash"; it is a DSpark-style drafter, not DFlash.',
     example={},
@@ -283,51 +248,3 @@ def _draft_family(p: Pair, stack: str) -> Iterable[Values]:
 def _sample_from_anchor(p: Pair, stack: str) -> Iterable[Values]:
     if p.draft.drafter and p.draft.drafter.sample_from_anchor:
         yield {}
-
-
-@rule(
-    "vllm.runner",
-    "info",
-    ("vllm",),
-    DFLASH,
-    title="Drafters that only vLLM's V2 model runner serves correctly.",
-    message='{draft} {why}: vLLM serves it only with the V2 model runner (the default in 0.33); VLLM_USE_V2_MODEL_RUNNER=0 refuses it ("Model Runner V1 does not support ...").',
-    example={"why": "mixes sliding and full attention layers"},
-)
-def _vllm_runner(p: Pair, stack: str) -> Iterable[Values]:
-    kinds = set(p.draft.shapes.layer_types)
-    if p.kind == "dflash2":
-        yield {"why": "is a DFlash2 drafter with a candidate selector"}
-    elif {"sliding", "full"} <= kinds:
-        yield {"why": "mixes sliding and full attention layers"}
-
-
-@rule(
-    "vllm.token_budget",
-    "info",
-    ("vllm",),
-    DFLASH,
-    title="vLLM's batched-token budget covers max_num_seqs x block tokens per decode step.",
-    message="A DFlash decode step runs max_num_seqs x {block} tokens in one unchunkable pass: with vLLM's defaults (256 sequences, 2048 batched tokens) that overflows and crashes (vllm#53970); the launch line sets --max-num-seqs and --max-num-batched-tokens to fit.",
-    example={"block": 16},
-)
-def _token_budget(p: Pair, stack: str) -> Iterable[Values]:
-    yield {"block": p.block_size}
-
-
-@rule(
-    "sglang.dflash2_head",
-    "warn",
-    ("sglang",),
-    ("dflash2",),
-    title="SGLang's DFlash2 top-k reads a dense target lm_head (or a supported quantized one).",
-    message="{target}'s lm_head is stored as {layout}: SGLang's DFlash2 candidate top-k \"requires a dense FP16/BF16/FP32 target lm_head or a supported lm_head.quant_method\"; if it refuses, serve a checkpoint with a BF16 head.",
-    example={"layout": "nvfp4-modelopt"},
-)
-def _dflash2_head(p: Pair, stack: str) -> Iterable[Values]:
-    head = p.target.layouts_of("lm_head") or (
-        p.target.layouts_of("embedding") if p.target.shapes.tie_word_embeddings else set()
-    )
-    quantized = sorted(layout for layout in head if layout not in ("bf16", "f16", "f32"))
-    if quantized:
-        yield {"layout": ", ".join(quantized)}

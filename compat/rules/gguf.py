@@ -6,14 +6,15 @@ from collections.abc import Iterable
 
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_KINDS, DFLASH, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, BLOCK_DRAFTERS, SELECTOR_DRAFTERS, Values, rule
+from specpair.formats.layouts import NVFP4, layout_of
 
 
 @rule(
     "gguf.dflash2_build",
     "info",
     ("llama.cpp",),
-    ("dflash2",),
+    SELECTOR_DRAFTERS,
     title="DFlash2 GGUFs need a llama.cpp build that has DFlash2.",
     message="{draft} is a DFlash2 drafter: llama.cpp loads it only in builds with PR #27342; older builds and forks fail with a tensor-count mismatch.",
     example={},
@@ -26,7 +27,7 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
     "gguf.draft_tokenizer",
     "warn",
     ("llama.cpp",),
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="A DFlash GGUF carries the target's tokenizer (upstream's converter copies it).",
     message="{draft} carries no tokenizer; upstream llama.cpp converts DFlash drafters with --target-model-dir so the GGUF holds {target}'s vocabulary, and some loaders refuse weights-only files (ROCmFPX#96).",
     example={},
@@ -48,5 +49,5 @@ def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
 )
 def _nvfp4(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:
-        if checkpoint.format == "gguf" and "nvfp4-gguf" in checkpoint.layouts_of():
+        if checkpoint.format == "gguf" and any(layout_of(layout).kind == NVFP4 for layout in checkpoint.layouts_of()):
             yield {"name": checkpoint.ref}

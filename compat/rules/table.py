@@ -3,8 +3,8 @@
 A rule's `check(pair, stack)` returns the values that clash, one dict per finding; the rule's
 `message` template turns each into a sentence naming both checkpoints, the values and what to do.
 docs/check.md is generated from this table with each rule's `example` values, so it cannot drift.
-Rule families live one per module of this package and register themselves here with `@rule`;
-the package's __init__ imports them in table order.
+Rule families live one per module of this package, named by the prefix of their rules' ids, and register
+themselves here with `@rule`; the package's __init__ imports them in table order.
 """
 
 from __future__ import annotations
@@ -13,16 +13,27 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from specpair.checkpoint import DRAFTER_KINDS
+from specpair.checkpoint.families import BLOCK, CHAIN, DRAFTER_KINDS, TAPS, DrafterKind
 from specpair.compat.pair import Pair
 from specpair.compat.stacks import STACK_NAMES
 
+
+def kinds_where(test: Callable[[DrafterKind], bool]) -> tuple[str, ...]:
+    """The drafter kinds whose rows pass `test`, in table order: a rule's kinds, derived from the rows."""
+    return tuple(k.name for k in DRAFTER_KINDS.values() if test(k))
+
+
 SEVERITIES = ("error", "warn", "info")
 ALL_STACKS = STACK_NAMES
-ALL_KINDS = DRAFTER_KINDS
-SEPARATE_DRAFTERS = ("dflash", "dflash2", "eagle3", "draft_model")
-HIDDEN_STATE_DRAFTERS = ("dflash", "dflash2", "eagle3")
-DFLASH = ("dflash", "dflash2")
+ALL_KINDS = kinds_where(lambda k: True)
+SEPARATE_DRAFTERS = kinds_where(lambda k: k.head_group is None)  # a checkpoint of their own
+HEAD_DRAFTERS = kinds_where(lambda k: k.head_group is not None)  # a head inside the target
+HIDDEN_STATE_DRAFTERS = kinds_where(lambda k: TAPS in k.reads)
+BLOCK_DRAFTERS = kinds_where(lambda k: k.drafting == BLOCK)  # DFlash's config schema: taps, mask token, block size
+SELECTOR_DRAFTERS = kinds_where(lambda k: bool(k.own_keys))  # DFlash2: a grouped conv and a candidate selector
+CHAIN_DRAFTERS = kinds_where(lambda k: k.drafting == CHAIN)  # a token per step, on the target's positions
+PLAIN_DRAFTERS = kinds_where(lambda k: k.plain)
+REDUCED_VOCABULARY_DRAFTERS = kinds_where(lambda k: k.reduced_vocabulary)
 
 Values = dict[str, Any]
 Check = Callable[[Pair, str], Iterable[Values]]
@@ -71,6 +82,8 @@ def rule(
     assert severity in SEVERITIES and set(stacks) <= set(STACK_NAMES) and set(kinds) <= set(ALL_KINDS), id
 
     def register(check: Check) -> Check:
+        # the id's prefix names the module the rule lives in: a reader finds a rule from its id
+        assert check.__module__.rsplit(".", 1)[-1] == id.partition(".")[0], f"{id} lives in {check.__module__}"
         RULES.append(Rule(id, severity, stacks, kinds, title, message, example, check, fix))
         return check
 

@@ -1,11 +1,25 @@
-"""Target layers a drafter reads (taps), the width of its fc projection, and hidden sizes."""
+"""Target layers a drafter reads (taps), the width of its fc projection, and how each stack reads the tap ids."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint.families import BLOCK, CHAIN, DRAFTER_KINDS, OWN_STACK, TAPS
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rule
+
+
+def _read_otherwise(drafting: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(stacks, kinds): the stacks that feed a tap id of these kinds (those reading taps, drafting so) from another
+    target layer than specpair's runtime does (their Serves.tap_shift), and those kinds."""
+    found = [
+        (stack, kind.name)
+        for kind in DRAFTER_KINDS.values()
+        if kind.drafting == drafting and TAPS in kind.reads
+        for stack, serves in kind.serving.items()
+        if serves.tap_shift not in (None, kind.serving[OWN_STACK].tap_shift)
+    ]
+    return tuple(s for s in ALL_STACKS if s in {s for s, _ in found}), tuple(dict.fromkeys(k for _, k in found))
 
 
 @rule(
@@ -102,8 +116,7 @@ def _fc_unknown(p: Pair, stack: str) -> Iterable[Values]:
 @rule(
     "taps.convention",
     "warn",
-    ("exllamav3",),
-    ("dflash",),
+    *_read_otherwise(BLOCK),
     title="Stacks that read DFlash taps one layer off from the reference convention.",
     message="ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later than SGLang, vLLM and llama.cpp (tap_shift +1, set empirically); {draft} was trained on outputs of layers {taps} of {target}: compare acceptance, and set dflash_config.tap_shift if it is low.",
     example={"taps": [1, 6, 11, 16, 22, 27, 32, 37]},
@@ -116,8 +129,7 @@ def _convention(p: Pair, stack: str) -> Iterable[Values]:
 @rule(
     "taps.eagle3_convention",
     "info",
-    ("sglang",),
-    ("eagle3",),
+    *_read_otherwise(CHAIN),
     title="How SGLang reads EAGLE-3 aux layer ids.",
     message="SGLang infers the EAGLE-3 aux-id convention from the first id (sglang#25454): {draft} starts at {first}, read as {reading}; vLLM always reads id j as the input of layer j.",
     example={"first": 2, "reading": "the input of layer 2"},
@@ -128,35 +140,3 @@ def _eagle3_convention(p: Pair, stack: str) -> Iterable[Values]:
         first = taps.raw[0]
         reading = f"the output of layer {first}" if first == 1 else f"the input of layer {first}"
         yield {"first": first, "reading": reading}
-
-
-@rule(
-    "hidden.match",
-    "error",
-    ALL_STACKS,
-    HIDDEN_STATE_DRAFTERS,
-    title="Draft hidden size equals the target's (the drafter embeds tokens with the target's embedding table).",
-    message="{draft} has hidden size {draft_hidden} but {target} has {target_hidden}: the drafter embeds tokens with the target's embedding table, so the two must match; this drafter belongs to another target.",
-    example={"draft_hidden": 4096, "target_hidden": 2048},
-)
-def _hidden(p: Pair, stack: str) -> Iterable[Values]:
-    draft_hidden, target_hidden = p.draft.shapes.hidden_size, p.target.shapes.hidden_size
-    d = p.draft.drafter
-    own_embeddings = d is not None and d.has_embeddings
-    if draft_hidden != target_hidden and not (stack in ("vllm", "sglang") and own_embeddings):
-        yield {"draft_hidden": draft_hidden, "target_hidden": target_hidden}
-
-
-@rule(
-    "hidden.target_hidden_size",
-    "error",
-    ALL_STACKS,
-    HIDDEN_STATE_DRAFTERS,
-    title="A drafter that declares target_hidden_size declares the target's.",
-    message="{draft} declares target_hidden_size {declared} but {target} has hidden size {target_hidden}; it was trained on another target.",
-    example={"declared": 4096, "target_hidden": 2048},
-)
-def _target_hidden(p: Pair, stack: str) -> Iterable[Values]:
-    d = p.draft.drafter
-    if d is not None and d.target_hidden_size and d.target_hidden_size != p.target.shapes.hidden_size:
-        yield {"declared": d.target_hidden_size, "target_hidden": p.target.shapes.hidden_size}

@@ -1,4 +1,4 @@
-"""Vocabulary: token identity, embedding rows (padding versus real tokens), mask token, EAGLE-3 d2t."""
+"""Vocabulary: token identity, embedding rows (padding versus real tokens), reduced draft vocabularies (d2t)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,19 @@ from collections.abc import Iterable
 
 from specpair.checkpoint.tokenizer import shared_prefix_differences
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import (
+    ALL_STACKS,
+    BLOCK_DRAFTERS,
+    REDUCED_VOCABULARY_DRAFTERS,
+    SEPARATE_DRAFTERS,
+    Values,
+    rule,
+)
 
 LLAMA_CPP_MAX_VOCAB_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in common/speculative.cpp
 
 
-def _target_tokens(p: Pair) -> int | None:
+def target_tokens(p: Pair) -> int | None:
     return p.target.tokenizer.length if p.target.tokenizer else None
 
 
@@ -78,15 +85,15 @@ def _pretokenizer(p: Pair, stack: str) -> Iterable[Values]:
 def _rows(p: Pair) -> tuple[int, int, int | None]:
     """(draft rows, target rows, target tokenizer length) — DFlash/EAGLE-3 read the target's table; a weights-only
     drafter, with no vocabulary of its own, is judged with its target's."""
-    draft_rows = p.draft.shapes.rows if p.kind == "draft_model" else p.draft.shapes.vocab_size
-    return draft_rows or p.target.shapes.rows, p.target.shapes.rows, _target_tokens(p)
+    draft_rows = p.draft.shapes.rows if p.kind_row.plain else p.draft.shapes.vocab_size
+    return draft_rows or p.target.shapes.rows, p.target.shapes.rows, target_tokens(p)
 
 
 def _padding_only(p: Pair) -> bool:
     draft_rows, target_rows, tokens = _rows(p)
     if draft_rows == target_rows:
         return False
-    if p.kind == "draft_model":
+    if p.kind_row.plain:
         a, b = p.draft.tokenizer, p.target.tokenizer
         same = (
             a is not None
@@ -118,7 +125,7 @@ def _vocab_rows(p: Pair, stack: str) -> Iterable[Values]:
     draft_rows, target_rows, tokens = _rows(p)
     if draft_rows == target_rows or _padding_only(p):
         return
-    if p.kind == "draft_model" and p.draft.tokenizer and p.target.tokenizer:
+    if p.kind_row.plain and p.draft.tokenizer and p.target.tokenizer:
         return  # vocab.tokens speaks for tokenizer differences of draft models
     reason = (
         f"ids {draft_rows} and above cannot be drafted or embedded"
@@ -140,7 +147,7 @@ def _vocab_rows(p: Pair, stack: str) -> Iterable[Values]:
 def _padding(p: Pair, stack: str) -> Iterable[Values]:
     if _padding_only(p):
         draft_rows, target_rows, tokens = _rows(p)
-        tokens = tokens if p.kind != "draft_model" else p.draft.tokenizer.length
+        tokens = tokens if not p.kind_row.plain else p.draft.tokenizer.length
         yield {
             "draft_rows": draft_rows,
             "target_rows": target_rows,
@@ -167,18 +174,14 @@ def _rows_equal(p: Pair, stack: str) -> Iterable[Values]:
     if draft_rows == target_rows:
         return
     values = {"draft_rows": draft_rows, "target_rows": target_rows}
-    if stack == "vllm" and p.kind == "draft_model":
+    if stack == "vllm" and p.kind_row.plain:
         yield {
             **values,
             "requirement": "a draft model's vocab_size to equal the target's (vllm#7252; allow_draft_model_vocab_padding is only proposed, vllm#42775)",
         }
-    elif stack == "tensorfold" and p.kind in DFLASH:
+    elif stack == "tensorfold" and p.kind in BLOCK_DRAFTERS:
         yield {**values, "requirement": '"drafter vocab_size must match the target\'s vocab_size"'}
-    elif (
-        stack == "llama.cpp"
-        and p.kind == "draft_model"
-        and abs(draft_rows - target_rows) > LLAMA_CPP_MAX_VOCAB_DIFFERENCE
-    ):
+    elif stack == "llama.cpp" and p.kind_row.plain and abs(draft_rows - target_rows) > LLAMA_CPP_MAX_VOCAB_DIFFERENCE:
         yield {
             **values,
             "requirement": f"draft and target vocabularies to differ by at most {LLAMA_CPP_MAX_VOCAB_DIFFERENCE} tokens",
@@ -186,61 +189,10 @@ def _rows_equal(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "mask.range",
+    "vocab.d2t",
     "error",
     ALL_STACKS,
-    DFLASH,
-    title="The mask token id is a row of the target's embedding table.",
-    message='{draft} fills masked block slots with token {mask} (from {source}), but {target}\'s embedding has {rows} rows (0..{last}); {stack} cannot look it up ("mask_token_id is outside the target vocab size").',
-    example={"mask": 248077, "source": "dflash_config.mask_token_id", "rows": 151936, "last": 151935},
-)
-def _mask_range(p: Pair, stack: str) -> Iterable[Values]:
-    d = p.draft.drafter
-    rows = p.target.shapes.rows
-    if d and d.mask_token_id is not None and not 0 <= d.mask_token_id < rows:
-        yield {"mask": d.mask_token_id, "source": d.mask_token_source, "rows": rows, "last": rows - 1}
-
-
-@rule(
-    "mask.padded_row",
-    "info",
-    ALL_STACKS,
-    DFLASH,
-    title="The mask token is a padded embedding row past the tokenizer (fine, if the padding is kept).",
-    message="{draft}'s mask token {mask} lies past {target}'s tokenizer ({tokens} tokens) in its padded embedding rows: fine, as long as nothing trims the vocabulary to the tokenizer size.",
-    example={"mask": 248077, "tokens": 248077},
-)
-def _mask_padded(p: Pair, stack: str) -> Iterable[Values]:
-    d, tokens = p.draft.drafter, _target_tokens(p)
-    if d and d.mask_token_id is not None and tokens and tokens <= d.mask_token_id < p.target.shapes.rows:
-        yield {"mask": d.mask_token_id, "tokens": tokens}
-
-
-@rule(
-    "mask.special",
-    "warn",
-    ALL_STACKS,
-    DFLASH,
-    title="The mask token is not also the target's end/pad token.",
-    message="{draft}'s mask token {mask} is {target}'s {role} token: the reference generator strips every generated token equal to the mask id (dflash#73), and trainers that fall back to pad_token_id produce drafters with silently low acceptance (Automodel#2461).",
-    example={"mask": 151643, "role": "pad"},
-)
-def _mask_special(p: Pair, stack: str) -> Iterable[Values]:
-    d, t = p.draft.drafter, p.target.tokenizer
-    if d is None or d.mask_token_id is None or t is None:
-        return
-    roles = {"end-of-sequence": t.eos_ids, "pad": [t.pad_id], "begin-of-sequence": [t.bos_id]}
-    for role, ids in roles.items():
-        if d.mask_token_id in ids:
-            yield {"mask": d.mask_token_id, "role": role}
-            return
-
-
-@rule(
-    "eagle3.d2t",
-    "error",
-    ALL_STACKS,
-    ("eagle3",),
+    REDUCED_VOCABULARY_DRAFTERS,
     title="A reduced-vocabulary EAGLE-3 head ships its d2t map to target ids.",
     message="{draft} drafts over {draft_vocab} ids, fewer than {target}'s {rows}, but has no d2t tensor to map them to target ids.",
     example={"draft_vocab": 32000, "rows": 151936},

@@ -1,11 +1,11 @@
-"""Was the drafter trained for this target: layer count, hidden size, vocabulary; MTP presence; draft size."""
+"""Was the drafter trained for this target (its base model): layer count, hidden size, vocabulary, taps."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_STACKS, BLOCK_DRAFTERS, HIDDEN_STATE_DRAFTERS, Values, rule
 
 ALL_BUT_TENSORFOLD = tuple(s for s in ALL_STACKS if s != "tensorfold")
 
@@ -68,7 +68,7 @@ def _num_target_layers(p: Pair, stack: str) -> Iterable[Values]:
     "base.num_target_layers_strict",
     "error",
     ("tensorfold",),
-    ("dflash", "dflash2"),
+    BLOCK_DRAFTERS,
     title="TensorFold requires num_target_layers, when present, to equal the target's layer count exactly.",
     message="TensorFold requires num_target_layers to equal the target's num_hidden_layers: {draft} says {declared}, {target} has {layers} (\"drafter num_target_layers must match the target's num_hidden_layers\").",
     example={"declared": 41, "layers": 40},
@@ -77,44 +77,3 @@ def _num_target_layers_strict(p: Pair, stack: str) -> Iterable[Values]:
     d, layers = p.draft.drafter, p.target.shapes.num_layers
     if d and d.num_target_layers and d.num_target_layers != layers:
         yield {"declared": d.num_target_layers, "layers": layers}
-
-
-@rule(
-    "mtp.present",
-    "error",
-    ALL_STACKS,
-    ("mtp",),
-    title="A target used as its own MTP drafter declares MTP layers and still ships their weights.",
-    message="{target} {problem}, so it has no MTP head to draft with; {what}.",
-    example={
-        "problem": "declares 1 MTP layer in its config but ships no mtp.* tensors",
-        "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)",
-    },
-)
-def _mtp(p: Pair, stack: str) -> Iterable[Values]:
-    mtp = p.target.mtp
-    if mtp is None:
-        yield {
-            "problem": "declares no MTP layers (mtp_num_hidden_layers / num_nextn_predict_layers)",
-            "what": "pair it with a separate drafter",
-        }
-    elif mtp.tensors == 0:
-        yield {
-            "problem": f"declares {mtp.layers} MTP layer(s) in its config but ships no MTP tensors",
-            "what": "use a checkpoint that keeps the MTP weights (quantizers and converters often drop them)",
-        }
-
-
-@rule(
-    "draft_model.size",
-    "warn",
-    ALL_STACKS,
-    ("draft_model",),
-    title="A plain draft model is much smaller than its target.",
-    message="{draft} is {share:.0%} of {target}'s weight bytes: drafting with it costs nearly as much as the target step it saves.",
-    example={"share": 0.6},
-)
-def _draft_size(p: Pair, stack: str) -> Iterable[Values]:
-    target, draft = p.target.total_bytes, p.draft.total_bytes
-    if target and draft >= 0.5 * target:
-        yield {"share": draft / target}

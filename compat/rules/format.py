@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint.families import FAMILIES
+from specpair.checkpoint.families import FAMILIES, HEAD_GROUPS
 from specpair.compat.fixes import WEIGHT_GROUPS, convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, SEPARATE_DRAFTERS, Values, rule
 from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
 from specpair.formats.layouts import layout_of
 
 # Tensor groups that are not weights a stack computes with (vision towers load through their own path).
 SKIPPED_GROUPS = ("vision",)
-# TensorFold's Qwen3.6-MoE CUDA engine reads MLX affine weights only as 4-bit g64 (8-bit routers).
-TENSORFOLD_MOE_AFFINE = ("affine4-g64", "affine8-g64")
 
 
 def _layouts(p: Pair, which: str) -> set[str]:
     checkpoint = p.target if which == "target" else p.draft
-    skipped = SKIPPED_GROUPS + (() if which == "target" and p.kind == "mtp" else ("mtp",))
+    # a head inside the target is loaded only as the pair's drafter
+    heads = tuple(g for g in HEAD_GROUPS if which != "target" or g != p.kind_row.head_group)
+    skipped = SKIPPED_GROUPS + heads
     return {g.layout for g in checkpoint.groups if g.group not in skipped}
 
 
@@ -31,7 +31,7 @@ def _target_fix(p: Pair, stack: str) -> str | None:
     return convert_command(p.target, stack, "target")
 
 
-def _draft_fix(p: Pair, stack: str) -> str | None:
+def draft_fix(p: Pair, stack: str) -> str | None:
     return convert_command(p.draft, stack, "draft", p.target.ref)
 
 
@@ -48,7 +48,7 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         }
         return
     # A plain draft model loads like any model; dedicated drafters often only unquantized.
-    accepted = s.target_layouts if which == "target" or p.kind == "draft_model" else s.draft_layouts
+    accepted = s.target_layouts if which == "target" or p.kind_row.plain else s.draft_layouts
     floats = {layout for layout in accepted if layout in FLOAT_LAYOUTS}
     refused = {layout for layout in s.unloadable(layouts - FLOAT_LAYOUTS, accepted)}
     if floats:
@@ -58,10 +58,9 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         weights = {g.layout for g in checkpoint.groups if g.group in WEIGHT_GROUPS}
         refused |= weights & FLOAT_LAYOUTS if weights and weights <= FLOAT_LAYOUTS else set()
     family = FAMILIES.get(p.target.family or "")
-    if stack == "tensorfold" and which == "target" and family and family.experts:
-        refused |= {
-            layout for layout in layouts if layout_of(layout).kind == "affine" and layout not in TENSORFOLD_MOE_AFFINE
-        }
+    if which == "target" and family and family.experts:
+        for kind, labels in s.moe_layouts.items():
+            refused |= {layout for layout in layouts if layout_of(layout).kind == kind and layout not in labels}
     if refused:
         yield {
             "which": which,
@@ -93,20 +92,20 @@ def _target_format(p: Pair, stack: str) -> Iterable[Values]:
     title="The stack loads the drafter's file format and weight layouts (many stacks take only unquantized drafters).",
     message="{stack} loads {which}s as {wanted}; {name} is {have}.",
     example={"which": "draft", "name": "z-lab/Qwen3.6-35B-A3B-DFlash", "wanted": "gguf", "have": "safetensors (bf16)"},
-    fix=_draft_fix,
+    fix=draft_fix,
 )
 def _draft_format(p: Pair, stack: str) -> Iterable[Values]:
     yield from _unloadable(p, stack, "draft")
 
 
 @rule(
-    "family.supported",
+    "format.family",
     "error",
     ALL_STACKS,
     ALL_KINDS,
     title="The stack has a model family for the target's model_type.",
     message="{stack} has no family for model_type {model_type!r} ({target}); it serves {known}.",
-    example={"model_type": "qwen3_moe", "known": "qwen3_5, qwen3_5_moe"},
+    example={"model_type": "gemma3", "known": "qwen3_5, qwen3_5_moe"},
 )
 def _family(p: Pair, stack: str) -> Iterable[Values]:
     families = STACKS[stack].families
@@ -115,7 +114,7 @@ def _family(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "draft.quant_inherit",
+    "format.quant_inherit",
     "warn",
     ("sglang", "vllm"),
     SEPARATE_DRAFTERS,
@@ -141,19 +140,3 @@ def _quant_inherit(p: Pair, stack: str) -> Iterable[Values]:
             "quantization_config loads as BF16 in 0.33, but check acceptance after upgrades."
         )
     yield {"method": method, "detail": detail}
-
-
-@rule(
-    "tensorfold.single_file",
-    "error",
-    ("tensorfold",),
-    DFLASH,
-    title="TensorFold's drafter loader opens exactly one model.safetensors.",
-    message="TensorFold opens exactly model.safetensors for a drafter, but {draft} stores its weights in {files}.",
-    example={"files": "model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"},
-    fix=_draft_fix,
-)
-def _single_file(p: Pair, stack: str) -> Iterable[Values]:
-    shards = [f.path for f in p.draft.files if f.path.endswith(".safetensors")]
-    if p.draft.format == "safetensors" and shards and shards != ["model.safetensors"]:
-        yield {"files": ", ".join(shards)}

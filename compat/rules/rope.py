@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint.families import TAPS
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, DFLASH, SEPARATE_DRAFTERS, Values, rule
+from specpair.compat.rules.table import (
+    ALL_KINDS,
+    ALL_STACKS,
+    BLOCK_DRAFTERS,
+    CHAIN_DRAFTERS,
+    SEPARATE_DRAFTERS,
+    Values,
+    rule,
+)
 
 
 @rule(
@@ -48,7 +57,7 @@ def _target_context(p: Pair, stack: str) -> Iterable[Values]:
     "rope.scaling",
     "warn",
     ALL_STACKS,
-    ("eagle3", "mtp", "draft_model"),
+    CHAIN_DRAFTERS,
     title="A drafter that shares the target's positions uses the same RoPE scaling (YaRN).",
     message="{target} uses {target_rope} RoPE but {draft} uses {draft_rope}: {consequence}",
     example={
@@ -59,7 +68,7 @@ def _target_context(p: Pair, stack: str) -> Iterable[Values]:
 )
 def _scaling(p: Pair, stack: str) -> Iterable[Values]:
     target_type = p.target.rope.rope_type or "default"
-    if p.kind == "mtp":
+    if not p.separate:
         if stack == "vllm" and p.target.rope.scaling:
             yield {
                 "target_rope": target_type,
@@ -69,7 +78,7 @@ def _scaling(p: Pair, stack: str) -> Iterable[Values]:
         return
     draft_type = p.draft.rope.rope_type or "default"
     if draft_type != target_type or (
-        p.kind == "eagle3" and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta
+        TAPS in p.kind_row.reads and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta
     ):
         yield {
             "target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,
@@ -82,7 +91,7 @@ def _scaling(p: Pair, stack: str) -> Iterable[Values]:
     "rope.schema",
     "error",
     ("tensorfold",),
-    DFLASH,
+    BLOCK_DRAFTERS,
     title="TensorFold's DFlash loader reads rope_parameters.rope_theta (the transformers-5 schema).",
     message="TensorFold reads rope_parameters.rope_theta, but {draft} gives RoPE as {schema} (its loader raises KeyError); move it to rope_parameters.rope_theta = {theta} (rope_type 'default').",
     example={"schema": "a top-level rope_theta", "theta": "1e+07"},

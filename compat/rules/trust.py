@@ -1,0 +1,99 @@
+"""What to trust in a checkpoint's files: custom code, pickles, interrupted downloads, catalog facts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specpair.checkpoint import Checkpoint
+from specpair.compat.pair import Pair
+from specpair.compat.rules.table import (
+    ALL_KINDS,
+    ALL_STACKS,
+    Values,
+    rule,
+)
+
+
+def _notes(p: Pair, prefix: str) -> Iterable[tuple[Checkpoint, str]]:
+    """(checkpoint, note) for the reading notes that start with `prefix` (notes come from checkpoint/hf.py)."""
+    for checkpoint in p.checkpoints:
+        for note in checkpoint.notes:
+            if note.startswith(prefix):
+                yield checkpoint, note
+
+
+@rule(
+    "trust.remote_code",
+    "info",
+    ALL_STACKS,
+    ALL_KINDS,
+    title="Custom code named by auto_map is reported, never run.",
+    message="{name}: {note}; no serving stack needs it to load safetensors or GGUF weights.",
+    example={
+        "name": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "note": "auto_map names custom code (AutoModel=dflash.DFlashDraftModel): reported, never run",
+    },
+)
+def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint, note in _notes(p, "auto_map"):
+        yield {"name": checkpoint.ref, "note": note}
+
+
+@rule(
+    "trust.pickle",
+    "warn",
+    ALL_STACKS,
+    ALL_KINDS,
+    title="Pickle files (.bin, .pt, .pth) are reported, never loaded.",
+    message="{name}: {note}; a pickle can run code when loaded — {consequence}.",
+    example={
+        "name": "org/drafter",
+        "note": "pickle file mask_embedding.pt: reported, never loaded",
+        "consequence": "SGLang and vLLM load mask_embedding.pt with torch.load; only serve it from a source you trust",
+    },
+)
+def _pickle(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint, note in _notes(p, "pickle file"):
+        loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
+        consequence = (
+            f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
+            if loads
+            else f"{stack} does not need it when safetensors weights are present"
+        )
+        yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
+
+
+@rule(
+    "trust.incomplete",
+    "warn",
+    ALL_STACKS,
+    ALL_KINDS,
+    title="No interrupted-download leftovers (*.incomplete) sit in a checkpoint directory.",
+    message="{name}: {note}; the download did not finish (hf download can exit 0 with incomplete blobs, hf_hub#4223): fetch it again and verify its hashes before serving.",
+    example={
+        "name": "./Qwen3.6-35B-A3B",
+        "note": "incomplete download model-00003-of-00014.safetensors.incomplete: a transfer was interrupted here",
+    },
+)
+def _incomplete(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint, note in _notes(p, "incomplete download"):
+        yield {"name": checkpoint.ref, "note": note}
+
+
+@rule(
+    "trust.catalog",
+    "info",
+    ALL_STACKS,
+    ALL_KINDS,
+    title="Facts that come from the built-in catalog, and how sure they are.",
+    message="{name}: metadata from the built-in catalog ({provenance}; `specpair catalog --json` has the details); verify against the real files before a big download.",
+    example={
+        "name": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "provenance": "reconstructed from secondary sources (SGLang test tables, model card)",
+    },
+)
+def _catalog(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint in p.checkpoints:
+        if checkpoint.source == "catalog":
+            first_sentence = (checkpoint.provenance or "provenance not recorded").split(". ")[0].rstrip(".")
+            yield {"name": checkpoint.ref, "provenance": first_sentence}
