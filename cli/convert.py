@@ -91,6 +91,8 @@ def convert(
         raise BadInput(destination, f"--to {to} writes one GGUF file: name it *.gguf")
     if goal.file_format == "safetensors" and destination.endswith(".gguf"):
         raise BadInput(destination, f"--to {to} writes a safetensors directory, not a .gguf file")
+    if not dry_run:
+        conv.check_destination(destination)
     rules = [parse_keep(rule, conv.parse_layout) for rule in keep or []]
     src = conv.open_source(source, gguf_file)
     donor = conv.open_source(target) if target else None
@@ -288,6 +290,8 @@ def _print_plan(plan) -> None:
     print_table(out, table)
     for note in plan.notes:
         print_prose(out, f"note: {note}")
+    for fallback in plan.fallbacks:
+        print_prose(out, f"warning: {fallback}")
 
 
 def _print_report(plan, report, verbose: bool) -> None:
@@ -337,6 +341,8 @@ def _print_report(plan, report, verbose: bool) -> None:
         f"({rate:.2f} GB/s); overall relative error {report.rel_error:.5f} over the "
         f"{len(report.lossy):,} lossy tensors",
     )
+    for fallback in report.fallbacks:
+        print_prose(out, f"warning: {fallback}")
     for note in plan.notes:
         print_prose(out, f"note: {note}")
 
