@@ -18,12 +18,17 @@ Examples:
 @app.command(epilog=EXAMPLES)
 def catalog(json_output: JsonOpt = False) -> None:
     """List the built-in catalog: what `check` and `inspect` can answer with no network."""
-    from specpair.sources.catalog import SCHEMA, entries, is_reconstructed
+    from specpair.sources.catalog import SCHEMA, entries, is_pinned, is_reconstructed, revision_label
 
     found = entries()
     if json_output:
         print_json(
-            {"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]}
+            {
+                "schema": SCHEMA,
+                "entries": [
+                    {**c.to_json(), "reconstructed": is_reconstructed(c), "pinned": is_pinned(c)} for c in found
+                ],
+            }
         )
         return
     from rich.table import Table
@@ -36,7 +41,7 @@ def catalog(json_output: JsonOpt = False) -> None:
         files = ", ".join(f.path for f in c.files if f.path.endswith(".gguf"))
         table.add_row(
             c.ref,
-            c.revision or "-",
+            revision_label(c),
             c.role,
             kind or "-",
             files or c.format,
@@ -49,7 +54,9 @@ def catalog(json_output: JsonOpt = False) -> None:
     print_prose(
         out,
         "data: reconstructed = rebuilt from published facts (model cards, tables, test fixtures), config "
-        "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance.",
+        "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance. "
+        f"revision: {sum(map(is_pinned, found))} of {len(found)} entries are pinned to a full commit; an "
+        "abbreviated commit or none (unpinned) describes whatever the repo held when its facts were published.",
     )
 
 
