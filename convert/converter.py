@@ -304,11 +304,11 @@ def plan(
         source = dataclasses.replace(
             open_source(source.header.path, target_vocab=_embedding_rows(donor)), ref=source.ref
         )
+    maps, notes, config, arch, fields = _name_maps(source, target, donor)
     # the config goes out beside the tensors (config.json, or a GGUF's keys): it must describe them
     problem = consistency.contradiction(source.config, {name: m.shape for name, m in source.maps.items()})
     if problem is not None:
         raise BadInput(_metadata_file(source), f"{problem}; a checkpoint written so would not load")
-    maps, notes, config, arch, fields = _name_maps(source, target, donor)
     float_layout = _float_layout(source, target)
     gated = source.config.attn_output_gate and FAMILIES[source.config.family].gated_attention
     # the embedding is the head too where the config says so and no separate head is written

@@ -483,7 +483,7 @@ def test_a_config_that_contradicts_its_tensors_is_refused(tmp_path):
     config = json.loads((moe / "config.json").read_text("utf-8"))
     (moe / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}), "utf-8")
     with pytest.raises(BadInput, match=r"moe_intermediate_size 48 contradicts the tensors: layers\.0\.mlp\.experts"):
-        conv.plan(conv.open_source(str(moe)), conv.parse_target("gguf:Q8_0"))
+        conv.plan(conv.open_source(str(moe)), conv.parse_target("nvfp4"))
 
 
 def test_check_fixes_are_convert_commands_that_run(targets, tmp_path):
