@@ -28,9 +28,11 @@ def plan_conversion(
     keep: list[str] | None = None,
     target: str | None = None,
     gguf_file: str | None = None,
+    writing: bool = True,
 ) -> Plan:
     """What converting `source` into `destination` in layout `to` writes: every output tensor, its layout and why.
-    `keep`: GLOB=LAYOUT overrides; `target`: the model a drafter belongs to (its tokenizer goes into a GGUF)."""
+    `keep`: GLOB=LAYOUT overrides; `target`: the model a drafter belongs to (its tokenizer goes into a GGUF);
+    `writing`: the plan is to be run, so an existing destination is refused before the source is read."""
     from specpair.convert import converter as conv
     from specpair.convert.policy import parse_keep
 
@@ -39,6 +41,8 @@ def plan_conversion(
         raise BadInput(destination, f"--to {to} writes one GGUF file: name it *.gguf")
     if goal.file_format == "safetensors" and destination.endswith(".gguf"):
         raise BadInput(destination, f"--to {to} writes a safetensors directory, not a .gguf file")
+    if writing:
+        conv.check_destination(destination)
     rules = [parse_keep(rule, conv.parse_layout) for rule in keep or []]
     src = conv.open_source(source, gguf_file)
     donor = conv.open_source(target) if target else None

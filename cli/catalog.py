@@ -19,11 +19,14 @@ Output: a table of the entries; --json: one document (schema specpair.catalog/1)
 
 def catalog(json_output: JsonOpt = False) -> None:
     """List the built-in catalog: what `check` and `inspect` can answer with no network."""
-    from specpair.sources.catalog import SCHEMA, entries, is_reconstructed
+    from specpair.sources.catalog import SCHEMA, entries, is_pinned, is_reconstructed
 
     found = entries()
     Output(json_output).result(
-        lambda: {"schema": SCHEMA, "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c)} for c in found]},
+        lambda: {
+            "schema": SCHEMA,
+            "entries": [{**c.to_json(), "reconstructed": is_reconstructed(c), "pinned": is_pinned(c)} for c in found],
+        },
         lambda: print_human(found),
     )
 
@@ -31,7 +34,7 @@ def catalog(json_output: JsonOpt = False) -> None:
 def print_human(found: list[Checkpoint]) -> None:
     from rich.table import Table
 
-    from specpair.sources.catalog import is_reconstructed
+    from specpair.sources.catalog import is_pinned, is_reconstructed, revision_label
 
     table = Table("repo", "revision", "role", "kind", "format", "layouts", "GB", "data")
     for column in (table.columns[0], table.columns[1], table.columns[4]):
@@ -41,7 +44,7 @@ def print_human(found: list[Checkpoint]) -> None:
         files = ", ".join(f.path for f in c.files if f.path.endswith(".gguf"))
         table.add_row(
             c.ref,
-            c.revision or "-",
+            revision_label(c),
             c.role,
             kind or "-",
             files or c.format,
@@ -54,7 +57,9 @@ def print_human(found: list[Checkpoint]) -> None:
     print_prose(
         out,
         "data: reconstructed = rebuilt from published facts (model cards, tables, test fixtures), config "
-        "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance.",
+        "copy = parsed from a copy of the repo's config; `specpair catalog --json` has each entry's provenance. "
+        f"revision: {sum(map(is_pinned, found))} of {len(found)} entries are pinned to a full commit; an "
+        "abbreviated commit or none (unpinned) describes whatever the repo held when its facts were published.",
     )
 
 

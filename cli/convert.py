@@ -82,7 +82,7 @@ def convert(
     from specpair.app.convert import plan_conversion, run_conversion
 
     shard_bytes = parse_size(max_shard_size)
-    plan = plan_conversion(source, destination, to, keep=keep, target=target, gguf_file=gguf_file)
+    plan = plan_conversion(source, destination, to, keep=keep, target=target, gguf_file=gguf_file, writing=not dry_run)
     out = Output(json_output, quiet, prefix="convert: ")
     if dry_run:
         out.result(lambda: {"schema": "specpair.convert.plan/1", **plan.to_json()}, lambda: print_plan(plan))
@@ -108,6 +108,8 @@ def print_plan(plan) -> None:
     print_table(out, table)
     for note in plan.notes:
         print_prose(out, f"note: {note}")
+    for fallback in plan.fallbacks:
+        print_prose(out, f"warning: {fallback}")
 
 
 def print_report(plan, report, verbose: bool) -> None:
@@ -157,6 +159,8 @@ def print_report(plan, report, verbose: bool) -> None:
         f"({rate:.2f} GB/s); overall relative error {report.rel_error:.5f} over the "
         f"{len(report.lossy):,} lossy tensors",
     )
+    for fallback in report.fallbacks:
+        print_prose(out, f"warning: {fallback}")
     for note in plan.notes:
         print_prose(out, f"note: {note}")
 

@@ -56,8 +56,19 @@ class Stack:
 
 
 def _model_arg(checkpoint_ref: str, revision: str | None) -> tuple[str, str | None]:
-    path, _, rev = checkpoint_ref.partition("@")
-    return path, rev or revision
+    """(repo, revision) as a launch line names them: the revision is a full 40-hex commit (the one the reference
+    names, else the one it was resolved to or the catalog records) or none, since a branch, tag or abbreviated
+    commit is not a pin."""
+    path, _, asked = checkpoint_ref.partition("@")
+    return path, next((r for r in (asked, revision) if r and COMMIT.match(r.lower())), None)
+
+
+def _ref_arg(c: Checkpoint) -> str:
+    """A checkpoint as a specpair command names it: a local path as typed, a Hub repo @ a full commit or bare."""
+    if c.source == "local":
+        return c.ref
+    path, commit = _model_arg(c.ref, c.revision)
+    return f"{path}@{commit}" if commit else path
 
 
 def _sglang(p: Pair) -> str:
@@ -149,11 +160,12 @@ def _exllamav3(p: Pair) -> str:
     steps, paths = [], []
     remote = [c for c in checkpoints if c.source != "local"]
     if remote:
-        pinned = all(COMMIT.match(c.ref.partition("@")[2].lower()) for c in remote)
+        refs = [_ref_arg(c) for c in remote]
+        pinned = all("@" in ref for ref in refs)
         command = [
             "specpair",
             "download",
-            *(c.ref for c in remote),
+            *refs,
             "--local-dir",
             EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}",
         ]
@@ -206,8 +218,8 @@ def _tensorfold(p: Pair) -> str:
 
 
 def _specpair(p: Pair) -> str:
-    args = ["specpair", "run", p.target.ref]
-    args += [p.draft.ref] if p.separate else ["--mtp"]
+    args = ["specpair", "run", _ref_arg(p.target)]
+    args += [_ref_arg(p.draft)] if p.separate else ["--mtp"]
     args += ["--block-size", str(p.block_size)]
     return shlex.join(args)
 

@@ -32,9 +32,10 @@ from typing import Any
 import orjson
 import torch
 
-from specpair.checkpoint import gguf_arch
+from specpair.checkpoint import consistency, gguf_arch
 from specpair.checkpoint.families import FAMILIES
 from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields, hf_tokenizer_files
+from specpair.checkpoint.groups import group_of
 from specpair.convert import policy, quant_configs
 from specpair.errors import BadInput, Incomplete, Interrupted
 from specpair.formats import gguf
@@ -186,6 +187,7 @@ class Output:
     stored: dict[str, tuple[str, tuple[int, ...]]]  # part key -> (dtype, shape), in write order
     reason: str
     method: str | None = None
+    fell_back_from: str | None = None  # the layout it was to get, had its rows split into that layout's blocks
 
     @property
     def nbytes(self) -> int:
@@ -210,6 +212,23 @@ class Plan:
     @property
     def nbytes(self) -> int:
         return sum(o.nbytes for o in self.outputs)
+
+    @property
+    def fallbacks(self) -> list[Fallback]:
+        """The weight matrices whose rows do not split into the blocks of the layout they were to get, counted
+        by that layout and the one they got instead."""
+        matrices = sum(len(o.map.shape) >= 2 for o in self.outputs)
+        rows: dict[tuple[str, str], set[int]] = {}
+        counts: dict[tuple[str, str], int] = {}
+        for o in self.outputs:
+            if o.fell_back_from is not None:
+                key = (o.fell_back_from, o.layout)
+                counts[key] = counts.get(key, 0) + 1
+                rows.setdefault(key, set()).add(o.map.shape[-1])
+        return [
+            Fallback(wanted, layout, count, matrices, policy.block_of(wanted), tuple(sorted(rows[wanted, layout])))
+            for (wanted, layout), count in sorted(counts.items(), key=lambda item: -item[1])
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,7 +258,39 @@ class Plan:
                 }
                 for o in self.outputs
             ],
+            "fallbacks": [f.to_json() for f in self.fallbacks],
             "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Weight matrices that got another layout than the one asked for: their rows (last axis) do not split into
+    that layout's blocks (SmolLM2's rows of 576 into Q4_K's 256)."""
+
+    wanted: str
+    layout: str  # what they got instead (llama.cpp's own fallback for GGUF targets, else float)
+    tensors: int
+    matrices: int  # weight matrices in the plan
+    block: int  # values per block of `wanted`
+    row_lengths: tuple[int, ...]
+
+    def __str__(self) -> str:
+        rows = ", ".join(map(str, self.row_lengths))
+        return (
+            f"{self.tensors:,} of {self.matrices:,} weight matrices fell back from {self.wanted} to {self.layout}: "
+            f"rows of {rows} are not a multiple of {self.block}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "from": self.wanted,
+            "to": self.layout,
+            "tensors": self.tensors,
+            "matrices": self.matrices,
+            "block": self.block,
+            "row_lengths": list(self.row_lengths),
+            "message": str(self),
         }
 
 
@@ -254,16 +305,22 @@ def plan(
             open_source(source.header.path, target_vocab=_embedding_rows(donor)), ref=source.ref
         )
     maps, notes, config, arch, fields = _name_maps(source, target, donor)
+    # the config goes out beside the tensors (config.json, or a GGUF's keys): it must describe them
+    problem = consistency.contradiction(source.config, {name: m.shape for name, m in source.maps.items()})
+    if problem is not None:
+        raise BadInput(_metadata_file(source), f"{problem}; a checkpoint written so would not load")
     float_layout = _float_layout(source, target)
     gated = source.config.attn_output_gate and FAMILIES[source.config.family].gated_attention
+    # the embedding is the head too where the config says so and no separate head is written
+    tied = source.config.tie_word_embeddings and not any(group_of(m.name) == "lm_head" for m in maps)
     outputs = []
     for m in maps:
         weights = [_weight(source, s) for s in m.sources]
         source_float = all(w.layout in FLOAT_LAYOUTS for w in weights)
         if any(w.layout == "int" for w in weights):
-            layout, reason = weights[0].layout, "integer tensor, copied"
+            choice = policy.Choice(weights[0].layout, "integer tensor, copied")
         else:
-            layout, reason = policy.choose(
+            choice = policy.choose(
                 m.name,
                 m.shape,
                 target.layout,
@@ -274,8 +331,10 @@ def plan(
                 _quantized(source) and source.file_format == "safetensors",
                 gated,
                 target.file_format == "gguf",
+                tied,
+                _as_bits(m, weights, target.layout),
             )
-        outputs.append(_output(m, layout, reason, weights, target))
+        outputs.append(_output(m, choice, weights, target))
     p = Plan(source, target, outputs, gguf_arch=arch, notes=notes)
     if target.file_format == "gguf":
         p.gguf_fields = _gguf_general(source, target) + fields + _gguf_tokenizer(source, donor, p)
@@ -291,16 +350,32 @@ def _weight(source: Source, name: str) -> Weight:
     return weight
 
 
-def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], target: Target) -> Output:
+NVFP4_LAYOUTS = ("nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf", "nvfp4-mlx")
+NVFP4_REPACKED = NVFP4_LAYOUTS[:3]  # the flavours NVFP4 bits are repacked into
+
+
+def _as_bits(m: TensorMap, weights: list[Weight], layout: str) -> bool:
+    """Whether `layout` takes the one source weight's quantized bits as stored: the same layout, or NVFP4 from
+    flavour to flavour."""
+    if m.steps or len(weights) != 1 or weights[0].layout in FLOAT_LAYOUTS:
+        return False
+    stored = weights[0].layout
+    return stored == layout or stored in NVFP4_LAYOUTS and layout in NVFP4_REPACKED
+
+
+def _output(m: TensorMap, choice: policy.Choice, weights: list[Weight], target: Target) -> Output:
+    layout, reason, fell_back_from = choice.layout, choice.reason, choice.fell_back_from
     layouts = {w.layout for w in weights}
     method = target.method if layout == target.layout else None
     if layouts == {layout}:
         if not m.steps and len(weights) == 1:
             stored = {k: (i.dtype, i.shape) for k, i in weights[0].parts.items()}
-            return Output(m, layout, "copy", _gguf_dtypes(stored, target, m), reason)
+            return Output(m, layout, "copy", _gguf_dtypes(stored, target, m), reason, None, fell_back_from)
         exact = m.kind == "rows" and codec(layout).rows_exact or m.kind == "shape" and layout in FLOAT_LAYOUTS
         if exact and all(len(w.parts) == 1 for w in weights):
-            return Output(m, layout, "rows", _gguf_dtypes(codec(layout).stored(m.shape), target, m), reason)
+            return Output(
+                m, layout, "rows", _gguf_dtypes(codec(layout).stored(m.shape), target, m), reason, None, fell_back_from
+            )
     if layout == "int":
         raise BadInput(m.name, f"integer tensor cannot be built by {', '.join(map(str, m.steps))}")
     target_codec = codec(layout, method)
@@ -308,22 +383,17 @@ def _output(m: TensorMap, layout: str, reason: str, weights: list[Weight], targe
         stored = dict(target_codec.stored(m.shape))
     except BadInput as e:  # the codec knows the layout, not the tensor
         raise BadInput(m.name, f"cannot be stored as {layout}: {e.problem} (--keep '{m.name}=bf16' keeps it)") from None
-    nvfp4_bits = layouts <= {"nvfp4-modelopt", "nvfp4-ct", "nvfp4-gguf", "nvfp4-mlx"} and layout in (
-        "nvfp4-modelopt",
-        "nvfp4-ct",
-        "nvfp4-gguf",
-    )
-    if nvfp4_bits and not m.steps and len(weights) == 1:
+    if _as_bits(m, weights, layout):
         from specpair.formats.nvfp4 import STORED
 
         input_scale = STORED[layout].get("input_scale")
         source_scale = STORED[weights[0].layout].get("input_scale")
         if input_scale and source_scale and source_scale[0] in weights[0].parts:
             stored[input_scale[0]] = ("F32", (1,) if layout in ("nvfp4-ct", "nvfp4-gguf") else ())
-        return Output(m, layout, "repack", _gguf_dtypes(stored, target, m), reason)
+        return Output(m, layout, "repack", _gguf_dtypes(stored, target, m), reason, None, fell_back_from)
     for w in weights:
         _check_parts(w)
-    return Output(m, layout, "float", _gguf_dtypes(stored, target, m), reason, method)
+    return Output(m, layout, "float", _gguf_dtypes(stored, target, m), reason, method, fell_back_from)
 
 
 def _gguf_dtypes(
@@ -651,6 +721,7 @@ class Report:
     tensors: list[TensorReport]
     seconds: float
     source_bytes: int
+    fallbacks: list[Fallback] = field(default_factory=list)  # the plan's
 
     @property
     def nbytes(self) -> int:
@@ -701,6 +772,7 @@ class Report:
             "max_abs_error": max((t.max_abs_error for t in self.tensors), default=0.0),
             "lossy_tensors": len(self.lossy),
             "groups": self.groups(),
+            "fallbacks": [f.to_json() for f in self.fallbacks],
             "tensors": [
                 {
                     "name": t.name,
@@ -769,8 +841,7 @@ def _execute(
     shard_bytes: int | None,
     progress: Callable[[Output, int], None] | None,
 ) -> Report:
-    if os.path.lexists(destination):
-        raise BadInput(destination, "already exists; remove it or choose another destination")
+    check_destination(destination)
     partial = destination.rstrip("/") + PARTIAL_SUFFIX
     started = time.perf_counter()
     reports: list[TensorReport] = []
@@ -802,7 +873,13 @@ def _execute(
         _remove_quietly(partial)
         raise
     source_bytes = sum(i.nbytes for w in p.source.weights.values() for i in w.parts.values())
-    return Report(destination, reports, time.perf_counter() - started, source_bytes)
+    return Report(destination, reports, time.perf_counter() - started, source_bytes, p.fallbacks)
+
+
+def check_destination(destination: str) -> None:
+    """A conversion never writes over anything: refused before any work (and any word of progress)."""
+    if os.path.lexists(destination):
+        raise BadInput(destination, "already exists; remove it or choose another destination")
 
 
 def _open_writer(p: Plan, partial: str, shard_bytes: int | None):

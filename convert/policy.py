@@ -6,6 +6,9 @@ and per target what its consumers expect (embeddings and heads differ between Mo
 Qwen FP8, MLX, llama.cpp and ExLlamaV3). Qwen3.5/3.6 gated attention's q_proj (whose gate half is reported
 to degrade 2-6x in perplexity at 4 bits, Model-Optimizer#2091) gets at least 8 bits. Patterns match HF,
 MLX and GGUF names alike.
+
+Embeddings, heads and MTP heads follow the target's row whatever the source holds (a Q8_0 GGUF and its BF16
+copy give one plan); a tied embedding is also the head, and gets the more precise of the two layouts.
 """
 
 from __future__ import annotations
@@ -37,29 +40,37 @@ GATED_Q_PROJ = re.compile(r"self_attn\.q_proj\.weight$|\.attn_q\.weight$")
 
 @dataclass(frozen=True)
 class TargetPolicy:
-    embeddings: str | bool  # True: quantized like the rest; False: float; a layout: that layout
-    lm_head: bool | str  # whether the output head is quantized; a layout: in that layout
+    embeddings: str | bool  # True: at the target layout; False: float; a layout: that layout
+    lm_head: bool | str  # the output head, alike
     routers: str | None  # layout for routers, None = float
     eight_bit: str | None  # layout for tensors that need ≥ 8 bits; None = float
+    why: str  # whose choice for embeddings and heads this row follows
+    head_floor: bool = False  # lm_head's layout is the least it gets: a target of more bits keeps its own
 
 
 # by target family (Target.family)
 POLICIES: dict[str, TargetPolicy] = {
-    "fp8": TargetPolicy(embeddings=False, lm_head=False, routers=None, eight_bit=None),  # Qwen's FP8 repos
-    "nvfp4-modelopt": TargetPolicy(embeddings=False, lm_head=True, routers=None, eight_bit=None),  # nvidia/*-NVFP4
-    "nvfp4-ct": TargetPolicy(embeddings=False, lm_head=False, routers=None, eight_bit=None),  # llm-compressor ignores
-    "nvfp4-mlx": TargetPolicy(embeddings=False, lm_head=True, routers=None, eight_bit=None),
-    "affine": TargetPolicy(embeddings=True, lm_head=True, routers="affine8-g64", eight_bit="affine8-g64"),  # mlx-lm
-    "gguf": TargetPolicy(embeddings=True, lm_head=True, routers=None, eight_bit="gguf-Q8_0"),  # llama.cpp
+    "fp8": TargetPolicy(False, False, None, None, "as Qwen's FP8 exports"),
+    "nvfp4-modelopt": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports"),
+    "nvfp4-ct": TargetPolicy(False, False, None, None, "as llm-compressor's NVFP4 recipes ignore lm_head"),
+    "nvfp4-mlx": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports, which mlx-lm converts as they are"),
+    "affine": TargetPolicy(True, True, "affine8-g64", "affine8-g64", "as mlx-lm quantizes them"),
+    # llama.cpp's llama-quantize: token_embd at the type; output.weight, and a tied token_embd, at Q6_K (Q8_0
+    # where the type is Q8_0 or rows do not split into 256)
+    "gguf": TargetPolicy(True, "gguf-Q6_K", None, "gguf-Q8_0", "as llama.cpp's llama-quantize", head_floor=True),
     # llama.cpp applies NVFP4's tensor scale after matmuls only: an embedding lookup would miss it
-    "nvfp4-gguf": TargetPolicy(embeddings="gguf-Q8_0", lm_head=True, routers=None, eight_bit="gguf-Q8_0"),
+    "nvfp4-gguf": TargetPolicy(
+        "gguf-Q8_0", True, None, "gguf-Q8_0", "llama.cpp looks NVFP4 rows up without their tensor scale"
+    ),
     # ExLlamaV3: every linear at the average bits, the head at head_bits 6, embeddings and routers float
-    "exl3": TargetPolicy(embeddings=False, lm_head="exl3-6bpw", routers=None, eight_bit="exl3-8bpw"),
+    "exl3": TargetPolicy(False, "exl3-6bpw", None, "exl3-8bpw", "as ExLlamaV3 (head_bits 6)"),
 }
 
 # Row-length blocks each quantized layout needs (values per block along the last axis).
 BLOCKS = {"nvfp4-modelopt": 16, "nvfp4-ct": 16, "nvfp4-mlx": 16, "nvfp4-gguf": 64, "fp8-block": 1, "fp8-tensor": 1}
-GGUF_FALLBACK = ("gguf-Q8_0", "f16")  # llama.cpp's own fallback when rows do not fit a k-quant block
+# where rows do not fit a k-quant block: Q8_0, then F16 (llama-quantize takes Q8_0 for Q6_K and the head, but Q5_0
+# for Q4_K and Q5_1 for Q5_K, types convert does not write)
+GGUF_FALLBACK = ("gguf-Q8_0", "f16")
 
 
 @dataclass(frozen=True)
@@ -103,11 +114,15 @@ def choose(
     source_quantized: bool,
     gated_attention: bool,
     gguf_output: bool,
-) -> tuple[str, str]:
-    """(layout, reason) for one output tensor of a conversion to `target_layout`.
+    tied: bool = False,
+    as_bits: bool = False,
+) -> Choice:
+    """The layout of one output tensor of a conversion to `target_layout`, and why.
 
     `float_layout` is what kept tensors are written in; `source_float` says the tensor is float in the source,
-    `source_quantized` that the source checkpoint is quantized (so its float tensors were left float on purpose).
+    `source_quantized` that the source checkpoint is quantized (so its float tensors were left float on purpose);
+    `tied`: the model's embedding is also its head; `as_bits`: the source stores the tensor in bits the target
+    layout takes as they are (NVFP4 from flavour to flavour).
     """
     for rule in keep:
         if fnmatch.fnmatchcase(name, rule.pattern):
@@ -117,46 +132,74 @@ def choose(
                     f"--keep {rule.spec}: shape {list(shape)} does not fit {rule.layout} "
                     f"(rows must split into blocks of {block_of(rule.layout)})",
                 )
-            return rule.layout, f"--keep {rule.spec}"
+            return Choice(rule.layout, f"--keep {rule.spec}")
     kept = next((why for pattern, why in KEPT_FLOAT if pattern.search(name)), None)
     if gguf_output and (len(shape) < 2 or kept):  # as llama.cpp's converter writes them
-        return "f32", "GGUF keeps 1-D tensors, norms, routers and convolutions in F32"
+        return Choice("f32", "GGUF keeps 1-D tensors, norms, routers and convolutions in F32")
     if target_layout in ("bf16", "f16", "f32"):
-        return target_layout, "target"
+        return Choice(target_layout, "target")
     if len(shape) < 2:
-        return float_layout, "1-D"
+        return Choice(float_layout, "1-D")
     policy = POLICIES[family]
     if kept:
         if ROUTER.search(name) and policy.routers:
-            return policy.routers, "a router: 8 bits, as mlx-lm quantizes it"
-        return float_layout, f"kept: {kept}"
+            return Choice(policy.routers, "a router: 8 bits, as mlx-lm quantizes it")
+        return Choice(float_layout, f"kept: {kept}")
     group = group_of(name)
     if group == "vision":
-        return float_layout, "kept: vision tower"
-    if group == "mtp" and family not in ("gguf", "nvfp4-gguf", "affine") and source_float:
-        return float_layout, "kept: MTP head (left unquantized, as ModelOpt and Qwen FP8 exports do)"
-    # what the source already quantized stays quantized (a repack must not grow it back to float)
-    if group == "embedding" and policy.embeddings is not True and source_float:
-        if policy.embeddings:
-            return policy.embeddings, "embeddings: llama.cpp looks NVFP4 rows up without their tensor scale"
-        return float_layout, "kept: embeddings"
-    if group == "lm_head" and not policy.lm_head and source_float:
-        return float_layout, "kept: lm_head"
-    if group == "lm_head" and isinstance(policy.lm_head, str):
-        return policy.lm_head, "the head at ExLlamaV3's head_bits"
+        return Choice(float_layout, "kept: vision tower")
+    if group == "mtp" and family not in ("gguf", "nvfp4-gguf", "affine"):
+        return Choice(float_layout, "kept: MTP head (left unquantized, as ModelOpt and Qwen FP8 exports do)")
+    if group in ("embedding", "lm_head"):
+        roles = ("embedding", "lm_head") if tied and group == "embedding" else (group,)
+        layout, reason = max(
+            (_role_layout(policy, role, target_layout, float_layout) for role in roles), key=lambda c: _bits(c[0])
+        )
+        reason += " (tied: the embedding is the head too)" if len(roles) == 2 else ""
+        if as_bits and layout == float_layout:  # through float it would only be rounded and grow
+            return Choice(target_layout, f"moved as bits: quantized so in the source ({reason})")
+        return _fitted(Choice(layout, reason), shape, family, float_layout)
     if source_quantized and source_float:
-        return float_layout, "kept: unquantized in the source"
+        return Choice(float_layout, "kept: unquantized in the source")
     layout, reason = target_layout, "target"
     if gated_attention and GATED_Q_PROJ.search(name):
         if _bits(target_layout) < 8:
             layout = policy.eight_bit or float_layout
             reason = "gated attention q_proj: at least 8 bits (Model-Optimizer#2091)"
-    if not fits(layout, shape):
-        fallback = (
-            next((f for f in GGUF_FALLBACK if fits(f, shape)), "f16") if family.endswith("gguf") else float_layout
-        )
-        return fallback, f"rows of {shape[-1]} do not split into {layout} blocks of {block_of(layout)}"
-    return layout, reason
+    return _fitted(Choice(layout, reason), shape, family, float_layout)
+
+
+@dataclass(frozen=True)
+class Choice:
+    layout: str
+    reason: str
+    fell_back_from: str | None = None  # the layout it was to get, had its rows split into that layout's blocks
+
+
+def _role_layout(policy: TargetPolicy, role: str, target_layout: str, float_layout: str) -> tuple[str, str]:
+    """(layout, reason) of an embedding or a head under the target's row."""
+    setting = policy.embeddings if role == "embedding" else policy.lm_head
+    what = "embeddings" if role == "embedding" else "the head"
+    if setting is True:
+        return target_layout, "target"
+    if setting is False:
+        return float_layout, f"kept: {what}, {policy.why}"
+    if role == "lm_head" and policy.head_floor and _bits(target_layout) > _bits(setting):
+        return target_layout, f"{what} at the target's layout, {policy.why}"
+    return setting, f"{what} at {setting}, {policy.why}"
+
+
+def _fitted(choice: Choice, shape: tuple[int, ...], family: str, float_layout: str) -> Choice:
+    """The choice, or where its rows do not split into the layout's blocks, its fallback: Q8_0, else F16, for GGUF
+    targets; float for the others."""
+    if fits(choice.layout, shape):
+        return choice
+    fallback = next((f for f in GGUF_FALLBACK if fits(f, shape)), "f16") if family.endswith("gguf") else float_layout
+    return Choice(
+        fallback,
+        f"rows of {shape[-1]} do not split into {choice.layout} blocks of {block_of(choice.layout)}",
+        choice.layout,
+    )
 
 
 def _bits(layout: str) -> float:

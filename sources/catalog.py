@@ -18,6 +18,7 @@ SCHEMA = "specpair.catalog/1"
 MIN_REVISION_PREFIX = 7  # git's shortest default abbreviation
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HEX = re.compile(r"^[0-9a-f]+$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def file_name(repo: str) -> str:
@@ -64,6 +65,19 @@ def is_reconstructed(checkpoint: Checkpoint) -> bool:
     """Whether an entry was rebuilt from published facts rather than parsed from a copy of its config: the catalog
     builder starts every such provenance with this word."""
     return (checkpoint.provenance or "").startswith("Reconstructed")
+
+
+def is_pinned(checkpoint: Checkpoint) -> bool:
+    """Whether an entry describes one commit: a full 40-hex revision. An abbreviated commit (what published facts
+    often give) or none is not a pin: the Hub's files at it cannot be told from another commit's."""
+    return bool(checkpoint.revision and COMMIT.match(checkpoint.revision.lower()))
+
+
+def revision_label(checkpoint: Checkpoint) -> str:
+    """An entry's revision as the catalog lists it: the commit when pinned, else what is recorded, said unpinned."""
+    if is_pinned(checkpoint):
+        return checkpoint.revision
+    return f"{checkpoint.revision} (unpinned)" if checkpoint.revision else "unpinned"
 
 
 def same_revision(asked: str, recorded: str | None) -> bool:

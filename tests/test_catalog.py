@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import resources
@@ -453,10 +454,10 @@ def test_cli_catalog_says_which_entries_are_reconstructed() -> None:
     lines = run_cli("catalog").stdout.splitlines()
     listed = json.loads(run_cli("catalog", "--json").stdout)["entries"]
     for entry in listed:
-        row = next(line for line in lines if f" {entry['ref']} " in line and (entry["revision"] or "-") in line)
+        row = next(line for line in lines if f" {entry['ref']} " in line and (entry["revision"] or "unpinned") in line)
         expected = "reconstructed" if entry["reconstructed"] else "config copy"
         assert expected in row and entry["reconstructed"] == is_reconstructed(
-            Checkpoint.from_json({k: v for k, v in entry.items() if k != "reconstructed"})
+            Checkpoint.from_json({k: v for k, v in entry.items() if k not in ("reconstructed", "pinned")})
         ), entry["ref"]
     assert {e["ref"] for e in listed if not e["reconstructed"]} == {
         "Qwen/Qwen3-0.6B",
@@ -475,3 +476,50 @@ def test_cli_catalog_says_which_entries_are_reconstructed() -> None:
         "nvidia/Qwen3.6-27B-NVFP4",
         "nvidia/Qwen3.6-35B-A3B-NVFP4",
     }
+
+
+def test_cli_catalog_says_which_entries_are_pinned() -> None:
+    """Only a full 40-hex revision is a pin: the two entries that have one say so, the abbreviated and unrecorded
+    ones say they are unpinned, in the table, its legend and the JSON."""
+    listed = json.loads(run_cli("catalog", "--json").stdout)["entries"]
+    assert {(e["ref"], e["revision"]) for e in listed if e["pinned"]} == {
+        ("incoai/Qwen3.6-35B-A3B-DFlash2", "51ef7b6923ad6c14cb1bb41c37a9041446496ab6"),
+        ("unsloth/Qwen3.6-35B-A3B-GGUF", "a483e9e6cbd595906af30beda3187c2663a1118c"),
+    }
+    output = run_cli("catalog").stdout
+    rows = output.splitlines()
+    assert any(f" {DFLASH_35B} " in row and " c69b185 (unpinned) " in row for row in rows)
+    assert any(" nvidia/Qwen3.6-35B-A3B-NVFP4 " in row and " 1355db6 (unpinned) " in row for row in rows)
+    assert all(" unpinned " in row for row in rows if " Qwen/Qwen3-8B " in row)
+    assert f"2 of {len(listed)} entries are pinned to a full commit" in " ".join(output.split())
+
+
+REVISIONS_IN_LAUNCH = re.compile(
+    r'--(?:speculative-draft-model-)?revision (\S+)|"revision":"([^"]*)"|[\w.-]+/[\w.-]+@(\S+)'
+)
+
+
+def test_every_launch_line_of_every_catalog_pair_names_a_full_commit_or_none() -> None:
+    """Launch lines pass a revision only as a full 40-hex commit: the catalog's abbreviated ones (c69b185,
+    1355db6) are left out, its full ones kept; so for every stack, every catalog target with every catalog
+    checkpoint as its drafter (or its own MTP head), asked bare or at the catalog's revision."""
+    from specpair.compat.pair import Deployment
+    from specpair.compat.stacks import STACK_NAMES
+    from specpair.compat.verdict import judge
+
+    revisions, launches = [], 0
+    targets = [c for c in entries() if c.role != "drafter"]
+    for target in targets:
+        for draft in [None, *entries()]:
+            for asked in {None, draft.revision if draft else None}:
+                drafter = draft
+                if draft is not None and asked:
+                    drafter = lookup(draft.ref, asked, f"{draft.ref}@{asked}")
+                _, verdicts = judge(target, drafter, Deployment(), list(STACK_NAMES))
+                for verdict in verdicts.values():
+                    if verdict.launch:
+                        launches += 1
+                        revisions += [next(filter(None, m)) for m in REVISIONS_IN_LAUNCH.findall(verdict.launch)]
+    assert launches > 100 and revisions, "some launch lines name a revision"
+    assert "51ef7b6923ad6c14cb1bb41c37a9041446496ab6" in revisions  # incoai's, a full commit, is kept
+    assert all(re.fullmatch(r"[0-9a-f]{40}", r) for r in revisions), sorted(set(revisions))

@@ -462,7 +462,28 @@ def test_destination_is_never_overwritten(targets, tmp_path):
     (out / "keep.txt").write_text("mine")
     done = run("convert", str(targets["qwen3"]), str(out), "--to", "bf16")
     assert done.returncode == 2 and "already exists" in done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == "", done.stderr  # refused before any progress line
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_a_config_that_contradicts_its_tensors_is_refused(tmp_path):
+    """A config.json whose intermediate_size (or expert width) is not the MLP weights' is not copied beside them
+    (`run` would refuse the result): one line naming the file and the mismatch, exit 2, nothing written."""
+    source = build_target(tmp_path / "src", "qwen3", layers=2)
+    config = json.loads((source / "config.json").read_text("utf-8"))
+    (source / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}), "utf-8")
+    done = run("convert", str(source), str(tmp_path / "out"), "--to", "bf16")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert (
+        f"{source / 'config.json'}: intermediate_size 96 contradicts the tensors: "
+        "layers.0.mlp.gate_proj.weight is [128, 64]"
+    ) in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["src"]
+    moe = build_target(tmp_path / "moe", "qwen3_moe", layers=2)
+    config = json.loads((moe / "config.json").read_text("utf-8"))
+    (moe / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}), "utf-8")
+    with pytest.raises(BadInput, match=r"moe_intermediate_size 48 contradicts the tensors: layers\.0\.mlp\.experts"):
+        conv.plan(conv.open_source(str(moe)), conv.parse_target("nvfp4"))
 
 
 def test_check_fixes_are_convert_commands_that_run(targets, tmp_path):

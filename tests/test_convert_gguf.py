@@ -6,6 +6,9 @@ greedy answers in transformers and llama.cpp; drafters get upstream's `dflash` a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch
 from fixtures import build_dflash, build_gguf_dflash, build_target, save, smollm2_gguf, tiny_model, vocabulary
 from llama_cpp import Llama
 
+from specpair.checkpoint.groups import group_of
 from specpair.convert import converter as conv
 from specpair.formats.weights import read_parts
 from specpair.sources import open_checkpoint
@@ -73,6 +77,9 @@ def test_llama_cpp_runs_every_type_we_write(tmp_path, qtype):
         o.map.name: o.map.shape
         for o in conv.plan(conv.open_source(str(source)), conv.parse_target(f"gguf:{qtype}")).outputs
     }
+    # llama.cpp looks NVFP4's token_embd up without its scale; llama-quantize writes output.weight at Q6_K
+    # under the types of fewer bits
+    head = "gguf-Q6_K" if qtype in ("Q4_0", "Q4_K", "Q5_K") else layout
     fitting = {
         n
         for n, shape in shapes.items()
@@ -80,8 +87,10 @@ def test_llama_cpp_runs_every_type_we_write(tmp_path, qtype):
         and "norm" not in n
         and fits(layout, shape)
         and not (qtype == "NVFP4" and n == "token_embd.weight")
-    }  # llama.cpp looks it up without its scale
-    assert len(fitting) >= 22 and {t.name for t in report.tensors if t.layout == layout} == fitting
+        and not (head != layout and n == "output.weight")
+    }
+    assert len(fitting) + (head != layout) >= 22 and {t.name for t in report.tensors if t.layout == layout} == fitting
+    assert {t.layout for t in report.tensors if t.name == "output.weight"} == {head}
     decoded = tmp_path / "decoded"
     convert(gguf_path, decoded, "f32")
     meant, original, got = transformers_logits(decoded), transformers_logits(source), llama_cpp_logits(gguf_path)
@@ -181,3 +190,97 @@ def test_fork_dflash_draft_gguf_is_written_as_upstream_dflash(tmp_path):
     assert open_checkpoint(str(out)).drafter.taps.layers == open_checkpoint(str(fork)).drafter.taps.layers
     data = {t.name: t.nbytes for t in before.tensors}
     assert sum(data.values()) == sum(t.nbytes for t in after.tensors)
+
+
+def embeddings_and_heads(source: Path, to: str) -> dict[str, tuple[str, str]]:
+    plan = conv.plan(conv.open_source(str(source)), conv.parse_target(to))
+    return {o.map.name: (o.layout, o.reason) for o in plan.outputs if group_of(o.map.name) in ("embedding", "lm_head")}
+
+
+HEAD_POLICY_TARGETS = {  # --to: (untied embedding, head, tied embedding-and-head)
+    "nvfp4": ("bf16", "nvfp4-modelopt", "bf16"),
+    "nvfp4:ct": ("bf16", "bf16", "bf16"),
+    "nvfp4:mlx": ("bf16", "nvfp4-mlx", "bf16"),
+    "fp8": ("bf16", "bf16", "bf16"),
+    "fp8:tensor": ("bf16", "bf16", "bf16"),
+    "affine4": ("affine4-g64", "affine4-g64", "affine4-g64"),
+    "exl3:4": ("bf16", "exl3-6bpw", "bf16"),
+    "gguf:NVFP4": ("gguf-Q8_0", "nvfp4-gguf", "gguf-Q8_0"),
+    # llama-quantize: token_embd at the type, output.weight (and a tied token_embd) at Q6_K, Q8_0 under Q8_0
+    "gguf:Q4_0": ("gguf-Q4_0", "gguf-Q6_K", "gguf-Q6_K"),
+    "gguf:Q4_K": ("gguf-Q4_K", "gguf-Q6_K", "gguf-Q6_K"),
+    "gguf:Q6_K": ("gguf-Q6_K", "gguf-Q6_K", "gguf-Q6_K"),
+    "gguf:Q8_0": ("gguf-Q8_0", "gguf-Q8_0", "gguf-Q8_0"),
+}
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_embeddings_and_heads_get_one_policy_whatever_the_source(tmp_path, tied):
+    """A Q8_0 GGUF and the BF16 checkpoint it was made from give the same layout, for the same reason, to their
+    embedding and head under every target; a tied embedding is also the head and gets the more precise of the
+    two (llama.cpp's Q6_K head, the float embedding of the safetensors exports)."""
+    hf = build_target(tmp_path / "hf", "qwen3", layers=2, hidden=256, intermediate=512, tie_embeddings=tied)
+    q8 = tmp_path / "q8.gguf"
+    convert(hf, q8, "gguf:Q8_0")
+    for to, (embedding, head, both) in HEAD_POLICY_TARGETS.items():
+        from_gguf, from_hf = embeddings_and_heads(q8, to), embeddings_and_heads(hf, to)
+        assert from_gguf == from_hf, to
+        layouts = {name: layout for name, (layout, _) in from_hf.items()}
+        if tied:
+            assert list(layouts.values()) == [both], (to, layouts)
+        else:
+            assert sorted(layouts.values()) == sorted([embedding, head]) and len(layouts) == 2, (to, layouts)
+            (embedding_name,) = [n for n in layouts if group_of(n) == "embedding"]
+            assert layouts[embedding_name] == embedding, (to, layouts)
+
+
+def test_smollm2_gguf_keeps_its_tied_embedding_float_for_safetensors_targets():
+    """The issue's case: SmolLM2's Q4_1 GGUF (token_embd stored Q8_0, tied) to nvfp4 or fp8 keeps the embedding
+    float, as its BF16 copy does; to gguf:NVFP4 it stays Q8_0 (an NVFP4 lookup misses its tensor scale)."""
+    for to in ("nvfp4", "fp8"):
+        ((layout, reason),) = embeddings_and_heads(smollm2_gguf(), to).values()
+        assert layout == "bf16" and reason.startswith("kept: embeddings") and "tied" in reason, (to, reason)
+    ((layout, _),) = embeddings_and_heads(smollm2_gguf(), "gguf:NVFP4").values()
+    assert layout == "gguf-Q8_0"
+
+
+def test_fallbacks_are_counted_in_the_plan_and_the_report(tmp_path):
+    """gguf:Q4_K on SmolLM2: rows of 576 do not split into Q4_K's 256, so 180 of its 211 weight matrices fall back
+    to Q8_0 (and the tied embedding, Q6_K as a head, too); the plan, the report, their JSON and the human output
+    of the dry run and of the conversion say so with counts."""
+    plan = conv.plan(conv.open_source(str(smollm2_gguf())), conv.parse_target("gguf:Q4_K"))
+    assert [(f.wanted, f.layout, f.tensors, f.matrices, f.row_lengths) for f in plan.fallbacks] == [
+        ("gguf-Q4_K", "gguf-Q8_0", 180, 211, (576,)),
+        ("gguf-Q6_K", "gguf-Q8_0", 1, 211, (576,)),
+    ]
+    assert str(plan.fallbacks[0]) == (
+        "180 of 211 weight matrices fell back from gguf-Q4_K to gguf-Q8_0: rows of 576 are not a multiple of 256"
+    )
+    assert plan.to_json()["fallbacks"][0] == {
+        "from": "gguf-Q4_K",
+        "to": "gguf-Q8_0",
+        "tensors": 180,
+        "matrices": 211,
+        "block": 256,
+        "row_lengths": [576],
+        "message": str(plan.fallbacks[0]),
+    }
+    assert conv.plan(conv.open_source(str(smollm2_gguf())), conv.parse_target("gguf:Q8_0")).fallbacks == []
+    # 2 Qwen3 layers of hidden size 64: of 16 matrices, the 12 of rows 64 and token_embd fall back from Q4_K, the
+    # two down_proj (rows of 256) do not, and output.weight falls back from Q6_K; the human summary says so too
+    source = build_target(tmp_path / "hf", "qwen3", layers=2, hidden=64, intermediate=256)
+    warning = (
+        "warning: 13 of 16 weight matrices fell back from gguf-Q4_K to gguf-Q8_0: rows of 64 are not a multiple of 256"
+    )
+    for extra in (["--dry-run"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "specpair", "convert", str(source), str(tmp_path / "q4k.gguf"), "--to", "gguf:Q4_K"]
+            + extra,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 0 and warning in done.stdout.splitlines(), done.stdout + done.stderr
+    report = convert(source, tmp_path / "again.gguf", "gguf:Q4_K")
+    assert [str(f) for f in report.fallbacks][0] == warning.removeprefix("warning: ")
+    assert report.to_json()["fallbacks"] == [f.to_json() for f in report.fallbacks] and len(report.fallbacks) == 2

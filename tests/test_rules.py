@@ -466,6 +466,27 @@ def test_memory_fit_suggests_tensor_parallelism():
     assert "memory.fit" not in found and "tensor parallelism 2" in found["memory.plan"][0]
 
 
+def test_draft_size_warning_follows_the_figure():
+    """A draft model at 138%, 100% or 62% of its target's weight bytes is told so in those words, not one
+    sentence for all three."""
+
+    def message(draft_layers: int) -> str:
+        draft = qwen3_target(layers=draft_layers, ref="draft")
+        (found,) = findings(qwen3_target(), draft, "vllm")["draft_model.size"]
+        return found
+
+    assert message(14) == (
+        "draft is 138% of target's weight bytes: each drafted token costs more than the target step it is to "
+        "save, so drafting slows decoding."
+    )
+    assert message(LAYERS).endswith(
+        "100% of target's weight bytes: each drafted token costs about as much as the target step it is to save."
+    )
+    assert message(2).endswith(
+        "62% of target's weight bytes: each drafted token costs about 62% of a target step, so drafting gains little."
+    )
+
+
 def test_swapped_arguments_are_bad_input():
     from specpair.errors import BadInput
 

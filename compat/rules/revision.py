@@ -51,9 +51,9 @@ def pin_state(checkpoint: Checkpoint) -> tuple[str, str] | None:
     message="{name} {state}: {why}. Pin it as {pinned}.",
     example={
         "name": "z-lab/Qwen3.6-35B-A3B-DFlash@main",
-        "state": "names the branch or tag 'main', not a commit (it points to c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f now)",
+        "state": "names the branch or tag 'main', not a commit (it points to 0123456789abcdef0123456789abcdef01234567 now)",
         "why": WHY_PIN["drafter"],
-        "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@c69b185d1ae5f3e0fba2bd8c8fc3d30ab6b2ab2f",
+        "pinned": "z-lab/Qwen3.6-35B-A3B-DFlash@0123456789abcdef0123456789abcdef01234567",
     },
 )
 def _pinned(p: Pair, stack: str) -> Iterable[Values]:
