@@ -27,6 +27,7 @@ SamplingArgs = tuple[float, int, float, int]  # (temperature, top_k, top_p, seed
 class Generation:
     target: LoadedTarget
     device: torch.device
+    tensor_parallel: int  # ranks the target is split over
     prompt: str  # as given, before any chat template
     prompt_tokens: int
     chat: bool
@@ -49,6 +50,7 @@ class Generation:
             },
             "device": str(self.device),
             "dtype": self.target.dtype,
+            "tensor_parallel": self.tensor_parallel,
             "prompt": {
                 "sha256": hashlib.sha256(self.prompt.encode("utf-8")).hexdigest(),
                 "tokens": self.prompt_tokens,
@@ -115,7 +117,17 @@ def generate_text(
     if stream:
         stream.finish(text)
     return Generation(
-        loaded, where, prompt, len(ids), chat, sampling, text, generated.tokens, generated.stopped, timing
+        loaded,
+        where,
+        parallel.size,
+        prompt,
+        len(ids),
+        chat,
+        sampling,
+        text,
+        generated.tokens,
+        generated.stopped,
+        timing,
     )
 
 

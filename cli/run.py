@@ -210,7 +210,8 @@ def _generate(
         lambda: out.note(
             f"{len(done.tokens)} tokens in {timing.prefill_s + timing.decode_s:.2f} s: "
             f"{timing.tokens_per_s:.1f} tok/s (prompt {done.prompt_tokens} tokens in {timing.prefill_s:.2f} s) "
-            f"· {done.device} {done.target.dtype} · {done.target.model.config.family}"
+            f"· {done.device}{f' x{done.tensor_parallel}' if done.tensor_parallel > 1 else ''} {done.target.dtype} "
+            f"· {done.target.model.config.family}"
         ),
     )
 

@@ -27,6 +27,7 @@ result; a decode row is a few KB, where latency, not bytes, is the cost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -161,6 +162,9 @@ class Parallel:
 SINGLE = Parallel()
 
 
+RANK0_GRACE_S = 3.0
+
+
 def launch(command: Sequence[str], size: int) -> tuple[int, int | None, str | None]:
     """Run `command` as ranks 0..size-1 of one group on this machine (torchrun's environment: RANK, LOCAL_RANK,
     WORLD_SIZE, MASTER_ADDR/PORT; NVLink multicast off): rank 0 keeps this process's stdout and stderr, the others
@@ -197,6 +201,14 @@ def launch(command: Sequence[str], size: int) -> tuple[int, int | None, str | No
             codes = [r.poll() for r in ranks]
             failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
             if failed is not None:
+                if failed > 0 and ranks[0].poll() is None:
+                    # rank 0 reports an error every rank meets (a bad shape, a missing file) itself: a moment
+                    # for it to do so, so that the user reads one error, not one per rank
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        ranks[0].wait(timeout=RANK0_GRACE_S)
+                    if ranks[0].returncode not in (None, 0):
+                        failed = 0
+                        codes[0] = ranks[0].returncode
                 for r in ranks:
                     if r.poll() is None:
                         r.terminate()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from drafting import FAMILIES, tiny_target
+from fixtures import smollm2_gguf
 from safetensors.torch import load_file
 from test_speculative import SOLO, Workshop
 from tp_worker import step_logits
@@ -137,3 +140,34 @@ def test_a_failing_rank_ends_the_others_with_one_line(tmp_path):
     assert (code, rank, failure) == (3, 1, "rank 1 of 3 exited with 3: the shard is missing")
     assert time.monotonic() - start < 30  # the others were ended, not waited for
     assert launch([sys.executable, "-c", "import os; assert os.environ['WORLD_SIZE'] == '2'"], 2) == (0, None, None)
+
+
+def specpair_run(*args: str) -> subprocess.CompletedProcess:
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:  # the tree under test, where it is not the installed one
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run(
+        [sys.executable, "-m", "specpair", "run", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def test_run_tp2_on_smollm2_writes_the_single_process_text():
+    """SmolLM2's 9 heads in 3 KV groups split 6 + 3 over two ranks; the greedy text is the one-process text."""
+    model = str(smollm2_gguf())
+    args = [model, "--prompt", "The capital of France is", "--max-tokens", "12", "--device", "cpu", "--json"]
+    one, two = specpair_run(*args), specpair_run(*args, "--tp", "2")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    one_doc, two_doc = json.loads(one.stdout), json.loads(two.stdout)
+    assert (one_doc["tensor_parallel"], two_doc["tensor_parallel"]) == (1, 2)
+    assert two_doc["tokens"] == one_doc["tokens"] and len(one_doc["tokens"]) == 12
+
+
+def test_a_split_every_rank_refuses_is_one_error(tmp_path, splittable):
+    """At TP 3 the tiny target's vocabulary does not divide: every rank refuses it, and the user reads one error
+    (rank 0's), not one per rank."""
+    done = specpair_run(str(splittable["llama"]), "--prompt", "Hi", "--max-tokens", "2", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    done = specpair_run(str(splittable["llama"]), "--prompt", "Hi", "--max-tokens", "2", "--device", "cpu", "--tp", "3")
+    assert done.returncode == 2 and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "does not split over tensor parallelism 3" in errors[0], done.stderr
