@@ -52,7 +52,7 @@ def run_gate(
     draft_ref: str | None,
     *,
     mtp: bool,
-    demo: bool,
+    demo: str | None,
     prompt_text: str | None,
     max_tokens: int,
     sampling_given: tuple | None,
@@ -85,12 +85,12 @@ def run_gate(
     stages = _Notes(not quiet and not json_output)
     locked = {}
     if demo:
-        from specpair.convert.demo import demo_pair
+        from specpair.convert.demo import demo_pair, drafter
 
         if target_ref or draft_ref or mtp:
             raise BadInput("--demo", "runs the built-in SmolLM2 pair: give no TARGET, DRAFT or --mtp with it")
-        stages.begin("setting up the demo pair (SmolLM2-135M-Instruct, draft requantized to Q8_0)")
-        target_ref, draft_ref = demo_pair()
+        stages.begin(f"setting up the demo pair (SmolLM2-135M-Instruct, {drafter(demo).describe})")
+        target_ref, draft_ref = demo_pair(demo)
         chat = True
     elif target_ref is None:
         raise BadInput("TARGET", "give a target checkpoint (or --demo for the built-in pair)")

@@ -24,7 +24,8 @@ Examples:
   specpair run ./SmolLM2-135M-Instruct.Q4_1.gguf --prompt "The capital of France is" --max-tokens 16
   specpair run Qwen/Qwen3.6-35B-A3B --chat --prompt "Write a haiku about GPUs" --temperature 0.6 --seed 1
   specpair run ./Qwen3-8B-fp8 --prompt-file prompt.txt --device cuda --json
-  specpair run --demo                                         # SmolLM2-135M with its Q8_0 copy as draft: the gate
+  specpair run --demo                                         # SmolLM2-135M with its DFlash drafter: the gate
+  specpair run --demo draft-model                             # ... with its Q8_0 copy as draft model
   specpair run Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --block-size 8 --json
   specpair run Qwen/Qwen3.6-35B-A3B --mtp --temperature 0.7 --seed 1
 
@@ -80,7 +81,12 @@ def run(
     gguf_file: GgufFileOpt = None,
     mtp: Annotated[bool, typer.Option("--mtp", help="Draft with the target's own MTP head (runs the gate).")] = False,
     demo: Annotated[
-        bool, typer.Option("--demo", help="The built-in pair: SmolLM2-135M-Instruct and its Q8_0 copy as draft model.")
+        bool,
+        typer.Option(
+            "--demo",
+            help="The built-in pair: SmolLM2-135M-Instruct and the DFlash drafter trained for it (TARGET draft-model: "
+            "its Q8_0 copy as draft model).",
+        ),
     ] = False,
     block_size: Annotated[
         int | None,
@@ -269,6 +275,12 @@ def _gate(
 
     given = any(typed(name) for name in ("temperature", "top_k", "top_p", "seed"))
     text = _prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
+    if options["demo"]:
+        from specpair.convert.demo import DEFAULT, drafter
+
+        options["demo"], target = target or DEFAULT, None  # `--demo NAME`: NAME arrives as TARGET
+        if options["block_size"] is None and _on_cpu(options["device"]):
+            options["block_size"] = drafter(options["demo"]).cpu_block
     if not typed("max_tokens"):
         max_tokens = DEMO_CPU_MAX_TOKENS if options["demo"] and _on_cpu(options["device"]) else GATE_MAX_TOKENS
     code = run_gate(
