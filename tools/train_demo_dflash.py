@@ -598,6 +598,21 @@ def draw_anchors(starts: Tensor, lengths: Tensor, count: int, generator: torch.G
     return (starts - 1)[:, None] + (u * span[:, None]).long().clamp(max=(span - 1)[:, None])
 
 
+def block_logits(
+    model: DFlashModel, embed: Tensor, head: Tensor, tokens: Tensor, taps: Tensor, anchors: Tensor, r: Recipe
+) -> Tensor:
+    """[b, n, B - 1, V] float32: the head's logits of rows 1..B-1 of the blocks [anchor, mask x (B - 1)] anchored
+    at `anchors` [b, n], each over the context before its anchor."""
+    b, n = anchors.shape
+    B = r.block_size
+    positions = (anchors[:, :, None] + torch.arange(B, device=tokens.device)).reshape(b, n * B)
+    ids = torch.full_like(positions, r.mask_token_id)
+    ids[:, ::B] = tokens.gather(1, anchors)
+    out = model(taps, embed[ids], positions, block_mask(anchors, taps.shape[1], B))
+    rows = out.view(b, n, B, -1)[:, :, 1:]
+    return (rows @ head.T.to(rows.dtype)).float()
+
+
 def block_loss(
     model: DFlashModel,
     embed: Tensor,
@@ -611,19 +626,12 @@ def block_loss(
     """(the weighted cross-entropy of every block's rows 1..B-1 against the sequence's tokens, and the drafts
     each block would have had accepted, [b, n]: its leading rows whose argmax is the token)."""
     b, n = anchors.shape
-    B = r.block_size
-    offsets = torch.arange(B, device=tokens.device)
-    positions = (anchors[:, :, None] + offsets).reshape(b, n * B)
-    ids = torch.full_like(positions, r.mask_token_id)
-    ids[:, ::B] = tokens.gather(1, anchors)
-    out = model(taps, embed[ids], positions, block_mask(anchors, taps.shape[1], B))
-    rows = out.view(b, n, B, -1)[:, :, 1:]
-    logits = (rows @ head.T.to(rows.dtype)).float()
-    where = (anchors[:, :, None] + offsets[1:]).clamp(max=tokens.shape[1] - 1)
-    labels = tokens.gather(1, where.view(b, -1)).view(b, n, B - 1)
-    valid = (anchors[:, :, None] + offsets[1:]) < lengths[:, None, None]
-    decay = torch.exp(-(offsets[1:].float() - 1) / (B / 2))
-    weights = valid * decay
+    offsets = torch.arange(1, r.block_size, device=tokens.device)
+    logits = block_logits(model, embed, head, tokens, taps, anchors, r)
+    following = anchors[:, :, None] + offsets
+    labels = tokens.gather(1, following.clamp(max=tokens.shape[1] - 1).view(b, -1)).view(b, n, -1)
+    valid = following < lengths[:, None, None]
+    weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
     losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     loss = (losses.view_as(weights) * weights).sum() / weights.sum()
     hits = (logits.argmax(-1) == labels) & valid
