@@ -222,6 +222,8 @@ def run_gate(
     pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
     chat = chat or pair.chat
     where, parallel = place_runtime(device, threads)
+    if block_size is None and where.type == "cpu":
+        block_size = pair.cpu_block
     target_model = open_model(pair.target, gguf_file)
     draft_model = open_model(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)

@@ -21,6 +21,7 @@ class GatePair:
     draft: str | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
     chat: bool = False  # the demo's prompts go through the chat template
+    cpu_block: int | None = None  # the demo drafter's block on a CPU, where a verify step costs its rows' worth
 
 
 def gate_pair(
@@ -45,12 +46,15 @@ def gate_pair(
     return GatePair(target, draft, locked)
 
 
-def demo_pair(target: str | None, draft: str | None, mtp: bool, progress: Progress) -> GatePair:
-    """The built-in pair: SmolLM2-135M-Instruct and its Q8_0 requantization as draft model (converted once)."""
+def demo_pair(name: str | None, draft: str | None, mtp: bool, progress: Progress) -> GatePair:
+    """The built-in pair: SmolLM2-135M-Instruct and the demo drafter `name` (`--demo NAME`: NAME arrives as TARGET;
+    None: the DFlash drafter shipped in demo/), a converted one written once."""
     from specpair.convert.demo import demo_pair as demo_files
+    from specpair.convert.demo import drafter
 
-    if target or draft or mtp:
+    if draft or mtp:
         raise BadInput("--demo", "runs the built-in SmolLM2 pair: give no TARGET, DRAFT or --mtp with it")
-    progress.stage("setting up the demo pair (SmolLM2-135M-Instruct, draft requantized to Q8_0)")
-    target, draft = demo_files()
-    return GatePair(target, draft, chat=True)
+    chosen = drafter(name)
+    progress.stage(f"setting up the demo pair (SmolLM2-135M-Instruct, {chosen.describe})")
+    target, draft = demo_files(name)
+    return GatePair(target, draft, chat=True, cpu_block=chosen.cpu_block)

@@ -85,13 +85,15 @@ def check(
 
 
 def _describe(c, kind: str | None = None) -> str:
+    from specpair.checkpoint.families import HEAD_KIND
+
     where = c.source + (f" @ {c.revision[:12]}" if c.revision else "")
     s = c.shapes
     what = f"{c.family}, {s.num_layers} layers, hidden {s.hidden_size}"
     if c.drafter:
         taps = len(c.drafter.taps.layers) if c.drafter.taps else "no"
         what = f"{c.drafter.kind}, {s.num_layers} layers, hidden {s.hidden_size}, {taps} taps, block {c.drafter.block_size}"
-    elif kind == "mtp":
+    elif kind == HEAD_KIND.name:
         if c.mtp is None:
             return f"none: {c.ref} has no MTP head (give a DRAFT)"
         what = f"its MTP head, {c.mtp.layers} layer(s)" + (", its tensors absent" if c.mtp.tensors == 0 else "")

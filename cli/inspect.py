@@ -67,7 +67,9 @@ def print_human(checkpoint) -> None:
             ("tokenizer", f"{t.length} tokens, {t.source}, fingerprint {(t.fingerprint or t.family or 'unknown')[:16]}")
         )
     if checkpoint.mtp:
-        rows.append(("mtp", f"{checkpoint.mtp.layers} layer(s), {checkpoint.mtp.tensors} tensors present"))
+        from specpair.checkpoint.families import HEAD_KIND
+
+        rows.append((HEAD_KIND.name, f"{checkpoint.mtp.layers} layer(s), {checkpoint.mtp.tensors} tensors present"))
     if d:
         taps = f"{d.taps.layers} ({d.taps.source})" if d.taps else "missing"
         rows += [

@@ -31,7 +31,8 @@ Examples:
   specpair run ./SmolLM2-135M-Instruct.Q4_1.gguf --prompt "The capital of France is" --max-tokens 16
   specpair run Qwen/Qwen3.6-35B-A3B --chat --prompt "Write a haiku about GPUs" --temperature 0.6 --seed 1
   specpair run ./Qwen3-8B-fp8 --prompt-file prompt.txt --device cuda --json
-  specpair run --demo                                         # SmolLM2-135M with its Q8_0 copy as draft: the gate
+  specpair run --demo                                         # SmolLM2-135M with its DFlash drafter: the gate
+  specpair run --demo draft-model                             # ... with its Q8_0 copy as draft model
   specpair run Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --block-size 8 --json
   specpair run Qwen/Qwen3.6-35B-A3B --mtp --temperature 0.7 --seed 1
 
@@ -84,7 +85,12 @@ ChatOpt = Annotated[
     bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template as a user message.")
 ]
 DemoOpt = Annotated[
-    bool, typer.Option("--demo", help="The built-in pair: SmolLM2-135M-Instruct and its Q8_0 copy as draft model.")
+    bool,
+    typer.Option(
+        "--demo",
+        help="The built-in pair: SmolLM2-135M-Instruct and the DFlash drafter trained for it (TARGET draft-model: "
+        "its Q8_0 copy as draft model).",
+    ),
 ]
 BatchOpt = Annotated[
     int | None,

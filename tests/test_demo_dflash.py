@@ -1,0 +1,315 @@
+"""The demo's DFlash drafter (demo/SmolLM2-135M-Instruct-DFlash) and the script that trained it
+(tools/train_demo_dflash.py).
+
+Its real weights beside SmolLM2-135M-Instruct: the layout is z-lab's and specpair loads it; z-lab's reference
+implementation (the `dflash` package, installed --no-deps by scripts/test) proposes the tokens specpair's drafter
+proposes on the demo prompts; specpair's loop accepts its drafts on held-out prompts and stays identical to
+undrafted decoding; `check` judges it for every stack and `convert` writes the `dflash` GGUF llama.cpp loads.
+The script's pieces at tiny scale: prompts, self-distillation, the training forward against specpair's own
+drafter, and a short training that makes the drafter draft.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from drafting import MASK_TOKEN, load_target, prompts, tiny_target
+from fixtures import smollm2_gguf
+
+from specpair.app.prompts import BUILTIN_PROMPTS
+from specpair.convert.demo import DFLASH_DIRECTORY
+from specpair.runtime import loading
+from specpair.runtime.drafters import Committed
+from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.generate import generate
+from specpair.runtime.sampling import Sampling
+from specpair.runtime.speculative import speculative_generate
+from specpair.sources.model import open_model
+
+ROOT = Path(__file__).resolve().parents[1]
+DRAFTER = Path(DFLASH_DIRECTORY)
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("train_demo_dflash", ROOT / "tools" / "train_demo_dflash.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = _tool()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model = open_model(str(smollm2_gguf()))
+    return model, loading.load(loading.plan_load(model, "cpu"))
+
+
+def chat(model, texts) -> list[list[int]]:
+    return tool.chat_ids(model.tokenizer(), list(texts))
+
+
+# ------------------------------------------------------------------------------------------------ the shipped drafter
+
+
+def test_the_shipped_drafter_is_a_z_lab_drafter_that_specpair_loads(smollm2):
+    model, target = smollm2
+    config = json.loads((DRAFTER / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert set(config["dflash_config"]) == {"block_size", "mask_token_id", "target_layer_ids"}
+    weights = list(DRAFTER.glob("*.safetensors"))
+    assert [w.name for w in weights] == ["model.safetensors"] and weights[0].stat().st_size <= 16 * 2**20
+    drafter = load_drafter(open_model(str(DRAFTER)), model, target)
+    assert drafter.kind == "dflash" and drafter.block_size == config["dflash_config"]["block_size"]
+    assert drafter.taps == tuple(config["dflash_config"]["target_layer_ids"])
+    record = json.loads((DRAFTER / "training.json").read_text())
+    assert record["recipe"]["taps"] == config["dflash_config"]["target_layer_ids"]
+
+
+def test_z_lab_reference_proposes_specpairs_tokens_on_the_demo_prompts(smollm2):
+    """z-lab's DFlashDraftModel (their `dflash` package) over transformers' SmolLM2 hidden states, and specpair's
+    drafter over its own runtime's taps: the same drafts at the first round of every demo prompt and at three
+    later anchors along its greedy reply."""
+    from dflash.model import DFlashDraftModel, extract_context_feature
+    from transformers import AutoModelForCausalLM
+
+    model, target = smollm2
+    path = smollm2_gguf()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    reference = DFlashDraftModel.from_pretrained(str(DRAFTER), dtype=torch.float32).eval()
+    drafter = load_drafter(open_model(str(DRAFTER)), model, target)
+    block = drafter.block_size
+    asked = chat(model, [p for _, p in BUILTIN_PROMPTS])
+    replies, _ = generate(target, asked, 12, Sampling())
+    compared = 0
+    for prompt, reply in zip(asked, replies):
+        sequence = prompt + reply.tokens
+        for anchor in (len(prompt) - 1, len(prompt) + 3, len(prompt) + 7, len(prompt) + 10):
+            context = torch.tensor([sequence[:anchor]])
+            with torch.no_grad():
+                hidden = extract_context_feature(
+                    hf(context, output_hidden_states=True).hidden_states, reference.target_layer_ids
+                )
+                noise = hf.get_input_embeddings()(
+                    torch.tensor([[sequence[anchor]] + [reference.mask_token_id] * (block - 1)])
+                )
+                rows = reference(
+                    target_hidden=hidden, noise_embedding=noise, position_ids=torch.arange(anchor + block)[None]
+                )
+                theirs = reference.compute_logits(rows[:, 1:], hf.lm_head).argmax(-1)
+                positions = torch.arange(anchor)[None]
+                out = target.forward(
+                    context, positions, target.new_cache(1, anchor + block), taps=drafter.taps, logits=False
+                )
+                drafter.start(1, anchor + block)
+                following = torch.tensor([sequence[1 : anchor + 1]])
+                drafter.observe(Committed(context, positions, following, torch.tensor([anchor]), out.taps, None))
+                ours, _ = drafter.block(torch.tensor([sequence[anchor]]), torch.tensor([anchor]), block)
+            assert drafter.logits(ours[:, 1:]).argmax(-1).tolist() == theirs.tolist(), (prompt, anchor)
+            compared += 1
+    assert compared == 4 * len(BUILTIN_PROMPTS)
+
+
+def test_specpairs_loop_accepts_its_drafts_on_held_out_prompts(smollm2):
+    """Greedy, block 8, prompts never trained on (the hand-written ones after the demo's): every reply identical to
+    undrafted decoding, and drafts accepted (tau above 1.15: 1.22 here; on an H200 over all 16 held-out prompts at 64
+    tokens: 1.45, training.json)."""
+    model, target = smollm2
+    drafter = load_drafter(open_model(str(DRAFTER)), model, target)
+    asked = chat(model, tool.HELD_OUT[4:7])
+    undrafted, _ = generate(target, asked, 20, Sampling(), [2])
+    drafted, _ = speculative_generate(target, drafter, asked, 20, Sampling(), [2], block_size=8)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+    tau = sum(sum(r.committed) for r in drafted) / sum(len(r.committed) for r in drafted)
+    assert tau > 1.15, tau
+
+
+def test_check_judges_it_for_every_stack_and_convert_writes_the_gguf_llama_cpp_loads(tmp_path):
+    """`check` finds nothing wrong with the drafter on any stack: what fails there is the GGUF target's format
+    (and TensorFold's families), and llama.cpp's wish for a GGUF drafter, which `convert` then meets: arch
+    `dflash`, taps + 1, the mask token, and a file llama.cpp loads."""
+    import ctypes
+
+    import llama_cpp
+
+    target = str(smollm2_gguf())
+    done = subprocess.run(
+        [sys.executable, "-m", "specpair", "check", target, str(DRAFTER), "--offline", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(done.stdout)
+    verdicts = report["verdicts"]
+    assert report["drafter_kind"] == "dflash" and verdicts["specpair"]["status"] == "ok"
+    for stack, verdict in verdicts.items():
+        errors = {r["rule"] for r in verdict["reasons"] if r["severity"] == "error"}
+        assert errors <= {"format.target", "format.family", "format.draft"}, (stack, errors)
+    assert "--target" in verdicts["llama.cpp"]["fix"]
+    out = tmp_path / "drafter.gguf"
+    converted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specpair",
+            "convert",
+            str(DRAFTER),
+            str(out),
+            "--to",
+            "gguf:BF16",
+            "--target",
+            target,
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert converted.returncode == 0, converted.stderr
+    from specpair.formats.gguf import read_local
+
+    header = read_local(str(out))
+    config = json.loads((DRAFTER / "config.json").read_text())["dflash_config"]
+    assert header.architecture == "dflash"
+    assert header.fields["dflash.target_layers"] == [k + 1 for k in config["target_layer_ids"]]
+    assert header.fields["tokenizer.ggml.mask_token_id"] == config["mask_token_id"]
+    llama_cpp.llama_backend_init()
+    loaded = llama_cpp.llama_model_load_from_file(str(out).encode(), llama_cpp.llama_model_default_params())
+    assert loaded, "llama.cpp did not load the converted drafter"
+    try:
+        assert llama_cpp.llama_model_n_embd(loaded) == 576 and llama_cpp.llama_model_n_layer(loaded) == 1
+        name = ctypes.create_string_buffer(64)
+        llama_cpp.llama_model_meta_val_str(loaded, b"general.architecture", name, 64)
+        assert name.value == b"dflash"
+    finally:
+        llama_cpp.llama_model_free(loaded)
+
+
+# ------------------------------------------------------------------------------------------------ the training script
+
+TINY = tool.Recipe(
+    block_size=4,
+    layers=1,
+    intermediate=32,
+    taps=(0, 2),
+    mask_token_id=MASK_TOKEN,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    steps=120,
+    sequences=4,
+    blocks=4,
+    lr=3e-3,
+    warmup=5,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tiny_target(tmp_path_factory.mktemp("demo_dflash") / "target", "llama", mtp=False)
+    model, target = load_target(path)
+    asked = prompts((5, 7, 6, 9))
+    return model, target, asked, tool.self_distil(target, asked, 10, [], (0, 1, 2), batch=3, log=lambda _: None)
+
+
+def test_prompts_are_seeded_distinct_and_never_held_out():
+    train, validation = tool.prompt_sets(400, 40, seed=3)
+    assert (train, validation) == tool.prompt_sets(400, 40, seed=3)
+    assert len(set(train + validation)) == 440
+    assert not set(train + validation) & set(tool.HELD_OUT)
+    assert {p for _, p in BUILTIN_PROMPTS} <= set(tool.HELD_OUT)
+    assert train != tool.prompt_sets(400, 40, seed=4)[0]
+
+
+def test_a_block_sees_the_context_before_its_anchor_and_its_own_rows():
+    mask = tool.block_mask(torch.tensor([[2, 5]]), width=7, block=3)
+    assert mask.shape == (1, 6, 7 + 6)
+    assert mask[0, :3, :7].tolist() == [[True, True] + [False] * 5] * 3
+    assert mask[0, 3:, :7].tolist() == [[True] * 5 + [False] * 2] * 3
+    assert mask[0, :3, 7:].tolist() == [[True] * 3 + [False] * 3] * 3
+    assert mask[0, 3:, 7:].tolist() == [[False] * 3 + [True] * 3] * 3
+    anchors = tool.draw_anchors(torch.tensor([4, 9]), torch.tensor([10, 12]), 500, torch.Generator().manual_seed(0))
+    assert set(anchors[0].tolist()) == set(range(3, 9)) and set(anchors[1].tolist()) == set(range(8, 11))
+
+
+def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
+    _, target, asked, data = tiny
+    replies, _ = generate(target, asked, 10, Sampling())
+    for i, (prompt, reply) in enumerate(zip(asked, replies)):
+        sequence = prompt + reply.tokens
+        assert int(data.starts[i]) == len(prompt) and int(data.lengths[i]) == len(sequence)
+        assert data.tokens[i, : len(sequence)].tolist() == sequence
+        rows = torch.tensor([sequence])
+        positions = torch.arange(len(sequence))[None]
+        alone = target.forward(rows, positions, target.new_cache(1, len(sequence)), taps=(2, 0), logits=False).taps
+        assert torch.equal(data.select(torch.tensor([i]), (2, 0))[3][:, : len(sequence)], alone)
+
+
+def test_the_training_forward_is_what_specpair_runs(tiny, tmp_path):
+    """The script's DFlashModel, written in z-lab's layout and loaded by specpair's DFlash loader: the same block
+    logits for blocks anchored anywhere in a reply."""
+    model, target, _, data = tiny
+    torch.manual_seed(0)
+    drafter_model = tool.DFlashModel(target.config.hidden_size, TINY)
+    with torch.no_grad():
+        for p in drafter_model.parameters():
+            p.copy_((p + torch.randn_like(p) * 0.3).bfloat16().float())  # as written: bf16
+    tool.write_drafter(drafter_model, TINY, target, tmp_path / "drafter")
+    drafter = load_drafter(open_model(str(tmp_path / "drafter")), model, target)
+    tokens, starts, lengths, taps = data.select(torch.tensor([3]), TINY.taps)
+    for anchor in (int(starts[0]) - 1, int(starts[0]) + 2, int(lengths[0]) - 2):
+        with torch.no_grad():
+            ours = tool.block_logits(
+                drafter_model, target.embed_tokens, target.lm_head, tokens, taps, torch.tensor([[anchor]]), TINY
+            )[0, 0]
+        positions = torch.arange(anchor)[None]
+        drafter.start(1, anchor + TINY.block_size)
+        drafter.observe(
+            Committed(
+                tokens[:, :anchor], positions, tokens[:, 1 : anchor + 1], torch.tensor([anchor]), taps[:, :anchor], None
+            )
+        )
+        rows, _ = drafter.block(tokens[:, anchor], torch.tensor([anchor]), TINY.block_size)
+        assert torch.allclose(drafter.logits(rows[:, 1:])[0], ours, atol=1e-4), anchor
+
+
+def test_a_short_training_lowers_the_loss_and_the_drafter_drafts(tiny, tmp_path):
+    model, target, asked, data = tiny
+    rows = torch.arange(len(asked))
+    trained, curve = tool.train(
+        data,
+        rows,
+        rows,
+        target.embed_tokens,
+        target.lm_head,
+        target.norm.weight,
+        TINY,
+        seed=0,
+        log=lambda _: None,
+        every=40,
+    )
+    assert [p["step"] for p in curve] == [40, 80, 120]
+    assert curve[-1]["loss"] < curve[0]["loss"] / 2 and curve[-1]["validation_accepted"] > 1.0
+    where = tool.write_drafter(trained, TINY, target, tmp_path / "trained")
+    figures = tool.speculative_tau(target, model, where, asked, 10, [], (4,))
+    assert figures[4]["identical"] and figures[4]["tau"] > 1.5, figures
+    assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 2.5})]).taps == (1,)
+    assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 1.5})]).taps == TINY.taps

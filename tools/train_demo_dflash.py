@@ -1,0 +1,993 @@
+"""Train the demo's DFlash drafter for SmolLM2-135M-Instruct from nothing but the target's GGUF. Dev tool, not
+packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder's training.json).
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 tools/train_demo_dflash.py \
+        SmolLM2-135M-Instruct.Q4_1.gguf OUT [--device cuda] [--sweep] [--seed 0]
+
+1. Prompts, written here: templates of chat, code, math, explanations and stories filled from word lists by a
+   seeded generator, split into training and validation prompts; HELD_OUT (hand-written, the gate's built-in
+   prompts among them) is never trained on and never used to choose anything.
+2. Self-distillation data: the target's own greedy replies to the chat-wrapped prompts, generated in batches by
+   specpair's runtime, then one forward of each prompt + reply through the runtime with taps at every layer a
+   candidate drafter reads (the residual stream after layer k, as the DFlash drafter reads it, dflash.md §3.1).
+3. Training: `DFlashModel` is z-lab's DFlash forward as a plain torch module (dflash.md §3): taps -> fc ->
+   hidden_norm give the context vectors, whose k/v every layer attends to; a block [anchor, mask x (B - 1)] at
+   positions s .. s+B-1 of the target's embedding rows attends to the context before s and, bidirectionally, to
+   itself; the final norm's rows 1..B-1 are read out by the target's head. Many blocks of a sequence train in
+   one forward, each with its own mask (`block_mask`). Anchors are drawn where the replies are (the first is the
+   prompt's last token, as specpair's loop drafts its first round); the loss is the cross-entropy of rows
+   1..B-1 against the target's greedy tokens, row k weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft
+   only counts when every draft before it was accepted).
+4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
+   model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
+   tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
+
+--sweep trains each candidate of SWEEP (one choice changed at a time from the first) for SWEEP_STEPS and picks
+the best value of each choice by validation tau, then trains the chosen drafter for STEPS. Seeded: prompts,
+initialisation and anchors come from --seed; on CUDA, deterministic algorithms are asked for (warn only).
+Writes OUT/drafter/{config.json,model.safetensors} and OUT/training.json (curve, sweep, tau, timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from specpair.runtime import loading
+from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.generate import generate
+from specpair.runtime.model import Transformer
+from specpair.runtime.sampling import Sampling
+from specpair.runtime.speculative import acceptance_by_position, speculative_generate, step_times
+from specpair.sources.model import Model, open_model
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+# Never trained on, never used to choose: the gate's built-in prompts (cli/_gate.py), then prompts written apart
+# from the templates below, in other words.
+HELD_OUT = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain to a ten-year-old why the sky is blue and sunsets are red.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring and a unit test.",
+    "Write a C function that reverses a singly linked list in place, and explain each step.",
+    "My houseplants keep dying even though I water them every day. What am I doing wrong?",
+    "Summarize the plot of Romeo and Juliet in a few sentences.",
+    "Write a haiku about the first snow of winter.",
+    "How do vaccines train the immune system?",
+    "Write a JavaScript function that debounces another function.",
+    "A shop sells pencils at 3 for 2 dollars. How much do 12 pencils cost?",
+    "What are the pros and cons of working from home?",
+    "Write a bash script that counts the lines in every .txt file in a folder.",
+    "Tell me a bedtime story about a dragon who is afraid of the dark.",
+    "Why do we have leap years?",
+    "Write a SQL query that finds the three customers who spent the most last month.",
+    "What is the difference between weather and climate?",
+)
+
+_TOPICS = (
+    "photosynthesis",
+    "black holes",
+    "the water cycle",
+    "plate tectonics",
+    "the French Revolution",
+    "inflation",
+    "machine learning",
+    "the immune system",
+    "volcanoes",
+    "the internet",
+    "electricity",
+    "gravity",
+    "DNA",
+    "the Roman Empire",
+    "climate change",
+    "supply and demand",
+    "the human heart",
+    "rainbows",
+    "earthquakes",
+    "compound interest",
+    "the printing press",
+    "solar panels",
+    "tides",
+    "the moon landing",
+    "bees",
+    "recycling",
+    "antibiotics",
+    "the stock market",
+    "democracy",
+    "coral reefs",
+    "sleep",
+    "memory",
+    "the speed of light",
+    "magnets",
+    "nuclear energy",
+    "the pyramids of Egypt",
+    "evolution",
+    "clouds",
+    "cryptography",
+    "the Industrial Revolution",
+    "blood types",
+    "batteries",
+    "the ozone layer",
+    "glaciers",
+    "languages",
+    "jet engines",
+    "wind turbines",
+    "the Silk Road",
+    "vaccines",
+    "operating systems",
+)
+_AUDIENCES = (
+    "",
+    " to a child",
+    " to a beginner",
+    " in simple terms",
+    " in three paragraphs",
+    " in one paragraph",
+    " to a high school student",
+    " with an example",
+)
+_EXPLAIN = (
+    "Explain {t}{a}.",
+    "What is {t}?",
+    "How does {t} work?",
+    "Describe {t}{a}.",
+    "Give me a short overview of {t}.",
+    "Why is {t} important?",
+    "What are three facts about {t}?",
+    "Write a paragraph about {t}.",
+)
+_LANGUAGES = ("Python", "JavaScript", "C", "Java", "Rust", "Go", "C++", "TypeScript")
+_CODE_TASKS = (
+    "checks whether a string is a palindrome",
+    "sorts a list of numbers with bubble sort",
+    "computes the factorial of a number",
+    "finds the largest element in an array",
+    "counts the vowels in a string",
+    "merges two sorted lists",
+    "checks whether a number is prime",
+    "reverses the words in a sentence",
+    "computes the greatest common divisor of two numbers",
+    "removes duplicates from a list",
+    "converts Celsius to Fahrenheit",
+    "finds the second smallest number",
+    "implements binary search",
+    "counts how often each word appears in a text",
+    "flattens a nested list",
+    "checks whether two strings are anagrams",
+    "computes the sum of the digits of a number",
+    "returns the n-th prime number",
+    "validates an email address",
+    "transposes a matrix",
+    "implements a stack with push and pop",
+    "reads a file and prints its lines",
+    "computes the mean of a list",
+    "finds the longest word in a sentence",
+    "converts a number to binary",
+    "rotates an array by k positions",
+)
+_CODE = (
+    "Write a {l} function that {k}.",
+    "How do I write a {l} program that {k}?",
+    "Show me {l} code that {k}, with comments.",
+    "Write a {l} function that {k} and explain how it works.",
+)
+_CONCEPTS = (
+    "a closure",
+    "recursion",
+    "a hash table",
+    "a linked list",
+    "big O notation",
+    "a race condition",
+    "object-oriented programming",
+    "a REST API",
+    "garbage collection",
+    "a binary tree",
+    "unit testing",
+    "version control",
+    "a compiler",
+    "dynamic programming",
+    "a regular expression",
+    "a database index",
+)
+_CODE_EXPLAIN = ("Explain {c} in programming.", "What is {c}? Give an example in {l}.", "When should I use {c}?")
+_NAMES = ("Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi", "Lena")
+_ITEMS = ("apples", "books", "marbles", "stickers", "cookies", "pencils", "coins", "cards", "shells", "stamps")
+_PLACES = (
+    "a baker",
+    "a wizard",
+    "a robot",
+    "a young girl",
+    "an old fisherman",
+    "a cat",
+    "a detective",
+    "a knight",
+    "a farmer",
+    "an astronaut",
+    "a painter",
+    "a little fox",
+    "a teacher",
+    "a pirate captain",
+    "a musician",
+    "a shy giant",
+    "a clockmaker",
+    "a mountain guide",
+)
+_EVENTS = (
+    "discovers a hidden door",
+    "loses something precious",
+    "meets a talking animal",
+    "has to save the village",
+    "finds a mysterious map",
+    "learns to fly",
+    "makes an unlikely friend",
+    "travels back in time",
+    "wins a strange contest",
+    "gets lost in a forest",
+    "opens a magic shop",
+    "builds a machine",
+    "hears a song nobody else can hear",
+    "receives a letter from the future",
+)
+_SETTINGS = (
+    "",
+    " in a big city",
+    " on a faraway planet",
+    " in a snowy village",
+    " under the sea",
+    " in an old castle",
+    " on a train",
+    " in the desert",
+)
+_STORY = (
+    "Write a short story about {p} who {e}{s}.",
+    "Tell me a story about {p} who {e}{s}.",
+    "Write a fairy tale about {p} who {e}.",
+    "Write the opening paragraph of a story about {p} who {e}{s}.",
+)
+_ACTIVITIES = (
+    "learning a new language",
+    "staying focused while studying",
+    "saving money",
+    "sleeping better",
+    "running a first marathon",
+    "cooking for a family",
+    "starting a vegetable garden",
+    "making friends in a new city",
+    "preparing for a job interview",
+    "reducing stress",
+    "traveling on a budget",
+    "keeping a clean kitchen",
+    "learning to play the guitar",
+    "writing a good essay",
+    "taking care of a puppy",
+    "public speaking",
+)
+_CHAT = (
+    "Give me {n} tips for {v}.",
+    "What is the best way to get started with {v}?",
+    "I need advice on {v}. Where should I begin?",
+    "Make a checklist for {v}.",
+)
+_SUBJECTS = (
+    "the ocean",
+    "autumn leaves",
+    "a city at night",
+    "friendship",
+    "the mountains",
+    "a rainy day",
+    "coffee",
+    "the stars",
+    "an old tree",
+    "the first day of school",
+    "a quiet morning",
+    "time",
+)
+_WRITING = (
+    "Write a poem about {o}.",
+    "Write a short poem about {o} that rhymes.",
+    "Write a limerick about {o}.",
+    "Describe {o} in vivid detail.",
+)
+_RECIPIENTS = ("my manager", "a teacher", "a landlord", "a friend", "a customer", "my neighbor", "a colleague")
+_REASONS = (
+    "asking for a day off",
+    "thanking them for their help",
+    "reporting a broken heater",
+    "inviting them to a party",
+    "apologizing for a late reply",
+    "asking for feedback on a project",
+)
+_EMAIL = ("Write an email to {r} {w}.", "Write a polite message to {r} {w}.")
+
+
+def _math(rng: random.Random) -> str:
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
+    n, it = rng.choice(_NAMES), rng.choice(_ITEMS)
+    return rng.choice(
+        (
+            f"What is {a} times {b}?",
+            f"What is {a * 10 + b} plus {b * 7 + a}?",
+            f"Solve for x: {c}x + {a} = {a + c * b}.",
+            f"{n} has {a + b} {it} and gives {b} of them away. How many {it} does {n} have left?",
+            f"A train travels {a * c} kilometers in {c} hours. What is its average speed?",
+            f"What is {c * 5} percent of {a * 20}?",
+            f"Is {a * 2 + 1} a prime number? Explain.",
+            f"{n} buys {c} {it} for {a} dollars each. How much does {n} pay in total?",
+            f"What is the area of a rectangle that is {a} meters long and {c} meters wide?",
+            f"Find the average of {a}, {b} and {c}.",
+            f"A recipe needs {c} eggs for {a % 6 + 2} people. How many eggs are needed for {a % 6 + 2 + c} people?",
+            f"Convert {a * 3} minutes into hours and minutes.",
+        )
+    )
+
+
+def _one_prompt(rng: random.Random) -> str:
+    kind = rng.choice(
+        (
+            "explain",
+            "explain",
+            "code",
+            "code",
+            "code_concept",
+            "math",
+            "math",
+            "story",
+            "story",
+            "chat",
+            "writing",
+            "email",
+        )
+    )
+    if kind == "explain":
+        return rng.choice(_EXPLAIN).format(t=rng.choice(_TOPICS), a=rng.choice(_AUDIENCES))
+    if kind == "code":
+        return rng.choice(_CODE).format(l=rng.choice(_LANGUAGES), k=rng.choice(_CODE_TASKS))
+    if kind == "code_concept":
+        return rng.choice(_CODE_EXPLAIN).format(c=rng.choice(_CONCEPTS), l=rng.choice(_LANGUAGES))
+    if kind == "math":
+        return _math(rng)
+    if kind == "story":
+        return rng.choice(_STORY).format(p=rng.choice(_PLACES), e=rng.choice(_EVENTS), s=rng.choice(_SETTINGS))
+    if kind == "chat":
+        return rng.choice(_CHAT).format(n=rng.choice(("three", "five", "some")), v=rng.choice(_ACTIVITIES))
+    if kind == "writing":
+        return rng.choice(_WRITING).format(o=rng.choice(_SUBJECTS))
+    return rng.choice(_EMAIL).format(r=rng.choice(_RECIPIENTS), w=rng.choice(_REASONS))
+
+
+def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list[str]]:
+    """`count` distinct training prompts and `validation` others, drawn from the templates; none is in HELD_OUT."""
+    rng = random.Random(seed)
+    seen, drawn = set(HELD_OUT), []
+    for _ in range(100 * (count + validation)):
+        prompt = _one_prompt(rng)
+        if prompt not in seen:
+            seen.add(prompt)
+            drawn.append(prompt)
+            if len(drawn) == count + validation:
+                break
+    if len(drawn) < count + validation:
+        raise ValueError(f"the templates give only {len(drawn)} distinct prompts, not {count + validation}")
+    return drawn[validation:], drawn[:validation]
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+@dataclass
+class Data:
+    """Self-distillation sequences, right-padded: tokens [N, L], the first reply token's index and the length of
+    each, and the target's taps [N, L, len(layers), H] at `layers` (the model's dtype)."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    taps: Tensor
+    layers: tuple[int, ...]
+
+    def select(self, rows: Tensor, layers: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Sequences `rows`: tokens, starts, lengths, and the taps of `layers` concatenated [n, L, len * H]."""
+        index = torch.tensor([self.layers.index(k) for k in layers], device=self.taps.device)
+        taps = self.taps[rows.to(self.taps.device)][:, :, index]
+        return self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2)
+
+
+def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The prompts wrapped in the target's chat template as a user message, as `specpair run --chat` does."""
+    return [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+        for p in prompts
+    ]
+
+
+def self_distil(
+    target: Transformer,
+    prompts: list[list[int]],
+    new_tokens: int,
+    stops: list[int],
+    layers: tuple[int, ...],
+    batch: int,
+    log=print,
+) -> Data:
+    """The target's greedy replies (generated `batch` prompts at a time, by length so that little is padding) and
+    its taps at `layers` over each prompt + reply, from one forward per batch."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    sequences: list[list[int] | None] = [None] * len(prompts)
+    for first in range(0, len(order), batch):
+        group = order[first : first + batch]
+        out, timing = generate(target, [prompts[i] for i in group], new_tokens, Sampling(), stops)
+        for i, generated in zip(group, out):
+            sequences[i] = prompts[i] + generated.tokens
+        log(f"  generated {first + len(group)}/{len(prompts)} replies ({timing.tokens_per_s:.0f} tok/s)")
+    longest = max(len(s) for s in sequences)
+    device = target.device
+    tokens = torch.zeros(len(prompts), longest, dtype=torch.int64)
+    for i, s in enumerate(sequences):
+        tokens[i, : len(s)] = torch.tensor(s)
+    lengths = torch.tensor([len(s) for s in sequences])
+    starts = torch.tensor([len(p) for p in prompts])
+    taps = torch.empty(len(prompts), longest, len(layers), target.config.hidden_size, dtype=target.dtype, device=device)
+    with torch.no_grad():
+        for first in range(0, len(order), batch):
+            group = torch.tensor(order[first : first + batch])
+            width = int(lengths[group].max())
+            rows = tokens[group, :width].to(device)
+            positions = torch.arange(width, device=device).expand(len(group), -1)
+            out = target.forward(rows, positions, target.new_cache(len(group), width), taps=layers, logits=False)
+            taps[group.to(device), :width] = out.taps.reshape(len(group), width, len(layers), -1)
+    log(f"  taps at layers {list(layers)} over {int(lengths.sum())} tokens ({int((lengths - starts).sum())} replied)")
+    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers)
+
+
+# ------------------------------------------------------------------------------------------------ the drafter
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One drafter and how it trains."""
+
+    block_size: int = 8
+    layers: int = 1
+    intermediate: int = 1536
+    taps: tuple[int, ...] = (1, 14, 27)
+    mask_token_id: int = 16  # SmolLM2's <empty_output>: a special token chat text never contains
+    heads: int = 9  # the target's attention shape: 9 query heads and 3 KV heads of 64
+    kv_heads: int = 3
+    head_dim: int = 64
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-6
+    steps: int = 4000
+    sequences: int = 32  # per step
+    blocks: int = 16  # anchors per sequence per step
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+
+    def describe(self) -> str:
+        return (
+            f"block {self.block_size}, {self.layers} layer(s) x FFN {self.intermediate}, taps {list(self.taps)}, "
+            f"mask {self.mask_token_id}"
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+def rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotary embedding, split-half (neox) over the whole head: x [b, T, heads, d], positions [b, T]."""
+    d = x.shape[-1]
+    inverse = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = positions.float()[..., None] * inverse
+    cos, sin = torch.cat((angles, angles), -1).cos()[:, :, None], torch.cat((angles, angles), -1).sin()[:, :, None]
+    half = x.float()
+    rotated = torch.cat((-half[..., d // 2 :], half[..., : d // 2]), -1)
+    return (half * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, r: Recipe) -> None:
+        super().__init__()
+        self.r = r
+        self.q_proj = nn.Linear(hidden, r.heads * r.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, r.kv_heads * r.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, r.kv_heads * r.head_dim, bias=False)
+        self.o_proj = nn.Linear(r.heads * r.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(r.head_dim, r.rms_norm_eps)
+        self.k_norm = RMSNorm(r.head_dim, r.rms_norm_eps)
+
+    def forward(self, x: Tensor, context: Tensor, positions: Tensor, context_positions: Tensor, mask: Tensor) -> Tensor:
+        """x [b, Q, H] block rows at `positions`; context [b, L, H] (hidden_norm(fc(taps))) at `context_positions`;
+        mask [b, Q, L + Q]: which context and block keys each block row sees."""
+        r, (b, q_rows, _), width = self.r, x.shape, context.shape[1]
+        q = self.q_norm(self.q_proj(x).view(b, q_rows, r.heads, r.head_dim))
+        k = torch.cat((self.k_proj(context), self.k_proj(x)), 1).view(b, width + q_rows, r.kv_heads, r.head_dim)
+        v = torch.cat((self.v_proj(context), self.v_proj(x)), 1).view(b, width + q_rows, r.kv_heads, r.head_dim)
+        q = rotate(q, positions, r.rope_theta)
+        k = rotate(self.k_norm(k), torch.cat((context_positions, positions), 1), r.rope_theta)
+        group = r.heads // r.kv_heads
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None]
+        )
+        return self.o_proj(o.transpose(1, 2).reshape(b, q_rows, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden: int, r: Recipe) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, r.rms_norm_eps)
+        self.self_attn = Attention(hidden, r)
+        self.post_attention_layernorm = RMSNorm(hidden, r.rms_norm_eps)
+        self.mlp = MLP(hidden, r.intermediate)
+
+    def forward(self, h: Tensor, context: Tensor, positions: Tensor, context_positions: Tensor, mask: Tensor) -> Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), context, positions, context_positions, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashModel(nn.Module):
+    """z-lab's DFlashDraftModel forward (full-attention layers, bidirectional within the block); its parameter
+    names are the published layout's."""
+
+    def __init__(self, hidden: int, r: Recipe) -> None:
+        super().__init__()
+        self.fc = nn.Linear(len(r.taps) * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, r.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(hidden, r) for _ in range(r.layers))
+        self.norm = RMSNorm(hidden, r.rms_norm_eps)
+
+    def forward(self, taps: Tensor, block: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        """taps [b, L, n * H] at positions 0..L-1; block [b, Q, H] embeddings at `positions` [b, Q]."""
+        context = self.hidden_norm(self.fc(taps))
+        context_positions = torch.arange(taps.shape[1], device=taps.device).expand(taps.shape[0], -1)
+        h = block
+        for layer in self.layers:
+            h = layer(h, context, positions, context_positions, mask)
+        return self.norm(h)
+
+
+def block_mask(anchors: Tensor, width: int, block: int) -> Tensor:
+    """[b, n * block, width + n * block] for the n blocks of each sequence anchored at `anchors` [b, n]: a row of
+    the block at s sees the context positions < s and every row of its own block (z-lab's full-attention rule)."""
+    b, n = anchors.shape
+    device = anchors.device
+    row_anchor = anchors.repeat_interleave(block, dim=1)  # [b, n * block]
+    context = torch.arange(width, device=device)[None, None, :] < row_anchor[:, :, None]
+    which = torch.arange(n, device=device).repeat_interleave(block)
+    own = (which[:, None] == which[None, :]).expand(b, -1, -1)
+    return torch.cat((context, own), dim=2)
+
+
+def draw_anchors(starts: Tensor, lengths: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """[b, count] anchors, uniform over start - 1 .. length - 2 of each sequence: the prompt's last token, then
+    every reply token that has a token after it."""
+    u = torch.rand(starts.shape[0], count, generator=generator, device=generator.device)
+    span = (lengths - starts).clamp(min=1)
+    return (starts - 1)[:, None] + (u * span[:, None]).long().clamp(max=(span - 1)[:, None])
+
+
+def block_logits(
+    model: DFlashModel, embed: Tensor, head: Tensor, tokens: Tensor, taps: Tensor, anchors: Tensor, r: Recipe
+) -> Tensor:
+    """[b, n, B - 1, V] float32: the head's logits of rows 1..B-1 of the blocks [anchor, mask x (B - 1)] anchored
+    at `anchors` [b, n], each over the context before its anchor."""
+    b, n = anchors.shape
+    B = r.block_size
+    positions = (anchors[:, :, None] + torch.arange(B, device=tokens.device)).reshape(b, n * B)
+    ids = torch.full_like(positions, r.mask_token_id)
+    ids[:, ::B] = tokens.gather(1, anchors)
+    out = model(taps, embed[ids], positions, block_mask(anchors, taps.shape[1], B))
+    rows = out.view(b, n, B, -1)[:, :, 1:]
+    return (rows @ head.T.to(rows.dtype)).float()
+
+
+def block_loss(
+    model: DFlashModel,
+    embed: Tensor,
+    head: Tensor,
+    tokens: Tensor,
+    lengths: Tensor,
+    taps: Tensor,
+    anchors: Tensor,
+    r: Recipe,
+) -> tuple[Tensor, Tensor]:
+    """(the weighted cross-entropy of every block's rows 1..B-1 against the sequence's tokens, and the drafts
+    each block would have had accepted, [b, n]: its leading rows whose argmax is the token)."""
+    b, n = anchors.shape
+    offsets = torch.arange(1, r.block_size, device=tokens.device)
+    logits = block_logits(model, embed, head, tokens, taps, anchors, r)
+    following = anchors[:, :, None] + offsets
+    labels = tokens.gather(1, following.clamp(max=tokens.shape[1] - 1).view(b, -1)).view(b, n, -1)
+    valid = following < lengths[:, None, None]
+    weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    loss = (losses.view_as(weights) * weights).sum() / weights.sum()
+    hits = (logits.argmax(-1) == labels) & valid
+    return loss, hits.long().cumprod(-1).sum(-1)
+
+
+def train(
+    data: Data,
+    rows: Tensor,
+    held: Tensor,
+    embed: Tensor,
+    head: Tensor,
+    final_norm: Tensor,
+    r: Recipe,
+    seed: int,
+    log=print,
+    every: int = 250,
+    keep=None,
+) -> tuple[DFlashModel, list[dict]]:
+    """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
+    curve records the training loss and, on sequences `held` (validation), the loss and the drafts a block
+    would have had accepted (teacher-forced: the target's own tokens before each block). Matrices start as
+    N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
+    target's logit scale). `keep(model)`, if given, is called at every point of the curve (a run cut short
+    leaves its latest drafter)."""
+    device = data.taps.device
+    torch.manual_seed(seed)
+    model = DFlashModel(embed.shape[1], r).to(device)
+    for p in model.parameters():
+        if p.ndim == 2:
+            nn.init.normal_(p, std=0.02)
+    with torch.no_grad():
+        model.norm.weight.copy_(final_norm.float())
+    deterministic = device.type == "cuda"  # only here: the runtime's own steps are left as they are
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    decay = [p for p in model.parameters() if p.ndim == 2]
+    flat = [p for p in model.parameters() if p.ndim < 2]
+    optimiser = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": r.weight_decay}, {"params": flat, "weight_decay": 0.0}],
+        lr=r.lr,
+        betas=(0.9, 0.95),
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser,
+        lambda step: min(1.0, (step + 1) / r.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, r.steps) / r.steps)),
+    )
+    generator = torch.Generator(device=device).manual_seed(seed)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    curve, running = [], []
+    start = time.perf_counter()
+    for step in range(1, r.steps + 1):
+        pick = rows[torch.randint(len(rows), (r.sequences,), generator=generator, device=device)]
+        tokens, starts, lengths, taps = data.select(pick, r.taps)
+        width = int(lengths.max())
+        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        with autocast:
+            loss, _ = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        schedule.step()
+        running.append(loss.detach())
+        if step % every == 0 or step == r.steps:
+            point = {"step": step, "loss": float(torch.stack(running).mean()), "seconds": time.perf_counter() - start}
+            point.update(evaluate_blocks(model, data, held, embed, head, r, seed))
+            curve.append(point)
+            running = []
+            if keep is not None:
+                keep(model)
+            log(
+                f"    step {step}: loss {point['loss']:.3f} · validation loss {point['validation_loss']:.3f}, "
+                f"accepted drafts per block {point['validation_accepted']:.2f} · {point['seconds']:.0f} s"
+            )
+    if deterministic:
+        torch.use_deterministic_algorithms(False)
+    return model, curve
+
+
+@torch.no_grad()
+def evaluate_blocks(
+    model: DFlashModel, data: Data, held: Tensor, embed: Tensor, head: Tensor, r: Recipe, seed: int
+) -> dict:
+    device = data.taps.device
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    losses, accepted = [], []
+    for first in range(0, len(held), r.sequences):
+        tokens, starts, lengths, taps = data.select(held[first : first + r.sequences], r.taps)
+        width = int(lengths.max())
+        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        with autocast:
+            loss, hits = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+        losses.append(float(loss))
+        accepted.append(hits.float().mean())
+    return {"validation_loss": sum(losses) / len(losses), "validation_accepted": float(torch.stack(accepted).mean())}
+
+
+# ------------------------------------------------------------------------------------------------ the layout
+
+
+def config_json(r: Recipe, target: Transformer) -> dict:
+    """z-lab's DFlashDraftModel config.json (a Qwen3 config with dflash_config), for this target."""
+    t = target.config
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": t.bos_token_id,
+        "dflash_config": {
+            "block_size": r.block_size,
+            "mask_token_id": r.mask_token_id,
+            "target_layer_ids": list(r.taps),
+        },
+        "dtype": "bfloat16",
+        "eos_token_id": t.eos_token_ids[0],
+        "head_dim": r.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": t.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": r.intermediate,
+        "layer_types": ["full_attention"] * r.layers,
+        "max_position_embeddings": t.max_position_embeddings,
+        "max_window_layers": r.layers,
+        "model_type": "qwen3",
+        "num_attention_heads": r.heads,
+        "num_hidden_layers": r.layers,
+        "num_key_value_heads": r.kv_heads,
+        "num_target_layers": t.num_layers,
+        "rms_norm_eps": r.rms_norm_eps,
+        "rope_parameters": {"rope_theta": r.rope_theta, "rope_type": "default"},
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": t.vocab_size,
+    }
+
+
+def write_drafter(model: DFlashModel, r: Recipe, target: Transformer, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {n: p.detach().to("cpu", torch.bfloat16).contiguous() for n, p in model.state_dict().items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config_json(r, target), indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+def speculative_tau(
+    target: Transformer,
+    target_model: Model,
+    directory: Path,
+    prompts: list[list[int]],
+    new_tokens: int,
+    stops: list[int],
+    blocks: tuple[int, ...],
+    timed: bool = False,
+) -> dict:
+    """The drafter in `directory`, loaded by specpair's DFlash loader, in specpair's speculative loop (greedy, all
+    prompts in one batch: a sequence's rounds do not depend on its neighbours'): per block size tau, acceptance
+    by position, and whether every reply equals the undrafted one; with `timed`, each step's time alone and the
+    speedup they predict (speculative.step_times)."""
+    drafter = load_drafter(open_model(str(directory)), target_model, target)
+    undrafted, _ = generate(target, prompts, new_tokens, Sampling(), stops)
+    out = {}
+    for block in blocks:
+        results, _ = speculative_generate(target, drafter, prompts, new_tokens, Sampling(), stops, block_size=block)
+        rounds = sum(len(r.committed) for r in results)
+        figure = {
+            "tau": sum(sum(r.committed) for r in results) / rounds,
+            "acceptance_by_position": [round(a, 3) for a in acceptance_by_position(results, block - 1)],
+            "identical": all(a.tokens == b.tokens for a, b in zip(undrafted, results)),
+        }
+        if timed:
+            times = step_times(target, drafter, prompts[:1], block)
+            figure["step_s"] = {"decode": times.decode_s, "verify": times.verify_s, "draft": times.draft_s}
+            figure["predicted_speedup"] = times.predicted_speedup(figure["tau"])
+        out[block] = figure
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+BASE = Recipe()
+SWEEP_STEPS = 600
+SWEEP = (
+    BASE,
+    replace(BASE, taps=(15,)),  # z-lab's default for one draft layer: the middle layer
+    replace(BASE, taps=(1, 7, 14, 20, 27)),
+    replace(BASE, taps=(20, 24, 28)),
+    replace(BASE, layers=2, intermediate=1024),  # two layers within 16 MB
+    replace(BASE, mask_token_id=0),  # <|endoftext|>
+    replace(BASE, block_size=16),
+)
+
+
+# Which figure decides each choice: tau where the candidates' rounds cost the same, the speedup that the steps'
+# own times predict where they do not (falls back to tau without timings, on the CPU).
+DECIDED_BY = {"taps": "tau", "mask_token_id": "tau", "layers": "predicted_speedup", "block_size": "predicted_speedup"}
+
+
+def choose(results: list[tuple[Recipe, dict]]) -> Recipe:
+    """Each choice takes the value of the best candidate that changed it from the first candidate, if that one
+    beat the first by the choice's figure (DECIDED_BY); the rest stay as the first has them."""
+
+    def score(figures: dict, field: str) -> float:
+        return figures.get(DECIDED_BY[field], figures["tau"])
+
+    base, base_figures = results[0]
+    chosen = base
+    for field in DECIDED_BY:
+        changed = [(r, f) for r, f in results[1:] if getattr(r, field) != getattr(base, field)]
+        if not changed:
+            continue
+        best, figures = max(changed, key=lambda x: score(x[1], field))
+        if score(figures, field) > score(base_figures, field):
+            chosen = replace(chosen, **{field: getattr(best, field)})
+            if field == "layers":
+                chosen = replace(chosen, intermediate=best.intermediate)
+    return chosen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf")
+    parser.add_argument("out", help="where drafter/ and training.json go")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompts", type=int, default=3072, help="training prompts")
+    parser.add_argument("--validation", type=int, default=64, help="validation prompts (the sweep's choice)")
+    parser.add_argument("--new-tokens", type=int, default=192, help="reply tokens generated per prompt")
+    parser.add_argument("--eval-tokens", type=int, default=64, help="tokens per prompt in the speculative runs")
+    parser.add_argument("--batch", type=int, default=256, help="prompts per generation batch")
+    parser.add_argument("--steps", type=int, default=Recipe.steps, help="training steps of the final drafter")
+    parser.add_argument("--sweep", action="store_true", help="choose taps, layers, mask and block by SWEEP first")
+    parser.add_argument("--sweep-steps", type=int, default=SWEEP_STEPS)
+    parser.add_argument(
+        "--sweep-budget-s", type=float, default=None, help="skip the candidates left once the sweep took this long"
+    )
+    parser.add_argument("--held-out", type=int, default=len(HELD_OUT), help="the first N of HELD_OUT (tests: few)")
+    parser.add_argument("--scale", type=float, default=1.0, help="sequences and blocks per step (tests: small)")
+    args = parser.parse_args()
+
+    if args.device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: training asks for it
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record: dict = {"args": vars(args), "stages": {}}
+    clock = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    def stage(name: str) -> None:
+        record["stages"][name] = round(time.perf_counter() - clock, 1)
+        (out_dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    def sized(r: Recipe, steps: int) -> Recipe:
+        return replace(
+            r,
+            steps=steps,
+            sequences=max(1, round(r.sequences * args.scale)),
+            blocks=max(1, round(r.blocks * args.scale)),
+        )
+
+    log(f"loading {args.gguf} onto {args.device}")
+    target_model = open_model(args.gguf)
+    target = loading.load(loading.plan_load(target_model, args.device))
+    tokenizer = target_model.tokenizer()
+    stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
+    train_prompts, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
+    record["prompts"] = {"train": len(train_prompts), "validation": len(validation_prompts), "held_out": len(HELD_OUT)}
+    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts)
+    layers = tuple(sorted({k for r in SWEEP for k in r.taps}))
+    log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
+    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log)
+    stage("data")
+    device = data.taps.device
+    rows = torch.arange(len(train_prompts), device=device)
+    held = torch.arange(len(train_prompts), len(all_prompts), device=device)
+    embed = target.embed_tokens
+    head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
+    validation_ids = chat_ids(tokenizer, validation_prompts)
+    held_out_ids = chat_ids(tokenizer, list(HELD_OUT[: args.held_out]))
+
+    chosen = BASE
+    if args.sweep:
+        results, record["sweep"] = [], []
+        sweep_start = time.perf_counter()
+        for i, candidate in enumerate(SWEEP):
+            r = sized(candidate, args.sweep_steps)
+            if i and args.sweep_budget_s is not None and time.perf_counter() - sweep_start > args.sweep_budget_s:
+                log(f"sweep {i + 1}/{len(SWEEP)}: skipped, the sweep's {args.sweep_budget_s:.0f} s are spent")
+                record["sweep"].append({"recipe": asdict(r), "skipped": True})
+                continue
+            log(f"sweep {i + 1}/{len(SWEEP)}: {r.describe()}")
+            model, curve = train(
+                data, rows, held, embed, head, target.norm.weight, r, args.seed, log, every=args.sweep_steps
+            )
+            where = write_drafter(model, r, target, out_dir / "sweep" / str(i))
+            figures = speculative_tau(
+                target,
+                target_model,
+                where,
+                validation_ids,
+                args.eval_tokens,
+                stops,
+                (r.block_size,),
+                timed=args.device.startswith("cuda"),
+            )
+            figure = figures[r.block_size]
+            log(
+                f"  validation tau {figure['tau']:.2f} at block {r.block_size}"
+                + (f", predicted speedup {figure['predicted_speedup']:.2f}x" if "predicted_speedup" in figure else "")
+            )
+            results.append((candidate, figure))
+            record["sweep"].append({"recipe": asdict(r), "curve": curve, "validation": figures})
+            stage(f"sweep {i + 1}")
+        chosen = choose(results)
+        log(f"chosen: {chosen.describe()}")
+    final = sized(chosen, args.steps)
+    record["recipe"] = asdict(final)
+    log(f"training {final.describe()} for {final.steps} steps")
+    drafter_dir = out_dir / "drafter"
+    model, record["curve"] = train(
+        data,
+        rows,
+        held,
+        embed,
+        head,
+        target.norm.weight,
+        final,
+        args.seed,
+        log,
+        keep=lambda m: write_drafter(m, final, target, drafter_dir),
+    )
+    stage("train")
+    log(f"wrote {drafter_dir} ({(drafter_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
+    blocks = tuple(b for b in (4, 8, 16) if b <= final.block_size)
+    timed = args.device.startswith("cuda")
+    record["validation"] = speculative_tau(
+        target, target_model, drafter_dir, validation_ids, args.eval_tokens, stops, blocks, timed
+    )
+    record["held_out"] = speculative_tau(
+        target, target_model, drafter_dir, held_out_ids, args.eval_tokens, stops, blocks, timed
+    )
+    for block, figure in record["held_out"].items():
+        log(
+            f"held-out tau {figure['tau']:.2f} at block {block} (identical: {figure['identical']}), acceptance by "
+            f"position {figure['acceptance_by_position']}"
+            + (f", predicted speedup {figure['predicted_speedup']:.2f}x" if timed else "")
+        )
+    stage("evaluate")
+    log(f"done in {time.perf_counter() - clock:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
