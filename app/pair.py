@@ -20,7 +20,6 @@ class GatePair:
     target: str
     draft: str | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
-    chat: bool = False  # the demo's prompts go through the chat template
 
 
 def gate_pair(
@@ -53,4 +52,4 @@ def demo_pair(target: str | None, draft: str | None, mtp: bool, progress: Progre
         raise BadInput("--demo", "runs the built-in SmolLM2 pair: give no TARGET, DRAFT or --mtp with it")
     progress.stage("setting up the demo pair (SmolLM2-135M-Instruct, draft requantized to Q8_0)")
     target, draft = demo_files()
-    return GatePair(target, draft, chat=True)
+    return GatePair(target, draft)

@@ -215,6 +215,8 @@ class DrafterKind:
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
+    block_size: int = 16  # tokens verified a round where the checkpoint does not say: `run` uses it and `check`'s
+    # launch lines print it, so both run the same block
 
 
 # llama.cpp's `dflash` arch holds DFlash and DFlash-2 drafters alike (the selector keys tell them apart)
@@ -252,9 +254,12 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             ("dflash", "dflash-draft"),
             DFLASH_GGUF,
         ),
-        DrafterKind("mtp", (), None),  # the target's own mtp.* head: no checkpoint of its own
-        DrafterKind("eagle3", ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), "llama", ("eagle3",)),
-        DrafterKind("draft_model", (), None),  # a smaller model of any family, sharing the tokenizer
+        # the target's own mtp.* head: no checkpoint of its own; three chained drafts a round, vLLM's and
+        # SGLang's usual num_speculative_tokens
+        DrafterKind("mtp", (), None, block_size=4),
+        # seven chained drafts a round, as vLLM's EAGLE-3 examples run
+        DrafterKind("eagle3", ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), "llama", ("eagle3",), block_size=8),
+        DrafterKind("draft_model", (), None, block_size=5),  # a smaller model of any family, sharing the tokenizer
     )
 }
 

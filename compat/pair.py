@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpair.checkpoint import Checkpoint, Taps
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.compat.memory import Gpu
 
 DEFAULT_CONTEXT = 32768
@@ -50,11 +51,11 @@ class Pair:
 
     @property
     def block_size(self) -> int:
-        """Tokens verified per round: the drafter's trained block, 16 where it does not say (SGLang, llama.cpp)."""
+        """Tokens verified per round: the drafter's trained block, else its kind's (the block `run` uses)."""
         drafter = self.draft.drafter
         if drafter and drafter.block_size:
             return drafter.block_size
-        return 4 if self.kind in ("mtp", "draft_model") else (6 if self.kind == "eagle3" else 16)
+        return DRAFTER_KINDS[self.kind].block_size
 
     @property
     def draft_name(self) -> str:
