@@ -146,8 +146,9 @@ class GateReport:
     def summary(self) -> str:
         overall = totals(self.cells)
         reasons = self.inconclusive
+        more = len(reasons) - 1
         verdict = (
-            f"inconclusive ({reasons[0]}" + (f"; {len(reasons) - 1} more settings" if len(reasons) > 1 else "") + ")"
+            f"inconclusive ({reasons[0]}" + (f"; {more} more setting{'s' if more > 1 else ''}" if more else "") + ")"
             if self.identical is None
             else f"identical {sum(c.identical for c in self.compared)}/{len(self.compared)}"
         )
@@ -491,7 +492,7 @@ def inconclusive(cell: Cell, stops: list[int], max_tokens: int, chat: bool) -> s
         )
     else:
         why = f"--max-tokens {max_tokens}"
-    return f"{count} generated tokens compared, fewer than {MIN_COMPARED} ({why})"
+    return f"{count} generated token{'' if count == 1 else 's'} compared, fewer than {MIN_COMPARED} ({why})"
 
 
 def totals(cells: list[Cell]) -> dict[str, Any]:

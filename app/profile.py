@@ -106,7 +106,10 @@ def check_writable(path: str) -> None:
 
 
 def write_profile(path: str, profile: dict[str, Any]) -> None:
-    """The profile as JSON, written beside `path` and renamed onto it (never half a file)."""
+    """The profile as JSON, written beside `path` and renamed onto it (never half a file); by the first rank only
+    of a tensor-parallel group (every rank measured the same rounds)."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        return
     partial = path + ".specpair-partial"
     try:
         with open(partial, "w", encoding="utf-8") as f:

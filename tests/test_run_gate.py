@@ -302,10 +302,10 @@ def test_a_target_that_stops_at_once_is_inconclusive_never_identical(pair, tmp_p
     report = json.loads(done.stdout)
     validate(report)
     assert report["outcome"] == "inconclusive" and report["identical"] is None
-    why = "1 generated tokens compared, fewer than 16 (the target stopped after 1 token)"
+    why = "1 generated token compared, fewer than 16 (the target stopped after 1 token)"
     assert report["inconclusive"] == [f"greedy, solo: {why}", f"greedy, 4 concurrent: {why}"]
     assert [(r["identical"], r["compared_tokens"], r["inconclusive"]) for r in report["runs"]] == [(None, 1, why)] * 2
-    assert report["summary"].startswith(f"inconclusive (greedy, solo: {why}; 1 more settings) · τ ")
+    assert report["summary"].startswith(f"inconclusive (greedy, solo: {why}; 1 more setting) · τ ")
     human = specpair(*args)
     assert human.returncode == 3 and f"INCONCLUSIVE greedy, solo: {why}" in human.stdout.splitlines()
     assert "identical" not in human.stdout.splitlines()[-1] and f"inconclusive: {why}" in human.stderr
