@@ -135,10 +135,10 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate text from TARGET with specpair's runtime, streamed as it comes, then the speed. With DRAFT, --mtp or
-    --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts), greedy
-    and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
+    --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts),
+    greedy and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
     from specpair.app.device import start_ranks
-    from specpair.app.prompts import read_prompt, read_prompts
+    from specpair.app.prompts import read_prompt
     from specpair.errors import BadInput
 
     ended = start_ranks(tp)
@@ -149,20 +149,17 @@ def run(
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
         from specpair.app.device import on_cpu
         from specpair.app.gate import run_gate
-        from specpair.app.profile import check_writable, write_profile
+        from specpair.app.profile import write_profile
 
-        if prompts is not None and (prompt is not None or prompt_file is not None):
-            raise BadInput("--prompts", "give at most one of --prompt, --prompt-file and --prompts")
-        if profile is not None:
-            check_writable(profile)
+        text, records = _gate_prompts(prompt, prompt_file, prompts, profile, chat)
         given = [ctx.get_parameter_source(name) for name in SAMPLING]  # by name: typer vendors click's enum
         report = run_gate(
             target,
             draft,
             mtp=mtp,
             demo=demo,
-            prompt=read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None,
-            prompts=read_prompts(prompts, chat) if prompts is not None else None,
+            prompt=text,
+            prompts=records,
             max_tokens=max_tokens or (DEMO_CPU_MAX_TOKENS if demo and on_cpu(device) else GATE_MAX_TOKENS),
             sampling=sampling if any(s is not None and s.name == "COMMANDLINE" for s in given) else None,
             chat=chat,
@@ -185,18 +182,25 @@ def run(
         raise BadInput("TARGET", "give a checkpoint to run (or --demo for the built-in pair)")
     if prompts is not None or profile is not None:
         raise BadInput("--prompts" if prompts is not None else "--profile", "needs a drafter: give DRAFT or --mtp")
-    _generate(
-        out,
-        target,
-        read_prompt(prompt, prompt_file),
-        max_tokens or MAX_TOKENS,
-        sampling,
-        chat,
-        device,
-        threads,
-        gguf_file,
-        graphs,
-    )
+    text = read_prompt(prompt, prompt_file)
+    _generate(out, target, text, max_tokens or MAX_TOKENS, sampling, chat, device, threads, gguf_file, graphs)
+
+
+def _gate_prompts(
+    prompt: str | None, prompt_file: str | None, prompts: str | None, profile: str | None, chat: bool | None
+) -> tuple[str | None, list | None]:
+    """The gate's prompt (--prompt, --prompt-file) or prompts (--prompts), at most one given, read and checked
+    with --profile's directory before any work."""
+    from specpair.app.profile import check_writable
+    from specpair.app.prompts import read_prompt, read_prompts
+    from specpair.errors import BadInput
+
+    if prompts is not None and (prompt is not None or prompt_file is not None):
+        raise BadInput("--prompts", "give at most one of --prompt, --prompt-file and --prompts")
+    if profile is not None:
+        check_writable(profile)
+    text = read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
+    return text, read_prompts(prompts, chat) if prompts is not None else None
 
 
 def _generate(
