@@ -287,7 +287,7 @@ def header_lines(doc: dict) -> list[str]:
         )
         + " / bytes of weights a decode step reads",
     ]
-    if doc["identical"] is not None:
+    if doc["draft"] is not None:
         lines.append(
             "predicted: the speedup of a loop that cost only its steps, τ × decode step / (draft round + verify "
             "step), each step timed alone on the same prompts; speedup / predicted is what the loop's own work leaves"

@@ -212,3 +212,6 @@ def test_the_users_prompts_their_profile_and_too_few_tokens(pair, tmp_path):
     assert report["identical"] is None  # the built-in 4 prompts, 2 at a time: 4 x 8 tokens; depth 0: one of 8
     assert report["inconclusive"] == ["depth 0: 8 generated tokens compared, fewer than 16 (--tokens 8)"]
     assert report["users"][0]["drafted"]["identical"] is True and report["depth"][0]["drafted"]["identical"] is None
+    human = CliRunner().invoke(app, [*args[:-1], "--tokens", "8", "--md"])
+    assert human.exit_code == 3 and "INCONCLUSIVE depth 0: 8 generated tokens compared" in human.stdout
+    assert "drafted == undrafted, token for token: 1/2 runs" in human.stdout and "| inconclusive |" in human.stdout
