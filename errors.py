@@ -1,4 +1,12 @@
-"""The errors users see, each reported in one line (or one JSON document under --json) with its exit code."""
+"""The errors users see, each reported in one line (or one JSON document under --json) with its exit code.
+
+Exit codes of every command: 0 done (a check found the pair runnable, a gate found every drafted reply identical);
+1 a finding (a gate's divergence, a verify mismatch, all stacks failing) or Incomplete work; 2 BadInput and usage
+errors; INCONCLUSIVE_EXIT (3) a gate that compared too few generated tokens to prove anything; 130 Ctrl-C and
+128 + N for signal N (Interrupted).
+"""
+
+INCONCLUSIVE_EXIT = 3  # `run`/`bench` with a drafter: fewer than 16 generated tokens compared in a setting
 
 
 class BadInput(Exception):

@@ -1,6 +1,8 @@
 """`specpair bench TARGET [DRAFT]`: decode speed as users post it, on specpair's own runtime: tok/s by number of users
 and by context depth, undrafted and drafted, with τ, each row against the weights roofline of the GPU; every
-drafted run compared token for token with the undrafted one."""
+drafted run compared token for token with the undrafted one. The users rows run the built-in prompts, or the user's
+(`prompts`: every one, N at a time), through the target's chat template when it has one; their acceptance is what
+`profile` writes."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specpair.app.device import place_runtime
+from specpair.app.gate import MIN_COMPARED
 from specpair.app.models import dtype_name, load_target
 from specpair.app.progress import SILENT, Progress
-from specpair.app.prompts import BUILTIN_PROMPTS
-from specpair.errors import BadInput
+from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt
+from specpair.errors import INCONCLUSIVE_EXIT, BadInput
 
 if TYPE_CHECKING:
     import torch
@@ -37,18 +40,63 @@ class BenchReport:
     target: dict[str, Any]  # ref, family, resident_bytes
     draft: dict[str, Any] | None  # ref, kind, resident_bytes, block_size
     tokens: int
+    chat: bool
+    prompts: list[str]  # the names of the users rows' prompts
     users: list[dict[str, Any]]  # a row per users count, as the JSON report holds it
     depth: list[dict[str, Any]]  # a row per depth
+    requests: list[tuple[str, list[int]]]  # the users rows' sequences: prompt name, drafts kept per measured round
     plot: str | None = None  # the PNG of the depth sweep, once written
 
     @property
+    def inconclusive(self) -> list[str]:
+        """Why each drafted row that compared fewer than MIN_COMPARED generated tokens proves nothing."""
+        return [
+            f"{key} {r[key]}: {r['drafted']['inconclusive']}"
+            for key in ("users", "depth")
+            for r in getattr(self, key)
+            if r["drafted"] and r["drafted"]["inconclusive"]
+        ]
+
+    @property
     def identical(self) -> bool | None:
-        """Every drafted run equal to its undrafted run; None without a drafter."""
-        return None if self.draft is None else all(r["drafted"]["identical"] for r in self.users + self.depth)
+        """Every drafted run equal to its undrafted run; None without a drafter, or when a row was inconclusive."""
+        if self.draft is None or any(r["drafted"]["identical"] is False for r in self.users + self.depth):
+            return None if self.draft is None else False
+        return None if self.inconclusive else True
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.identical is False else 0
+        if self.identical is False:
+            return 1
+        return INCONCLUSIVE_EXIT if self.inconclusive else 0
+
+    def profile(self) -> dict[str, Any]:
+        """The users rows' acceptance (greedy, every users count) as ModelOpt's speculation profile."""
+        from specpair.app.profile import speculation_profile
+
+        return speculation_profile(
+            self.requests,
+            self.draft["block_size"] - 1,
+            kind=self.draft["kind"],
+            draft={"ref": self.draft["ref"]} if self.draft["ref"] else {"ref": self.target["ref"], "mtp": True},
+            target={"ref": self.target["ref"], "family": self.target["family"]},
+            block_size=self.draft["block_size"],
+            conditions={
+                "engine": f"specpair {self.versions['specpair']}",
+                "command": self.command,
+                "device": str(self.device),
+                "gpu": self.gpu,
+                "dtype": self.dtype,
+                "rule": "exact",
+                "chat": self.chat,
+                "max_tokens": self.tokens,
+                "stop_ids": "ignored",
+                "settings": [
+                    {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "batch": r["users"]} for r in self.users
+                ],
+                "prompts": len(self.prompts),
+            },
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,9 +111,12 @@ class BenchReport:
             "target": self.target,
             "draft": self.draft,
             "tokens": self.tokens,
+            "chat": self.chat,
+            "prompts": self.prompts,
             "users": self.users,
             "depth": self.depth,
             "identical": self.identical,
+            "inconclusive": self.inconclusive,
             "plot": self.plot,
         }
 
@@ -79,6 +130,8 @@ def run_bench(
     depths: list[int],
     user_counts: list[int],
     tokens: int,
+    prompts: list[tuple[str, Prompt]] | None = None,
+    chat: bool | None = None,
     block_size: int | None = None,
     device: str | None = None,
     threads: int | None = None,
@@ -90,8 +143,9 @@ def run_bench(
     progress: Progress = SILENT,
 ) -> BenchReport:
     """Decode tok/s of `target` (and drafted with `draft` or its MTP head) for each users count and depth, greedy,
-    `tokens` per sequence; `bandwidth` in GB/s, else the GPU table's figure for this GPU. `command` is the command
-    line the report names."""
+    `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
+    the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
+    table's figure for this GPU. `command` is the command line the report names."""
     import torch
 
     from specpair.compat.memory import gpu_named
@@ -107,9 +161,11 @@ def run_bench(
     draft_model = open_model(draft, draft_gguf_file) if draft is not None else None
     plan = loading.plan_load(target_model, where, parallel=parallel)
     tokenizer = target_model.tokenizer()
-    user_prompts = [tokenizer.encode(text) for _, text in BUILTIN_PROMPTS]
+    chat = chat_by_default(tokenizer, chat)
+    named = prompts or list(BUILTIN_PROMPTS)
+    user_prompts = [encode_prompt(tokenizer, prompt, chat, name) for name, prompt in named]
     text = tokenizer.encode("\n\n".join(text for _, text in BUILTIN_PROMPTS) + "\n\n")
-    if not text or not all(user_prompts):
+    if not text:
         raise BadInput(target, "its tokenizer encodes the built-in prompts to no tokens")
     context = max(depths + [len(p) for p in user_prompts]) + tokens + (block_size or FIT_BLOCK)
     runtime = load_target(plan, progress, context).runtime
@@ -125,9 +181,12 @@ def run_bench(
     progress.stage("warming up (kernels compile on first use)")
     runs = Rows(runtime, drafter, plan, tokens, block, graphs, bytes_per_s, progress)
     runs.warm_up(user_prompts[0])
-    users = [runs.row([user_prompts[i % len(user_prompts)] for i in range(n)], f"users {n}") for n in user_counts]
+    names = [name for name, _ in named]
+    requests: list[tuple[str, list[int]]] = []
+    users = [runs.row(batches(len(user_prompts), n), user_prompts, f"users {n}", names, requests) for n in user_counts]
     depth = [
-        {"depth": d, **runs.row([(text * (max(d, 1) // len(text) + 1))[: max(d, 1)]], f"depth {d}")} for d in depths
+        {"depth": d, **runs.row([[0]], [(text * (max(d, 1) // len(text) + 1))[: max(d, 1)]], f"depth {d}")}
+        for d in depths
     ]
     return BenchReport(
         command=command,
@@ -143,9 +202,19 @@ def run_bench(
         if drafter is None
         else {"ref": draft, "kind": drafter.kind, "resident_bytes": drafter.resident_bytes, "block_size": block},
         tokens=tokens,
+        chat=chat,
+        prompts=names,
         users=users,
         depth=depth,
+        requests=requests,
     )
+
+
+def batches(count: int, size: int) -> list[list[int]]:
+    """Indices of `count` prompts, `size` at a time; fewer prompts than that are repeated to fill one batch."""
+    if count < size:
+        return [[i % count for i in range(size)]]
+    return [list(range(at, min(at + size, count))) for at in range(0, count, size)]
 
 
 class Rows:
@@ -177,21 +246,46 @@ class Rows:
                 self.target, self.drafter, [ids], self.block + 1, Sampling(), block_size=self.block, graphs=self.graphs
             )
 
-    def row(self, prompts: list[list[int]], name: str) -> dict[str, Any]:
-        from specpair.runtime.generate import generate
+    def row(
+        self,
+        groups: list[list[int]],
+        prompts: list[list[int]],
+        name: str,
+        names: list[str] | None = None,
+        requests: list[tuple[str, list[int]]] | None = None,
+    ) -> dict[str, Any]:
+        """The row of `prompts` run as `groups` of concurrent sequences, one after another (indices into
+        `prompts`); `requests` gets each drafted sequence's prompt name and measured rounds."""
+        from specpair.runtime.generate import Timing, generate
         from specpair.runtime.sampling import Sampling
 
+        users = len(groups[0])
         self.progress.stage(
-            f"{name}: undrafted, {len(prompts)} x {self.tokens} tokens after "
-            f"{'/'.join(str(len(p)) for p in prompts)} prompt tokens"
+            f"{name}: undrafted, {sum(map(len, groups))} x {self.tokens} tokens after "
+            f"{'/'.join(str(len(prompts[i])) for i in groups[0])}{' ...' if len(groups) > 1 else ''} prompt tokens"
         )
-        undrafted, u = generate(self.target, prompts, self.tokens, Sampling(), graphs=self.graphs)
+        undrafted, u = [], Timing(0.0, 0.0, 0, 0, 0)
+        with self.progress.meter(name, len(groups), unit="batches", tenths=len(groups) > 1) as advance:
+            for group in groups:
+                done, timing = generate(
+                    self.target, [prompts[i] for i in group], self.tokens, Sampling(), graphs=self.graphs
+                )
+                undrafted += [g.tokens for g in done]
+                u = Timing(
+                    u.prefill_s + timing.prefill_s,
+                    u.decode_s + timing.decode_s,
+                    u.prompt_tokens + timing.prompt_tokens,
+                    u.generated_tokens + timing.generated_tokens,
+                    u.sequences + timing.sequences,
+                    u.capture_s + timing.capture_s,
+                )
+                advance(1)
         u_rate = u.decode_tokens_per_s
-        weights = self.plan.weights_read(len(prompts))
-        roofline = len(prompts) * self.bytes_per_s / weights if self.bytes_per_s else None
+        weights = self.plan.weights_read(users)
+        roofline = users * self.bytes_per_s / weights if self.bytes_per_s else None
         row = {
-            "users": len(prompts),
-            "prompt_tokens": sum(len(p) for p in prompts),
+            "users": users,
+            "prompt_tokens": u.prompt_tokens,
             "undrafted": {
                 "tokens_per_s": u_rate,
                 "seconds": {"prefill": u.prefill_s, "decode": u.decode_s, "capture": u.capture_s},
@@ -203,40 +297,72 @@ class Rows:
         }
         result = f"  {u_rate:.1f} tok/s undrafted"
         if self.drafter is not None:
-            result += self.drafted(row, prompts, [g.tokens for g in undrafted], name, roofline)
+            line, measured = self.drafted(row, groups, prompts, undrafted, name, roofline)
+            result += line
+            if requests is not None and names is not None:
+                requests += [(names[i], accepted) for i, accepted in zip(sum(groups, []), measured)]
         self.progress.note(result + (f" · roofline {roofline:.1f}" if roofline else ""))
         return row
 
     def drafted(
         self,
         row: dict[str, Any],
+        groups: list[list[int]],
         prompts: list[list[int]],
         undrafted: list[list[int]],
         name: str,
         roofline: float | None,
-    ) -> str:
-        """The drafted figures into `row`; what the progress line adds for them."""
+    ) -> tuple[str, list[list[int]]]:
+        """The drafted figures into `row`; what the progress line adds for them, and each sequence's measured
+        rounds (Drafted.measured)."""
         from specpair.runtime.sampling import Sampling
-        from specpair.runtime.speculative import acceptance_by_position, speculative_generate, step_times
+        from specpair.runtime.speculative import (
+            SpeculativeTiming,
+            acceptance_by_position,
+            mean_accept_length,
+            speculative_generate,
+            step_times,
+        )
 
         self.progress.stage(f"{name}: drafted ({self.drafter.kind}, block {self.block})")
-        drafted, d = speculative_generate(
-            self.target, self.drafter, prompts, self.tokens, Sampling(), block_size=self.block, graphs=self.graphs
-        )
+        drafted, d = [], SpeculativeTiming()
+        with self.progress.meter(name, len(groups), unit="batches", tenths=len(groups) > 1) as advance:
+            for group in groups:
+                done, timing = speculative_generate(
+                    self.target,
+                    self.drafter,
+                    [prompts[i] for i in group],
+                    self.tokens,
+                    Sampling(),
+                    block_size=self.block,
+                    graphs=self.graphs,
+                )
+                drafted += done
+                for field in ("prefill_s", "draft_s", "verify_s", "capture_s", "rounds", "generated_tokens"):
+                    setattr(d, field, getattr(d, field) + getattr(timing, field))
+                advance(1)
+        measured = [r.measured for r in drafted]
         u_rate = row["undrafted"]["tokens_per_s"]
-        rounds = sum(len(r.committed) for r in drafted)
         d_rate = d.generated_tokens / (d.draft_s + d.verify_s)
-        tau = sum(sum(r.committed) for r in drafted) / rounds
+        tau = mean_accept_length([a for r in measured for a in r])
         difference = first_difference(undrafted, [r.tokens for r in drafted])
-        steps = step_times(self.target, self.drafter, prompts, self.block, graphs=self.graphs)
+        compared = sum(len(undrafted[at]) for at in first_runs(groups))
+        inconclusive = (
+            f"{compared} generated tokens compared, fewer than {MIN_COMPARED} (--tokens {self.tokens})"
+            if compared < MIN_COMPARED
+            else None
+        )
+        steps = step_times(self.target, self.drafter, [prompts[i] for i in groups[0]], self.block, graphs=self.graphs)
         predicted = steps.predicted_speedup(tau)
         row["drafted"] = {
             "tokens_per_s": d_rate,
             "tau": tau,
             "acceptance_by_position": acceptance_by_position(drafted, self.block - 1),
-            "rounds": rounds,
-            "identical": difference is None,
+            "rounds": sum(len(r.committed) for r in drafted),
+            "identical": False if difference else (None if inconclusive else True),
             "first_difference": difference,
+            "compared_tokens": compared,
+            "inconclusive": inconclusive,
             "seconds": {"prefill": d.prefill_s, "draft": d.draft_s, "verify": d.verify_s, "capture": d.capture_s},
             "step_seconds": {"decode": steps.decode_s, "verify": steps.verify_s, "draft": steps.draft_s},
             "predicted_speedup": predicted,
@@ -244,9 +370,19 @@ class Rows:
         }
         row["speedup"] = d_rate / u_rate
         row["of_roofline"]["drafted"] = d_rate / roofline if roofline else None
-        return f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · " + (
-            "identical" if difference is None else "DIVERGED"
+        verdict = "DIVERGED" if difference else f"inconclusive: {inconclusive}" if inconclusive else "identical"
+        return (
+            f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · {verdict}",
+            (measured),
         )
+
+
+def first_runs(groups: list[list[int]]) -> list[int]:
+    """Where each prompt first runs in the groups' sequences, flattened (a batch filled by repeats counts once)."""
+    seen: dict[int, int] = {}
+    for at, i in enumerate(sum(groups, [])):
+        seen.setdefault(i, at)
+    return list(seen.values())
 
 
 def first_difference(undrafted: list[list[int]], drafted: list[list[int]]) -> dict[str, int | None] | None:

@@ -2,6 +2,9 @@
 concurrent, and every drafted reply must equal the undrafted one token for token (the exact rule makes that the
 contract: runtime/speculative.py). Also measured: tau, acceptance per draft position, the draft/verify time split,
 tok/s and the speedup; the report carries revisions, file hashes and prompt hashes so it can be rerun.
+
+A setting that compared fewer than MIN_COMPARED generated tokens proves nothing (an instruct target given raw text
+can stop at once): the gate then says inconclusive and why, never identical, and exits INCONCLUSIVE_EXIT.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from specpair.app.generation import SCHEMA, SamplingArgs
 from specpair.app.models import describe, load_target
 from specpair.app.pair import GatePair, gate_pair
 from specpair.app.progress import SILENT, Progress
-from specpair.app.prompts import BUILTIN_PROMPTS, encode_prompt
-from specpair.errors import BadInput
+from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt, prompt_text
+from specpair.errors import INCONCLUSIVE_EXIT, BadInput
 
 if TYPE_CHECKING:
     import torch
@@ -29,12 +32,13 @@ GATE_TEMPERATURES = ((0.0, 0, 1.0, 0), (0.7, 0, 1.0, 1), (1.0, 40, 0.95, 2))  # 
 CONCURRENT = 4
 GATE_MAX_TOKENS = 64  # per prompt and setting, unless --max-tokens says otherwise
 CONTEXT = (12, 6)  # tokens shown before and from a first difference
+MIN_COMPARED = 16  # generated tokens a compared setting needs (each prompt once) before its verdict means anything
 
 
 @dataclass
 class GatePrompt:
-    name: str  # "prose", "code", or "prompt" for --prompt
-    text: str
+    name: str  # "prose", "code", "prompt" for --prompt, a --prompts record's category or "line N"
+    text: str  # the prompt, or a chat's JSON
     ids: list[int]
 
 
@@ -55,13 +59,24 @@ class Cell:
     undrafted_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
-    rounds: int = 0
-    committed: int = 0
-    accepted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)  # drafts kept in each measured round (Drafted.measured)
+    requests: list[list[int]] = field(default_factory=list)  # the same, per prompt run
 
     @property
     def label(self) -> str:
         return f"{describe_sampling(self.sampling)}, {'solo' if self.batch == 1 else f'{self.batch} concurrent'}"
+
+    def replies(self) -> dict[int, list[int]]:
+        """The undrafted reply to each of the gate's prompts this setting ran (a concurrent batch repeats some)."""
+        first: dict[int, list[int]] = {}
+        for i, (undrafted, _) in zip(self.indices, self.outputs):
+            first.setdefault(i, undrafted)
+        return first
+
+    @property
+    def compared_tokens(self) -> int:
+        """Generated tokens compared, each prompt counted once."""
+        return sum(len(r) for r in self.replies().values())
 
 
 @dataclass
@@ -104,19 +119,41 @@ class GateReport:
     def compared(self) -> list[Cell]:
         return [c for c in self.cells if compared(c, self.rule)]
 
+    def reason(self, cell: Cell) -> str | None:
+        return inconclusive(cell, self.stops, self.max_tokens, self.chat) if compared(cell, self.rule) else None
+
     @property
-    def identical(self) -> bool:
-        return all(c.identical for c in self.compared)
+    def inconclusive(self) -> list[str]:
+        """Why each compared setting that held too few tokens proves nothing, by label."""
+        return [f"{c.label}: {why}" for c in self.compared if (why := self.reason(c))]
+
+    @property
+    def identical(self) -> bool | None:
+        """False when a drafted reply differed; else None when a setting was inconclusive; else True."""
+        if not all(c.identical for c in self.compared):
+            return False
+        return None if self.inconclusive else True
+
+    @property
+    def outcome(self) -> str:
+        return {True: "identical", False: "diverged", None: "inconclusive"}[self.identical]
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.identical else 1
+        return {True: 0, False: 1, None: INCONCLUSIVE_EXIT}[self.identical]
 
     @property
     def summary(self) -> str:
         overall = totals(self.cells)
+        reasons = self.inconclusive
+        more = len(reasons) - 1
+        verdict = (
+            f"inconclusive ({reasons[0]}" + (f"; {more} more setting{'s' if more > 1 else ''}" if more else "") + ")"
+            if self.identical is None
+            else f"identical {sum(c.identical for c in self.compared)}/{len(self.compared)}"
+        )
         return (
-            f"identical {sum(c.identical for c in self.compared)}/{len(self.compared)} · τ {overall['tau']:.2f} · "
+            f"{verdict} · τ {overall['tau']:.2f} · "
             f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
             f"{overall['tokens_per_s']['undrafted']:.1f} tok/s) · {self.kind} block {self.block} · "
             f"{self.target.config.family} on {self.device} · "
@@ -156,6 +193,31 @@ class GateReport:
                     )
         return found
 
+    def profile(self) -> dict[str, Any]:
+        """The acceptance measured, every setting's prompt runs together, as ModelOpt's speculation profile."""
+        from specpair import __version__
+        from specpair.app.profile import speculation_profile
+
+        return speculation_profile(
+            [(self.prompts[i].name, accepted) for c in self.cells for i, accepted in zip(c.indices, c.requests)],
+            self.block - 1,
+            kind=self.kind,
+            draft={k: v for k, v in self.described("draft").items() if k in ("ref", "revision", "mtp")},
+            target={k: v for k, v in self.described("target").items() if k in ("ref", "revision", "family")},
+            block_size=self.block,
+            conditions={
+                "engine": f"specpair {__version__}",
+                "command": "specpair run",
+                "device": str(self.device),
+                "dtype": self.dtype,
+                "rule": self.rule,
+                "chat": self.chat,
+                "max_tokens": self.max_tokens,
+                "settings": [{**sampling_json(c.sampling), "batch": c.batch} for c in self.cells],
+                "prompts": len(self.prompts),
+            },
+        )
+
     def to_json(self) -> dict[str, Any]:
         verdict = self.verdicts["specpair"]
         return {
@@ -182,8 +244,10 @@ class GateReport:
                 "warnings": self.warnings,
                 "stacks": {stack: v.status for stack, v in self.verdicts.items()},
             },
-            "runs": [cell_json(c, self.rule) for c in self.cells],
+            "runs": [cell_json(c, self.rule, self.reason(c)) for c in self.cells],
+            "outcome": self.outcome,
             "identical": self.identical,
+            "inconclusive": self.inconclusive,
             **totals(self.cells),
             "summary": self.summary,
         }
@@ -196,9 +260,10 @@ def run_gate(
     mtp: bool = False,
     demo: bool = False,
     prompt: str | None = None,
+    prompts: list[tuple[str, Prompt]] | None = None,
     max_tokens: int = GATE_MAX_TOKENS,
     sampling: SamplingArgs | None = None,
-    chat: bool = False,
+    chat: bool | None = None,
     device: str | None = None,
     threads: int | None = None,
     gguf_file: str | None = None,
@@ -210,8 +275,9 @@ def run_gate(
     graphs: bool | None = None,
     progress: Progress = SILENT,
 ) -> GateReport:
-    """The gate on the pair the arguments name (`pair.gate_pair`): `prompt` or the built-in ones, `sampling` or
-    the gate's three settings, `batch` or solo and CONCURRENT at once."""
+    """The gate on the pair the arguments name (`pair.gate_pair`): `prompt`, `prompts` (name, text or chat) or the
+    built-in ones, through the target's chat template unless `chat` is False (None: when it has one), `sampling`
+    or the gate's three settings, `batch` or solo and CONCURRENT at once."""
     from specpair.runtime import loading
     from specpair.runtime.drafters.loading import drafter_kind, load_drafter
     from specpair.runtime.speculative import RULES
@@ -220,7 +286,6 @@ def run_gate(
     if rule not in RULES:
         raise BadInput("--rule", f"{rule!r} is not one of {', '.join(RULES)}")
     pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
-    chat = chat or pair.chat
     where, parallel = place_runtime(device, threads)
     if block_size is None and where.type == "cpu":
         block_size = pair.cpu_block
@@ -228,9 +293,12 @@ def run_gate(
     draft_model = open_model(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)
     tokenizer = target_model.tokenizer()
-    named = [("prompt", prompt)] if prompt is not None else list(BUILTIN_PROMPTS)
-    prompts = [GatePrompt(name, text, encode_prompt(tokenizer, text, chat)) for name, text in named]
-    context = max(len(p.ids) for p in prompts) + max_tokens
+    chat = chat_by_default(tokenizer, chat)
+    named = [("prompt", prompt)] if prompt is not None else prompts or list(BUILTIN_PROMPTS)
+    gate_prompts = [
+        GatePrompt(name, prompt_text(text), encode_prompt(tokenizer, text, chat, name)) for name, text in named
+    ]
+    context = max(len(p.ids) for p in gate_prompts) + max_tokens
     verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
 
     plan = loading.plan_load(target_model, where, parallel=parallel)
@@ -251,14 +319,15 @@ def run_gate(
         progress.warn(w)
 
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    runner = CellRunner(target_run, drafter, prompts, max_tokens, stops, block, rule, graphs)
+    runner = CellRunner(target_run, drafter, gate_prompts, max_tokens, stops, block, rule, graphs)
     runner.warm_up()
     cells = []
     for setting in [sampling] if sampling is not None else list(GATE_TEMPERATURES):
         for size in [batch] if batch else [1, CONCURRENT]:
             cell = runner.run(setting, size, progress)
             cells.append(cell)
-            progress.note(cell_line(cell, rule))
+            why = inconclusive(cell, stops, max_tokens, chat) if compared(cell, rule) else None
+            progress.note(cell_line(cell, rule, why))
     return GateReport(
         target_model,
         draft_model,
@@ -270,7 +339,7 @@ def run_gate(
         max_tokens,
         rule,
         chat,
-        prompts,
+        gate_prompts,
         verdicts,
         warnings,
         cells,
@@ -337,14 +406,21 @@ class CellRunner:
         cell = Cell(Sampling(*setting), size, self.block)
         progress.stage(cell.label)
         count = len(self.prompts)
-        groups = [[i] for i in range(count)] if size == 1 else [[i % count for i in range(size)]]
-        for group in groups:
-            self.run_group(cell, group)
+        # a batch of `size` prompts at a time; fewer prompts than that are repeated to fill one
+        groups = (
+            [[i % count for i in range(size)]]
+            if count < size
+            else [list(range(at, min(at + size, count))) for at in range(0, count, size)]
+        )
+        with progress.meter(cell.label, count, unit="prompts", tenths=count > CONCURRENT) as advance:
+            for group in groups:
+                self.run_group(cell, group)
+                advance(len(set(group)))
         return cell
 
     def run_group(self, cell: Cell, group: list[int]) -> None:
         from specpair.runtime.generate import generate
-        from specpair.runtime.speculative import acceptance_by_position, speculative_generate
+        from specpair.runtime.speculative import accepted_by_position, speculative_generate
 
         prompts = [self.prompts[i].ids for i in group]
         undrafted, u_timing = generate(
@@ -368,11 +444,10 @@ class CellRunner:
         cell.drafted_s += d_s
         cell.draft_s += d_timing.draft_s
         cell.verify_s += d_timing.verify_s
-        cell.rounds += sum(len(r.committed) for r in drafted)
-        cell.committed += sum(sum(r.committed) for r in drafted)
         checked = compared(cell, self.rule)
         for i, u, d in zip(group, undrafted, drafted):
-            cell.accepted += d.accepted
+            cell.accepted += d.measured
+            cell.requests.append(d.measured)
             same = u.tokens == d.tokens
             at = next(
                 (j for j, (a, b) in enumerate(zip(u.tokens, d.tokens)) if a != b), min(len(u.tokens), len(d.tokens))
@@ -393,7 +468,7 @@ class CellRunner:
                     },
                     "tokens": len(d.tokens),
                     "tau": d.tau,
-                    "acceptance_by_position": acceptance_by_position([d], self.block - 1),
+                    "acceptance_by_position": accepted_by_position(d.measured, self.block - 1),
                     "tokens_per_s": {"drafted": d_timing.tokens_per_s, "undrafted": u_timing.tokens_per_s},
                     "speedup": d_timing.tokens_per_s / u_timing.tokens_per_s if u_timing.tokens_per_s else None,
                 }
@@ -405,45 +480,72 @@ def compared(cell: Cell, rule: str) -> bool:
     return rule == "exact" or cell.sampling.greedy
 
 
+def inconclusive(cell: Cell, stops: list[int], max_tokens: int, chat: bool) -> str | None:
+    """Why a compared setting proves nothing (fewer than MIN_COMPARED generated tokens, each prompt once), or
+    None."""
+    count = cell.compared_tokens
+    if count >= MIN_COMPARED:
+        return None
+    replies = list(cell.replies().values())
+    if all(r and r[-1] in stops for r in replies):
+        lengths = ", ".join(str(len(r)) for r in replies)
+        why = f"the target stopped after {lengths} token{'' if lengths == '1' else 's'}" + (
+            "; the prompts ran without a chat template" if not chat else ""
+        )
+    else:
+        why = f"--max-tokens {max_tokens}"
+    return f"{count} generated token{'' if count == 1 else 's'} compared, fewer than {MIN_COMPARED} ({why})"
+
+
 def totals(cells: list[Cell]) -> dict[str, Any]:
+    """tau and acceptance by position over the same rounds (Drafted.measured): tau = 1 + their sum."""
+    from specpair.runtime.speculative import accepted_by_position, mean_accept_length
+
     drafted_tokens, undrafted_tokens = sum(c.drafted_tokens for c in cells), sum(c.undrafted_tokens for c in cells)
     drafted_s, undrafted_s = sum(c.drafted_s for c in cells), sum(c.undrafted_s for c in cells)
-    rounds, committed = sum(c.rounds for c in cells), sum(c.committed for c in cells)
     drafted = drafted_tokens / drafted_s if drafted_s else 0.0
     undrafted = undrafted_tokens / undrafted_s if undrafted_s else 0.0
     accepted = [a for c in cells for a in c.accepted]
     block = cells[0].block
     draft_s, verify_s = sum(c.draft_s for c in cells), sum(c.verify_s for c in cells)
     return {
-        "tau": committed / rounds if rounds else 0.0,
-        "acceptance_by_position": [
-            sum(a >= i for a in accepted) / len(accepted) if accepted else 0.0 for i in range(1, block)
-        ],
+        "tau": mean_accept_length(accepted),
+        "acceptance_by_position": accepted_by_position(accepted, block - 1),
         "tokens_per_s": {"drafted": drafted, "undrafted": undrafted},
         "speedup": drafted / undrafted if undrafted else 0.0,
         "seconds": {"draft": draft_s, "verify": verify_s, "drafted": drafted_s, "undrafted": undrafted_s},
     }
 
 
-def cell_json(c: Cell, rule: str) -> dict[str, Any]:
+def sampling_json(sampling: Sampling) -> dict[str, Any]:
     return {
-        "sampling": {
-            "temperature": c.sampling.temperature,
-            "top_k": c.sampling.top_k,
-            "top_p": c.sampling.top_p,
-            "seed": c.sampling.seed,
-        },
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": sampling.seed,
+    }
+
+
+def cell_json(c: Cell, rule: str, reason: str | None) -> dict[str, Any]:
+    return {
+        "sampling": sampling_json(c.sampling),
         "batch": c.batch,
-        "identical": c.identical if compared(c, rule) else None,
+        "identical": (c.identical and (None if reason else True)) if compared(c, rule) else None,
+        "compared_tokens": c.compared_tokens,
+        "inconclusive": reason,
         "prompts": c.prompts,
         **totals([c]),
     }
 
 
-def cell_line(c: Cell, rule: str) -> str:
+def cell_line(c: Cell, rule: str, reason: str | None) -> str:
     """One setting's outcome as a progress line."""
     t = totals([c])
-    same = ("identical" if c.identical else "DIVERGED") if compared(c, rule) else "not compared (rejection rule)"
+    same = (
+        ("DIVERGED" if not c.identical else f"inconclusive: {reason}" if reason else "identical")
+        if compared(c, rule)
+        else "not compared (rejection rule)"
+    )
     accept = " ".join(f"{a:.2f}" for a in t["acceptance_by_position"])
     spent = t["seconds"]["draft"] + t["seconds"]["verify"]
     split = (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from specpair.app.device import place_runtime
 from specpair.app.models import LoadedTarget, layouts, load_target, revision
 from specpair.app.progress import SILENT, Progress
-from specpair.app.prompts import encode_prompt
+from specpair.app.prompts import chat_by_default, encode_prompt
 from specpair.errors import BadInput
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def generate_text(
     *,
     max_tokens: int,
     sampling: SamplingArgs = (0.0, 0, 1.0, 0),
-    chat: bool = False,
+    chat: bool | None = None,
     device: str | None = None,
     threads: int | None = None,
     gguf_file: str | None = None,
@@ -81,7 +81,8 @@ def generate_text(
     on_text: Callable[[str], None] | None = None,
     progress: Progress = SILENT,
 ) -> Generation:
-    """Generate from `target` after `prompt`; `on_text` gets the text as it grows (a final newline last)."""
+    """Generate from `target` after `prompt` (through its chat template unless `chat` is False; None: when it has
+    one); `on_text` gets the text as it grows (a final newline last)."""
     import torch
 
     from specpair.app.memory import out_of_memory
@@ -96,6 +97,7 @@ def generate_text(
     model = open_model(target, gguf_file)
     plan = loading.plan_load(model, where, parallel=parallel)
     tokenizer = model.tokenizer()
+    chat = chat_by_default(tokenizer, chat)
     ids = encode_prompt(tokenizer, prompt, chat)
     context = len(ids) + max_tokens
     loaded = load_target(plan, progress, context)

@@ -20,7 +20,6 @@ class GatePair:
     target: str
     draft: str | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
-    chat: bool = False  # the demo's prompts go through the chat template
     cpu_block: int | None = None  # the demo drafter's block on a CPU, where a verify step costs its rows' worth
 
 
@@ -57,4 +56,4 @@ def demo_pair(name: str | None, draft: str | None, mtp: bool, progress: Progress
     chosen = drafter(name)
     progress.stage(f"setting up the demo pair (SmolLM2-135M-Instruct, {chosen.describe})")
     target, draft = demo_files(name)
-    return GatePair(target, draft, chat=True, cpu_block=chosen.cpu_block)
+    return GatePair(target, draft, cpu_block=chosen.cpu_block)

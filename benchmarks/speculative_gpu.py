@@ -36,7 +36,11 @@ from specpair.app.prompts import BUILTIN_PROMPTS  # noqa: E402
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
 from specpair.runtime.generate import generate  # noqa: E402
 from specpair.runtime.sampling import Sampling  # noqa: E402
-from specpair.runtime.speculative import acceptance_by_position, speculative_generate  # noqa: E402
+from specpair.runtime.speculative import (  # noqa: E402
+    acceptance_by_position,
+    mean_accept_length,
+    speculative_generate,
+)
 from specpair.sources.model import open_model  # noqa: E402
 
 DEVICE = "cuda"
@@ -159,7 +163,7 @@ def gate(target, drafter, prompts: list[list[int]], block: int) -> dict:
         out[name] = {
             "identical": identical,
             "first_difference": first,
-            "tau": sum(sum(r.committed) for r in drafted) / sum(len(r.committed) for r in drafted),
+            "tau": mean_accept_length([a for r in drafted for a in r.measured]),
             "acceptance_by_position": acceptance_by_position(drafted, block - 1),
             "tokens_per_s": {"drafted": d.tokens_per_s, "undrafted": u.tokens_per_s},
             "speedup": d.tokens_per_s / u.tokens_per_s,

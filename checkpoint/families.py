@@ -260,7 +260,8 @@ class DrafterKind:
     # of its own
     reads: frozenset[str]  # target features it reads (TAPS, FINAL_HIDDEN); none: a plain model reading tokens only
     drafting: str  # BLOCK or CHAIN
-    block_size: int  # tokens verified per round when its config does not say
+    block_size: int  # tokens verified a round when its config does not say: `run` uses it and `check`'s launch
+    # lines print it, so both run the same block
     runtime: str  # "module:Class" of its drafter in specpair's runtime, whose `load` builds it (imported there only)
     serving: dict[str, Serves]  # stack -> how it serves the kind; the stacks that serve it
     config_block: str | None = None  # the nested config object of its drafter keys
@@ -404,7 +405,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             None,
             frozenset({TAPS}),
             CHAIN,
-            6,
+            8,
             "specpair.runtime.drafters.eagle3:Eagle3",
             {
                 # vLLM (and specpair): aux id j is the residual stream entering layer j, the output of layer j - 1
@@ -454,7 +455,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             None,
             frozenset(),
             CHAIN,
-            4,
+            5,
             "specpair.runtime.drafters.draft_model:DraftModel",
             {
                 OWN_STACK: Serves(),

@@ -68,3 +68,24 @@ DryRunOpt = Annotated[
     bool,
     typer.Option("--dry-run", help="Print the plan (what would be written or fetched, and why) and change nothing."),
 ]
+ChatOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--chat/--no-chat",
+        help="Wrap each prompt in the target's chat template as a user message (default: when it has one; --no-chat: raw text).",
+    ),
+]
+PromptsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompts",
+        help="Run these prompts: a file of one a line, or JSONL records with a `prompt` string or chat `messages` (and a `category`); `builtin`: the set shipped with specpair (chat, code, math, long context).",
+    ),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Write the acceptance measured to this file as ModelOpt's speculation_profile.json (schema 1.0).",
+    ),
+]

@@ -198,9 +198,16 @@ class _Tenths:
             elapsed = time.perf_counter() - self.started
             rate = (self.done - self.first) / max(elapsed, 1e-9)
             left = (self.total - self.done) / rate if rate else 0.0
-            shown = f"{rate / 1e6:,.1f} MB/s" if self.unit == "bytes" else f"{rate:,.1f} {self.unit}/s"
+            shown = rate_text(rate, self.unit)
             where = f" ({self.detail()})" if self.detail else ""
             self.out.note(f"{tenths * 10}%{where}, {shown}, {elapsed:.0f} s elapsed, {duration(left)} left")
+
+
+def rate_text(rate: float, unit: str) -> str:
+    """'12.5 MB/s', '3.0 tiles/s'; below one a second, two significant digits ('0.011 prompts/s', not '0.0')."""
+    if unit == "bytes":
+        return f"{rate / 1e6:,.1f} MB/s"
+    return f"{rate:,.2g} {unit}/s" if 0 < rate < 1 else f"{rate:,.1f} {unit}/s"
 
 
 def printable(text: str, one_line: bool = False) -> str:

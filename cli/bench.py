@@ -14,6 +14,7 @@ import typer
 
 from specpair.cli._options import (
     BlockSizeOpt,
+    ChatOpt,
     DeviceOpt,
     DraftBitsOpt,
     DraftGgufFileOpt,
@@ -21,6 +22,8 @@ from specpair.cli._options import (
     GraphsOpt,
     JsonOpt,
     MtpOpt,
+    ProfileOpt,
+    PromptsOpt,
     QuietOpt,
     ThreadsOpt,
     TpOpt,
@@ -34,20 +37,24 @@ Examples:
   specpair bench Qwen/Qwen3.6-35B-A3B --mtp --users 1,4 --depth 0,4k,32k --plot depth.png
   specpair bench ./Qwen3-8B --tokens 256 --json                   # no drafter: the undrafted columns only
   specpair bench ./Qwen3-8B ./draft --no-graphs --depth 0 --users 1   # eager, for debugging
+  specpair bench ./Qwen3-8B ./Qwen3-8B-EAGLE3 --prompts builtin --depth 0 --users 4 --profile profile.json
 
 \b
-Rows: users N runs the built-in prompts (prose and code, cycled) as N concurrent sequences; depth D runs one
-sequence whose prompt is D tokens of the built-in prompts' text (depth 0: one token). Every sequence generates
---tokens tokens, greedy, stop ids ignored. tok/s counts decoding only (no prefill, no graph capture), summed
-over the users.
+Rows: users N runs the built-in prompts (prose and code, cycled) as N concurrent sequences, or with --prompts FILE
+every prompt of the file, N at a time; through the target's chat template when it has one (--no-chat: raw text).
+Depth D runs one sequence whose prompt is D tokens of the built-in prompts' text (depth 0: one token). Every
+sequence generates --tokens tokens, greedy, stop ids ignored. tok/s counts decoding only (no prefill, no graph
+capture), summed over the users.
 The weights roofline is users x the GPU's nominal memory bandwidth / the bytes of weights one decode step reads
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
 predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
 verify step), each timed alone on the row's prompts; speedup / predicted shows what the loop itself costs.
 Output: a header (GPU, versions, the command line) and the two tables on stdout (--md: as Markdown), progress on
 stderr; --quiet: the same on stdout, nothing on stderr; --json: one document (schema specpair.bench/1).
+--profile F.json: the users rows' acceptance as ModelOpt's speculation_profile.json (schema 1.0).
 Exit codes: 0 measured (every drafted run identical to the undrafted one); 1 a drafted run differed (its
-sequence, token position and both tokens are reported); 2 bad input."""
+sequence, token position and both tokens are reported); 2 bad input; 3 inconclusive: a drafted row compared
+fewer than 16 generated tokens (--tokens), so it proves nothing."""
 COUNT = re.compile(r"(\d+)(k?)")
 GREEDY_NOTE = "greedy, stop ids ignored"
 PLOT_TITLE = "specpair bench: decode tok/s by context depth"
@@ -114,6 +121,9 @@ def bench(
     depth: DepthOpt = "0,512,1k,2k,4k,8k,32k",
     users: UsersOpt = "1,2,4,8",
     tokens: TokensOpt = 512,
+    prompts: PromptsOpt = None,
+    chat: ChatOpt = None,
+    profile: ProfileOpt = None,
     block_size: BlockSizeOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
@@ -132,6 +142,8 @@ def bench(
     weights roofline of the GPU."""
     from specpair.app.bench import run_bench
     from specpair.app.device import start_ranks
+    from specpair.app.profile import check_writable, write_profile
+    from specpair.app.prompts import read_prompts
 
     ended = start_ranks(tp)
     if ended is not None:
@@ -142,6 +154,10 @@ def bench(
         raise BadInput("--md", "give at most one of --json and --md")
     if plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
         raise BadInput(plot, "its directory does not exist")
+    if profile is not None:
+        if draft is None and not mtp:
+            raise BadInput("--profile", "measures a drafter's acceptance: give DRAFT or --mtp")
+        check_writable(profile)
     out = Output(json_output, quiet)
     report = run_bench(
         target,
@@ -151,6 +167,8 @@ def bench(
         depths=depths,
         user_counts=user_counts,
         tokens=tokens,
+        prompts=read_prompts(prompts, chat) if prompts is not None else None,
+        chat=chat,
         block_size=block_size,
         device=device,
         threads=threads,
@@ -164,6 +182,8 @@ def bench(
     if plot is not None:
         write_plot(plot, report.depth)
         report.plot = plot
+    if profile is not None:
+        write_profile(profile, report.profile())
     document = report.to_json()
     out.result(document, lambda: print_report(document, md), quiet=lambda: print_report(document, md))
     raise typer.Exit(report.exit_code)
@@ -228,14 +248,14 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                     f"{d['predicted_speedup']:.2f}×",
                     _share(d["of_predicted"]),
                     f"{d['tau']:.2f}",
-                    "yes" if d["identical"] else "NO",
+                    {True: "yes", False: "NO", None: "inconclusive"}[d["identical"]],
                 ]
             cells += [_rate(r["roofline"]["tokens_per_s"]), _share(r["of_roofline"]["undrafted"])]
             if drafted:
                 cells.append(_share(r["of_roofline"]["drafted"]))
             rows.append(cells)
         title = (
-            "Users: the built-in prompts as concurrent sequences"
+            "Users: the prompts as concurrent sequences"
             if key == "users"
             else "Depth: one sequence after a prompt of that many tokens"
         )
@@ -267,15 +287,17 @@ def header_lines(doc: dict) -> list[str]:
         )
         + " / bytes of weights a decode step reads",
     ]
-    if doc["identical"] is not None:
+    if doc["draft"] is not None:
         lines.append(
             "predicted: the speedup of a loop that cost only its steps, τ × decode step / (draft round + verify "
             "step), each step timed alone on the same prompts; speedup / predicted is what the loop's own work leaves"
         )
         runs = [r for key in ("users", "depth") for r in doc[key]]
         lines.append(
-            f"drafted == undrafted, token for token: {sum(r['drafted']['identical'] for r in runs)}/{len(runs)} runs"
+            "drafted == undrafted, token for token: "
+            f"{sum(r['drafted']['identical'] is True for r in runs)}/{len(runs)} runs"
         )
+        lines += [f"INCONCLUSIVE {reason}" for reason in doc["inconclusive"]]
         for key in ("users", "depth"):
             for r in doc[key]:
                 d = r["drafted"]["first_difference"]

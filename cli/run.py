@@ -13,6 +13,7 @@ from specpair.app.generation import MAX_TOKENS
 from specpair.app.pair import DEMO_CPU_MAX_TOKENS
 from specpair.cli._options import (
     BlockSizeOpt,
+    ChatOpt,
     DeviceOpt,
     DraftBitsOpt,
     DraftGgufFileOpt,
@@ -20,6 +21,8 @@ from specpair.cli._options import (
     GraphsOpt,
     JsonOpt,
     MtpOpt,
+    ProfileOpt,
+    PromptsOpt,
     QuietOpt,
     ThreadsOpt,
     TpOpt,
@@ -35,17 +38,22 @@ Examples:
   specpair run --demo draft-model                             # ... with its Q8_0 copy as draft model
   specpair run Qwen/Qwen3.6-35B-A3B z-lab/Qwen3.6-35B-A3B-DFlash --block-size 8 --json
   specpair run Qwen/Qwen3.6-35B-A3B --mtp --temperature 0.7 --seed 1
+  specpair run ./Qwen3-8B ./Qwen3-8B-EAGLE3 --prompts traffic.jsonl --temperature 0 --batch 1 --profile profile.json
 
 \b
 Output: the text on stdout as it is generated, then the speed on stderr; --quiet: only the text. With a drafter:
 the revisions and file hashes, the replies of the first setting, any divergence in context, and a summary line
 last (--quiet: only the summary line); each setting's result on stderr as it completes. --json: one document
-(schema specpair.run/1).
+(schema specpair.run/1). Prompts go through the target's chat template when it has one (--no-chat: raw text).
+tau and acceptance by position count the same rounds: a round cut short by --max-tokens or a stop token (the last
+of a reply) is left out of both, so tau = 1 + the sum of acceptance by position.
 
 \b
 Exit codes: 0 generated (with a drafter: every drafted reply identical to the undrafted one); 1 a drafted
 reply differed (its first diverging position and both tokens are reported); 2 bad input (a family or layout
-the runtime cannot run, a pair `specpair check` refuses, a model too big for the GPU)."""
+the runtime cannot run, a pair `specpair check` refuses, a model too big for the GPU); 3 inconclusive: a setting
+compared fewer than 16 generated tokens (the target stopped after N tokens, or --max-tokens), so it proves
+nothing and is never reported identical."""
 
 TargetArg = Annotated[
     str | None,
@@ -81,9 +89,6 @@ TopPOpt = Annotated[
 SeedOpt = Annotated[
     int, typer.Option("--seed", help="Seed of the sampler's draws (keyed by position: the same seed, the same text).")
 ]
-ChatOpt = Annotated[
-    bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template as a user message.")
-]
 DemoOpt = Annotated[
     bool,
     typer.Option(
@@ -112,12 +117,14 @@ def run(
     draft: DraftArg = None,
     prompt: PromptOpt = None,
     prompt_file: PromptFileOpt = None,
+    prompts: PromptsOpt = None,
+    profile: ProfileOpt = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = 0,
-    chat: ChatOpt = False,
+    chat: ChatOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
     tp: TpOpt = 1,
@@ -134,8 +141,8 @@ def run(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate text from TARGET with specpair's runtime, streamed as it comes, then the speed. With DRAFT, --mtp or
-    --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, or --prompt), greedy
-    and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
+    --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts),
+    greedy and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
     from specpair.app.device import start_ranks
     from specpair.app.prompts import read_prompt
     from specpair.errors import BadInput
@@ -148,14 +155,17 @@ def run(
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
         from specpair.app.device import on_cpu
         from specpair.app.gate import run_gate
+        from specpair.app.profile import write_profile
 
+        text, records = _gate_prompts(prompt, prompt_file, prompts, profile, chat)
         given = [ctx.get_parameter_source(name) for name in SAMPLING]  # by name: typer vendors click's enum
         report = run_gate(
             target,
             draft,
             mtp=mtp,
             demo=demo,
-            prompt=read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None,
+            prompt=text,
+            prompts=records,
             max_tokens=max_tokens or (DEMO_CPU_MAX_TOKENS if demo and on_cpu(device) else GATE_MAX_TOKENS),
             sampling=sampling if any(s is not None and s.name == "COMMANDLINE" for s in given) else None,
             chat=chat,
@@ -170,22 +180,33 @@ def run(
             graphs=graphs,
             progress=out,
         )
+        if profile is not None:
+            write_profile(profile, report.profile())
         out.result(report.to_json, lambda: print_gate(report), quiet=[report.summary])
         raise typer.Exit(report.exit_code)
     if target is None:
         raise BadInput("TARGET", "give a checkpoint to run (or --demo for the built-in pair)")
-    _generate(
-        out,
-        target,
-        read_prompt(prompt, prompt_file),
-        max_tokens or MAX_TOKENS,
-        sampling,
-        chat,
-        device,
-        threads,
-        gguf_file,
-        graphs,
-    )
+    if prompts is not None or profile is not None:
+        raise BadInput("--prompts" if prompts is not None else "--profile", "needs a drafter: give DRAFT or --mtp")
+    text = read_prompt(prompt, prompt_file)
+    _generate(out, target, text, max_tokens or MAX_TOKENS, sampling, chat, device, threads, gguf_file, graphs)
+
+
+def _gate_prompts(
+    prompt: str | None, prompt_file: str | None, prompts: str | None, profile: str | None, chat: bool | None
+) -> tuple[str | None, list | None]:
+    """The gate's prompt (--prompt, --prompt-file) or prompts (--prompts), at most one given, read and checked
+    with --profile's directory before any work."""
+    from specpair.app.profile import check_writable
+    from specpair.app.prompts import read_prompt, read_prompts
+    from specpair.errors import BadInput
+
+    if prompts is not None and (prompt is not None or prompt_file is not None):
+        raise BadInput("--prompts", "give at most one of --prompt, --prompt-file and --prompts")
+    if profile is not None:
+        check_writable(profile)
+    text = read_prompt(prompt, prompt_file) if prompt is not None or prompt_file is not None else None
+    return text, read_prompts(prompts, chat) if prompts is not None else None
 
 
 def _generate(
@@ -250,4 +271,5 @@ def print_gate(report) -> None:
         )
         lines.append(f'  undrafted: "…{printable(d.before, True)}⟨{printable(d.undrafted_after, True)}⟩…"')
         lines.append(f'  drafted:   "…{printable(d.before, True)}⟨{printable(d.drafted_after, True)}⟩…"')
+    lines += [f"INCONCLUSIVE {reason}" for reason in report.inconclusive]
     sys.stdout.write("\n".join(lines + [report.summary]) + "\n")

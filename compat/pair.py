@@ -60,8 +60,8 @@ class Pair:
 
     @property
     def block_size(self) -> int:
-        """Tokens verified per round: the drafter's trained block, the kind's default where it does not say (16 for
-        DFlash, as SGLang and llama.cpp assume)."""
+        """Tokens verified per round: the drafter's trained block, else its kind's (the block `run` uses; 16 for DFlash,
+        as SGLang and llama.cpp assume)."""
         drafter = self.draft.drafter
         if drafter and drafter.block_size:
             return drafter.block_size

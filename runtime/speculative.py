@@ -58,13 +58,22 @@ class Drafted:
     tokens: list[int] = field(default_factory=list)  # generated ids (the prompt excluded), a final stop id included
     stopped: bool = False  # ended on a stop id, not at max_tokens
     finished: bool = False
-    committed: list[int] = field(default_factory=list)  # tokens each of its rounds committed (accepted + 1)
+    committed: list[int] = field(default_factory=list)  # tokens each round committed: accepted + 1, fewer if cut
     accepted: list[int] = field(default_factory=list)  # drafts each round kept
 
     @property
+    def measured(self) -> list[int]:
+        """Drafts kept in each round that committed them all and the token after them. A round cut short by
+        max_tokens or a stop id (the last one) is left out: what the drafter would have kept past the cut is not
+        known, and counting its committed tokens would make tau disagree with acceptance by position. ModelOpt's
+        specdec_bench leaves each request's last step out for the same reason."""
+        return [a for a, c in zip(self.accepted, self.committed) if c == a + 1]
+
+    @property
     def tau(self) -> float:
-        """Tokens committed per round, the token after the drafts included."""
-        return sum(self.committed) / len(self.committed) if self.committed else 0.0
+        """Tokens committed per measured round, the token after the drafts included: 1 + the sum of acceptance
+        by position over the same rounds."""
+        return mean_accept_length(self.measured)
 
 
 @dataclass
@@ -97,10 +106,20 @@ class StepTimes:
         return tau * self.decode_s / (self.draft_s + self.verify_s)
 
 
+def mean_accept_length(accepted: Sequence[int]) -> float:
+    """tau: tokens per round over rounds that kept `accepted` drafts each (0.0 for no rounds)."""
+    return 1 + sum(accepted) / len(accepted) if accepted else 0.0
+
+
+def accepted_by_position(accepted: Sequence[int], drafts: int) -> list[float]:
+    """For draft position i = 1..drafts: the share of rounds, each keeping `accepted` drafts, that kept at least
+    i; 1 + their sum is mean_accept_length of the same rounds."""
+    return [sum(a >= i for a in accepted) / len(accepted) if accepted else 0.0 for i in range(1, drafts + 1)]
+
+
 def acceptance_by_position(results: Sequence[Drafted], drafts: int) -> list[float]:
-    """For draft position i = 1..drafts: the share of rounds that kept at least i drafts."""
-    rounds = [a for r in results for a in r.accepted]
-    return [sum(a >= i for a in rounds) / len(rounds) if rounds else 0.0 for i in range(1, drafts + 1)]
+    """accepted_by_position over the measured rounds (Drafted.measured) of `results`."""
+    return accepted_by_position([a for r in results for a in r.measured], drafts)
 
 
 def speculative_generate(

@@ -70,7 +70,7 @@ def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
             "--users",
             "1,2",
             "--tokens",
-            "3",
+            "16",
             "--md",
             "--plot",
             str(png),
@@ -175,3 +175,43 @@ def test_bad_input_under_json_is_one_error_document(pair):
     )
     assert done.returncode == 2 and done.stderr == ""
     assert json.loads(done.stdout)["error"] == {"file": "--md", "problem": "give at most one of --json and --md"}
+
+
+def test_the_users_prompts_their_profile_and_too_few_tokens(pair, tmp_path):
+    """--prompts runs every prompt of the file, N at a time, through the chat template; --profile writes the users
+    rows' acceptance (ModelOpt's schema 1.0); a drafted row on fewer than 16 tokens is inconclusive, exit 3."""
+    from specpair.app.prompts import encode_prompt
+
+    target, draft = pair
+    prompts = tmp_path / "prompts.txt"
+    texts = ["Hello there", "Write a loop", "What is 2 + 2?"]
+    prompts.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    profile = tmp_path / "profile.json"
+    args = ["bench", str(target), str(draft), "--depth", "0", "--users", "2", "--device", "cpu", "--json"]
+    done = CliRunner().invoke(app, [*args, "--tokens", "16", "--prompts", str(prompts), "--profile", str(profile)])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    tokenizer = open_model(str(target)).tokenizer()
+    (users,) = report["users"]
+    assert report["chat"] and report["prompts"] == ["line 1", "line 2", "line 3"]
+    assert users["users"] == 2 and users["prompt_tokens"] == sum(len(encode_prompt(tokenizer, t, True)) for t in texts)
+    assert users["drafted"]["identical"] and users["drafted"]["compared_tokens"] == 3 * 16
+    written = json.loads(profile.read_text())
+    assert written["schema_version"] == "1.0" and written["method"] == "draft_model"
+    assert written["mean_accept_length"] == round(users["drafted"]["tau"], 6)
+    assert written["marginal_accept_rates"] == [round(a, 6) for a in users["drafted"]["acceptance_by_position"]]
+    assert written["validation"]["mean_consistency"]["passed"] and set(written["per_category"]) == set(
+        report["prompts"]
+    )
+    assert written["measurement_conditions"]["settings"] == [
+        {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "batch": 2}
+    ]
+    short = CliRunner().invoke(app, [*args, "--tokens", "8"])
+    assert short.exit_code == 3, short.output
+    report = json.loads(short.stdout)
+    assert report["identical"] is None  # the built-in 4 prompts, 2 at a time: 4 x 8 tokens; depth 0: one of 8
+    assert report["inconclusive"] == ["depth 0: 8 generated tokens compared, fewer than 16 (--tokens 8)"]
+    assert report["users"][0]["drafted"]["identical"] is True and report["depth"][0]["drafted"]["identical"] is None
+    human = CliRunner().invoke(app, [*args[:-1], "--tokens", "8", "--md"])
+    assert human.exit_code == 3 and "INCONCLUSIVE depth 0: 8 generated tokens compared" in human.stdout
+    assert "drafted == undrafted, token for token: 1/2 runs" in human.stdout and "| inconclusive |" in human.stdout

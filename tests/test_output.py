@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specpair.cli._output import Output
+from specpair.cli._output import Output, rate_text
 
 
 @pytest.mark.parametrize("json_output", [False, True])
@@ -40,3 +40,9 @@ def test_one_output_object_serves_every_mode(json_output, quiet, capsys):
 def test_a_command_may_print_its_quiet_result_itself(capsys):
     Output(quiet=True).result({}, lambda: print("for people"), quiet=lambda: print("the report"))
     assert capsys.readouterr() == ("the report\n", "")
+
+
+def test_slow_work_says_how_long_each_item_takes():
+    """The gate's prompts on a CPU once showed '0.0 prompts/s' at every tenth."""
+    assert rate_text(1 / 90, "prompts") == "0.011 prompts/s" and rate_text(0.5, "batches") == "0.5 batches/s"
+    assert rate_text(3.0, "prompts") == "3.0 prompts/s" and rate_text(2.5e6, "bytes") == "2.5 MB/s"

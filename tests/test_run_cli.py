@@ -36,7 +36,7 @@ def target(tmp_path_factory) -> Path:
 
 def test_json_document_holds_the_generation(target):
     prompt = "Hello there"
-    done = run(str(target), "--prompt", prompt, "--max-tokens", "5", "--device", "cpu", "--json")
+    done = run(str(target), "--prompt", prompt, "--max-tokens", "5", "--device", "cpu", "--json", "--no-chat")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "schemas" / "run.schema.json").read_text())

@@ -45,7 +45,7 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_the_default_gate_is_greedy_and_two_seeded_temperatures_solo_and_concurrent(pair):
     target, draft = pair
-    done = specpair("run", str(target), str(draft), "--max-tokens", "2", "--json")
+    done = specpair("run", str(target), str(draft), "--max-tokens", "4", "--json")  # 4 prompts: 16 tokens a setting
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     validate(report)
@@ -57,7 +57,8 @@ def test_the_default_gate_is_greedy_and_two_seeded_temperatures_solo_and_concurr
         (1.0, 1),
         (1.0, 4),
     ]
-    assert report["identical"] and all(r["identical"] for r in report["runs"])
+    assert report["identical"] and all(r["identical"] for r in report["runs"]) and report["outcome"] == "identical"
+    assert report["inconclusive"] == [] and all(r["compared_tokens"] == 16 for r in report["runs"])
     assert [p["name"] for p in report["prompts"]] == ["prose", "prose", "code", "code"]
     assert all(len(r["prompts"]) == 4 for r in report["runs"])
     assert report["summary"].startswith("identical 6/6 · τ ")
@@ -75,7 +76,7 @@ def test_one_setting_human_report_ends_with_the_summary(pair):
         "--prompt",
         "Hello",
         "--max-tokens",
-        "6",
+        "16",
         "--temperature",
         "0.9",
         "--seed",
@@ -114,7 +115,7 @@ def test_a_drafter_trained_on_a_shorter_context_warns_and_runs(pair, tmp_path):
         "--prompt",
         "a b c d e f g h i j",
         "--max-tokens",
-        "12",
+        "16",
         "--batch",
         "1",
         "--temperature",
@@ -133,7 +134,7 @@ def test_the_mtp_head_of_a_hybrid_target(tmp_path):
         "--prompt",
         "Hi",
         "--max-tokens",
-        "5",
+        "16",
         "--batch",
         "2",
         "--temperature",
@@ -165,7 +166,7 @@ def test_a_lock_runs_the_pair_it_pins(pair, tmp_path):
     lock = tmp_path / "specpair.lock"
     write_lock(str(lock), [locked(target, "target"), locked(draft, "draft")])
     done = specpair(
-        "run", str(lock), "--prompt", "Hi", "--max-tokens", "3", "--batch", "1", "--temperature", "0", "--json"
+        "run", str(lock), "--prompt", "Hi", "--max-tokens", "16", "--batch", "1", "--temperature", "0", "--json"
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -225,7 +226,7 @@ def test_the_human_report_names_what_ran_and_shows_the_replies(pair):
     from specpair.cli._output import printable
 
     target, draft = pair
-    args = ["--prompt", "Hello", "--max-tokens", "6", "--temperature", "0", "--batch", "1"]
+    args = ["--prompt", "Hello", "--max-tokens", "16", "--temperature", "0", "--batch", "1"]
     done = specpair("run", str(target), str(draft), *args)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -234,7 +235,7 @@ def test_the_human_report_names_what_ran_and_shows_the_replies(pair):
     for root in (target, draft):
         for name in ("config.json", "model.safetensors"):
             assert f"  {name}  sha256 {hashlib.sha256((root / name).read_bytes()).hexdigest()}" in lines
-    undrafted = specpair("run", str(target), "--prompt", "Hello", "--max-tokens", "6", "--json")
+    undrafted = specpair("run", str(target), "--prompt", "Hello", "--max-tokens", "16", "--json")
     text = printable(json.loads(undrafted.stdout)["text"]).split("\n")
     at = lines.index("reply 1 (prompt, greedy, solo):")
     assert lines[at + 1 : at + 1 + len(text)] == ["  " + line for line in text]
@@ -319,3 +320,157 @@ def test_an_unknown_demo_drafter_is_named():
     done = specpair("run", "--demo", "eagle")
     assert done.returncode == 2
     assert "'eagle' is not a demo drafter: give one of dflash, draft-model" in done.stderr
+
+
+def test_a_target_that_stops_at_once_is_inconclusive_never_identical(pair, tmp_path):
+    """An instruct target given raw text once compared one token per run and said `identical 2/2`, exit 0: a
+    setting that compared fewer than 16 generated tokens is inconclusive, with the reason, and exits 3."""
+    import shutil
+
+    target, draft = pair
+    first = json.loads(specpair("run", str(target), "--prompt", "Hello", "--max-tokens", "1", "--json").stdout)
+    stops = shutil.copytree(target, tmp_path / "target")  # the same model, its first reply token a stop id
+    write_json(stops / "generation_config.json", {"eos_token_id": first["tokens"][0]})
+    args = ["run", str(stops), str(draft), "--prompt", "Hello", "--max-tokens", "32", "--temperature", "0"]
+    done = specpair(*args, "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert report["outcome"] == "inconclusive" and report["identical"] is None
+    why = "1 generated token compared, fewer than 16 (the target stopped after 1 token)"
+    assert report["inconclusive"] == [f"greedy, solo: {why}", f"greedy, 4 concurrent: {why}"]
+    assert [(r["identical"], r["compared_tokens"], r["inconclusive"]) for r in report["runs"]] == [(None, 1, why)] * 2
+    assert report["summary"].startswith(f"inconclusive (greedy, solo: {why}; 1 more setting) · τ ")
+    human = specpair(*args)
+    assert human.returncode == 3 and f"INCONCLUSIVE greedy, solo: {why}" in human.stdout.splitlines()
+    assert "identical" not in human.stdout.splitlines()[-1] and f"inconclusive: {why}" in human.stderr
+
+
+def test_prompts_go_through_the_chat_template_unless_no_chat(pair):
+    """As llama.cpp's conversation mode: a target with a chat template gets the prompt as a user message by
+    default; --no-chat sends the raw text; --chat stays accepted."""
+    from specpair.sources.model import open_model
+
+    target, draft = pair
+    tokenizer = open_model(str(target)).tokenizer()
+    wrapped = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}]), add_special_tokens=False
+    )
+    raw = tokenizer.encode("Hello")
+    assert wrapped != raw
+    args = ["run", str(target), str(draft), "--prompt", "Hello", "--max-tokens", "16", "--temperature", "0"]
+    for extra, chat, tokens in (([], True, wrapped), (["--chat"], True, wrapped), (["--no-chat"], False, raw)):
+        done = specpair(*args, "--batch", "1", "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["chat"] is chat and report["prompts"][0]["tokens"] == len(tokens), extra
+    plain = json.loads(specpair("run", str(target), "--prompt", "Hello", "--max-tokens", "2", "--json").stdout)
+    assert plain["prompt"]["chat"] is True and plain["prompt"]["tokens"] == len(wrapped)
+
+
+def test_tau_is_one_plus_the_acceptance_by_position_of_the_same_rounds(pair, tmp_path):
+    """The target as its own draft model keeps every draft; 18 tokens at block 4 end on a round cut to 2 tokens,
+    which once made tau 3.6 beside acceptance 1, 1, 1."""
+    import shutil
+
+    target, _ = pair
+    itself = shutil.copytree(target, tmp_path / "draft")
+    args = ["--prompt", "Hello", "--max-tokens", "18", "--temperature", "0", "--batch", "1", "--block-size", "4"]
+    done = specpair("run", str(target), str(itself), *args, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["draft"]["kind"] == "draft_model"
+    for figures in [report, *report["runs"], *report["runs"][0]["prompts"]]:
+        assert figures["acceptance_by_position"] == [1.0, 1.0, 1.0] and figures["tau"] == 4.0
+
+
+def test_checks_launch_line_runs_the_block_the_gate_runs(pair, tmp_path):
+    """`check` printed --block-size 4 for a draft model where `run` used 5: both now read the drafter kind's row
+    (checkpoint/families.py DRAFTER_KINDS), and the line check prints runs the same block."""
+    import shlex
+    import shutil
+
+    target, _ = pair
+    itself = shutil.copytree(target, tmp_path / "draft")
+    check = json.loads(specpair("check", str(target), str(itself), "--json").stdout)
+    assert check["drafter_kind"] == "draft_model"
+    launch = shlex.split(check["verdicts"]["specpair"]["launch"])
+    assert launch[launch.index("--block-size") + 1] == "5"
+    args = ["--prompt", "Hello", "--max-tokens", "16", "--temperature", "0", "--batch", "1"]
+    done = specpair("run", str(target), str(itself), *args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["block_size"] == 5
+
+
+def test_the_users_prompts_and_their_acceptance_profile(pair, tmp_path):
+    """--prompts FILE (JSONL: a prompt or chat messages, a category) runs every prompt in every setting;
+    --profile writes ModelOpt's speculation_profile.json (schema 1.0) of the same rounds as the report's tau."""
+    target, draft = pair
+    prompts = tmp_path / "traffic.jsonl"
+    records = [
+        {"category": "chat", "prompt": "Hello there"},
+        {"category": "code", "prompt": "def add(a, b):"},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+    ]
+    prompts.write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
+    profile = tmp_path / "profile.json"
+    args = ["--prompts", str(prompts), "--profile", str(profile), "--max-tokens", "16", "--temperature", "0"]
+    done = specpair("run", str(target), str(draft), *args, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    assert [p["name"] for p in report["prompts"]] == ["chat", "code", "line 3"]
+    assert [len(r["prompts"]) for r in report["runs"]] == [3, 4]  # solo: each; 4 concurrent: cycled to fill
+    written = json.loads(profile.read_text())
+    assert written["schema_version"] == "1.0" and written["measured"] and written["method"] == "dflash"
+    assert written["num_speculative_tokens"] == 3 and written["block_size"] == 4
+    assert written["marginal_accept_rates"] == [round(a, 6) for a in report["acceptance_by_position"]]
+    assert written["mean_accept_length"] == round(report["tau"], 6)
+    assert abs(1 + sum(written["marginal_accept_rates"]) - written["mean_accept_length"]) <= 0.02
+    assert (
+        written["validation"]["mean_consistency"]["passed"] and written["validation"]["marginal_monotonicity"]["passed"]
+    )
+    marginal, conditional = written["marginal_accept_rates"], written["conditional_accept_rates"]
+    assert conditional[0] == marginal[0] and all(
+        abs(c * before - m) < 1e-5 for c, before, m in zip(conditional[1:], marginal, marginal[1:]) if before
+    )
+    histogram = written["acceptance_length_histogram"]
+    assert (
+        set(histogram) <= {"1", "2", "3", "4"}
+        and sum(histogram.values()) == written["measurement_conditions"]["rounds"]
+    )
+    assert set(written["per_category"]) == {"chat", "code", "line 3"}
+    assert written["per_category"]["chat"]["requests"] == 3  # solo once, and twice in the batch of 4 it fills
+    conditions = written["measurement_conditions"]
+    assert conditions["chat"] is True and conditions["rule"] == "exact" and conditions["max_tokens"] == 16
+    assert [(s["temperature"], s["batch"]) for s in conditions["settings"]] == [(0.0, 1), (0.0, 4)]
+
+
+def test_a_prompts_file_is_read_a_line_a_prompt_or_refused_in_one_line(pair, tmp_path):
+    from specpair.app.prompts import SHIPPED, read_prompts
+
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("Write a haiku.\n\nName three rivers.\n", encoding="utf-8")
+    assert read_prompts(str(lines)) == [("line 1", "Write a haiku."), ("line 3", "Name three rivers.")]
+    shipped = read_prompts(SHIPPED)
+    assert {name for name, _ in shipped} == {"chat", "code", "math", "long context"}
+    assert any(isinstance(p, list) for _, p in shipped)
+    target, draft = pair
+    for text, problem in (
+        ('{"prompt": "a"}\n{"prompt": 3}\n', "line 2: `prompt` is not a non-empty string"),
+        ('{"prompt": "a", "messages": []}\n', "line 1: a record needs exactly one of"),
+        ('{"messages": [{"role": "user"}]}\n', "line 1: `messages` is not a list of {role, content} strings"),
+        ('{"prompt": "a"}\n{oops\n', "line 2: not JSON"),
+        ("\n\n", "holds no prompt"),
+    ):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text, encoding="utf-8")
+        done = specpair("run", str(target), str(draft), "--prompts", str(bad), "--max-tokens", "16")
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: {problem}"), done.stderr
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "Hi"}]}\n', encoding="utf-8")
+    done = specpair("run", str(target), str(draft), "--prompts", str(chat), "--no-chat", "--max-tokens", "16")
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        f"error: {chat}: line 1: holds chat messages: they need the target's chat template (not --no-chat)"
+    )

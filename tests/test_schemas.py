@@ -119,7 +119,7 @@ def test_bench_document(tmp_path: Path) -> None:
                 "--users",
                 "1,2",
                 "--tokens",
-                "3",
+                "16",
                 "--device",
                 "cpu",
                 "--json",

@@ -477,8 +477,20 @@ def test_what_check_says_the_runtime_runs_is_what_it_runs():
 def test_acceptance_by_position_counts_rounds_that_reach_each_draft():
     from specpair.runtime.speculative import Drafted
 
-    rounds = [Drafted(accepted=[0, 3, 1]), Drafted(accepted=[2])]
+    rounds = [Drafted(accepted=[0, 3, 1], committed=[1, 4, 2]), Drafted(accepted=[2], committed=[3])]
     assert acceptance_by_position(rounds, 3) == [0.75, 0.5, 0.25]
+
+
+def test_tau_and_acceptance_by_position_count_the_same_rounds():
+    """A last round cut by max_tokens (4 drafts kept, room for 2 tokens) once made tau 4.0 beside acceptance
+    1, 1, 1, 1 at block 5: the cut round is now left out of both, and tau = 1 + the sum of acceptance."""
+    from specpair.runtime.speculative import Drafted
+
+    cut = Drafted(accepted=[4, 4, 4], committed=[5, 5, 2])
+    assert cut.measured == [4, 4]
+    assert cut.tau == 5.0 and acceptance_by_position([cut], 4) == [1.0, 1.0, 1.0, 1.0]
+    stopped = Drafted(accepted=[1, 3, 2], committed=[2, 4, 1])  # a stop id among the last round's drafts
+    assert stopped.measured == [1, 3] and stopped.tau == 1 + sum(acceptance_by_position([stopped], 4)) == 3.0
 
 
 def test_differentiable_kernels_match_the_runtimes(workshop):

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.errors import BadInput
 from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
 from specpair.runtime.cache import Cache
@@ -157,7 +158,7 @@ class DFlash:
         self.kind, self.config, self.target = d.kind, config, target
         self.fc, self.hidden_norm, self.layers, self.norm, self.selector = fc, hidden_norm, layers, norm, selector
         self.taps = d.target_layer_ids
-        self.block_size = d.block_size or 16
+        self.block_size = d.block_size or DRAFTER_KINDS[d.kind].block_size
         self.mask_token_id = d.mask_token_id
         self.embedding_scale = d.input_embedding_scale
         self.multiplier, self.softcap = d.output_multiplier, d.final_logit_softcapping

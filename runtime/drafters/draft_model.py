@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.errors import BadInput
 from specpair.runtime import loading
 from specpair.runtime.cache import Cache
@@ -31,7 +32,7 @@ class DraftModel:
     taps: tuple[int, ...] = ()
     hidden = False
     samples = True
-    block_size = 5  # four drafts a round
+    block_size = DRAFTER_KINDS["draft_model"].block_size
 
     def __init__(self, model: Transformer, target: Transformer, resident_bytes: int) -> None:
         self.model, self.target, self.resident_bytes = model, target, resident_bytes

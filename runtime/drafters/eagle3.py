@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.errors import BadInput
 from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
 from specpair.runtime.cache import Cache
@@ -98,7 +99,7 @@ class MidLayer:
 class Eagle3(ChainDrafter):
     kind = "eagle3"
     hidden = False
-    block_size = 8  # seven chained drafts a round, as vLLM's EAGLE-3 examples run
+    block_size = DRAFTER_KINDS["eagle3"].block_size
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.errors import BadInput
 from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
 from specpair.runtime.drafters import Committed
@@ -31,7 +32,7 @@ class MTP(ChainDrafter):
     kind = "mtp"
     taps: tuple[int, ...] = ()
     hidden = True
-    block_size = 4  # three chained drafts a round: vLLM's and SGLang's usual num_speculative_tokens
+    block_size = DRAFTER_KINDS["mtp"].block_size
 
     def __init__(
         self,
