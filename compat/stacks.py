@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.families import BLOCK, OWN_STACK, families_served_by, kinds_served_by
+from specpair.compat.memory import MemoryPlan
 from specpair.compat.pair import Pair
 from specpair.formats.layouts import AFFINE, NVFP4, layout_of
 
@@ -38,6 +39,14 @@ class Stack:
     native_only: dict[str, str] = field(default_factory=dict)
     moe_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout kind -> the only labels of it it
     # loads for a target with routed experts
+    # The flag, followed by N, that keeps the routed experts of the first N layers in CPU memory; None: it cannot
+    expert_offload: str | None = None
+
+    def launch_line(self, p: Pair, memory: MemoryPlan | None) -> str:
+        """The launch command, with the experts it keeps in CPU memory where the pair fits only that way."""
+        line = self.launch(p)
+        offload = memory.experts_on_cpu if memory else None
+        return line if offload is None else f"{line} {offload.flag} {offload.layers}"
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -246,6 +255,8 @@ STACKS: dict[str, Stack] = {
             ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
             _llama_cpp,
             convert_to={"target": "gguf:Q8_0", "draft": "gguf:BF16"},
+            # common/arg.cpp: "keep the Mixture of Experts (MoE) weights of the first N layers in the CPU" (-ncmoe)
+            expert_offload="--n-cpu-moe",
         ),
         Stack(
             "exllamav3",

@@ -67,8 +67,9 @@ def judge(
                 else:
                     blocked[r.id] = None
         fix = " && ".join(fixes) if fixes and not blocked else None
-        launch = STACKS[stack].launch(pair) if status != "fail" else None
-        verdicts[stack] = Verdict(stack, status, findings, launch, fix, list(blocked), memory_plan(pair, stack))
+        memory = memory_plan(pair, stack)
+        launch = STACKS[stack].launch_line(pair, memory) if status != "fail" else None
+        verdicts[stack] = Verdict(stack, status, findings, launch, fix, list(blocked), memory)
     return pair, verdicts
 
 
