@@ -64,21 +64,52 @@ class Stack:
         return {layout for layout in layouts if not layout_of(layout).matches(accepted)}
 
 
-def _model_arg(checkpoint_ref: str, revision: str | None) -> tuple[str, str | None]:
-    path, _, rev = checkpoint_ref.partition("@")
-    return path, rev or revision
+def _model_arg(c: Checkpoint) -> tuple[str, str | None]:
+    """The path or repo a stack loads, and the full commit to pass with it (None: none known, for an abbreviation,
+    branch or tag is no pin and a stack given one loads whatever it names then)."""
+    return c.ref.partition("@")[0] if c.source != "local" else c.ref, commit_of(c)
+
+
+def commit_of(c: Checkpoint) -> str | None:
+    """The 40-hex commit a Hub checkpoint was read at: the one its reference names, else the one its branch
+    resolved to (or the catalog recorded); None for local files and where only an abbreviation is known."""
+    if c.source == "local" or c.source == "gguf":
+        return None
+    asked = c.ref.partition("@")[2].lower()
+    for commit in (asked, (c.revision or "").lower()):
+        if COMMIT.match(commit):
+            return commit
+    return None
+
+
+def fetch_step(c: Checkpoint, include: str | None = None, local_dir: str | None = None) -> str | None:
+    """The `specpair download` that puts a Hub checkpoint where `convert` and the stacks read it (the HF cache,
+    or `local_dir`), at the commit checked where it is known; None when it is on this machine already. No lockfile:
+    a step before another command must not replace the specpair.lock a pair's download wrote."""
+    if c.source in ("local", "gguf") or (c.source == "hf-cache" and local_dir is None):
+        return None
+    command = ["specpair", "download", pinned_ref(c)]
+    command += ["--include", include] if include else []
+    command += ["--local-dir", local_dir] if local_dir else []
+    return shlex.join(command + ["--no-lock"])
+
+
+def pinned_ref(c: Checkpoint) -> str:
+    """The reference at the commit checked where one is known, else as typed."""
+    commit = commit_of(c)
+    return f"{c.ref.partition('@')[0]}@{commit}" if commit else c.ref
 
 
 def _sglang(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    target, target_rev = _model_arg(p.target)
     args = ["python", "-m", "sglang.launch_server", "--model-path", target]
-    if target_rev and p.target.source != "local":
+    if target_rev:
         args += ["--revision", target_rev]
     args += ["--speculative-algorithm", p.serves("sglang").method]
     if p.separate:
-        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        draft, draft_rev = _model_arg(p.draft)
         args += ["--speculative-draft-model-path", draft]
-        if draft_rev and p.draft.source != "local":
+        if draft_rev:
             args += ["--speculative-draft-model-revision", draft_rev]
     if p.kind_row.drafting == BLOCK:
         args += ["--speculative-num-draft-tokens", str(p.block_size)]
@@ -103,15 +134,15 @@ def _sglang(p: Pair) -> str:
 
 
 def _vllm(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    target, target_rev = _model_arg(p.target)
     args = ["vllm", "serve", target]
-    if target_rev and p.target.source != "local":
+    if target_rev:
         args += ["--revision", target_rev]
     spec: dict[str, object] = {"method": p.serves("vllm").method}
     if p.separate:
-        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        draft, draft_rev = _model_arg(p.draft)
         spec["model"] = draft
-        if draft_rev and p.draft.source != "local":
+        if draft_rev:
             spec["revision"] = draft_rev
     spec["num_speculative_tokens"] = p.block_size - 1
     args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
@@ -131,19 +162,31 @@ def _vllm(p: Pair) -> str:
 
 
 def _llama_cpp(p: Pair) -> str:
-    args = ["llama-server", "-m", _gguf_path(p.target), "-c", str(p.context), "-ngl", "99"]
+    """llama-server over local GGUF files; a Hub checkpoint's file is downloaded first, into a folder of its own."""
+    steps = []
+    paths = []
+    for c in [p.target, p.draft] if p.separate else [p.target]:
+        path = _gguf_path(c)
+        if c.source not in ("local", "gguf"):
+            folder = f"{MODELS_DIR}/{_repo_name(c.ref)}"
+            steps.append(fetch_step(c, path, folder))
+            path = f"{folder}/{path}"
+        paths.append(path)
+    args = ["llama-server", "-m", paths[0], "-c", str(p.context), "-ngl", "99"]
     if p.separate:
-        args += ["-md", _gguf_path(p.draft), "-ngld", "99"]
+        args += ["-md", paths[1], "-ngld", "99"]
     if p.kind_row.plain:
-        return shlex.join(args + ["--draft-max", str(p.block_size - 1)])
-    spec_type = p.serves("llama.cpp").method
-    if spec_type:
-        args += ["--spec-type", spec_type]
-    return shlex.join(args + ["--spec-draft-n-max", str(p.block_size - 1)])
+        args += ["--draft-max", str(p.block_size - 1)]
+    else:
+        spec_type = p.serves("llama.cpp").method
+        if spec_type:
+            args += ["--spec-type", spec_type]
+        args += ["--spec-draft-n-max", str(p.block_size - 1)]
+    return " && ".join([*steps, shlex.join(args)])
 
 
 def _gguf_path(c: Checkpoint) -> str:
-    """The GGUF file llama.cpp opens: the local path, or the repo's file once downloaded."""
+    """The GGUF file llama.cpp opens: the local path, or the name of the repo's file."""
     if c.ref.endswith(".gguf"):
         return c.ref
     name = next((f.path for f in c.files if f.path.endswith(".gguf")), "model.gguf")
@@ -158,17 +201,17 @@ def _exllamav3(p: Pair) -> str:
     steps, paths = [], []
     remote = [c for c in checkpoints if c.source != "local"]
     if remote:
-        pinned = all(COMMIT.match(c.ref.partition("@")[2].lower()) for c in remote)
+        pinned = all(commit_of(c) for c in remote)
         command = [
             "specpair",
             "download",
-            *(c.ref for c in remote),
+            *(pinned_ref(c) for c in remote),
             "--local-dir",
-            EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}",
+            MODELS_DIR if len(remote) == 2 else f"{MODELS_DIR}/{_repo_name(remote[0].ref)}",
         ]
         steps.append(shlex.join(command + ([] if pinned else ["--no-require-sha"])))
     for c in checkpoints:
-        paths.append(c.ref if c.source == "local" else f"{EXLLAMAV3_DIR}/{_repo_name(c.ref)}")
+        paths.append(c.ref if c.source == "local" else f"{MODELS_DIR}/{_repo_name(c.ref)}")
     args = ["-m", paths[0], "-cs", str(p.context), "-ndt", str(p.block_size - 1)]
     args += ["-dm", paths[1]] if p.separate else ["-mtp"]
     code = "; ".join(
@@ -188,7 +231,7 @@ def _exllamav3(p: Pair) -> str:
     return " && ".join(steps)
 
 
-EXLLAMAV3_DIR = "models"
+MODELS_DIR = "models"  # where launch lines download Hub checkpoints a stack reads from local files only
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -215,10 +258,12 @@ def _tensorfold(p: Pair) -> str:
 
 
 def _specpair(p: Pair) -> str:
-    args = ["specpair", "run", p.target.ref]
-    args += [p.draft.ref] if p.separate else ["--mtp"]
+    """specpair reads weights from local files only: Hub checkpoints are downloaded into the HF cache first."""
+    steps = [step for c in p.checkpoints if (step := fetch_step(c))]
+    args = ["specpair", "run", pinned_ref(p.target)]
+    args += [pinned_ref(p.draft)] if p.separate else ["--mtp"]
     args += ["--block-size", str(p.block_size)]
-    return shlex.join(args)
+    return " && ".join([*steps, shlex.join(args)])
 
 
 STACKS: dict[str, Stack] = {

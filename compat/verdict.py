@@ -61,9 +61,9 @@ def judge(
         blocked: dict[str, None] = {}
         for r, f in found:
             if f.severity == "error":
-                fix = r.fix(pair, stack) if r.fix else None
-                if fix:
-                    fixes[fix] = None
+                steps = r.fix(pair, stack) if r.fix else None
+                if steps:
+                    fixes.update(dict.fromkeys(steps))  # a download two fixes need runs once
                 else:
                     blocked[r.id] = None
         fix = " && ".join(fixes) if fixes and not blocked else None
