@@ -11,6 +11,7 @@ from specpair.app.device import place_runtime
 from specpair.app.models import dtype_name, load_target
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS
+from specpair.app.timing import Spread, alternate
 from specpair.errors import BadInput
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "specpair.bench/1"
 FIT_BLOCK = 16  # verify positions counted in the memory check when the drafter's block is not known yet
+REPEATS = 3  # runs behind each figure, undrafted and drafted in turn: the median reported, the spread judged
 
 
 @dataclass
@@ -149,7 +151,7 @@ def run_bench(
 
 
 class Rows:
-    """One row: the prompts undrafted, then drafted and compared, against the weights roofline."""
+    """One row: the prompts undrafted and drafted in turn, compared, against the weights roofline."""
 
     def __init__(
         self,
@@ -178,14 +180,33 @@ class Rows:
             )
 
     def row(self, prompts: list[list[int]], name: str) -> dict[str, Any]:
+        """The row's figures: REPEATS runs each way, undrafted and drafted in turn, each figure its median run."""
         from specpair.runtime.generate import generate
         from specpair.runtime.sampling import Sampling
+        from specpair.runtime.speculative import speculative_generate
 
         self.progress.stage(
-            f"{name}: undrafted, {len(prompts)} x {self.tokens} tokens after "
-            f"{'/'.join(str(len(p)) for p in prompts)} prompt tokens"
+            f"{name}: {REPEATS} x undrafted"
+            + (f" and drafted ({self.drafter.kind}, block {self.block}) in turn" if self.drafter else "")
+            + f", {len(prompts)} x {self.tokens} tokens after {'/'.join(str(len(p)) for p in prompts)} prompt tokens"
         )
-        undrafted, u = generate(self.target, prompts, self.tokens, Sampling(), graphs=self.graphs)
+
+        def undrafted() -> tuple[list, Any]:
+            return generate(self.target, prompts, self.tokens, Sampling(), graphs=self.graphs)
+
+        def drafted() -> tuple[list, Any]:
+            return speculative_generate(
+                self.target, self.drafter, prompts, self.tokens, Sampling(), block_size=self.block, graphs=self.graphs
+            )
+
+        if self.drafter is None:
+            u_runs, d_runs = [undrafted() for _ in range(REPEATS)], []
+        else:
+            u_runs, d_runs = alternate(undrafted, drafted, REPEATS)
+        u_rates = [t.decode_tokens_per_s for _, t in u_runs]
+        d_rates = [t.generated_tokens / (t.draft_s + t.verify_s) for _, t in d_runs]
+        timing = Spread.of(u_rates, d_rates)
+        outputs, u = u_runs[median_index(u_rates)]
         u_rate = u.decode_tokens_per_s
         weights = self.plan.weights_read(len(prompts))
         roofline = len(prompts) * self.bytes_per_s / weights if self.bytes_per_s else None
@@ -200,10 +221,13 @@ class Rows:
             "speedup": None,
             "roofline": {"weights_bytes_per_step": weights, "tokens_per_s": roofline},
             "of_roofline": {"undrafted": u_rate / roofline if roofline else None, "drafted": None},
+            "timing": timing.to_json(),
         }
         result = f"  {u_rate:.1f} tok/s undrafted"
         if self.drafter is not None:
-            result += self.drafted(row, prompts, [g.tokens for g in undrafted], name, roofline)
+            result += self.drafted(row, prompts, [g.tokens for g in outputs], d_runs, d_rates, roofline)
+        if not timing.reliable:
+            result += f" · {timing.warning()}"
         self.progress.note(result + (f" · roofline {roofline:.1f}" if roofline else ""))
         return row
 
@@ -212,22 +236,22 @@ class Rows:
         row: dict[str, Any],
         prompts: list[list[int]],
         undrafted: list[list[int]],
-        name: str,
+        runs: list[tuple[list, Any]],
+        rates: list[float],
         roofline: float | None,
     ) -> str:
-        """The drafted figures into `row`; what the progress line adds for them."""
-        from specpair.runtime.sampling import Sampling
-        from specpair.runtime.speculative import acceptance_by_position, speculative_generate, step_times
+        """The drafted figures into `row`, from the median of `runs`, every run compared with `undrafted`; what the
+        progress line adds for them."""
+        from specpair.runtime.speculative import acceptance_by_position, step_times
 
-        self.progress.stage(f"{name}: drafted ({self.drafter.kind}, block {self.block})")
-        drafted, d = speculative_generate(
-            self.target, self.drafter, prompts, self.tokens, Sampling(), block_size=self.block, graphs=self.graphs
-        )
+        drafted, d = runs[median_index(rates)]
         u_rate = row["undrafted"]["tokens_per_s"]
         rounds = sum(len(r.committed) for r in drafted)
         d_rate = d.generated_tokens / (d.draft_s + d.verify_s)
         tau = sum(sum(r.committed) for r in drafted) / rounds
-        difference = first_difference(undrafted, [r.tokens for r in drafted])
+        difference = next(
+            (found for run, _ in runs if (found := first_difference(undrafted, [r.tokens for r in run]))), None
+        )
         steps = step_times(self.target, self.drafter, prompts, self.block, graphs=self.graphs)
         predicted = steps.predicted_speedup(tau)
         row["drafted"] = {
@@ -247,6 +271,12 @@ class Rows:
         return f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · " + (
             "identical" if difference is None else "DIVERGED"
         )
+
+
+def median_index(rates: list[float | None]) -> int:
+    """The run whose rate is the median of `rates` (the lower middle one of an even count)."""
+    order = sorted(range(len(rates)), key=lambda i: rates[i] or 0.0)
+    return order[(len(order) - 1) // 2]
 
 
 def first_difference(undrafted: list[list[int]], drafted: list[list[int]]) -> dict[str, int | None] | None:
