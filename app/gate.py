@@ -478,9 +478,10 @@ def cell_line(c: Cell, rule: str) -> str:
         if spent
         else ""
     )
-    return (
-        f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · {t['tokens_per_s']['drafted']:.1f} vs "
-        f"{t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×) · {split}"
+    speed = f"{t['tokens_per_s']['drafted']:.1f} vs {t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×)"
+    warning = Spread.of(c.decode_rates, c.round_rates).warning()
+    return f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · " + (
+        f"{speed} · {split}" if not warning else f"{warning}: {speed} · {split}"
     )
 
 

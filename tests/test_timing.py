@@ -125,3 +125,5 @@ def test_the_gate_alternates_its_runs_and_says_when_its_speed_is_unreliable(mode
     assert report["timing"]["reliable"] is False and "speed unreliable" in report["summary"]
     worst = max(x for x in report["timing"]["spread"].values() if x is not None)
     assert f"disagree up to {worst:.2f}× (max/min; limit 0.99×)" in report["summary"]
+    done = CliRunner().invoke(app, [*args, "--temperature", "0"])  # human: the setting's line and the summary
+    assert done.exit_code == 0 and done.output.count("speed unreliable: its ") == 2, done.output
