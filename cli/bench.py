@@ -39,7 +39,8 @@ Examples:
 Rows: users N runs the built-in prompts (prose and code, cycled) as N concurrent sequences; depth D runs one
 sequence whose prompt is D tokens of the built-in prompts' text (depth 0: one token). Every sequence generates
 --tokens tokens, greedy, stop ids ignored. tok/s counts decoding only (no prefill, no graph capture), summed
-over the users.
+over the users. Each figure is the median of 3 runs, undrafted and drafted in turn (AB BA AB); a row whose runs
+disagree by more than 1.25x (max/min) is marked UNRELIABLE.
 The weights roofline is users x the GPU's nominal memory bandwidth / the bytes of weights one decode step reads
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
 predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
