@@ -21,6 +21,7 @@ from specpair.compat.pair import Pair
 from specpair.formats.layouts import AFFINE, NVFP4, layout_of
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
+LOCAL_SOURCES = ("local", "gguf")  # Checkpoint.source of files on this machine (a directory, a .gguf file)
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,13 @@ class Stack:
 def _model_arg(c: Checkpoint) -> tuple[str, str | None]:
     """The path or repo a stack loads, and the full commit to pass with it (None: none known, for an abbreviation,
     branch or tag is no pin and a stack given one loads whatever it names then)."""
-    return c.ref.partition("@")[0] if c.source != "local" else c.ref, commit_of(c)
+    return c.ref if c.source in LOCAL_SOURCES else c.ref.partition("@")[0], commit_of(c)
 
 
 def commit_of(c: Checkpoint) -> str | None:
     """The 40-hex commit a Hub checkpoint was read at: the one its reference names, else the one its branch
     resolved to (or the catalog recorded); None for local files and where only an abbreviation is known."""
-    if c.source == "local" or c.source == "gguf":
+    if c.source in LOCAL_SOURCES:
         return None
     asked = c.ref.partition("@")[2].lower()
     for commit in (asked, (c.revision or "").lower()):
@@ -86,7 +87,7 @@ def fetch_step(c: Checkpoint, include: str | None = None, local_dir: str | None 
     """The `specpair download` that puts a Hub checkpoint where `convert` and the stacks read it (the HF cache,
     or `local_dir`), at the commit checked where it is known; None when it is on this machine already. No lockfile:
     a step before another command must not replace the specpair.lock a pair's download wrote."""
-    if c.source in ("local", "gguf") or (c.source == "hf-cache" and local_dir is None):
+    if c.source in LOCAL_SOURCES or (c.source == "hf-cache" and local_dir is None):
         return None
     command = ["specpair", "download", pinned_ref(c)]
     command += ["--include", include] if include else []
@@ -167,7 +168,7 @@ def _llama_cpp(p: Pair) -> str:
     paths = []
     for c in [p.target, p.draft] if p.separate else [p.target]:
         path = _gguf_path(c)
-        if c.source not in ("local", "gguf"):
+        if c.source not in LOCAL_SOURCES:
             folder = f"{MODELS_DIR}/{_repo_name(c.ref)}"
             steps.append(fetch_step(c, path, folder))
             path = f"{folder}/{path}"
