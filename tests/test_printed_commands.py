@@ -121,3 +121,21 @@ def test_llama_cpp_launch_fetches_the_gguf_files_it_names(fake_hub: FakeHub, she
     for flag in ("-m", "-md"):
         assert (shell.work / server[server.index(flag) + 1]).is_file(), launch
     assert not (shell.work / "models" / "tiny-gguf" / "README.md").exists()  # the one file llama.cpp reads
+
+
+def test_a_lock_whose_files_are_gone_says_how_to_fetch_them_again(fake_hub: FakeHub, shell, tmp_path: Path):
+    fake_hub.add("org/locked", files_of(build_target(tmp_path / "locked", "qwen3", layers=2)))
+    fetched = shell(
+        ["specpair", "download", "org/locked", "--no-require-sha", "--local-dir", "model", "--lock", "a.lock"]
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    assert shell(["specpair", "check", "a.lock", "--json"]).returncode in (0, 1)
+    for path in sorted((shell.work / "model").rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    (shell.work / "model").rmdir()
+    gone = shell(["specpair", "check", "a.lock"])
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1, gone.stderr
+    (hint,) = re.findall(r"`(specpair [^`]+)`", gone.stderr)
+    assert hint.endswith(f"--local-dir {shell.work / 'model'} --no-lock"), hint
+    assert shell(shlex.split(hint)).returncode == 0
+    assert shell(["specpair", "check", "a.lock", "--json"]).returncode in (0, 1)
