@@ -14,6 +14,7 @@ from specpair.app.gate import MIN_COMPARED
 from specpair.app.models import dtype_name, load_target
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt
+from specpair.app.timing import Spread, alternate
 from specpair.errors import INCONCLUSIVE_EXIT, BadInput
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "specpair.bench/1"
 FIT_BLOCK = 16  # verify positions counted in the memory check when the drafter's block is not known yet
+REPEATS = 3  # runs behind each figure, undrafted and drafted in turn: the median reported, the spread judged
 
 
 @dataclass
@@ -218,7 +220,7 @@ def batches(count: int, size: int) -> list[list[int]]:
 
 
 class Rows:
-    """One row: the prompts undrafted, then drafted and compared, against the weights roofline."""
+    """One row: the prompts undrafted and drafted in turn, compared, against the weights roofline."""
 
     def __init__(
         self,
@@ -254,32 +256,67 @@ class Rows:
         names: list[str] | None = None,
         requests: list[tuple[str, list[int]]] | None = None,
     ) -> dict[str, Any]:
-        """The row of `prompts` run as `groups` of concurrent sequences, one after another (indices into
-        `prompts`); `requests` gets each drafted sequence's prompt name and measured rounds."""
+        """The row of `prompts` run as `groups` of concurrent sequences, one after another (indices into `prompts`):
+        REPEATS runs each way, undrafted and drafted in turn, each figure its median run; `requests` gets each
+        drafted sequence's prompt name and measured rounds."""
         from specpair.runtime.generate import Timing, generate
         from specpair.runtime.sampling import Sampling
+        from specpair.runtime.speculative import SpeculativeTiming, speculative_generate
 
         users = len(groups[0])
         self.progress.stage(
-            f"{name}: undrafted, {sum(map(len, groups))} x {self.tokens} tokens after "
+            f"{name}: {REPEATS} x undrafted"
+            + (f" and drafted ({self.drafter.kind}, block {self.block}) in turn" if self.drafter else "")
+            + f", {sum(map(len, groups))} x {self.tokens} tokens after "
             f"{'/'.join(str(len(prompts[i])) for i in groups[0])}{' ...' if len(groups) > 1 else ''} prompt tokens"
         )
-        undrafted, u = [], Timing(0.0, 0.0, 0, 0, 0)
-        with self.progress.meter(name, len(groups), unit="batches", tenths=len(groups) > 1) as advance:
-            for group in groups:
-                done, timing = generate(
-                    self.target, [prompts[i] for i in group], self.tokens, Sampling(), graphs=self.graphs
-                )
-                undrafted += [g.tokens for g in done]
-                u = Timing(
-                    u.prefill_s + timing.prefill_s,
-                    u.decode_s + timing.decode_s,
-                    u.prompt_tokens + timing.prompt_tokens,
-                    u.generated_tokens + timing.generated_tokens,
-                    u.sequences + timing.sequences,
-                    u.capture_s + timing.capture_s,
-                )
-                advance(1)
+        batches = REPEATS * len(groups) * (2 if self.drafter else 1)
+        with self.progress.meter(name, batches, unit="batches", tenths=batches > 1) as advance:
+
+            def undrafted() -> tuple[list[list[int]], Timing]:
+                outputs, total = [], Timing(0.0, 0.0, 0, 0, 0)
+                for group in groups:
+                    done, t = generate(
+                        self.target, [prompts[i] for i in group], self.tokens, Sampling(), graphs=self.graphs
+                    )
+                    outputs += [g.tokens for g in done]
+                    total = Timing(
+                        total.prefill_s + t.prefill_s,
+                        total.decode_s + t.decode_s,
+                        total.prompt_tokens + t.prompt_tokens,
+                        total.generated_tokens + t.generated_tokens,
+                        total.sequences + t.sequences,
+                        total.capture_s + t.capture_s,
+                    )
+                    advance(1)
+                return outputs, total
+
+            def drafted() -> tuple[list, SpeculativeTiming]:
+                outputs, total = [], SpeculativeTiming()
+                for group in groups:
+                    done, t = speculative_generate(
+                        self.target,
+                        self.drafter,
+                        [prompts[i] for i in group],
+                        self.tokens,
+                        Sampling(),
+                        block_size=self.block,
+                        graphs=self.graphs,
+                    )
+                    outputs += done
+                    for field in ("prefill_s", "draft_s", "verify_s", "capture_s", "rounds", "generated_tokens"):
+                        setattr(total, field, getattr(total, field) + getattr(t, field))
+                    advance(1)
+                return outputs, total
+
+            if self.drafter is None:
+                u_runs, d_runs = [undrafted() for _ in range(REPEATS)], []
+            else:
+                u_runs, d_runs = alternate(undrafted, drafted, REPEATS)
+        u_rates = [t.decode_tokens_per_s for _, t in u_runs]
+        d_rates = [t.generated_tokens / (t.draft_s + t.verify_s) for _, t in d_runs]
+        timing = Spread.of(u_rates, d_rates)
+        outputs, u = u_runs[median_index(u_rates)]
         u_rate = u.decode_tokens_per_s
         weights = self.plan.weights_read(users)
         roofline = users * self.bytes_per_s / weights if self.bytes_per_s else None
@@ -294,13 +331,16 @@ class Rows:
             "speedup": None,
             "roofline": {"weights_bytes_per_step": weights, "tokens_per_s": roofline},
             "of_roofline": {"undrafted": u_rate / roofline if roofline else None, "drafted": None},
+            "timing": timing.to_json(),
         }
         result = f"  {u_rate:.1f} tok/s undrafted"
         if self.drafter is not None:
-            line, measured = self.drafted(row, groups, prompts, undrafted, name, roofline)
+            line, measured = self.drafted(row, groups, prompts, outputs, d_runs, d_rates, roofline)
             result += line
             if requests is not None and names is not None:
                 requests += [(names[i], accepted) for i, accepted in zip(sum(groups, []), measured)]
+        if not timing.reliable:
+            result += f" · {timing.warning()}"
         self.progress.note(result + (f" · roofline {roofline:.1f}" if roofline else ""))
         return row
 
@@ -310,42 +350,22 @@ class Rows:
         groups: list[list[int]],
         prompts: list[list[int]],
         undrafted: list[list[int]],
-        name: str,
+        runs: list[tuple[list, Any]],
+        rates: list[float],
         roofline: float | None,
     ) -> tuple[str, list[list[int]]]:
-        """The drafted figures into `row`; what the progress line adds for them, and each sequence's measured
-        rounds (Drafted.measured)."""
-        from specpair.runtime.sampling import Sampling
-        from specpair.runtime.speculative import (
-            SpeculativeTiming,
-            acceptance_by_position,
-            mean_accept_length,
-            speculative_generate,
-            step_times,
-        )
+        """The drafted figures into `row`, from the median of `runs`, every run compared with `undrafted`; what the
+        progress line adds for them, and each sequence's measured rounds (Drafted.measured)."""
+        from specpair.runtime.speculative import acceptance_by_position, mean_accept_length, step_times
 
-        self.progress.stage(f"{name}: drafted ({self.drafter.kind}, block {self.block})")
-        drafted, d = [], SpeculativeTiming()
-        with self.progress.meter(name, len(groups), unit="batches", tenths=len(groups) > 1) as advance:
-            for group in groups:
-                done, timing = speculative_generate(
-                    self.target,
-                    self.drafter,
-                    [prompts[i] for i in group],
-                    self.tokens,
-                    Sampling(),
-                    block_size=self.block,
-                    graphs=self.graphs,
-                )
-                drafted += done
-                for field in ("prefill_s", "draft_s", "verify_s", "capture_s", "rounds", "generated_tokens"):
-                    setattr(d, field, getattr(d, field) + getattr(timing, field))
-                advance(1)
+        drafted, d = runs[median_index(rates)]
         measured = [r.measured for r in drafted]
         u_rate = row["undrafted"]["tokens_per_s"]
         d_rate = d.generated_tokens / (d.draft_s + d.verify_s)
         tau = mean_accept_length([a for r in measured for a in r])
-        difference = first_difference(undrafted, [r.tokens for r in drafted])
+        difference = next(
+            (found for run, _ in runs if (found := first_difference(undrafted, [r.tokens for r in run]))), None
+        )
         compared = sum(len(undrafted[at]) for at in first_runs(groups))
         inconclusive = (
             f"{compared} generated tokens compared, fewer than {MIN_COMPARED} (--tokens {self.tokens})"
@@ -373,8 +393,14 @@ class Rows:
         verdict = "DIVERGED" if difference else f"inconclusive: {inconclusive}" if inconclusive else "identical"
         return (
             f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · {verdict}",
-            (measured),
+            measured,
         )
+
+
+def median_index(rates: list[float | None]) -> int:
+    """The run whose rate is the median of `rates` (the lower middle one of an even count)."""
+    order = sorted(range(len(rates)), key=lambda i: rates[i] or 0.0)
+    return order[(len(order) - 1) // 2]
 
 
 def first_runs(groups: list[list[int]]) -> list[int]:

@@ -19,6 +19,7 @@ from specpair.app.models import describe, load_target
 from specpair.app.pair import GatePair, gate_pair
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt, prompt_text
+from specpair.app.timing import Spread, in_turn
 from specpair.errors import INCONCLUSIVE_EXIT, BadInput
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class Cell:
     verify_s: float = 0.0
     accepted: list[int] = field(default_factory=list)  # drafts kept in each measured round (Drafted.measured)
     requests: list[list[int]] = field(default_factory=list)  # the same, per prompt run
+    # per prompt run, repeats of one measurement (app/timing.py): undrafted decode tok/s, drafted rounds per second
+    decode_rates: list[float | None] = field(default_factory=list)
+    round_rates: list[float | None] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -143,6 +147,20 @@ class GateReport:
         return {True: 0, False: 1, None: INCONCLUSIVE_EXIT}[self.identical]
 
     @property
+    def timing(self) -> Spread:
+        """How far the prompt runs of each batch size, repeats of one decode step and one drafted round, disagree."""
+        batches = sorted({c.batch for c in self.cells})
+        return Spread.across(
+            [
+                (
+                    [r for c in self.cells if c.batch == b for r in c.decode_rates],
+                    [r for c in self.cells if c.batch == b for r in c.round_rates],
+                )
+                for b in batches
+            ]
+        )
+
+    @property
     def summary(self) -> str:
         overall = totals(self.cells)
         reasons = self.inconclusive
@@ -152,11 +170,15 @@ class GateReport:
             if self.identical is None
             else f"identical {sum(c.identical for c in self.compared)}/{len(self.compared)}"
         )
+        speed = (
+            f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
+            f"{overall['tokens_per_s']['undrafted']:.1f} tok/s)"
+        )
+        timing = self.timing
         return (
             f"{verdict} · τ {overall['tau']:.2f} · "
-            f"{overall['speedup']:.2f}× ({overall['tokens_per_s']['drafted']:.1f} vs "
-            f"{overall['tokens_per_s']['undrafted']:.1f} tok/s) · {self.kind} block {self.block} · "
-            f"{self.target.config.family} on {self.device} · "
+            + (speed if timing.reliable else f"{timing.warning()}: {speed}")
+            + f" · {self.kind} block {self.block} · {self.target.config.family} on {self.device} · "
             + " ".join(f"{stack} {v.status}" for stack, v in self.verdicts.items() if stack != "specpair")
         )
 
@@ -249,6 +271,7 @@ class GateReport:
             "identical": self.identical,
             "inconclusive": self.inconclusive,
             **totals(self.cells),
+            "timing": self.timing.to_json(),
             "summary": self.summary,
         }
 
@@ -379,6 +402,7 @@ class CellRunner:
     def __init__(self, target, drafter, prompts, max_tokens, stops, block, rule, graphs) -> None:
         self.target, self.drafter, self.prompts, self.max_tokens = target, drafter, prompts, max_tokens
         self.stops, self.block, self.rule, self.graphs = stops, block, rule, graphs
+        self.turn = 0  # undrafted first on even turns, drafted first on odd ones
 
     def warm_up(self) -> None:
         """A few tokens each way first, so that one-time costs (kernel compilation, allocator) are not timed."""
@@ -423,20 +447,25 @@ class CellRunner:
         from specpair.runtime.speculative import accepted_by_position, speculative_generate
 
         prompts = [self.prompts[i].ids for i in group]
-        undrafted, u_timing = generate(
-            self.target, prompts, self.max_tokens, cell.sampling, self.stops, graphs=self.graphs
+        (undrafted, u_timing), (drafted, d_timing) = in_turn(
+            lambda: generate(self.target, prompts, self.max_tokens, cell.sampling, self.stops, graphs=self.graphs),
+            lambda: speculative_generate(
+                self.target,
+                self.drafter,
+                prompts,
+                self.max_tokens,
+                cell.sampling,
+                self.stops,
+                block_size=self.block,
+                rule=self.rule,
+                graphs=self.graphs,
+            ),
+            self.turn,
         )
-        drafted, d_timing = speculative_generate(
-            self.target,
-            self.drafter,
-            prompts,
-            self.max_tokens,
-            cell.sampling,
-            self.stops,
-            block_size=self.block,
-            rule=self.rule,
-            graphs=self.graphs,
-        )
+        self.turn += 1
+        group_rounds = sum(len(r.committed) for r in drafted)
+        cell.decode_rates.append(u_timing.decode_tokens_per_s)
+        cell.round_rates.append(group_rounds / (d_timing.draft_s + d_timing.verify_s) if group_rounds else None)
         u_s, d_s = u_timing.prefill_s + u_timing.decode_s, d_timing.prefill_s + d_timing.draft_s + d_timing.verify_s
         cell.undrafted_tokens += u_timing.generated_tokens
         cell.drafted_tokens += d_timing.generated_tokens
@@ -553,9 +582,10 @@ def cell_line(c: Cell, rule: str, reason: str | None) -> str:
         if spent
         else ""
     )
-    return (
-        f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · {t['tokens_per_s']['drafted']:.1f} vs "
-        f"{t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×) · {split}"
+    speed = f"{t['tokens_per_s']['drafted']:.1f} vs {t['tokens_per_s']['undrafted']:.1f} tok/s ({t['speedup']:.2f}×)"
+    warning = Spread.of(c.decode_rates, c.round_rates).warning()
+    return f"  {same} · τ {t['tau']:.2f} · accepted by position {accept} · " + (
+        f"{speed} · {split}" if not warning else f"{warning}: {speed} · {split}"
     )
 
 

@@ -4,8 +4,10 @@ compat/memory.py's working memory per GPU (what `check` adds too); and, when it 
 from __future__ import annotations
 
 import math
+import shlex
 from typing import TYPE_CHECKING
 
+from specpair.compat.fixes import destination
 from specpair.compat.memory import OVERHEAD_PER_GPU, gb
 from specpair.errors import BadInput
 
@@ -40,7 +42,9 @@ def does_not_fit(plan: LoadPlan, context: int, free: float, why: str) -> str:
         if bits < bits_now and needs(plan, context, values * bits / 8 + other) <= free:
             return message + (
                 f"; with its matmul weights at {bits:g} bits it would fit: "
-                f"specpair convert {plan.model.ref} DST --to {layout}"
+                + shlex.join(
+                    ["specpair", "convert", plan.model.ref, destination(plan.model.ref, layout), "--to", layout]
+                )
             )
     return message + "; a smaller layout would not fit this GPU either (`specpair check` names multi-GPU stacks)"
 

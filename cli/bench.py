@@ -44,7 +44,8 @@ Rows: users N runs the built-in prompts (prose and code, cycled) as N concurrent
 every prompt of the file, N at a time; through the target's chat template when it has one (--no-chat: raw text).
 Depth D runs one sequence whose prompt is D tokens of the built-in prompts' text (depth 0: one token). Every
 sequence generates --tokens tokens, greedy, stop ids ignored. tok/s counts decoding only (no prefill, no graph
-capture), summed over the users.
+capture), summed over the users. Each figure is the median of 3 runs, undrafted and drafted in turn (AB BA AB); a
+row whose runs disagree by more than 1.25x (max/min) is marked UNRELIABLE.
 The weights roofline is users x the GPU's nominal memory bandwidth / the bytes of weights one decode step reads
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
 predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
@@ -225,6 +226,14 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f} %"
 
 
+def _spread(timing: dict) -> str:
+    """The worst max/min of a row's repeats, and UNRELIABLE past the limit."""
+    known = [x for x in timing["spread"].values() if x is not None]
+    if not known:
+        return "—"
+    return f"{max(known):.2f}×" + ("" if timing["reliable"] else " UNRELIABLE")
+
+
 def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of the users table and the depth table."""
     drafted = doc["draft"] is not None
@@ -234,6 +243,7 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         if drafted:
             header += ["drafted tok/s", "speedup", "predicted", "speedup / predicted", "τ", "identical"]
         header += ["roofline tok/s", "undrafted / roofline"] + (["drafted / roofline"] if drafted else [])
+        header.append("repeats max/min")
         rows = []
         for r in doc[key]:
             cells = [
@@ -253,7 +263,7 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             cells += [_rate(r["roofline"]["tokens_per_s"]), _share(r["of_roofline"]["undrafted"])]
             if drafted:
                 cells.append(_share(r["of_roofline"]["drafted"]))
-            rows.append(cells)
+            rows.append(cells + [_spread(r["timing"])])
         title = (
             "Users: the prompts as concurrent sequences"
             if key == "users"
@@ -287,12 +297,25 @@ def header_lines(doc: dict) -> list[str]:
         )
         + " / bytes of weights a decode step reads",
     ]
+    runs = [r for key in ("users", "depth") for r in doc[key]]
+    if runs:
+        timing = runs[0]["timing"]
+        unreliable = [r for r in runs if not r["timing"]["reliable"]]
+        lines.append(
+            f"each figure the median of {timing['repeats']} runs"
+            + (", undrafted and drafted in turn" if doc["draft"] else "")
+            + f"; runs that disagree by more than {timing['limit']:.2f}× (max/min) make a row UNRELIABLE"
+            + (
+                f": {len(unreliable)} of {len(runs)} rows are (the machine's speed moved: rerun it idle)"
+                if unreliable
+                else ""
+            )
+        )
     if doc["draft"] is not None:
         lines.append(
             "predicted: the speedup of a loop that cost only its steps, τ × decode step / (draft round + verify "
             "step), each step timed alone on the same prompts; speedup / predicted is what the loop's own work leaves"
         )
-        runs = [r for key in ("users", "depth") for r in doc[key]]
         lines.append(
             "drafted == undrafted, token for token: "
             f"{sum(r['drafted']['identical'] is True for r in runs)}/{len(runs)} runs"

@@ -6,24 +6,31 @@ from __future__ import annotations
 import shlex
 
 from specpair.checkpoint import Checkpoint
-from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS
+from specpair.compat.stacks import FLOAT_LAYOUTS, STACKS, fetch_step, pinned_ref
 from specpair.formats.layouts import GGUF, NVFP4, layout_of
 
 WEIGHT_GROUPS = ("attention", "linear_attention", "mlp", "experts", "shared_expert")
 
 
-def convert_command(checkpoint: Checkpoint, stack: str, which: str, target_ref: str | None = None) -> str:
-    """The `specpair convert` command that makes `checkpoint` loadable on `stack`, keeping bits where a
-    lossless path exists (NVFP4 between flavours, a GGUF's own block type)."""
+def convert_command(checkpoint: Checkpoint, stack: str, which: str, target: Checkpoint | None = None) -> list[str]:
+    """The `specpair convert` command, in its steps, that makes `checkpoint` loadable on `stack`, keeping bits where a
+    lossless path exists (NVFP4 between flavours, a GGUF's own block type); after the download that puts a Hub
+    checkpoint where convert reads it (convert reads local files only)."""
     spec = _convert_spec(checkpoint, stack, which)
+    command = ["specpair", "convert", pinned_ref(checkpoint), destination(checkpoint.ref, spec), "--to", spec]
+    reads = [checkpoint]
+    if which == "draft" and spec.startswith("gguf:") and checkpoint.tokenizer is None and target:
+        command += ["--target", pinned_ref(target)]  # llama.cpp's DFlash GGUF carries the target's tokenizer
+        reads.append(target)
+    fetches = [step for c in reads if (step := fetch_step(c))]
+    return [*fetches, shlex.join(command)]
+
+
+def destination(ref: str, spec: str) -> str:
+    """Where a printed convert command writes: the source's name and the layout, in the working directory."""
     if spec.startswith("gguf:"):
-        destination = f"{_out(checkpoint.ref)}-{spec.removeprefix('gguf:').lower()}.gguf"
-    else:
-        destination = f"{_out(checkpoint.ref)}-{spec.replace(':', '')}"
-    command = ["specpair", "convert", checkpoint.ref, destination, "--to", spec]
-    if which == "draft" and spec.startswith("gguf:") and checkpoint.tokenizer is None and target_ref:
-        command += ["--target", target_ref]  # llama.cpp's DFlash GGUF carries the target's tokenizer
-    return shlex.join(command)
+        return f"{_out(ref)}-{spec.removeprefix('gguf:').lower()}.gguf"
+    return f"{_out(ref)}-{spec.replace(':', '')}"
 
 
 def _convert_spec(checkpoint: Checkpoint, stack: str, which: str) -> str:

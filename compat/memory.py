@@ -51,6 +51,29 @@ class Estimate:
     kv: float  # target KV over the context, all sequences
     state: float  # recurrent (GDN) state, all sequences
     draft_kv: float
+    experts: float = 0.0  # the target's routed experts (in target_weights), spread over `expert_layers` layers
+    expert_layers: int = 0
+
+
+@dataclass(frozen=True)
+class ExpertOffload:
+    """A stack that keeps the routed experts of the first `layers` layers in CPU memory (llama.cpp --n-cpu-moe N):
+    the smallest such `layers` that fits, in GB rounded as MemoryPlan's figures."""
+
+    flag: str  # the stack's flag, given `layers`
+    layers: int
+    of_layers: int
+    cpu: float  # expert weights in host memory
+    per_gpu: float  # what one GPU holds then
+
+    def to_json(self) -> dict:
+        return {
+            "flag": self.flag,
+            "layers": self.layers,
+            "of_layers": self.of_layers,
+            "cpu": self.cpu,
+            "per_gpu": self.per_gpu,
+        }
 
 
 @dataclass(frozen=True)
@@ -68,7 +91,8 @@ class MemoryPlan:
     gpu: str | None = None
     usable_per_gpu: float | None = None
     smallest_fitting_tensor_parallel: int | None = None
-    fits: bool | None = None  # None: no GPU to size for
+    fits: bool | None = None  # None: no GPU to size for; False: not with every weight on the GPUs
+    experts_on_cpu: ExpertOffload | None = None  # where it does not fit but fits with routed experts in CPU memory
 
     @property
     def total(self) -> float:
@@ -89,6 +113,7 @@ class MemoryPlan:
             "per_gpu": self.per_gpu,
             "smallest_fitting_tensor_parallel": self.smallest_fitting_tensor_parallel,
             "fits": self.fits,
+            "experts_on_cpu": self.experts_on_cpu.to_json() if self.experts_on_cpu else None,
         }
 
 
@@ -97,7 +122,17 @@ def gb(value: float) -> float:
     return round(value / GB, 1)
 
 
-def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int, max_tp: int) -> MemoryPlan:
+def plan(
+    e: Estimate,
+    context: int,
+    concurrency: int,
+    gpu: Gpu | None,
+    gpus: int,
+    max_tp: int,
+    expert_offload: str | None = None,
+) -> MemoryPlan:
+    """`expert_offload`: the stack's flag that keeps the routed experts of the first N layers in CPU memory (None:
+    it cannot); tried where the weights do not fit the GPUs given."""
     parts = {
         "target_weights": gb(e.target_weights),
         "draft_weights": gb(e.draft_weights),
@@ -117,6 +152,10 @@ def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int
         return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp))
     usable = gb(gpu.memory * USABLE_FRACTION)
     smallest = next((n for n in TP_SIZES if n <= max_tp and per_gpu(n) <= usable), None)
+    fits = smallest is not None and smallest <= gpus
+    offload = None
+    if not fits and expert_offload and e.experts and e.expert_layers:
+        offload = _experts_on_cpu(per_gpu(tp), usable, tp, gb(e.experts), e.expert_layers, expert_offload)
     return MemoryPlan(
         context,
         concurrency,
@@ -128,8 +167,24 @@ def plan(e: Estimate, context: int, concurrency: int, gpu: Gpu | None, gpus: int
         gpu.name,
         usable,
         smallest,
-        smallest is not None and smallest <= gpus,
+        fits,
+        offload,
     )
+
+
+def _experts_on_cpu(
+    per_gpu: float, usable: float, tp: int, experts: float, layers: int, flag: str
+) -> ExpertOffload | None:
+    """The fewest layers whose routed experts, moved to CPU memory, bring a GPU's share under `usable`. The experts
+    are taken as spread evenly over the layers: the header summary has their bytes per layout, not per layer, so a
+    GGUF that gives some layers Q6_K and others Q4_K can need a layer more or fewer than this says."""
+    per_layer = experts / layers
+    for n in range(1, layers + 1):
+        cpu = round(n * per_layer, 1)
+        on_gpu = round(per_gpu - cpu / tp, 1)
+        if on_gpu <= usable:
+            return ExpertOffload(flag, n, layers, cpu, on_gpu)
+    return None
 
 
 def local_gpu() -> Gpu | None:
@@ -208,10 +263,14 @@ def estimate(target: Checkpoint, draft: Checkpoint, head: str | None, context: i
     else:
         draft_weights = float(draft.total_bytes)
         draft_kv = kv_bytes(draft, context)
+    # Routed experts sit in every decoder layer of the MoE families the tables hold (no dense-first layers).
+    expert_layers = target.shapes.num_layers if target.shapes.num_experts else 0
     return Estimate(
         target_weights=float(target_weights),
         draft_weights=draft_weights,
         kv=kv_bytes(target, context) * concurrency,
         state=recurrent_state_bytes(target) * concurrency,
         draft_kv=draft_kv * concurrency,
+        experts=float(target.bytes_of("experts")),
+        expert_layers=expert_layers,
     )

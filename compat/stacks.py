@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.families import BLOCK, OWN_STACK, families_served_by, kinds_served_by
+from specpair.compat.memory import MemoryPlan
 from specpair.compat.pair import Pair
 from specpair.formats.layouts import AFFINE, NVFP4, layout_of
 
 FLOAT_LAYOUTS = frozenset({"bf16", "f16", "f32", "f64", "int"})
+LOCAL_SOURCES = ("local", "gguf")  # Checkpoint.source of files on this machine (a directory, a .gguf file)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,14 @@ class Stack:
     native_only: dict[str, str] = field(default_factory=dict)
     moe_layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout kind -> the only labels of it it
     # loads for a target with routed experts
+    # The flag, followed by N, that keeps the routed experts of the first N layers in CPU memory; None: it cannot
+    expert_offload: str | None = None
+
+    def launch_line(self, p: Pair, memory: MemoryPlan | None) -> str:
+        """The launch command, with the experts it keeps in CPU memory where the pair fits only that way."""
+        line = self.launch(p)
+        offload = memory.experts_on_cpu if memory else None
+        return line if offload is None else f"{line} {offload.flag} {offload.layers}"
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -55,32 +65,59 @@ class Stack:
         return {layout for layout in layouts if not layout_of(layout).matches(accepted)}
 
 
-def _model_arg(checkpoint_ref: str, revision: str | None) -> tuple[str, str | None]:
-    """(repo, revision) as a launch line names them: the revision is a full 40-hex commit (the one the reference
-    names, else the one it was resolved to or the catalog records) or none, since a branch, tag or abbreviated
-    commit is not a pin."""
-    path, _, asked = checkpoint_ref.partition("@")
-    return path, next((r for r in (asked, revision) if r and COMMIT.match(r.lower())), None)
+ABBREVIATED = re.compile(r"[0-9a-f]{4,39}")  # a commit's prefix, as catalogs and model cards quote them
 
 
-def _ref_arg(c: Checkpoint) -> str:
-    """A checkpoint as a specpair command names it: a local path as typed, a Hub repo @ a full commit or bare."""
-    if c.source == "local":
-        return c.ref
-    path, commit = _model_arg(c.ref, c.revision)
-    return f"{path}@{commit}" if commit else path
+def _model_arg(c: Checkpoint) -> tuple[str, str | None]:
+    """The path or repo a stack loads, and the full commit to pass with it (None: none known, for an abbreviation,
+    branch or tag is no pin and a stack given one loads whatever it names then)."""
+    return c.ref if c.source in LOCAL_SOURCES else c.ref.partition("@")[0], commit_of(c)
+
+
+def commit_of(c: Checkpoint) -> str | None:
+    """The 40-hex commit a Hub checkpoint was read at: the one its reference names, else the one its branch
+    resolved to (or the catalog recorded); None for local files and where only an abbreviation is known."""
+    if c.source in LOCAL_SOURCES:
+        return None
+    asked = c.ref.partition("@")[2].lower()
+    for commit in (asked, (c.revision or "").lower()):
+        if COMMIT.match(commit):
+            return commit
+    return None
+
+
+def fetch_step(c: Checkpoint, include: str | None = None, local_dir: str | None = None) -> str | None:
+    """The `specpair download` that puts a Hub checkpoint where `convert` and the stacks read it (the HF cache,
+    or `local_dir`), at the commit checked where it is known; None when it is on this machine already. No lockfile:
+    a step before another command must not replace the specpair.lock a pair's download wrote."""
+    if c.source in LOCAL_SOURCES or (c.source == "hf-cache" and local_dir is None):
+        return None
+    command = ["specpair", "download", pinned_ref(c)]
+    command += ["--include", include] if include else []
+    command += ["--local-dir", local_dir] if local_dir else []
+    return shlex.join(command + ["--no-lock"])
+
+
+def pinned_ref(c: Checkpoint) -> str:
+    """The reference at the commit checked where one is known; else as typed, but bare where it names an abbreviated
+    commit (no pin, and a printed command passes a full commit or none)."""
+    commit = commit_of(c)
+    repo, _, asked = c.ref.partition("@")
+    if commit:
+        return f"{repo}@{commit}"
+    return repo if ABBREVIATED.fullmatch(asked.lower()) else c.ref
 
 
 def _sglang(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    target, target_rev = _model_arg(p.target)
     args = ["python", "-m", "sglang.launch_server", "--model-path", target]
-    if target_rev and p.target.source != "local":
+    if target_rev:
         args += ["--revision", target_rev]
     args += ["--speculative-algorithm", p.serves("sglang").method]
     if p.separate:
-        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        draft, draft_rev = _model_arg(p.draft)
         args += ["--speculative-draft-model-path", draft]
-        if draft_rev and p.draft.source != "local":
+        if draft_rev:
             args += ["--speculative-draft-model-revision", draft_rev]
     if p.kind_row.drafting == BLOCK:
         args += ["--speculative-num-draft-tokens", str(p.block_size)]
@@ -105,15 +142,15 @@ def _sglang(p: Pair) -> str:
 
 
 def _vllm(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target.ref, p.target.revision)
+    target, target_rev = _model_arg(p.target)
     args = ["vllm", "serve", target]
-    if target_rev and p.target.source != "local":
+    if target_rev:
         args += ["--revision", target_rev]
     spec: dict[str, object] = {"method": p.serves("vllm").method}
     if p.separate:
-        draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+        draft, draft_rev = _model_arg(p.draft)
         spec["model"] = draft
-        if draft_rev and p.draft.source != "local":
+        if draft_rev:
             spec["revision"] = draft_rev
     spec["num_speculative_tokens"] = p.block_size - 1
     args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
@@ -133,19 +170,31 @@ def _vllm(p: Pair) -> str:
 
 
 def _llama_cpp(p: Pair) -> str:
-    args = ["llama-server", "-m", _gguf_path(p.target), "-c", str(p.context), "-ngl", "99"]
+    """llama-server over local GGUF files; a Hub checkpoint's file is downloaded first, into a folder of its own."""
+    steps = []
+    paths = []
+    for c in [p.target, p.draft] if p.separate else [p.target]:
+        path = _gguf_path(c)
+        if c.source not in LOCAL_SOURCES:
+            folder = f"{MODELS_DIR}/{_repo_name(c.ref)}"
+            steps.append(fetch_step(c, path, folder))
+            path = f"{folder}/{path}"
+        paths.append(path)
+    args = ["llama-server", "-m", paths[0], "-c", str(p.context), "-ngl", "99"]
     if p.separate:
-        args += ["-md", _gguf_path(p.draft), "-ngld", "99"]
+        args += ["-md", paths[1], "-ngld", "99"]
     if p.kind_row.plain:
-        return shlex.join(args + ["--draft-max", str(p.block_size - 1)])
-    spec_type = p.serves("llama.cpp").method
-    if spec_type:
-        args += ["--spec-type", spec_type]
-    return shlex.join(args + ["--spec-draft-n-max", str(p.block_size - 1)])
+        args += ["--draft-max", str(p.block_size - 1)]
+    else:
+        spec_type = p.serves("llama.cpp").method
+        if spec_type:
+            args += ["--spec-type", spec_type]
+        args += ["--spec-draft-n-max", str(p.block_size - 1)]
+    return " && ".join([*steps, shlex.join(args)])
 
 
 def _gguf_path(c: Checkpoint) -> str:
-    """The GGUF file llama.cpp opens: the local path, or the repo's file once downloaded."""
+    """The GGUF file llama.cpp opens: the local path, or the name of the repo's file."""
     if c.ref.endswith(".gguf"):
         return c.ref
     name = next((f.path for f in c.files if f.path.endswith(".gguf")), "model.gguf")
@@ -160,18 +209,17 @@ def _exllamav3(p: Pair) -> str:
     steps, paths = [], []
     remote = [c for c in checkpoints if c.source != "local"]
     if remote:
-        refs = [_ref_arg(c) for c in remote]
-        pinned = all("@" in ref for ref in refs)
+        pinned = all(commit_of(c) for c in remote)
         command = [
             "specpair",
             "download",
-            *refs,
+            *(pinned_ref(c) for c in remote),
             "--local-dir",
-            EXLLAMAV3_DIR if len(remote) == 2 else f"{EXLLAMAV3_DIR}/{_repo_name(remote[0].ref)}",
+            MODELS_DIR if len(remote) == 2 else f"{MODELS_DIR}/{_repo_name(remote[0].ref)}",
         ]
         steps.append(shlex.join(command + ([] if pinned else ["--no-require-sha"])))
     for c in checkpoints:
-        paths.append(c.ref if c.source == "local" else f"{EXLLAMAV3_DIR}/{_repo_name(c.ref)}")
+        paths.append(c.ref if c.source == "local" else f"{MODELS_DIR}/{_repo_name(c.ref)}")
     args = ["-m", paths[0], "-cs", str(p.context), "-ndt", str(p.block_size - 1)]
     args += ["-dm", paths[1]] if p.separate else ["-mtp"]
     code = "; ".join(
@@ -191,7 +239,7 @@ def _exllamav3(p: Pair) -> str:
     return " && ".join(steps)
 
 
-EXLLAMAV3_DIR = "models"
+MODELS_DIR = "models"  # where launch lines download Hub checkpoints a stack reads from local files only
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -218,10 +266,12 @@ def _tensorfold(p: Pair) -> str:
 
 
 def _specpair(p: Pair) -> str:
-    args = ["specpair", "run", _ref_arg(p.target)]
-    args += [_ref_arg(p.draft)] if p.separate else ["--mtp"]
+    """specpair reads weights from local files only: Hub checkpoints are downloaded into the HF cache first."""
+    steps = [step for c in p.checkpoints if (step := fetch_step(c))]
+    args = ["specpair", "run", pinned_ref(p.target)]
+    args += [pinned_ref(p.draft)] if p.separate else ["--mtp"]
     args += ["--block-size", str(p.block_size)]
-    return shlex.join(args)
+    return " && ".join([*steps, shlex.join(args)])
 
 
 STACKS: dict[str, Stack] = {
@@ -258,6 +308,8 @@ STACKS: dict[str, Stack] = {
             ("gguf", "f32", "f16", "bf16", "nvfp4-gguf"),
             _llama_cpp,
             convert_to={"target": "gguf:Q8_0", "draft": "gguf:BF16"},
+            # common/arg.cpp: "keep the Mixture of Experts (MoE) weights of the first N layers in the CPU" (-ncmoe)
+            expert_offload="--n-cpu-moe",
         ),
         Stack(
             "exllamav3",

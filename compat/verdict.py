@@ -61,14 +61,15 @@ def judge(
         blocked: dict[str, None] = {}
         for r, f in found:
             if f.severity == "error":
-                fix = r.fix(pair, stack) if r.fix else None
-                if fix:
-                    fixes[fix] = None
+                steps = r.fix(pair, stack) if r.fix else None
+                if steps:
+                    fixes.update(dict.fromkeys(steps))  # a download two fixes need runs once
                 else:
                     blocked[r.id] = None
         fix = " && ".join(fixes) if fixes and not blocked else None
-        launch = STACKS[stack].launch(pair) if status != "fail" else None
-        verdicts[stack] = Verdict(stack, status, findings, launch, fix, list(blocked), memory_plan(pair, stack))
+        memory = memory_plan(pair, stack)
+        launch = STACKS[stack].launch_line(pair, memory) if status != "fail" else None
+        verdicts[stack] = Verdict(stack, status, findings, launch, fix, list(blocked), memory)
     return pair, verdicts
 
 

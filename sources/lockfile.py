@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +161,17 @@ def open_locked_pair(
     return checkpoints[0], (checkpoints[1] if len(checkpoints) > 1 else None)
 
 
+def fetch_again(repo: LockedRepo) -> str:
+    """The `specpair download` that puts `repo`'s files back where the lock says they are, as they were selected;
+    with no lockfile of its own, which would replace the pair's."""
+    command = ["specpair", "download", f"{repo.repo}@{repo.commit}"]
+    command += [arg for pattern in repo.include for arg in ("--include", pattern)]
+    command += [arg for pattern in repo.exclude for arg in ("--exclude", pattern)]
+    command += ["--metadata-only"] if repo.metadata_only else []
+    command += ["--local-dir", repo.directory] if repo.layout == "local-dir" else []
+    return shlex.join(command + ["--no-lock"])
+
+
 def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
     from specpair.sources.hub import CachedFiles
     from specpair.sources.reading import read_checkpoint
@@ -167,8 +179,8 @@ def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
     if not os.path.isdir(repo.directory):
         raise BadInput(
             repo.directory,
-            f"{repo.repo}@{repo.commit} is not there any more (the lock says it was "
-            "downloaded here): run `specpair download` again",
+            f"{repo.repo}@{repo.commit} is not there any more (the lock says it was downloaded here): fetch it "
+            f"again with `{fetch_again(repo)}`",
         )
     # The cache reader lists the shards an index names even when only metadata was downloaded, and reads
     # such a checkpoint as config-only instead of refusing it. It looks at the files the lock lists only: the

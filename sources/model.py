@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -506,9 +508,12 @@ def local_path(ref: str) -> str:
         cached = CachedFiles.find(repo, revision or None, settings_from_env(True).cache_dir)
         if cached is not None:
             return cached.snapshot
+        # download refuses a branch unless told to lock the commit it points to now
+        pinned = re.fullmatch(r"[0-9a-f]{40}", revision.lower()) is not None
+        fetch = shlex.join(["specpair", "download", ref] + ([] if pinned else ["--no-require-sha"]))
         raise BadInput(
             ref,
-            "is not in the Hugging Face cache; fetch it first with `specpair download "
-            f"{ref}` (specpair reads weights from local files only)",
+            f"is not in the Hugging Face cache; fetch it first with `{fetch}` (specpair reads weights from local "
+            "files only)",
         )
     raise BadInput(ref, "no such file or directory")

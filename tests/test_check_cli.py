@@ -96,6 +96,32 @@ def test_memory_fit_on_a_named_gpu():
     assert "--tensor-parallel-size 2" in report["verdicts"]["vllm"]["launch"]
 
 
+def test_moe_pair_too_big_for_the_gpu_fits_llama_cpp_with_experts_in_cpu_memory():
+    """UD-Q4_K_M Qwen3.6-35B-A3B (22.0 GB) with its DFlash GGUF needs 25.4 GB; an RTX 4090 has 21.6 usable: the
+    routed experts of 8 of 40 layers (19.5 GB / 40 each) in CPU memory bring it to 21.5, and the launch says so."""
+    report, code = check_json(
+        "unsloth/Qwen3.6-35B-A3B-GGUF",
+        "williamliao/Qwen3.6-35B-A3B-DFlash-GGUF",
+        "--gpu",
+        "rtx4090",
+        "--stack",
+        "llama.cpp",
+        "--stack",
+        "vllm",
+    )
+    verdict = report["verdicts"]["llama.cpp"]
+    assert code == 0 and verdict["status"] == "warn" and "memory.fit" not in errors(report, "llama.cpp")
+    memory = verdict["memory"]
+    assert memory["fits"] is False and memory["per_gpu"] == 25.4 and memory["usable_per_gpu"] == 21.6
+    offload = memory["experts_on_cpu"]
+    assert offload == {"flag": "--n-cpu-moe", "layers": 8, "of_layers": 40, "cpu": 3.9, "per_gpu": 21.5}
+    assert verdict["launch"].endswith(" --n-cpu-moe 8")
+    (message,) = [r["message"] for r in verdict["reasons"] if r["rule"] == "memory.offload"]
+    assert "first 8 of its 40 layers" in message and "host RAM 3.9 GB" in message and "--gpus 2" in message
+    # a stack that cannot keep experts in CPU memory still reports the misfit
+    assert report["verdicts"]["vllm"]["memory"]["experts_on_cpu"] is None
+
+
 def _padded_pair(tmp_path: Path) -> tuple[Path, Path]:
     """Qwen3-8B's real config as target; a DFlash drafter whose vocabulary has 128 more padding rows."""
     target = tmp_path / "Qwen3-8B"

@@ -260,6 +260,12 @@ def _big(c: Checkpoint) -> None:
     c.groups = [TensorGroup("experts", "bf16", 100, 71 * GB)]
 
 
+def _gguf_experts(c: Checkpoint) -> None:
+    """24 GB of Q4_K routed experts: too big for one 24 GB GPU, fine with some in CPU memory."""
+    c.shapes.num_experts = 8
+    c.groups.append(TensorGroup("experts", "gguf-Q4_K", 24, 24 * GB))
+
+
 def _note(note: str) -> Callable[[Checkpoint], None]:
     return lambda c: c.notes.append(note)
 
@@ -334,6 +340,12 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "hw.kernels": (_modelopt_target, dflash_draft, "vllm", {"gpu": GPUS["h100"]}),
     "memory.fit": (lambda: with_(qwen3_target(), _big), dflash_draft, "vllm", {"gpu": GPUS["rtx4090"]}),
     "memory.plan": (T, dflash_draft, "vllm", {}),
+    "memory.offload": (
+        lambda: with_(_gguf_target(), _gguf_experts),
+        _gguf_dflash_draft,
+        "llama.cpp",
+        {"gpu": GPUS["rtx4090"]},
+    ),
     "hybrid.rollback": (H, dflash_draft, "sglang", {}),
     "hybrid.rollback_build": (H, dflash_draft, "llama.cpp", {}),
     "revision.pinned": (T, lambda: with_(dflash_draft(), _source("hub", "z-lab/drafter")), "vllm", {}),

@@ -94,7 +94,12 @@ def test_a_model_too_big_for_the_gpu_is_told_what_it_needs_and_what_fits(target)
     needed = needs(plan, 100)
     message = does_not_fit(plan, 100, needed - 1, "1 GB are free")
     assert message.startswith(f"needs {round(needed / 1e9, 1)} GB on the GPU (") and "cache for 100 tokens" in message
-    assert message.endswith(f"at 8.5 bits it would fit: specpair convert {target} DST --to fp8")
+    assert message.endswith(f"at 8.5 bits it would fit: specpair convert {target} hf-fp8 --to fp8")
+    convert = message.rpartition(": ")[2].split()  # runs as pasted (planned here: --dry-run writes nothing)
+    planned = subprocess.run(
+        [sys.executable, "-m", "specpair", *convert[1:], "--dry-run"], capture_output=True, text=True, timeout=300
+    )
+    assert planned.returncode == 0, planned.stderr
     message = does_not_fit(plan, 100, OVERHEAD_PER_GPU, "2 GB are free")
     assert message.endswith("a smaller layout would not fit this GPU either (`specpair check` names multi-GPU stacks)")
 

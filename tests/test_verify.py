@@ -199,5 +199,6 @@ def test_lock_arguments_that_are_not_there(tmp_path: Path, specpair, monkeypatch
     shutil.rmtree(tmp_path / "model")
     err = one_line_error(specpair("check", "specpair.lock"), 2)
     assert f"{tmp_path / 'model'}: org/model@{'a' * 40} is not there any more" in err
+    assert f"`specpair download org/model@{'a' * 40} --local-dir {tmp_path / 'model'} --no-lock`" in err
     result = specpair("verify", "specpair.lock", "--json")
     assert result.code == 1 and result.json()["repos"][0]["files"][0]["status"] == "missing"

@@ -55,9 +55,9 @@ def _kind(p: Pair, stack: str) -> Iterable[Values]:
         yield {"kind_name": p.kind_row.title, "others": _kind_stacks(p.kind)}
 
 
-def _arch_fix(p: Pair, stack: str) -> str | None:
+def _arch_fix(p: Pair, stack: str) -> list[str] | None:
     if p.draft.architecture == "dflash-draft" and stack == "llama.cpp":
-        return convert_command(p.draft, stack, "draft", p.target.ref)
+        return convert_command(p.draft, stack, "draft", p.target)
     return None
 
 

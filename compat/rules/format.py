@@ -27,12 +27,12 @@ def _describe(format_: str, layouts: set[str]) -> str:
     return f"{format_} ({', '.join(sorted(layouts))})" if layouts else format_
 
 
-def _target_fix(p: Pair, stack: str) -> str | None:
+def _target_fix(p: Pair, stack: str) -> list[str] | None:
     return convert_command(p.target, stack, "target")
 
 
-def draft_fix(p: Pair, stack: str) -> str | None:
-    return convert_command(p.draft, stack, "draft", p.target.ref)
+def draft_fix(p: Pair, stack: str) -> list[str] | None:
+    return convert_command(p.draft, stack, "draft", p.target)
 
 
 def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:

@@ -31,7 +31,7 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
     title="A DFlash GGUF carries the target's tokenizer (upstream's converter copies it).",
     message="{draft} carries no tokenizer; upstream llama.cpp converts DFlash drafters with --target-model-dir so the GGUF holds {target}'s vocabulary, and some loaders refuse weights-only files (ROCmFPX#96).",
     example={},
-    fix=lambda p, stack: convert_command(p.draft, stack, "draft", p.target.ref),
+    fix=lambda p, stack: convert_command(p.draft, stack, "draft", p.target),
 )
 def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
     if p.draft.format == "gguf" and p.draft.tokenizer is None:

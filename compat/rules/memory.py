@@ -12,6 +12,9 @@ from specpair.compat.rules.table import (
     Values,
     rule,
 )
+from specpair.compat.stacks import STACKS
+
+OFFLOADING_STACKS = tuple(s.name for s in STACKS.values() if s.expert_offload)
 
 
 def memory_plan(p: Pair, stack: str) -> MemoryPlan | None:
@@ -22,7 +25,10 @@ def memory_plan(p: Pair, stack: str) -> MemoryPlan | None:
     serves = p.serves(stack)
     max_tp = 1 if serves is None else max(TP_SIZES) if serves.tensor_parallel is None else serves.tensor_parallel
     e = estimate(p.target, p.draft, p.kind_row.head_group, p.context, p.deployment.concurrency)
-    return plan(e, p.context, p.deployment.concurrency, p.deployment.gpu, p.deployment.gpus, max_tp)
+    deployment = p.deployment
+    return plan(
+        e, p.context, deployment.concurrency, deployment.gpu, deployment.gpus, max_tp, STACKS[stack].expert_offload
+    )
 
 
 def _breakdown(p: Pair, m: MemoryPlan) -> str:
@@ -45,6 +51,11 @@ def _breakdown(p: Pair, m: MemoryPlan) -> str:
             f"draft KV {parts['draft_kv']:.1f}",
         ]
     return " + ".join(terms) + f" = {m.total:.1f} GB"
+
+
+def _tensor_parallel_needed(m: MemoryPlan) -> str:
+    tp = m.smallest_fitting_tensor_parallel
+    return f"; it needs tensor parallelism {tp} (pass --gpus {tp})"
 
 
 def _on(m: MemoryPlan) -> str:
@@ -73,13 +84,10 @@ def _on(m: MemoryPlan) -> str:
 )
 def _memory_fit(p: Pair, stack: str) -> Iterable[Values]:
     m = memory_plan(p, stack)
-    if m is None or m.fits is not False:
+    if m is None or m.fits is not False or m.experts_on_cpu:  # memory.offload says how it fits
         return
     if m.smallest_fitting_tensor_parallel is not None:
-        needed = (
-            f"; it needs tensor parallelism {m.smallest_fitting_tensor_parallel} "
-            f"(pass --gpus {m.smallest_fitting_tensor_parallel})"
-        )
+        needed = _tensor_parallel_needed(m)
     elif m.max_tensor_parallel == 1:
         needed = f"; {stack} cannot split this pair across GPUs"
     else:
@@ -127,4 +135,52 @@ def _memory_plan(p: Pair, stack: str) -> Iterable[Values]:
         "breakdown": _breakdown(p, m),
         "overhead": m.overhead_per_gpu,
         "verdict": verdict,
+    }
+
+
+@rule(
+    "memory.offload",
+    "warn",
+    OFFLOADING_STACKS,
+    ALL_KINDS,
+    title="A MoE pair too large for the GPUs given fits with the routed experts of some layers in CPU memory (llama.cpp --n-cpu-moe N, in the launch line).",
+    message="{target} with {draft} needs {per_gpu:.1f} GB {on} ({breakdown}, plus {overhead:.1f} GB runtime overhead per GPU), over the {usable:.1f} GB usable on each {gpu}; with the routed experts of the first {layers} of its {of_layers} layers in CPU memory ({flag} {layers}, in the launch line) a GPU holds {offloaded:.1f} GB and host RAM {cpu:.1f} GB. Decoding then reads those experts in host memory, slower than on the GPU{alternative}.",
+    example={
+        "per_gpu": 25.4,
+        "on": "on one GPU",
+        "breakdown": "target 22.0 + draft 0.4 + KV 0.7 + recurrent state 0.1 + draft KV 0.2 = 23.4 GB",
+        "overhead": 2.0,
+        "usable": 21.6,
+        "gpu": "RTX 4090",
+        "layers": 8,
+        "of_layers": 40,
+        "flag": "--n-cpu-moe",
+        "offloaded": 21.5,
+        "cpu": 3.9,
+        "alternative": "; or keep every weight on GPUs at tensor parallelism 2 (pass --gpus 2)",
+    },
+)
+def _memory_offload(p: Pair, stack: str) -> Iterable[Values]:
+    m = memory_plan(p, stack)
+    if m is None or m.experts_on_cpu is None:
+        return
+    offload = m.experts_on_cpu
+    tensor_parallel = m.smallest_fitting_tensor_parallel
+    yield {
+        "per_gpu": m.per_gpu,
+        "on": _on(m),
+        "breakdown": _breakdown(p, m),
+        "overhead": m.overhead_per_gpu,
+        "usable": m.usable_per_gpu,
+        "gpu": m.gpu,
+        "layers": offload.layers,
+        "of_layers": offload.of_layers,
+        "flag": offload.flag,
+        "offloaded": offload.per_gpu,
+        "cpu": offload.cpu,
+        "alternative": (
+            f"; or keep every weight on GPUs at tensor parallelism {tensor_parallel} (pass --gpus {tensor_parallel})"
+            if tensor_parallel
+            else ""
+        ),
     }

@@ -37,7 +37,7 @@ REDUCED_VOCABULARY_DRAFTERS = kinds_where(lambda k: k.reduced_vocabulary)
 
 Values = dict[str, Any]
 Check = Callable[[Pair, str], Iterable[Values]]
-Fix = Callable[[Pair, str], str | None]
+Fix = Callable[[Pair, str], list[str] | None]  # the commands, in order, that clear the rule's findings
 
 
 @dataclass(frozen=True)
