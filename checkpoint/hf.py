@@ -12,7 +12,7 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, OWN_STACK, family_of
+from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, TAP_LAYOUTS, family_of
 from specpair.checkpoint.groups import NameKinds, summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
@@ -109,21 +109,17 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
     block = row.config_block
     nested = config.get(block) if isinstance(config.get(block), dict) else {}
     drafter = Drafter(kind=wiring.kind, config_keys=_dotted_keys(config))
-    shift = row.serving[OWN_STACK].tap_shift
+    if wiring.tap_key is not None:
+        layout = TAP_LAYOUTS[wiring.tap_layout]
+        drafter.taps = Taps(
+            list(wiring.target_layer_ids), list(wiring.tap_ids), wiring.tap_key, layout.title, layout.name
+        )
 
     def source(key: str) -> str | None:
         """The key a value came from, as the config spells it."""
         return f"{block}.{key}" if nested.get(key) is not None else key if config.get(key) is not None else None
 
     if row.drafting == BLOCK:
-        taps = source("target_layer_ids")
-        if taps is not None:
-            drafter.taps = Taps(
-                list(wiring.target_layer_ids),
-                [i - shift for i in wiring.target_layer_ids],
-                taps,
-                "output of decoder layer k (HF hidden_states[k + 1])",
-            )
         drafter.mask_token_id, drafter.mask_token_source = wiring.mask_token_id, source("mask_token_id")
         drafter.block_size, drafter.block_size_source = wiring.block_size, source("block_size")
         drafter.num_target_layers = wiring.num_target_layers
@@ -136,15 +132,7 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
         missing = [key for attr, key in required.items() if getattr(drafter, attr) is None]
         missing += [k for k in row.own_keys if getattr(drafter, k) is None]
         drafter.missing_keys = [f"{block}.{key}" for key in missing]
-    else:  # EAGLE-3: aux hidden-state ids, read as specpair's runtime taps them
-        if nested.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")) is not None:
-            # vLLM: aux id j is the residual stream entering layer j, i.e. the output of layer j - 1.
-            drafter.taps = Taps(
-                list(wiring.target_layer_ids),
-                [i - shift for i in wiring.target_layer_ids],
-                f"{block}.eagle_aux_hidden_state_layer_ids",
-                "input of decoder layer k (output of layer k - 1)",
-            )
+    else:  # EAGLE-3
         drafter.draft_vocab_size = wiring.draft_vocab_size
     drafter.target_hidden_size = wiring.target_hidden_size
     names = set(tensors.names)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.families import default_layout
 from specpair.errors import BadInput
 from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
 from specpair.runtime.cache import Cache
@@ -124,12 +125,15 @@ class Eagle3(ChainDrafter):
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> Eagle3:
         config, t = model.config, target.config
-        taps = config.drafter.target_layer_ids or (1, t.num_layers // 2 - 1, t.num_layers - 4)
+        taps = config.drafter.target_layer_ids
+        if not taps:  # no ids in its config: the EAGLE repository's default, as every stack assumes
+            layout = default_layout(config.drafter.kind)
+            taps = tuple(layout.reading.layers(layout.default_ids(t.num_layers)))
         if max(taps) >= t.num_layers or min(taps) < 0:
             raise BadInput(
                 model.ref,
-                f"reads the target's layers {[k + 1 for k in taps]} (aux ids), but the target has "
-                f"{t.num_layers} layers",
+                f"reads the outputs of the target's layers {list(taps)}, but the target has layers "
+                f"0..{t.num_layers - 1}",
             )
         hidden, vocab = config.hidden_size, config.drafter.draft_vocab_size or config.vocab_size
         target_hidden = config.drafter.target_hidden_size or t.hidden_size
