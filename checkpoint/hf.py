@@ -7,6 +7,9 @@ keys a config lacks, what the tensor headers hold) is added here.
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +21,17 @@ from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+WEIGHT_PICKLE = re.compile(r"(pytorch_model|model)(-\d+-of-\d+)?\.bin")  # weights as torch.save writes them
+PICKLE_WEIGHTS_NOTE = "pickle weights only"  # the note of a checkpoint whose weights are pickles alone
+
+
+def from_pickle_command(ref: str) -> str:
+    """The command that makes a safetensors copy of a checkpoint whose weights are pickles only (convert/pickled.py,
+    torch's weights-only loader), into a directory named after it."""
+    name = os.path.basename(ref.rstrip("/")).partition("@")[0] or "checkpoint"
+    return shlex.join(["specpair", "convert", ref, f"{name}-safetensors", "--from-pickle"])
+
+
 # Config objects whose keys the per-stack required-key rules name with a dot (Drafter.config_keys)
 NESTED_KEYS = {"rope_parameters", *(k.config_block for k in DRAFTER_KINDS.values() if k.config_block)}
 
@@ -190,6 +204,9 @@ def _notes(config: dict[str, Any], files: list[FileEntry]) -> list[str]:
     if isinstance(auto_map, dict) and auto_map:
         names = ", ".join(f"{k}={v}" for k, v in auto_map.items())
         notes.append(f"auto_map names custom code ({names}): reported, never run")
+    weight_pickles = [f.path for f in files if WEIGHT_PICKLE.fullmatch(f.path)]
+    if weight_pickles and not any(f.path.endswith(".safetensors") for f in files):
+        notes.append(f"{PICKLE_WEIGHTS_NOTE} ({', '.join(weight_pickles)}): no .safetensors weights")
     for f in files:
         if f.path.endswith(PICKLE_SUFFIXES):
             notes.append(f"pickle file {f.path}: reported, never loaded")
