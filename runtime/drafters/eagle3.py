@@ -2,9 +2,10 @@
 (chain.py).
 
 A row at position p pairs a feature f_p with the next token x_{p+1}. For committed rows f_p = fc(taps_p), the
-target's residual streams entering its aux layers (the config's eagle_aux_hidden_state_layer_ids, default
-vLLM's (2, L // 2, L - 3); ModelConfig holds them as "output of layer k" taps); for chained steps f is the
-previous step's output. The one decoder layer ("midlayer") attends from [input_layernorm(embed(x_{p+1})) |
+outputs of the target layers the drafter was trained on: its aux ids read in its training framework's convention
+(checkpoint/families.py TAP_LAYOUTS, docs/taps.md; ModelConfig holds them as "output of layer k" taps), the EAGLE
+repository's inputs of layers (2, L // 2, L - 3) when its config names none; for chained steps f is the previous
+step's output. The one decoder layer ("midlayer") attends from [input_layernorm(embed(x_{p+1})) |
 hidden_norm(f_p)] (2H wide q/k/v), its residual is f_p (hidden_norm(f_p) with norm_before_residual), then a
 SwiGLU MLP; logits = lm_head(norm(z)) over the draft vocabulary, whose id i is target id i + d2t[i]. The
 embedding is the head's own where it ships one, else the target's.
