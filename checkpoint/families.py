@@ -258,7 +258,8 @@ class Serves:
     required: tuple[str, ...] = ()  # drafter fields it refuses to run without (compat/rules/drafter.py FIELD_KEYS)
     required_keys: tuple[str, ...] = ()  # config keys its loader reads with no default
     # Its tap convention: tap id j of the drafter's config is fed the output of target decoder layer j + tap_shift.
-    # None: the kind reads no taps, or how this stack reads them is not established.
+    # None: the kind reads no taps, how this stack reads them is not established, or (specpair) it feeds what the
+    # drafter's TAP_LAYOUTS row names.
     tap_shift: int | None = None
     tap_first_id: tuple[int, int] | None = None  # (id, shift): a list of ids starting at id is read with this shift
     tap_keys: tuple[str, ...] = ()  # the config keys (dotted) it reads tap ids from; empty: the kind's every key. Ids
