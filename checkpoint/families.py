@@ -540,7 +540,7 @@ TAP_LAYOUTS: dict[str, TapLayout] = {
         ),
         TapLayout(
             "specforge",
-            "SpecForge (eagle_config ids, captured by SGLang's set_eagle3_layers_to_capture)",
+            "SpecForge via SGLang's capture (eagle_config ids: outputs for a list starting at 1, else inputs)",
             ("eagle3",),
             (EAGLE3_IDS_NESTED,),
             IdReading(-1, first_id=1, first_id_shift=0),
