@@ -355,6 +355,12 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         "sglang",
         {},
     ),
+    "trust.pickle_weights": (
+        T,
+        lambda: with_(eagle3_draft(), _note("pickle weights only (pytorch_model.bin): no .safetensors weights")),
+        "specpair",
+        {},
+    ),
     "trust.catalog": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
     "trust.incomplete": (
         lambda: with_(
