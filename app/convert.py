@@ -16,6 +16,7 @@ from specpair.formats.layouts import layout_of
 
 if TYPE_CHECKING:
     from specpair.convert.converter import Plan, Report
+    from specpair.convert.pickled import PickleReport
 
 GPU_TILES_PER_S = 44_000  # the Triton search on one H200 (benchmarks/results/exl3_encode.md)
 
@@ -47,6 +48,22 @@ def plan_conversion(
     src = conv.open_source(source, gguf_file)
     donor = conv.open_source(target) if target else None
     return conv.plan(src, goal, rules, donor)
+
+
+def unpickle_weights(
+    source: str, destination: str, to: str | None, from_pickle: bool, progress: Progress = SILENT
+) -> PickleReport:
+    """`--from-pickle`: a safetensors copy of a checkpoint whose weights are pickles (convert/pickled.py); refused
+    without the flag (then --to is missing) and beside --to (convert the copy afterwards)."""
+    from specpair.convert.pickled import from_pickle as convert_pickles
+
+    if not from_pickle:
+        raise BadInput("--to", "missing: name the layout to convert to (or --from-pickle for pickled weights)")
+    if to is not None:
+        raise BadInput("--from-pickle", f"writes the weights as stored: drop --to {to}, then convert the copy")
+    report = convert_pickles(source, destination, progress.note)
+    progress.note(f"{report.tensors} tensors written to {destination}")
+    return report
 
 
 def run_conversion(

@@ -113,6 +113,7 @@ class Taps:
     raw: list[int]
     source: str  # the key they came from, e.g. "dflash_config.target_layer_ids", "gguf dflash.target_layers"
     convention: str  # how `raw` maps to `layers`, e.g. "output of layer k", "input of layer k (= HF id + 1)"
+    layout: str | None = None  # TAP_LAYOUTS key of a config's ids (None: a GGUF's, read per its arch)
 
 
 @dataclass

@@ -19,9 +19,10 @@ from specpair.checkpoint.families import (
     DRAFTER_BY_ARCHITECTURE,
     DRAFTER_KINDS,
     FAMILIES,
-    OWN_STACK,
     Family,
+    dotted,
     family_of,
+    tap_layout,
     with_own_keys,
 )
 from specpair.errors import BadInput
@@ -38,6 +39,9 @@ class DrafterConfig:
 
     kind: str  # a DRAFTER_KINDS key with a config of its own
     target_layer_ids: tuple[int, ...] = ()  # taps: the output of target decoder layer k, in fc input order
+    tap_layout: str | None = None  # TAP_LAYOUTS key: the convention its tap ids were written in (None: none found)
+    tap_ids: tuple[int, ...] = ()  # the ids as its config writes them (under tap_key)
+    tap_key: str | None = None  # the dotted config key they came from; None: the layout's default ids
     block_size: int | None = None
     mask_token_id: int | None = None
     is_causal: bool | None = None  # None: full layers bidirectional in-block, sliding layers causal
@@ -247,26 +251,28 @@ def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
     def key(name: str) -> Any:
         return nested.get(name, config.get(name))
 
-    shift = row.serving[OWN_STACK].tap_shift
-    if row.drafting == CHAIN:  # EAGLE-3: aux hidden-state ids, read as specpair's runtime taps them
-        aux = key("eagle_aux_hidden_state_layer_ids")
-        taps = (
-            tuple(i + shift for i in _int_list(aux, where, "eagle_aux_hidden_state_layer_ids"))
-            if aux is not None
-            else ()
-        )
+    # taps as the output of target layer k, read in the convention of the framework that trained the drafter
+    found = tap_layout(kind, config)
+    layout, tap_key = found if found else (None, None)
+    ids = tuple(_int_list(dotted(config, tap_key), where, tap_key)) if tap_key else ()
+    wiring = {
+        "target_layer_ids": tuple(layout.reading.layers(ids)) if layout else (),
+        "tap_layout": layout.name if layout else None,
+        "tap_ids": ids,
+        "tap_key": tap_key,
+    }
+    if row.drafting == CHAIN:  # EAGLE-3
         return DrafterConfig(
             kind,
-            taps,
+            **wiring,
             target_hidden_size=optional_positive(config, "target_hidden_size", where),
             draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
             norm_before_residual=bool(config.get("norm_before_residual", False)),
         )
-    taps = key("target_layer_ids")
     causal = config.get("is_causal", nested.get("causal"))
     return DrafterConfig(
         kind,
-        tuple(i + shift for i in _int_list(taps, where, "dflash_config.target_layer_ids")) if taps is not None else (),
+        **wiring,
         block_size=_drafter_int(nested, config, "block_size", where),
         mask_token_id=_drafter_int(nested, config, "mask_token_id", where),
         is_causal=causal if isinstance(causal, bool) else None,

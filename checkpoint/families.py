@@ -9,7 +9,7 @@ is adding a row (gguf-py's habit).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,6 +234,21 @@ CHAIN = "chain"  # one token per step, each fed back
 
 
 @dataclass(frozen=True)
+class IdReading:
+    """How a list of tap ids maps to target layers: id j is fed the output of decoder layer j + shift, except that a
+    list starting at `first_id` is read with `first_id_shift` (SGLang's EAGLE-3 rule since sglang#25454)."""
+
+    shift: int
+    first_id: int | None = None
+    first_id_shift: int = 0
+
+    def layers(self, ids: Sequence[int]) -> list[int]:
+        """The target layers whose outputs feed `ids`, in order."""
+        shift = self.first_id_shift if self.first_id is not None and ids and ids[0] == self.first_id else self.shift
+        return [i + shift for i in ids]
+
+
+@dataclass(frozen=True)
 class Serves:
     """How one serving stack serves a drafter kind."""
 
@@ -243,11 +258,23 @@ class Serves:
     required: tuple[str, ...] = ()  # drafter fields it refuses to run without (compat/rules/drafter.py FIELD_KEYS)
     required_keys: tuple[str, ...] = ()  # config keys its loader reads with no default
     # Its tap convention: tap id j of the drafter's config is fed the output of target decoder layer j + tap_shift.
-    # None: the kind reads no taps, or how this stack reads them is not established.
+    # None: the kind reads no taps, how this stack reads them is not established, or (specpair) it feeds what the
+    # drafter's TAP_LAYOUTS row names.
     tap_shift: int | None = None
+    tap_first_id: tuple[int, int] | None = None  # (id, shift): a list of ids starting at id is read with this shift
+    tap_keys: tuple[str, ...] = ()  # the config keys (dotted) it reads tap ids from; empty: the kind's every key. Ids
+    # under another key are not seen: it taps its own default (TAP_LAYOUTS' default layout of the kind).
     tensor_parallel: int | None = 1  # the most GPUs it splits a pair of this kind across; None: as many as given
     unnamed: bool = False  # it loads a drafter whose config names no architecture as this kind
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs to run the kind
+
+    @property
+    def reading(self) -> IdReading | None:
+        """How it reads a drafter's tap ids; None where it reads none or is not established."""
+        if self.tap_shift is None:
+            return None
+        first, shift = self.tap_first_id or (None, 0)
+        return IdReading(self.tap_shift, first, shift)
 
 
 @dataclass(frozen=True)
@@ -269,9 +296,6 @@ class DrafterKind:
     own_keys: tuple[str, ...] = ()  # keys of its own that tell it apart from a kind of the same schema
     base_architecture: bool = False  # its configs may name their base model's architecture instead of the kind's
     reduced_vocabulary: bool = False  # may draft over fewer ids than the target's, mapped to them by a d2t tensor
-    default_taps: Callable[[int], list[int]] | None = None  # tap ids (its config's convention) when the config gives
-    # none, from the target's layer count
-    default_taps_source: str | None = None
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
@@ -297,6 +321,10 @@ DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selecto
 # Architecture strings the stacks register for DFlash drafters (each stack lists its own).
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
 EVERY_GPU = None  # Serves.tensor_parallel: as many GPUs as the deployment gives
+# Where EAGLE-3 drafters keep their aux layer ids: vLLM's and speculators' top level, SGLang's and SpecForge's
+# eagle_config
+EAGLE3_IDS = "eagle_aux_hidden_state_layer_ids"
+EAGLE3_IDS_NESTED = f"eagle_config.{EAGLE3_IDS}"
 
 DRAFTER_KINDS: dict[str, DrafterKind] = {
     k.name: k
@@ -318,9 +346,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             16,
             "specpair.runtime.drafters.dflash:DFlash",
             {
-                OWN_STACK: Serves(
-                    DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",), required=("taps", "mask"), tap_shift=0
-                ),
+                OWN_STACK: Serves(DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",), required=("taps", "mask")),
                 "sglang": Serves(DFLASH_ARCHS, "DFLASH", tap_shift=0, tensor_parallel=EVERY_GPU),
                 "vllm": Serves(
                     DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
@@ -352,7 +378,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             16,
             "specpair.runtime.drafters.dflash:DFlash",
             {
-                OWN_STACK: Serves(("DFlash2DraftModel",), required=("taps", "mask", "conv_selector"), tap_shift=0),
+                OWN_STACK: Serves(("DFlash2DraftModel",), required=("taps", "mask", "conv_selector")),
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
                     "DFLASH",
@@ -408,14 +434,24 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             8,
             "specpair.runtime.drafters.eagle3:Eagle3",
             {
-                # vLLM (and specpair): aux id j is the residual stream entering layer j, the output of layer j - 1
-                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), tap_shift=-1),
-                # SGLang adds 1 to each aux id (set_eagle3_layers_to_capture): the output of layer j
-                "sglang": Serves(("LlamaForCausalLMEagle3",), "EAGLE3", tap_shift=0, tensor_parallel=EVERY_GPU),
+                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")),
+                # SGLang reads eagle_config's ids only; it adds 1 to a list starting at 1 (the output of layer id),
+                # else takes id j as the input of layer j (set_eagle3_layers_to_capture, sglang#25454); docs/taps.md
+                "sglang": Serves(
+                    ("LlamaForCausalLMEagle3",),
+                    "EAGLE3",
+                    tap_shift=-1,
+                    tap_first_id=(1, 0),
+                    tap_keys=(EAGLE3_IDS_NESTED,),
+                    tensor_parallel=EVERY_GPU,
+                ),
+                # vLLM: aux id j is the residual stream entering layer j, the output of layer j - 1; it reads the
+                # top-level ids only (_get_eagle3_aux_layers_from_config), else its default; docs/taps.md
                 "vllm": Serves(
                     ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
                     "eagle3",
                     tap_shift=-1,
+                    tap_keys=(EAGLE3_IDS,),
                     tensor_parallel=EVERY_GPU,
                 ),
                 "llama.cpp": Serves(("eagle3",), tensor_parallel=EVERY_GPU),
@@ -424,8 +460,6 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             config_markers=("draft_vocab_size",),
             base_architecture=True,
             reduced_vocabulary=True,
-            default_taps=lambda layers: [2, layers // 2, layers - 3],
-            default_taps_source="vLLM default (2, L//2, L-3)",
             gguf_archs=("eagle3",),
         ),
         DrafterKind(
@@ -467,6 +501,90 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class TapLayout:
+    """A convention for a drafter's tap ids, named for the training framework whose feature capture they index: the
+    config key that holds them, how that framework's configs are told apart, and the target layers the ids name
+    (what the drafter was trained on, so what specpair's runtime feeds it). Sources: docs/taps.md."""
+
+    name: str
+    title: str  # as people write it, in messages
+    kinds: tuple[str, ...]  # DRAFTER_KINDS keys it applies to
+    keys: tuple[str, ...]  # dotted config keys holding the ids, first found wins; empty: the framework writes none
+    reading: IdReading
+    marker: str | None = None  # a top-level config key present only in this framework's configs
+    default_ids: Callable[[int], list[int]] | None = None  # its ids when the config has none, from the target's
+    # layer count
+
+
+# First row that fits a drafter's config wins: a row with a marker before the rows sharing its keys, a row without
+# keys last (the default of a config naming no ids).
+TAP_LAYOUTS: dict[str, TapLayout] = {
+    t.name: t
+    for t in (
+        TapLayout(
+            "zlab_dflash",
+            "z-lab DFlash (target_layer_ids: hidden_states[id + 1])",
+            ("dflash", "dflash2"),
+            ("dflash_config.target_layer_ids", "target_layer_ids"),
+            IdReading(0),
+        ),
+        TapLayout(
+            "speculators",
+            "speculators format (ids index vLLM's capture)",
+            ("eagle3",),
+            (EAGLE3_IDS,),
+            IdReading(-1),
+            marker="speculators_config",
+        ),
+        TapLayout(
+            "specforge",
+            "SpecForge via SGLang's capture (eagle_config ids: outputs for a list starting at 1, else inputs)",
+            ("eagle3",),
+            (EAGLE3_IDS_NESTED,),
+            IdReading(-1, first_id=1, first_id_shift=0),
+        ),
+        TapLayout("vllm", "vLLM (top-level aux ids)", ("eagle3",), (EAGLE3_IDS,), IdReading(-1)),
+        TapLayout(
+            "eagle",
+            "EAGLE repository default (inputs of layers 2, L//2, L-3)",
+            ("eagle3",),
+            (),
+            IdReading(-1),
+            default_ids=lambda layers: [2, layers // 2, layers - 3],
+        ),
+    )
+}
+
+
+def dotted(config: dict[str, Any], key: str) -> Any:
+    """The value at a dotted key ("eagle_config.x") of a config, or None."""
+    holder: Any = config
+    for part in key.split("."):
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    return holder
+
+
+def tap_layout(kind: str, config: dict[str, Any]) -> tuple[TapLayout, str | None] | None:
+    """The layout of a drafter config's tap ids and the key they are under (None: its default ids); None when the
+    kind reads no taps or its config names none and the kind has no default."""
+    for layout in TAP_LAYOUTS.values():
+        if kind not in layout.kinds or (layout.marker and layout.marker not in config):
+            continue
+        if not layout.keys:
+            return layout, None
+        key = next((k for k in layout.keys if dotted(config, k) is not None), None)
+        if key is not None:
+            return layout, key
+    return None
+
+
+def default_layout(kind: str) -> TapLayout | None:
+    """The layout a stack falls back to for a drafter of `kind` whose ids it does not see."""
+    return next((t for t in TAP_LAYOUTS.values() if kind in t.kinds and not t.keys), None)
+
 
 BY_ARCHITECTURE: dict[str, Family] = {a: f for f in FAMILIES.values() for a in f.hf_architectures}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}

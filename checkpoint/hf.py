@@ -7,17 +7,31 @@ keys a config lacks, what the tensor headers hold) is added here.
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, OWN_STACK, family_of
+from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, TAP_LAYOUTS, family_of
 from specpair.checkpoint.groups import NameKinds, summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+WEIGHT_PICKLE = re.compile(r"(pytorch_model|model)(-\d+-of-\d+)?\.bin")  # weights as torch.save writes them
+PICKLE_WEIGHTS_NOTE = "pickle weights only"  # the note of a checkpoint whose weights are pickles alone
+
+
+def from_pickle_command(ref: str) -> str:
+    """The command that makes a safetensors copy of a checkpoint whose weights are pickles only (convert/pickled.py,
+    torch's weights-only loader), into a directory named after it."""
+    name = os.path.basename(ref.rstrip("/")).partition("@")[0] or "checkpoint"
+    return shlex.join(["specpair", "convert", ref, f"{name}-safetensors", "--from-pickle"])
+
+
 # Config objects whose keys the per-stack required-key rules name with a dot (Drafter.config_keys)
 NESTED_KEYS = {"rope_parameters", *(k.config_block for k in DRAFTER_KINDS.values() if k.config_block)}
 
@@ -109,21 +123,17 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
     block = row.config_block
     nested = config.get(block) if isinstance(config.get(block), dict) else {}
     drafter = Drafter(kind=wiring.kind, config_keys=_dotted_keys(config))
-    shift = row.serving[OWN_STACK].tap_shift
+    if wiring.tap_key is not None:
+        layout = TAP_LAYOUTS[wiring.tap_layout]
+        drafter.taps = Taps(
+            list(wiring.target_layer_ids), list(wiring.tap_ids), wiring.tap_key, layout.title, layout.name
+        )
 
     def source(key: str) -> str | None:
         """The key a value came from, as the config spells it."""
         return f"{block}.{key}" if nested.get(key) is not None else key if config.get(key) is not None else None
 
     if row.drafting == BLOCK:
-        taps = source("target_layer_ids")
-        if taps is not None:
-            drafter.taps = Taps(
-                list(wiring.target_layer_ids),
-                [i - shift for i in wiring.target_layer_ids],
-                taps,
-                "output of decoder layer k (HF hidden_states[k + 1])",
-            )
         drafter.mask_token_id, drafter.mask_token_source = wiring.mask_token_id, source("mask_token_id")
         drafter.block_size, drafter.block_size_source = wiring.block_size, source("block_size")
         drafter.num_target_layers = wiring.num_target_layers
@@ -136,15 +146,7 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
         missing = [key for attr, key in required.items() if getattr(drafter, attr) is None]
         missing += [k for k in row.own_keys if getattr(drafter, k) is None]
         drafter.missing_keys = [f"{block}.{key}" for key in missing]
-    else:  # EAGLE-3: aux hidden-state ids, read as specpair's runtime taps them
-        if nested.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")) is not None:
-            # vLLM: aux id j is the residual stream entering layer j, i.e. the output of layer j - 1.
-            drafter.taps = Taps(
-                list(wiring.target_layer_ids),
-                [i - shift for i in wiring.target_layer_ids],
-                f"{block}.eagle_aux_hidden_state_layer_ids",
-                "input of decoder layer k (output of layer k - 1)",
-            )
+    else:  # EAGLE-3
         drafter.draft_vocab_size = wiring.draft_vocab_size
     drafter.target_hidden_size = wiring.target_hidden_size
     names = set(tensors.names)
@@ -202,6 +204,9 @@ def _notes(config: dict[str, Any], files: list[FileEntry]) -> list[str]:
     if isinstance(auto_map, dict) and auto_map:
         names = ", ".join(f"{k}={v}" for k, v in auto_map.items())
         notes.append(f"auto_map names custom code ({names}): reported, never run")
+    weight_pickles = [f.path for f in files if WEIGHT_PICKLE.fullmatch(f.path)]
+    if weight_pickles and not any(f.path.endswith(".safetensors") for f in files):
+        notes.append(f"{PICKLE_WEIGHTS_NOTE} ({', '.join(weight_pickles)}): no .safetensors weights")
     for f in files:
         if f.path.endswith(PICKLE_SUFFIXES):
             notes.append(f"pickle file {f.path}: reported, never loaded")

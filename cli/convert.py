@@ -19,12 +19,19 @@ Examples:
   specpair convert model.gguf ./model-bf16 --to bf16                          # GGUF back to transformers
   specpair convert ./Qwen3.6-35B-A3B-DFlash ./draft-exl3 --to exl3:4         # ExLlamaV3, encoded on the GPU
   specpair convert ./Qwen3-8B ./Qwen3-8B-fp8 --to fp8 --keep 'lm_head.weight=bf16' --dry-run
+  specpair convert yuhuili/EAGLE3-LLaMA3.1-Instruct-8B ./eagle3-safetensors --from-pickle  # pytorch_model.bin
 
 \b
 Output: the error report (per model part, the worst tensors, the overall figure), progress on stderr (a line per
 tenth of the work when not on a terminal); --dry-run: the plan (every output tensor, its layout, how and why);
 --quiet: nothing (the exit code tells); --json:
-one document (schemas specpair.convert/1, specpair.convert.plan/1).
+one document (schemas specpair.convert/1, specpair.convert.plan/1, specpair.convert.pickle/1).
+
+\b
+--from-pickle: a checkpoint whose weights are pickles only (pytorch_model*.bin) becomes a safetensors copy, each
+pickle read by torch's weights-only loader (torch.load(weights_only=True): tensors and plain containers only) and
+refused unless it holds names mapped to tensors; the other files are copied, other pickles left out. Never done
+without this flag.
 
 \b
 Exit codes: 0 written; 1 the conversion did not complete (a write failed, the disk filled up): nothing was left
@@ -40,7 +47,7 @@ DestinationArg = Annotated[
     str, typer.Argument(help="Output: a directory (safetensors layouts) or a .gguf file; must not exist.")
 ]
 ToOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--to",
         help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst].",
@@ -58,6 +65,13 @@ KeepOpt = Annotated[
     ),
 ]
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Tensors converted at once.")]
+FromPickleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--from-pickle",
+        help="SOURCE's weights are pickles (pytorch_model*.bin): write them as safetensors, read through torch's weights-only loader.",
+    ),
+]
 MaxShardSizeOpt = Annotated[
     str, typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 5GB or 500MB (an index joins them).")
 ]
@@ -66,7 +80,8 @@ MaxShardSizeOpt = Annotated[
 def convert(
     source: SourceArg,
     destination: DestinationArg,
-    to: ToOpt,
+    to: ToOpt = None,
+    from_pickle: FromPickleOpt = False,
     target: TargetOpt = None,
     keep: KeepOpt = None,
     device: DeviceOpt = None,
@@ -79,11 +94,15 @@ def convert(
     verbose: VerboseOpt = False,
 ) -> None:
     """Convert SOURCE into DESTINATION in another layout, tensor by tensor, with an error report."""
-    from specpair.app.convert import plan_conversion, run_conversion
+    from specpair.app.convert import plan_conversion, run_conversion, unpickle_weights
 
+    out = Output(json_output, quiet, prefix="convert: ")
+    if from_pickle or to is None:
+        report = unpickle_weights(source, destination, to, from_pickle, out)
+        out.result(lambda: {"schema": "specpair.convert.pickle/1", **report.to_json()}, lambda: print_pickled(report))
+        return
     shard_bytes = parse_size(max_shard_size)
     plan = plan_conversion(source, destination, to, keep=keep, target=target, gguf_file=gguf_file, writing=not dry_run)
-    out = Output(json_output, quiet, prefix="convert: ")
     if dry_run:
         out.result(lambda: {"schema": "specpair.convert.plan/1", **plan.to_json()}, lambda: print_plan(plan))
         return
@@ -92,6 +111,17 @@ def convert(
         lambda: {"schema": "specpair.convert/1", "plan": plan.to_json(), "report": report.to_json()},
         lambda: print_report(plan, report, verbose),
     )
+
+
+def print_pickled(report) -> None:
+    out = console()
+    print_prose(
+        out,
+        f"wrote {report.destination}: {report.tensors:,} tensors, {size_label(report.nbytes)} in "
+        f"{', '.join(report.written)} (read with torch's weights-only loader)",
+    )
+    if report.left_out:
+        print_prose(out, f"note: pickles holding no weights left out: {', '.join(report.left_out)}")
 
 
 def print_plan(plan) -> None:

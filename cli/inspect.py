@@ -71,7 +71,11 @@ def print_human(checkpoint) -> None:
 
         rows.append((HEAD_KIND.name, f"{checkpoint.mtp.layers} layer(s), {checkpoint.mtp.tensors} tensors present"))
     if d:
-        taps = f"{d.taps.layers} ({d.taps.source})" if d.taps else "missing"
+        taps = (
+            f"outputs of layers {d.taps.layers} ({d.taps.source} {d.taps.raw}: {d.taps.convention})"
+            if d.taps
+            else "missing"
+        )
         rows += [
             ("drafter", d.kind),
             ("taps", taps),

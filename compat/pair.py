@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpair.checkpoint import Checkpoint, Taps
-from specpair.checkpoint.families import DRAFTER_KINDS, OWN_STACK, DrafterKind, Serves
+from specpair.checkpoint.families import DRAFTER_KINDS, DrafterKind, Serves, default_layout
 from specpair.compat.memory import Gpu
 
 DEFAULT_CONTEXT = 32768
@@ -47,15 +47,15 @@ class Pair:
 
     @property
     def taps(self) -> Taps | None:
-        """Target layers the drafter reads; EAGLE-3 heads without ids get vLLM's default (2, L//2, L-3)."""
+        """Target layers the drafter reads; a head naming none, its kind's default layout's (the EAGLE repository's
+        2, L//2, L-3 for EAGLE-3)."""
         drafter = self.draft.drafter
         if drafter and drafter.taps:
             return drafter.taps
-        row = self.kind_row
-        if row.default_taps is not None:
-            raw = row.default_taps(self.target.shapes.num_layers)
-            shift = row.serving[OWN_STACK].tap_shift
-            return Taps([i + shift for i in raw], raw, row.default_taps_source, "input of decoder layer k")
+        layout = default_layout(self.kind)
+        if layout is not None and layout.default_ids is not None:
+            raw = layout.default_ids(self.target.shapes.num_layers)
+            return Taps(layout.reading.layers(raw), raw, "no ids in the config", layout.title, layout.name)
         return None
 
     @property

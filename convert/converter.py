@@ -801,7 +801,7 @@ class ConvertFailed(Incomplete):
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGINT raise Interrupted in the main thread while a conversion runs, so its cleanup runs (by
     default SIGTERM ends the process where it stands, leaving DST.specpair-partial behind)."""
     if threading.current_thread() is not threading.main_thread():
@@ -829,7 +829,7 @@ def execute(
     progress: Callable[[Output, int], None] | None = None,
 ) -> Report:
     """Write the plan's checkpoint at `destination` (a directory, or a .gguf file), streaming."""
-    with _signals_interrupt():
+    with signals_interrupt():
         return _execute(p, destination, device, workers, shard_bytes, progress)
 
 

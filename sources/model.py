@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig, parse_config
+from specpair.checkpoint.hf import WEIGHT_PICKLE, from_pickle_command
 from specpair.checkpoint.names import canonical_maps
 from specpair.errors import BadInput
 from specpair.formats import TensorTable
@@ -379,6 +380,13 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
     )
     shards, index = safetensors_shards(files, set(names))
     if not shards:
+        pickles = [n for n in names if WEIGHT_PICKLE.fullmatch(n)]
+        if pickles:
+            raise BadInput(
+                files.where,
+                f"has its weights only as pickles ({', '.join(pickles)}), which specpair never unpickles on its own: "
+                f"make a safetensors copy with `{from_pickle_command(ref)}` (torch's weights-only loader)",
+            )
         raise BadInput(files.where, "has no .safetensors weights (a metadata-only copy?)")
     tensors = files.safetensors_headers(shards)
     if index is not None:

@@ -241,7 +241,7 @@ def eagle3_checkpoint(directory: Path, target_config) -> Path:
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "draft_vocab_size": c.vocab_size,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],  # vLLM's layout: the inputs of layers 1-3 (outputs of 0-2)
         "hidden_act": "silu",
         "hidden_size": h,
         "intermediate_size": 128,

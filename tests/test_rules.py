@@ -294,7 +294,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "taps.fc_width": (T, lambda: with_(dflash_draft(), _set_drafter(fc_shape=[HIDDEN, 2 * HIDDEN])), "sglang", {}),
     "taps.fc_unknown": (T, lambda: with_(dflash_draft(), _set_drafter(fc_shape=None)), "sglang", {}),
     "taps.convention": (T, dflash_draft, "exllamav3", {}),
-    "taps.eagle3_convention": (T, eagle3_draft, "sglang", {}),
+    "taps.layout": (T, eagle3_draft, "vllm", {}),
     "hidden.match": (T, lambda: dflash_draft(hidden_size=128), "sglang", {}),
     "hidden.target_hidden_size": (T, lambda: eagle3_draft(target_hidden_size=128), "vllm", {}),
     "vocab.tokens": (T, lambda: draft_model(tok=tokenizer(flavour="b")), "sglang", {}),
@@ -365,6 +365,12 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         T,
         lambda: with_(dflash_draft(), _note("pickle file mask_embedding.pt: reported, never loaded")),
         "sglang",
+        {},
+    ),
+    "trust.pickle_weights": (
+        T,
+        lambda: with_(eagle3_draft(), _note("pickle weights only (pytorch_model.bin): no .safetensors weights")),
+        "specpair",
         {},
     ),
     "trust.catalog": (T, lambda: with_(dflash_draft(), _source("catalog", "z-lab/drafter")), "sglang", {}),
@@ -592,3 +598,21 @@ def test_memory_message_and_verdict_agree_at_every_size(gigabytes: float):
     else:
         (plan,) = [f for f in v.reasons if f.rule == "memory.plan"]
         assert f"{v.memory.per_gpu:.1f} GB on one GPU fits the 72.0 GB usable" in plan.message
+
+
+def test_eagle3_layout_warnings_name_the_layers_each_stack_taps():
+    """A stack reading an EAGLE-3 drafter's ids otherwise than its training framework warns with both layer lists;
+    SGLang reads only eagle_config's ids (else its default 2, L//2, L-3) and adds 1 to a list starting at 1."""
+    specforge = eagle3_draft(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4, 6]})
+    top_level = eagle3_draft(eagle_config=None, eagle_aux_hidden_state_layer_ids=[2, 4, 6])
+    (message,) = findings(qwen3_target(), specforge, "vllm")["taps.layout"]  # vLLM reads top-level ids only
+    assert "outputs of target layers [1, 3, 4]" in message and "default ids [2, 4, 5]" in message
+    assert "outputs of layers [1, 4, 6] (SpecForge" in message
+    (message,) = findings(qwen3_target(), top_level, "sglang")["taps.layout"]
+    assert "outputs of target layers [1, 3, 4]" in message and "default ids [2, 4, 5]" in message
+    assert "outputs of layers [1, 3, 5] (vLLM" in message
+    assert "taps.layout" in findings(qwen3_target(), eagle3_draft(), "vllm")  # [2, 4, 6] under eagle_config
+    quiet = [(specforge, "sglang"), (top_level, "vllm"), (eagle3_draft(eagle_config=None), "sglang")]
+    quiet += [(eagle3_draft(eagle_config=None), "vllm"), (eagle3_draft(), "sglang")]
+    for draft, stack in quiet:
+        assert "taps.layout" not in findings(qwen3_target(), draft, stack), (draft.drafter.taps, stack)

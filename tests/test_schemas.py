@@ -24,6 +24,7 @@ BY_NAME = {
     "specpair.verify/1": "verify",
     "specpair.convert/1": "convert",
     "specpair.convert.plan/1": "convert-plan",
+    "specpair.convert.pickle/1": "convert-pickle",
     "specpair.error/1": "error",
     "specpair.run/1": "run",
     "specpair.bench/1": "bench",
@@ -83,7 +84,9 @@ def test_check_inspect_and_catalog_documents(tmp_path: Path) -> None:
 
 
 def test_convert_documents(tmp_path: Path) -> None:
-    from fixtures import build_gguf_target, build_target
+    import torch
+    from fixtures import build_eagle3, build_gguf_target, build_target
+    from safetensors.torch import load_file
 
     source = build_target(tmp_path / "src", "qwen3", layers=1, hidden=64, intermediate=128)
     gguf = build_gguf_target(tmp_path / "m.gguf", "llama", layers=1, hidden=64, intermediate=128)
@@ -94,6 +97,11 @@ def test_convert_documents(tmp_path: Path) -> None:
     ):
         validate(run("convert", str(src), str(dst), "--to", to, "--dry-run", "--json"))
         validate(run("convert", str(src), str(dst), "--to", to, "--json"))
+    pickled = build_eagle3(tmp_path / "eagle3")
+    torch.save(load_file(str(pickled / "model.safetensors")), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    validate(run("convert", str(pickled), str(tmp_path / "copy"), "--from-pickle", "--json"))
+    validate(run("convert", str(pickled), str(tmp_path / "copy"), "--from-pickle", "--json"))  # exists: an error
 
 
 def test_bench_document(tmp_path: Path) -> None:

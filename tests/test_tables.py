@@ -19,8 +19,10 @@ from specpair.checkpoint.families import (
     HEAD_KIND,
     OWN_STACK,
     PLAIN_KIND,
+    TAP_LAYOUTS,
     TAPS,
     drafter_kind,
+    tap_layout,
 )
 from specpair.compat.stacks import STACK_NAMES, STACKS
 
@@ -120,26 +122,55 @@ def test_rows_name_only_stacks_of_the_stack_table() -> None:
 
 
 def test_tap_conventions_are_stated_where_a_kind_reads_taps() -> None:
-    """Every stack that serves a kind reading taps says how it reads the ids, or that it is not known (None);
-    specpair's own runtime always says."""
+    """Every kind reading taps has a layout row per training framework (specpair feeds what it names); every other
+    stack says how it reads the ids, or that it is not known (None)."""
     for kind in DRAFTER_KINDS.values():
         for stack, serves in kind.serving.items():
-            if TAPS not in kind.reads:
+            if TAPS not in kind.reads or stack == OWN_STACK:
                 assert serves.tap_shift is None, (kind.name, stack)
-        if TAPS in kind.reads:
-            assert kind.serving[OWN_STACK].tap_shift is not None, kind.name
-    # today's facts: EAGLE-3 aux id j is the input of layer j for specpair and vLLM, SGLang adds 1; ExLlamaV3 reads
-    # DFlash taps one layer later than the others
+        assert any(kind.name in t.kinds for t in TAP_LAYOUTS.values()) == (TAPS in kind.reads), kind.name
+    # today's facts: EAGLE-3 aux id j is the input of layer j for vLLM; SGLang adds 1 to a list starting at 1
+    # (sglang#25454) and reads only eagle_config's ids; ExLlamaV3 reads DFlash taps one layer later than the others
     eagle3 = next(k for k in DRAFTER_KINDS.values() if k.drafting == CHAIN and TAPS in k.reads)
-    assert [eagle3.serving[s].tap_shift for s in (OWN_STACK, "vllm", "sglang")] == [-1, -1, 0]
+    vllm, sglang = eagle3.serving["vllm"].reading, eagle3.serving["sglang"].reading
+    assert (vllm.layers([1, 46, 90]), vllm.layers([2, 47, 91])) == ([0, 45, 89], [1, 46, 90])
+    assert (sglang.layers([1, 46, 90]), sglang.layers([2, 47, 91])) == ([1, 46, 90], [1, 46, 90])
+    assert eagle3.serving["sglang"].tap_keys == ("eagle_config.eagle_aux_hidden_state_layer_ids",)
     shifted = {
         (k.name, s): v.tap_shift
         for k in DRAFTER_KINDS.values()
         if k.drafting == BLOCK
         for s, v in k.serving.items()
-        if v.tap_shift != 0
+        if v.tap_shift not in (0, None)
     }
     assert shifted == {("dflash", "exllamav3"): 1}
+
+
+def test_tap_layout_is_read_from_the_drafters_config() -> None:
+    """The training framework's convention is told from the config: SpecForge's eagle_config ids name layer outputs
+    (SGLang's capture adds 1 to a list starting at 1), vLLM's and speculators' top-level ids layer inputs, a config
+    naming none the EAGLE repository's default; DFlash's target_layer_ids name outputs."""
+    ids = [1, 46, 90]
+    cases = {
+        "specforge": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+        "speculators": {"eagle_aux_hidden_state_layer_ids": ids, "speculators_config": {"algorithm": "eagle3"}},
+        "vllm": {"eagle_aux_hidden_state_layer_ids": ids},
+        "eagle": {},
+    }
+    for name, config in cases.items():
+        layout, key = tap_layout("eagle3", config)
+        assert layout.name == name, (name, layout.name)
+        assert (key is None) == (name == "eagle")
+    assert TAP_LAYOUTS["specforge"].reading.layers(ids) == ids
+    assert TAP_LAYOUTS["vllm"].reading.layers(ids) == [0, 45, 89]
+    assert TAP_LAYOUTS["eagle"].reading.layers(TAP_LAYOUTS["eagle"].default_ids(94)) == [1, 46, 90]
+    layout, key = tap_layout("dflash", {"dflash_config": {"target_layer_ids": [1, 6]}})
+    assert (layout.name, key, layout.reading.layers([1, 6])) == (
+        "zlab_dflash",
+        "dflash_config.target_layer_ids",
+        [1, 6],
+    )
+    assert tap_layout("dflash", {}) is None
 
 
 def test_drafter_kind_is_the_head_the_plain_model_or_the_drafters_own() -> None:

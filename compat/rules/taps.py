@@ -4,22 +4,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint.families import BLOCK, CHAIN, DRAFTER_KINDS, OWN_STACK, TAPS
+from specpair.checkpoint.families import BLOCK, CHAIN, DRAFTER_KINDS, TAP_LAYOUTS, TAPS, default_layout
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_STACKS, HIDDEN_STATE_DRAFTERS, Values, rule
 
 
 def _read_otherwise(drafting: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(stacks, kinds): the stacks that feed a tap id of these kinds (those reading taps, drafting so) from another
-    target layer than specpair's runtime does (their Serves.tap_shift), and those kinds."""
+    """(stacks, kinds): the stacks that may feed a tap id of these kinds (those reading taps, drafting so) from another
+    target layer than the drafter's layout names (their Serves.reading against TAP_LAYOUTS, or ids under a key they do
+    not read), and those kinds."""
     found = [
         (stack, kind.name)
         for kind in DRAFTER_KINDS.values()
         if kind.drafting == drafting and TAPS in kind.reads
         for stack, serves in kind.serving.items()
-        if serves.tap_shift not in (None, kind.serving[OWN_STACK].tap_shift)
+        for layout in TAP_LAYOUTS.values()
+        if kind.name in layout.kinds and serves.reading is not None
+        if serves.reading != layout.reading or not set(layout.keys) <= set(serves.tap_keys or layout.keys)
     ]
     return tuple(s for s in ALL_STACKS if s in {s for s, _ in found}), tuple(dict.fromkeys(k for _, k in found))
+
+
+def stack_taps(p: Pair, stack: str) -> tuple[list[int], str] | None:
+    """(layers, ids): the target layers whose outputs `stack` feeds the pair's drafter, and the ids it reads them
+    from, in words; None where it reads none or how is not established."""
+    serves, taps = p.serves(stack), p.taps
+    if serves is None or serves.reading is None or taps is None or taps.layout is None:
+        return None
+    if serves.tap_keys and taps.source not in serves.tap_keys:  # ids it does not see: its default ones
+        layout = default_layout(p.kind)
+        raw = layout.default_ids(p.target.shapes.num_layers)
+        return serves.reading.layers(raw), f"its default ids {raw}, as it reads no {taps.source}"
+    return serves.reading.layers(taps.raw), f"{taps.source} {taps.raw}"
 
 
 @rule(
@@ -127,16 +143,19 @@ def _convention(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "taps.eagle3_convention",
-    "info",
+    "taps.layout",
+    "warn",
     *_read_otherwise(CHAIN),
-    title="How SGLang reads EAGLE-3 aux layer ids.",
-    message="SGLang infers the EAGLE-3 aux-id convention from the first id (sglang#25454): {draft} starts at {first}, read as {reading}; vLLM always reads id j as the input of layer j.",
-    example={"first": 2, "reading": "the input of layer 2"},
+    title="The stack feeds an EAGLE-3 drafter the target layers its training framework captured (docs/taps.md).",
+    message="{stack} will feed {draft} the outputs of target layers {tapped} (from {ids}), but it was trained on the outputs of layers {expected} ({layout}): acceptance on {stack} will be lower than specpair measures; serve it where the two agree.",
+    example={
+        "tapped": [1, 46, 90],
+        "ids": "its default ids [2, 47, 91], as it reads no eagle_aux_hidden_state_layer_ids",
+        "expected": [1, 40, 80],
+        "layout": "vLLM (top-level aux ids)",
+    },
 )
-def _eagle3_convention(p: Pair, stack: str) -> Iterable[Values]:
-    taps = p.taps
-    if taps and taps.raw:
-        first = taps.raw[0]
-        reading = f"the output of layer {first}" if first == 1 else f"the input of layer {first}"
-        yield {"first": first, "reading": reading}
+def _layout(p: Pair, stack: str) -> Iterable[Values]:
+    taps, fed = p.taps, stack_taps(p, stack)
+    if fed is not None and fed[0] != taps.layers:
+        yield {"tapped": fed[0], "ids": fed[1], "expected": taps.layers, "layout": taps.convention}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
+from specpair.checkpoint.families import OWN_STACK
+from specpair.checkpoint.hf import PICKLE_WEIGHTS_NOTE, from_pickle_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
     ALL_KINDS,
@@ -12,6 +14,7 @@ from specpair.compat.rules.table import (
     Values,
     rule,
 )
+from specpair.compat.stacks import fetch_step
 
 
 def _notes(p: Pair, prefix: str) -> Iterable[tuple[Checkpoint, str]]:
@@ -55,12 +58,43 @@ def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
 def _pickle(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint, note in _notes(p, "pickle file"):
         loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
-        consequence = (
-            f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
-            if loads
-            else f"{stack} does not need it when safetensors weights are present"
-        )
+        if loads:
+            consequence = f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
+        elif any(n.startswith(PICKLE_WEIGHTS_NOTE) for n in checkpoint.notes):
+            consequence = (
+                f"its weights are pickles only: `{from_pickle_command(checkpoint.ref)}` makes a safetensors copy "
+                "through torch's weights-only loader"
+            )
+        else:
+            consequence = f"{stack} does not need it when safetensors weights are present"
         yield {"name": checkpoint.ref, "note": note, "consequence": consequence}
+
+
+def _pickle_weights_fix(p: Pair, stack: str) -> list[str] | None:
+    """A Hub drafter downloaded first (convert reads local files), then copied to safetensors."""
+    steps = []
+    for checkpoint, _ in _notes(p, PICKLE_WEIGHTS_NOTE):
+        steps += [step for step in (fetch_step(checkpoint), from_pickle_command(checkpoint.ref)) if step]
+    return steps or None
+
+
+@rule(
+    "trust.pickle_weights",
+    "error",
+    (OWN_STACK,),
+    ALL_KINDS,
+    title="Weights are in safetensors files: specpair never unpickles a checkpoint on its own.",
+    message="{name}: {note}; specpair loads safetensors only and unpickles nothing unless asked: make a safetensors copy with `{command}` (torch's weights-only loader: tensors only, anything else refused) and use the copy.",
+    example={
+        "name": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "note": "pickle weights only (pytorch_model.bin): no .safetensors weights",
+        "command": "specpair convert yuhuili/EAGLE3-LLaMA3.1-Instruct-8B EAGLE3-LLaMA3.1-Instruct-8B-safetensors --from-pickle",
+    },
+    fix=_pickle_weights_fix,
+)
+def _pickle_weights(p: Pair, stack: str) -> Iterable[Values]:
+    for checkpoint, note in _notes(p, PICKLE_WEIGHTS_NOTE):
+        yield {"name": checkpoint.ref, "note": note, "command": from_pickle_command(checkpoint.ref)}
 
 
 @rule(

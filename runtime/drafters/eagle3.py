@@ -2,9 +2,10 @@
 (chain.py).
 
 A row at position p pairs a feature f_p with the next token x_{p+1}. For committed rows f_p = fc(taps_p), the
-target's residual streams entering its aux layers (the config's eagle_aux_hidden_state_layer_ids, default
-vLLM's (2, L // 2, L - 3); ModelConfig holds them as "output of layer k" taps); for chained steps f is the
-previous step's output. The one decoder layer ("midlayer") attends from [input_layernorm(embed(x_{p+1})) |
+outputs of the target layers the drafter was trained on: its aux ids read in its training framework's convention
+(checkpoint/families.py TAP_LAYOUTS, docs/taps.md; ModelConfig holds them as "output of layer k" taps), the EAGLE
+repository's inputs of layers (2, L // 2, L - 3) when its config names none; for chained steps f is the previous
+step's output. The one decoder layer ("midlayer") attends from [input_layernorm(embed(x_{p+1})) |
 hidden_norm(f_p)] (2H wide q/k/v), its residual is f_p (hidden_norm(f_p) with norm_before_residual), then a
 SwiGLU MLP; logits = lm_head(norm(z)) over the draft vocabulary, whose id i is target id i + d2t[i]. The
 embedding is the head's own where it ships one, else the target's.
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
-from specpair.checkpoint.families import DRAFTER_KINDS
+from specpair.checkpoint.families import DRAFTER_KINDS, default_layout
 from specpair.errors import BadInput
 from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
 from specpair.runtime.cache import Cache
@@ -125,12 +126,15 @@ class Eagle3(ChainDrafter):
     @classmethod
     def load(cls, model: Model, target: Transformer, bits: int | None = None) -> Eagle3:
         config, t = model.config, target.config
-        taps = config.drafter.target_layer_ids or (1, t.num_layers // 2 - 1, t.num_layers - 4)
+        taps = config.drafter.target_layer_ids
+        if not taps:  # no ids in its config: the EAGLE repository's default, as every stack assumes
+            layout = default_layout(config.drafter.kind)
+            taps = tuple(layout.reading.layers(layout.default_ids(t.num_layers)))
         if max(taps) >= t.num_layers or min(taps) < 0:
             raise BadInput(
                 model.ref,
-                f"reads the target's layers {[k + 1 for k in taps]} (aux ids), but the target has "
-                f"{t.num_layers} layers",
+                f"reads the outputs of the target's layers {list(taps)}, but the target has layers "
+                f"0..{t.num_layers - 1}",
             )
         hidden, vocab = config.hidden_size, config.drafter.draft_vocab_size or config.vocab_size
         target_hidden = config.drafter.target_hidden_size or t.hidden_size
