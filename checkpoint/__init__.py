@@ -139,6 +139,8 @@ class Drafter:
     mask_embedding_file: str | None = None
     missing_keys: list[str] = field(default_factory=list)  # keys the family defines that this config lacks
     config_keys: list[str] = field(default_factory=list)  # dotted keys present, for per-stack required-key rules
+    verifier: str | None = None  # speculators format: the verifier it pins (name_or_path); None: another format
+    verifier_architectures: list[str] = field(default_factory=list)
 
 
 @dataclass

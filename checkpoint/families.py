@@ -251,6 +251,29 @@ class Serves:
 
 
 @dataclass(frozen=True)
+class SpeculatorsSchema:
+    """How vllm-project/speculators writes a drafter kind (speculators 0.9.0: src/speculators/models/<type>/config.py,
+    src/speculators/convert/) and how vLLM reads it back (vllm/transformers_utils/configs/speculators/algos.py).
+
+    Its tap ids (`taps_key`) follow vLLM's capture: id j is the residual stream entering decoder layer j, the output
+    of layer j - 1, for every kind (its DFlash converter writes z-lab's target_layer_ids + 1)."""
+
+    model_type: str  # speculators_model_type, and speculators_config.algorithm
+    architecture: str  # architectures[0] its save_pretrained writes (the model class's name)
+    read_as: str  # architectures[0] of the config vLLM builds from it (what specpair then reads)
+    taps_key: str  # the top-level key holding its tap ids
+    taps_into: str  # where vLLM puts them in the config it builds ("block.key" or a top-level key)
+    taps_offset: int  # the built config's id = its id + taps_offset (DFlash: target_layer_ids = aux - 1)
+    keys: tuple[str, ...]  # the kind's drafter keys it keeps at the top level, beside transformer_layer_config
+    defaults: dict[str, Any] = field(default_factory=dict)  # what vLLM assumes for a key the config lacks
+    renames: tuple[tuple[str, str], ...] = ()  # (its tensor-name prefix, the kind's own)
+    verifier_tensors: tuple[str, ...] = ()  # tensors its converter copies from the verifier: the target's own here
+    native_beside: bool = False  # convert also writes the kind's own config keys (the nested block): no vLLM
+    # release registers an updater for this model_type, so vLLM and SGLang read the drafter by those
+    vllm_method: str | None = None  # vLLM's method for it (`vllm serve DRAFT` reads the verifier pin); None: none
+
+
+@dataclass(frozen=True)
 class DrafterKind:
     name: str
     title: str  # as people write it, in messages
@@ -274,6 +297,7 @@ class DrafterKind:
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
+    speculators: SpeculatorsSchema | None = None  # its vllm-project/speculators format, where it has one
 
     @property
     def plain(self) -> bool:
@@ -292,6 +316,10 @@ DFLASH_GGUF = GGUFArch(
 )
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# speculators' full-vocabulary DFlash models hold frozen copies of the verifier's embedding, head and final norm
+# (DFlashConverter copies them in); specpair's DFlash reads the target's own, as z-lab's layout does
+DFLASH_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+DFLASH_SPECULATORS_KEYS = ("block_size", "mask_token_id", "draft_vocab_size", "target_hidden_size", "num_target_layers")
 
 # Architecture strings the stacks register for DFlash drafters (each stack lists its own).
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
@@ -339,6 +367,17 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             config_markers=("target_layer_ids",),
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
+            speculators=SpeculatorsSchema(
+                "dflash",
+                "DFlashDraftModel",
+                "DFlashDraftModel",
+                "aux_hidden_state_layer_ids",
+                "dflash_config.target_layer_ids",
+                -1,
+                DFLASH_SPECULATORS_KEYS,
+                verifier_tensors=DFLASH_VERIFIER_TENSORS,
+                vllm_method="dflash",
+            ),
         ),
         DrafterKind(
             "dflash2",
@@ -395,6 +434,19 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             own_keys=DFLASH2_KEYS,
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
+            # speculators' DFlash2 (its PR #1006) is written flat; vLLM 0.33 has no `dflash2` updater, so the
+            # nested dflash_config vLLM's and SGLang's DFlash2 models read is written beside it
+            speculators=SpeculatorsSchema(
+                "dflash2",
+                "DFlash2DraftModel",
+                "DFlash2DraftModel",
+                "aux_hidden_state_layer_ids",
+                "dflash_config.target_layer_ids",
+                -1,
+                DFLASH_SPECULATORS_KEYS + DFLASH2_KEYS,
+                verifier_tensors=DFLASH_VERIFIER_TENSORS,
+                native_beside=True,
+            ),
         ),
         DrafterKind(
             "eagle3",
@@ -426,6 +478,21 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             default_taps=lambda layers: [2, layers // 2, layers - 3],
             default_taps_source="vLLM default (2, L//2, L-3)",
             gguf_archs=("eagle3",),
+            # vLLM's update_eagle3 passes the ids unchanged and assumes norm_before_residual when it is missing;
+            # speculators' Eagle3Speculator names the decoder layer layers.0 where EAGLE's layout has midlayer
+            speculators=SpeculatorsSchema(
+                "eagle3",
+                "Eagle3Speculator",
+                "Eagle3LlamaForCausalLM",
+                "eagle_aux_hidden_state_layer_ids",
+                "eagle_aux_hidden_state_layer_ids",
+                0,
+                ("draft_vocab_size", "target_hidden_size", "norm_before_residual"),
+                defaults={"norm_before_residual": True},
+                renames=(("layers.0.", "midlayer."),),
+                verifier_tensors=("verifier_lm_head.weight", "verifier_norm.weight"),
+                vllm_method="eagle3",
+            ),
         ),
         DrafterKind(
             "mtp",
@@ -478,6 +545,9 @@ UPSTREAM_GGUF_ARCH: dict[str, str] = {a: k.gguf_archs[0] for k in DRAFTER_KINDS.
 HEAD_KIND = next(k for k in DRAFTER_KINDS.values() if k.head_group is not None)
 HEAD_GROUPS = tuple(k.head_group for k in DRAFTER_KINDS.values() if k.head_group is not None)
 PLAIN_KIND = next(k for k in DRAFTER_KINDS.values() if k.plain)
+DRAFTER_BY_SPECULATORS_TYPE: dict[str, DrafterKind] = {
+    k.speculators.model_type: k for k in DRAFTER_KINDS.values() if k.speculators
+}
 
 
 def family_of(architecture: str | None, model_type: str | None) -> Family | None:

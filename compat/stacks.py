@@ -94,18 +94,24 @@ def _sglang(p: Pair) -> str:
 
 
 def _vllm(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target.ref, p.target.revision)
-    args = ["vllm", "serve", target]
-    if target_rev and p.target.source != "local":
-        args += ["--revision", target_rev]
-    spec: dict[str, object] = {"method": p.serves("vllm").method}
-    if p.separate:
+    if _serves_pinned(p):  # `vllm serve DRAFT`: the verifier it pins is the target, its proposal sets the tokens
         draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
-        spec["model"] = draft
+        args = ["vllm", "serve", draft]
         if draft_rev and p.draft.source != "local":
-            spec["revision"] = draft_rev
-    spec["num_speculative_tokens"] = p.block_size - 1
-    args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+            args += ["--revision", draft_rev]
+    else:
+        target, target_rev = _model_arg(p.target.ref, p.target.revision)
+        args = ["vllm", "serve", target]
+        if target_rev and p.target.source != "local":
+            args += ["--revision", target_rev]
+        spec: dict[str, object] = {"method": p.serves("vllm").method}
+        if p.separate:
+            draft, draft_rev = _model_arg(p.draft.ref, p.draft.revision)
+            spec["model"] = draft
+            if draft_rev and p.draft.source != "local":
+                spec["revision"] = draft_rev
+        spec["num_speculative_tokens"] = p.block_size - 1
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if p.deployment.gpus > 1:
         args += ["--tensor-parallel-size", str(p.deployment.gpus)]
     # A DFlash decode step runs max_num_seqs x block tokens in one pass (vllm#53970): size the budget for it.
@@ -119,6 +125,12 @@ def _vllm(p: Pair) -> str:
         str(max(8192, max_seqs * p.block_size)),
     ]
     return shlex.join(args)
+
+
+def _serves_pinned(p: Pair) -> bool:
+    """A speculators-format drafter of a kind vLLM reads that format for: vLLM takes the target from its pin."""
+    d, schema = p.draft.drafter, p.kind_row.speculators
+    return d is not None and d.verifier is not None and schema is not None and schema.vllm_method is not None
 
 
 def _llama_cpp(p: Pair) -> str:

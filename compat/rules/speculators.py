@@ -1,0 +1,74 @@
+"""Drafters in vllm-project/speculators' format: the verifier they pin, and whether vLLM reads their kind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable
+
+from specpair.checkpoint import Checkpoint
+from specpair.compat.pair import Pair
+from specpair.compat.rules.table import ALL_STACKS, Values, kinds_where, rule
+
+SPECULATORS_KINDS = kinds_where(lambda k: k.speculators is not None)
+HF_CACHE_REPO = re.compile(r"(^|/)models--(?P<org>[^/]+)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+
+
+def _names(ref: str) -> set[str]:
+    """The names a reference goes by, lower-cased: as given, its absolute path, and its repo's name (the last part
+    of org/name, of a directory, or of an HF cache snapshot's repo)."""
+    bare = ref.partition("@")[0].rstrip("/")
+    snapshot = HF_CACHE_REPO.search(os.path.abspath(bare))
+    repo = f"{snapshot['org']}/{snapshot['name']}" if snapshot else bare
+    return {n.lower() for n in (bare, repo, os.path.abspath(bare), repo.rsplit("/", 1)[-1])}
+
+
+def _mismatch(pin: str, archs: list[str], target: Checkpoint) -> str | None:
+    """Why `target` is not the verifier pinned as `pin` with `archs`; None when it is."""
+    if archs and target.architecture and target.architecture not in archs:
+        return f"the target's architecture is {target.architecture}"
+    pinned, given = _names(pin), _names(target.ref)
+    if not {pin.lower(), pin.rsplit("/", 1)[-1].lower()} & given and not pinned & given:
+        return f"the target is {target.ref.partition('@')[0]}"
+    return None
+
+
+def _repin(p: Pair, stack: str) -> str:
+    out = p.draft.ref.partition("@")[0].rstrip("/").rsplit("/", 1)[-1] + "-speculators"
+    return shlex.join(["specpair", "convert", p.draft.ref, out, "--to", "speculators", "--target", p.target.ref])
+
+
+@rule(
+    "speculators.verifier",
+    "error",
+    ALL_STACKS,
+    SPECULATORS_KINDS,
+    title="A speculators-format drafter pins the target it was made for (speculators_config.verifier): name and architectures.",
+    message="{draft} pins its verifier {verifier} ({architectures}), but {why}: it was made for another target (`vllm serve` on it loads {verifier}). Pair it with {verifier}, or re-pin it to this target.",
+    example={"verifier": "Qwen/Qwen3-8B", "architectures": "Qwen3ForCausalLM", "why": "the target is Qwen/Qwen3-14B"},
+    fix=_repin,
+)
+def _verifier(p: Pair, stack: str) -> Iterable[Values]:
+    d = p.draft.drafter
+    if d is None or d.verifier is None:
+        return
+    why = _mismatch(d.verifier, d.verifier_architectures, p.target)
+    if why:
+        yield {"verifier": d.verifier, "architectures": ", ".join(d.verifier_architectures) or "none named", "why": why}
+
+
+@rule(
+    "speculators.vllm_type",
+    "warn",
+    ("vllm",),
+    kinds_where(lambda k: k.speculators is not None and k.speculators.vllm_method is None),
+    title="vLLM reads the drafter's speculators_model_type (its speculators algos.py registers an updater for it).",
+    message="{draft} is a speculators `{model_type}` drafter, a type vLLM 0.33 registers no config updater for (vllm/transformers_utils/configs/speculators/algos.py): `vllm serve` on the drafter refuses it, and vLLM reads it as the --speculative-config model only by the model_type and nested dflash_config beside (which `specpair convert --to speculators` writes; speculators' own export has neither).",
+    example={"model_type": "dflash2"},
+    fix=_repin,
+)
+def _vllm_type(p: Pair, stack: str) -> Iterable[Values]:
+    d = p.draft.drafter
+    if d is not None and d.verifier is not None:
+        yield {"model_type": p.kind_row.speculators.model_type}
