@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint import speculators
 from specpair.checkpoint.families import (
     CHAIN,
     DFLASH2_KEYS,
@@ -132,8 +131,6 @@ def parse_config(
     and the converter need a known family and one type per layer."""
     if not isinstance(config, dict):
         raise BadInput(where, "config is not a JSON object")
-    if speculators.is_speculators(config):  # read as the config vLLM builds from it
-        config = speculators.read(config, where)[0]
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     architecture = _architecture(config, where)
     kind = config_kind(config, architecture)

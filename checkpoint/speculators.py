@@ -67,7 +67,8 @@ def read(config: dict[str, Any], where: str) -> tuple[dict[str, Any], Verifier, 
         raise BadInput(where, f"'speculators_config.verifier.architectures' is {brief(archs)}, not a list of strings")
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        raise BadInput(where, f"'transformer_layer_config' is {brief(layer)}, not an object")
+        given = "missing" if layer is None else brief(layer)
+        raise BadInput(where, f"'transformer_layer_config' is {given}, not an object")
     built = {**layer, **{k: config[k] for k in schema.keys if config.get(k) is not None}}
     for key, value in schema.defaults.items():
         built.setdefault(key, value)
