@@ -10,6 +10,8 @@ eagle3_converter.py, models/{dflash,eagle3}/config.py, proposals/greedy.py, conf
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -292,3 +294,31 @@ def test_run_refuses_a_drafter_pinned_to_another_verifier(pair, tmp_path):
         judged(GatePair(str(target), str(reference)), None, None, 64)
     message = str(refused.value)
     assert "speculators.verifier" in message and "pins its verifier Qwen/Qwen3-8B (Qwen3ForCausalLM)" in message
+
+
+def test_the_commands_as_a_user_types_them(pair, tmp_path):
+    """`specpair convert DRAFT OUT --to speculators --target T`, then `specpair check T OUT`: vLLM's launch serves
+    the drafter; against another target the check fails (exit 1) naming the pinned verifier."""
+    target, drafters = pair
+    out = tmp_path / "dflash-speculators"
+
+    def specpair(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "specpair", *args], capture_output=True, text=True, timeout=300)
+
+    done = specpair(
+        "convert", str(drafters["dflash"]), str(out), "--to", "speculators", "--target", str(target), "--quiet"
+    )
+    assert done.returncode == 0, done.stderr
+    done = specpair("check", str(target), str(out), "--offline", "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["draft"]["drafter"]["verifier"] == str(target), done.stdout
+    assert report["verdicts"]["vllm"]["launch"].startswith(f"vllm serve {out} --max-model-len ")
+    other = tiny_target(tmp_path / "other", "llama")
+    done = specpair("check", str(other), str(out), "--offline", "--json")
+    verifier = json.loads(done.stdout)["verdicts"]["specpair"]
+    assert done.returncode == 1 and verifier["status"] == "fail"
+    (finding,) = [r for r in verifier["reasons"] if r["rule"] == "speculators.verifier"]
+    assert (
+        f"pins its verifier {target} (Qwen3ForCausalLM), but the target's architecture is LlamaForCausalLM"
+        in finding["message"]
+    )
