@@ -58,6 +58,10 @@ def read(config: dict[str, Any], where: str) -> tuple[dict[str, Any], Verifier, 
     methods = spec.get("proposal_methods")
     if not (isinstance(methods, list) and methods and isinstance(methods[0], dict)):
         raise BadInput(where, f"'speculators_config.proposal_methods' is {brief(methods)}, not a list of objects")
+    tokens = methods[0].get("speculative_tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        given = "missing" if tokens is None else brief(tokens)
+        raise BadInput(where, f"'speculators_config.proposal_methods[0].speculative_tokens' is {given}, not a count")
     verifier = spec.get("verifier")
     name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
     if not isinstance(name, str) or not name:
@@ -72,6 +76,8 @@ def read(config: dict[str, Any], where: str) -> tuple[dict[str, Any], Verifier, 
     built = {**layer, **{k: config[k] for k in schema.keys if config.get(k) is not None}}
     for key, value in schema.defaults.items():
         built.setdefault(key, value)
+    if "block_size" in schema.keys:  # vLLM drafts the proposal's tokens a round, after the anchor
+        built.setdefault("block_size", tokens + 1)
     built["architectures"] = [schema.read_as]
     taps = config.get(schema.taps_key)
     if taps is not None:

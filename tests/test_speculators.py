@@ -261,6 +261,9 @@ BAD_CONFIGS = {
         }
     },
     "'transformer_layer_config' is missing, not an object": {"transformer_layer_config": None},
+    "'speculators_config.proposal_methods[0].speculative_tokens' is missing, not a count": {
+        "speculators_config": {"proposal_methods": [{"proposal_type": "greedy"}], "verifier": {"name_or_path": "t"}}
+    },
     "'aux_hidden_state_layer_ids' is [1.5], not a list of integers": {"aux_hidden_state_layer_ids": [1.5]},
 }
 
@@ -273,6 +276,16 @@ def test_a_speculators_config_vllm_refuses_is_refused_in_one_line(pair, problem)
     with pytest.raises(BadInput) as refused:
         speculators.read(bad, "draft/config.json")
     assert str(refused.value) == f"draft/config.json: {problem}"
+
+
+def test_a_dflash_without_block_size_drafts_the_proposals_tokens(pair):
+    """vLLM drafts `speculative_tokens` a round (base.py extract_vllm_speculative_config): the block is one more."""
+    target, drafters = pair
+    config = dflash_reference(config_of(drafters["dflash"]), config_of(target), "t")
+    del config["block_size"]
+    config["speculators_config"]["proposal_methods"] = [greedy(5)]
+    built, verifier, kind = speculators.read(config, "draft/config.json")
+    assert (built["block_size"], verifier.name_or_path, kind.name) == (6, "t", "dflash")
 
 
 def test_a_reduced_vocabulary_dflash_is_refused_where_it_opens(pair, tmp_path):
