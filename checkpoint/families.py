@@ -265,12 +265,15 @@ class SpeculatorsSchema:
     taps_into: str  # where vLLM puts them in the config it builds ("block.key" or a top-level key)
     taps_offset: int  # the built config's id = its id + taps_offset (DFlash: target_layer_ids = aux - 1)
     keys: tuple[str, ...]  # the kind's drafter keys it keeps at the top level, beside transformer_layer_config
+    block_keys: tuple[str, ...] = ()  # of those, the ones the kind's own layout nests in its config block (as
+    # vLLM's updater nests mask_token_id)
     defaults: dict[str, Any] = field(default_factory=dict)  # what vLLM assumes for a key the config lacks
     renames: tuple[tuple[str, str], ...] = ()  # (its tensor-name prefix, the kind's own)
     verifier_tensors: tuple[str, ...] = ()  # tensors its converter copies from the verifier: the target's own here
-    native_beside: bool = False  # convert also writes the kind's own config keys (the nested block): no vLLM
-    # release registers an updater for this model_type, so vLLM and SGLang read the drafter by those
-    vllm_method: str | None = None  # vLLM's method for it (`vllm serve DRAFT` reads the verifier pin); None: none
+    readers: tuple[str, ...] = (OWN_STACK,)  # the stacks that read the kind in this format (vLLM: where its algos.py
+    # registers an updater for the model type; `vllm serve DRAFT` then takes the target from the pin)
+    native_beside: bool = False  # convert also writes the kind's own config (model_type, the nested block), which
+    # stacks that do not read this format read
 
 
 @dataclass(frozen=True)
@@ -375,8 +378,9 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "dflash_config.target_layer_ids",
                 -1,
                 DFLASH_SPECULATORS_KEYS,
+                ("block_size", "mask_token_id"),
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
-                vllm_method="dflash",
+                readers=(OWN_STACK, "vllm"),
             ),
         ),
         DrafterKind(
@@ -434,8 +438,8 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             own_keys=DFLASH2_KEYS,
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
-            # speculators' DFlash2 (its PR #1006) is written flat; vLLM 0.33 has no `dflash2` updater, so the
-            # nested dflash_config vLLM's and SGLang's DFlash2 models read is written beside it
+            # speculators' DFlash2 (its PR #1006) is written flat and vLLM 0.33 has no `dflash2` updater: the
+            # DFlash2's own config (model_type, dflash_config) is written beside, which vLLM and SGLang read
             speculators=SpeculatorsSchema(
                 "dflash2",
                 "DFlash2DraftModel",
@@ -444,6 +448,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "dflash_config.target_layer_ids",
                 -1,
                 DFLASH_SPECULATORS_KEYS + DFLASH2_KEYS,
+                ("block_size", "mask_token_id", *DFLASH2_KEYS),
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
                 native_beside=True,
             ),
@@ -491,7 +496,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 defaults={"norm_before_residual": True},
                 renames=(("layers.0.", "midlayer."),),
                 verifier_tensors=("verifier_lm_head.weight", "verifier_norm.weight"),
-                vllm_method="eagle3",
+                readers=(OWN_STACK, "vllm"),
             ),
         ),
         DrafterKind(

@@ -37,9 +37,10 @@ class HFMetadata:
 
 def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) -> Checkpoint:
     config, where = meta.config, meta.config_where
-    pin = None
+    pin, native_keys = None, False
     if speculators.is_speculators(config):  # read as the config vLLM builds from it, the verifier pin kept
-        config, pin, _ = speculators.read(config, where)
+        config, pin, kind = speculators.read(meta.config, where)
+        native_keys = "model_type" in meta.config and isinstance(meta.config.get(kind.config_block), dict)
     model = parse_config(config, where, summary=True)
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
@@ -53,6 +54,7 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     drafter = _drafter(model, config, tensors or TensorTable.empty(), meta.files) if model.drafter else None
     if drafter and pin:
         drafter.verifier, drafter.verifier_architectures = pin.name_or_path, list(pin.architectures)
+        drafter.native_keys = native_keys
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
         ref=ref,

@@ -84,6 +84,9 @@ def read(config: dict[str, Any], where: str) -> tuple[dict[str, Any], Verifier, 
         if not (isinstance(taps, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in taps)):
             raise BadInput(where, f"'{schema.taps_key}' is {brief(taps)}, not a list of integers")
         _put(built, schema.taps_into, [i + schema.taps_offset for i in taps])
+    for key in schema.block_keys:
+        if key in built:
+            _put(built, f"{kind.config_block}.{key}", built.pop(key))
     return built, Verifier(name, tuple(archs)), kind
 
 

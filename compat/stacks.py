@@ -130,7 +130,7 @@ def _vllm(p: Pair) -> str:
 def _serves_pinned(p: Pair) -> bool:
     """A speculators-format drafter of a kind vLLM reads that format for: vLLM takes the target from its pin."""
     d, schema = p.draft.drafter, p.kind_row.speculators
-    return d is not None and d.verifier is not None and schema is not None and schema.vllm_method is not None
+    return d is not None and d.verifier is not None and schema is not None and "vllm" in schema.readers
 
 
 def _llama_cpp(p: Pair) -> str:

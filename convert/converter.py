@@ -433,7 +433,8 @@ def _name_maps(
             None,
             [],
         )
-    maps = [identity(n, s) for n, s in shapes.items()] if to == src else hf_maps
+    # HF to HF: the model's HF maps (the stored names, or a speculators drafter's in its kind's own names)
+    maps = [identity(n, s) for n, s in shapes.items()] if to == src and to != "hf" else hf_maps
     if target.family != "float" and to == "hf":
         maps = _unstack_fused_experts(maps)
     return maps, notes, config, None, []

@@ -384,12 +384,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         "specpair",
         {},
     ),
-    "speculators.vllm_type": (
-        T,
-        lambda: dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN),
-        "vllm",
-        {},
-    ),
+    "speculators.format": (T, lambda: dflash_draft(pin=PIN), "sglang", {}),
     "sglang.dflash2_head": (_modelopt_target_quantized_head, dflash2_draft, "sglang", {}),
 }
 
@@ -596,9 +591,26 @@ def test_a_speculators_drafter_pinning_this_target_passes_and_vllm_serves_the_dr
     assert verdicts["vllm"].launch.startswith("vllm serve dflash-draft --max-model-len ")
     assert "--speculative-config" not in verdicts["vllm"].launch
     dflash2 = dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN)
+    assert dflash2.drafter.native_keys  # its own config written beside: read by the stacks that do not read it
     _, verdicts = judge(qwen3_target(), dflash2, Deployment(), ["vllm"])
     assert verdicts["vllm"].launch.startswith("vllm serve target --speculative-config ")
     assert '"model":"dflash-draft"' in verdicts["vllm"].launch
+
+
+def test_a_speculators_drafter_on_a_stack_that_does_not_read_the_format_is_an_error_with_its_convert():
+    """DFlash in the format: SGLang, ExLlamaV3 and TensorFold read it only in its own layout (`--to bf16` writes
+    that); speculators' own DFlash2 export (flat, no model_type) is not read by vLLM either (no updater)."""
+    for stack in ("sglang", "exllamav3", "tensorfold"):
+        _, verdicts = judge(qwen3_target(), dflash_draft(pin=PIN), Deployment(), [stack])
+        (finding,) = [f for f in verdicts[stack].reasons if f.rule == "speculators.format"]
+        assert f"a DFlash drafter in vLLM's speculators format, which {stack} does not read" in finding.message
+        if stack != "tensorfold":  # which loads no Qwen3 target: format.family blocks its fix
+            assert verdicts[stack].fix == "specpair convert dflash-draft dflash-draft-bf16 --to bf16"
+    assert "speculators.format" not in findings(qwen3_target(), dflash_draft(pin=PIN), "vllm")
+    dflash2 = dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN)
+    assert "speculators.format" not in findings(qwen3_target(), dflash2, "sglang")
+    flat = with_(dflash2, _set_drafter(native_keys=False))  # as speculators writes it
+    assert "speculators.format" in findings(qwen3_target(), flat, "vllm")
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,11 @@ def test_what_speculators_writes_for_a_dflash_reads_as_the_z_lab_drafter(pair, t
     verdicts, _ = judged(GatePair(str(target), str(reference)), None, None, 64)
     assert verdicts["vllm"].launch.startswith(f"vllm serve {reference} --max-model-len 64 ")
     assert all(f.rule != "speculators.verifier" for v in verdicts.values() for f in v.reasons)
+    # speculators.format's fix for SGLang and the rest: the drafter in its own layout, as z-lab ships it
+    own = convert(reference, tmp_path / "own", target, "f32")
+    assert "speculators_config" not in own and own["architectures"] == ["DFlashDraftModel"]
+    assert own["dflash_config"]["target_layer_ids"] == [1, 2] and own["dflash_config"]["mask_token_id"] == 511
+    assert set(load_file(str(tmp_path / "own" / "model.safetensors"))) == set(native.names)
 
 
 def test_what_speculators_writes_for_an_eagle3_reads_as_vllm_builds_it(pair, tmp_path):
@@ -285,7 +290,7 @@ def test_a_dflash_without_block_size_drafts_the_proposals_tokens(pair):
     del config["block_size"]
     config["speculators_config"]["proposal_methods"] = [greedy(5)]
     built, verifier, kind = speculators.read(config, "draft/config.json")
-    assert (built["block_size"], verifier.name_or_path, kind.name) == (6, "t", "dflash")
+    assert (built["dflash_config"]["block_size"], verifier.name_or_path, kind.name) == (6, "t", "dflash")
 
 
 def test_a_reduced_vocabulary_dflash_is_refused_where_it_opens(pair, tmp_path):

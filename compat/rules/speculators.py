@@ -1,4 +1,4 @@
-"""Drafters in vllm-project/speculators' format: the verifier they pin, and whether vLLM reads their kind."""
+"""Drafters in vllm-project/speculators' format: the verifier they pin, and the stacks that read them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import shlex
 from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
+from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_STACKS, Values, kinds_where, rule
+from specpair.compat.stacks import STACKS
 
 SPECULATORS_KINDS = kinds_where(lambda k: k.speculators is not None)
+# Stacks that load an HF drafter directory (GGUF stacks: format.draft says what they need instead)
+HF_STACKS = tuple(s.name for s in STACKS.values() if s.file_format != "gguf")
 HF_CACHE_REPO = re.compile(r"(^|/)models--(?P<org>[^/]+)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
 
 
@@ -28,8 +32,7 @@ def _mismatch(pin: str, archs: list[str], target: Checkpoint) -> str | None:
     """Why `target` is not the verifier pinned as `pin` with `archs`; None when it is."""
     if archs and target.architecture and target.architecture not in archs:
         return f"the target's architecture is {target.architecture}"
-    pinned, given = _names(pin), _names(target.ref)
-    if not {pin.lower(), pin.rsplit("/", 1)[-1].lower()} & given and not pinned & given:
+    if not _names(pin) & _names(target.ref):
         return f"the target is {target.ref.partition('@')[0]}"
     return None
 
@@ -59,16 +62,17 @@ def _verifier(p: Pair, stack: str) -> Iterable[Values]:
 
 
 @rule(
-    "speculators.vllm_type",
-    "warn",
-    ("vllm",),
-    kinds_where(lambda k: k.speculators is not None and k.speculators.vllm_method is None),
-    title="vLLM reads the drafter's speculators_model_type (its speculators algos.py registers an updater for it).",
-    message="{draft} is a speculators `{model_type}` drafter, a type vLLM 0.33 registers no config updater for (vllm/transformers_utils/configs/speculators/algos.py): `vllm serve` on the drafter refuses it, and vLLM reads it as the --speculative-config model only by the model_type and nested dflash_config beside (which `specpair convert --to speculators` writes; speculators' own export has neither).",
-    example={"model_type": "dflash2"},
-    fix=_repin,
+    "speculators.format",
+    "error",
+    HF_STACKS,
+    SPECULATORS_KINDS,
+    title="The stack reads the drafter's kind in the speculators format, or the config holds the kind's own keys beside.",
+    message="{draft} is a {title} drafter in vLLM's speculators format, which {stack} does not read for {title} (it reads the drafter's own config: model_type, architectures, {block}), and its config does not hold those beside. Write the drafter in its own layout.",
+    example={"title": "DFlash2", "block": "dflash_config"},
+    fix=lambda p, stack: convert_command(p.draft, stack, "draft"),
 )
-def _vllm_type(p: Pair, stack: str) -> Iterable[Values]:
+def _format(p: Pair, stack: str) -> Iterable[Values]:
     d = p.draft.drafter
-    if d is not None and d.verifier is not None:
-        yield {"model_type": p.kind_row.speculators.model_type}
+    row = p.kind_row
+    if d is not None and d.verifier is not None and stack not in row.speculators.readers and not d.native_keys:
+        yield {"title": row.title, "block": row.config_block}
