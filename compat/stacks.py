@@ -128,9 +128,12 @@ def _vllm(p: Pair) -> str:
 
 
 def _serves_pinned(p: Pair) -> bool:
-    """A speculators-format drafter of a kind vLLM reads that format for: vLLM takes the target from its pin."""
+    """A speculators-format drafter of a kind vLLM reads in that format, pinning this very target reference:
+    `vllm serve DRAFT` loads the pinned one. A pin naming the target otherwise (a local copy of the pinned repo)
+    keeps the target form, which serves the user's target (vLLM reads the drafter's format there too)."""
     d, schema = p.draft.drafter, p.kind_row.speculators
-    return d is not None and d.verifier is not None and schema is not None and "vllm" in schema.readers
+    pinned = d is not None and d.verifier == _model_arg(p.target.ref, None)[0]
+    return pinned and schema is not None and "vllm" in schema.readers
 
 
 def _llama_cpp(p: Pair) -> str:

@@ -590,6 +590,9 @@ def test_a_speculators_drafter_pinning_this_target_passes_and_vllm_serves_the_dr
     _, verdicts = judge(qwen3_target(), dflash_draft(pin=PIN), Deployment(), ["vllm"])
     assert verdicts["vllm"].launch.startswith("vllm serve dflash-draft --max-model-len ")
     assert "--speculative-config" not in verdicts["vllm"].launch
+    copy = dflash_draft(pin=Verifier("/models/target", ("Qwen3ForCausalLM",)))  # `vllm serve` would load that one
+    _, verdicts = judge(qwen3_target(), copy, Deployment(), ["vllm"])
+    assert verdicts["vllm"].launch.startswith('vllm serve target --speculative-config \'{"method":"dflash"')
     dflash2 = dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN)
     assert dflash2.drafter.native_keys  # its own config written beside: read by the stacks that do not read it
     _, verdicts = judge(qwen3_target(), dflash2, Deployment(), ["vllm"])
