@@ -37,7 +37,7 @@ class HFMetadata:
 
 def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) -> Checkpoint:
     config, where = meta.config, meta.config_where
-    pin, native_keys = None, False
+    pin, native_keys, kind = None, False, None
     if speculators.is_speculators(config):  # read as the config vLLM builds from it, the verifier pin kept
         config, pin, kind = speculators.read(meta.config, where)
         native_keys = "model_type" in meta.config and isinstance(meta.config.get(kind.config_block), dict)
@@ -55,6 +55,10 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     if drafter and pin:
         drafter.verifier, drafter.verifier_architectures = pin.name_or_path, list(pin.architectures)
         drafter.native_keys = native_keys
+        if drafter.taps:  # as the file has them
+            key = kind.speculators.taps_key
+            convention = "input of decoder layer k (speculators, vLLM: the output of layer k - 1)"
+            drafter.taps = Taps(drafter.taps.layers, list(meta.config[key]), key, convention)
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
         ref=ref,

@@ -160,7 +160,8 @@ def test_what_speculators_writes_for_a_dflash_reads_as_the_z_lab_drafter(pair, t
     checkpoint = open_checkpoint(str(reference))
     assert checkpoint.drafter.verifier == str(target)
     assert checkpoint.drafter.verifier_architectures == ["Qwen3ForCausalLM"]
-    assert checkpoint.drafter.taps.layers == [1, 2] and checkpoint.drafter.taps.raw == [1, 2]
+    taps = checkpoint.drafter.taps
+    assert (taps.layers, taps.raw, taps.source) == ([1, 2], [2, 3], "aux_hidden_state_layer_ids")
     verdicts, _ = judged(GatePair(str(target), str(reference)), None, None, 64)
     assert verdicts["vllm"].launch.startswith(f"vllm serve {reference} --max-model-len 64 ")
     assert all(f.rule != "speculators.verifier" for v in verdicts.values() for f in v.reasons)
