@@ -260,7 +260,8 @@ class SpeculatorsSchema:
 
     model_type: str  # speculators_model_type, and speculators_config.algorithm
     architecture: str  # architectures[0] its save_pretrained writes (the model class's name)
-    read_as: str  # architectures[0] of the config vLLM builds from it (what specpair then reads)
+    read_as: str  # architectures[0] of the config specpair builds from it as vLLM does (a name of the kind's that
+    # the stacks serving it register: what `convert` writes back in the kind's own layout)
     taps_key: str  # the top-level key holding its tap ids
     taps_into: str  # where vLLM puts them in the config it builds ("block.key" or a top-level key)
     taps_offset: int  # the built config's id = its id + taps_offset (DFlash: target_layer_ids = aux - 1)
@@ -488,7 +489,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             speculators=SpeculatorsSchema(
                 "eagle3",
                 "Eagle3Speculator",
-                "Eagle3LlamaForCausalLM",
+                "LlamaForCausalLMEagle3",  # the architecture every stack serving EAGLE-3 registers
                 "eagle_aux_hidden_state_layer_ids",
                 "eagle_aux_hidden_state_layer_ids",
                 0,

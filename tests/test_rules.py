@@ -606,7 +606,7 @@ def test_a_speculators_drafter_on_a_stack_that_does_not_read_the_format_is_an_er
     for stack in ("sglang", "exllamav3", "tensorfold"):
         _, verdicts = judge(qwen3_target(), dflash_draft(pin=PIN), Deployment(), [stack])
         (finding,) = [f for f in verdicts[stack].reasons if f.rule == "speculators.format"]
-        assert f"a DFlash drafter in vLLM's speculators format, which {stack} does not read" in finding.message
+        assert f"is in vLLM's speculators format, which {stack} does not read for DFlash drafters" in finding.message
         if stack != "tensorfold":  # which loads no Qwen3 target: format.family blocks its fix
             assert verdicts[stack].fix == "specpair convert dflash-draft dflash-draft-bf16 --to bf16"
     assert "speculators.format" not in findings(qwen3_target(), dflash_draft(pin=PIN), "vllm")

@@ -67,7 +67,7 @@ def _verifier(p: Pair, stack: str) -> Iterable[Values]:
     HF_STACKS,
     SPECULATORS_KINDS,
     title="The stack reads the drafter's kind in the speculators format, or the config holds the kind's own keys beside.",
-    message="{draft} is a {title} drafter in vLLM's speculators format, which {stack} does not read for {title} (it reads the drafter's own config: model_type, architectures, {block}), and its config does not hold those beside. Write the drafter in its own layout.",
+    message="{draft} is in vLLM's speculators format, which {stack} does not read for {title} drafters (it reads the drafter's own config: model_type, architectures, {block}), and its config does not hold those beside. Write the drafter in its own layout.",
     example={"title": "DFlash2", "block": "dflash_config"},
     fix=lambda p, stack: convert_command(p.draft, stack, "draft"),
 )
