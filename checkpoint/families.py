@@ -323,7 +323,15 @@ DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selecto
 # speculators' full-vocabulary DFlash models hold frozen copies of the verifier's embedding, head and final norm
 # (DFlashConverter copies them in); specpair's DFlash reads the target's own, as z-lab's layout does
 DFLASH_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
-DFLASH_SPECULATORS_KEYS = ("block_size", "mask_token_id", "draft_vocab_size", "target_hidden_size", "num_target_layers")
+# sample_from_anchor true: DSpark's block (the anchor row drafts too), which drafter.sample_from_anchor reports
+DFLASH_SPECULATORS_KEYS = (
+    "block_size",
+    "mask_token_id",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "num_target_layers",
+    "sample_from_anchor",
+)
 
 # Architecture strings the stacks register for DFlash drafters (each stack lists its own).
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
@@ -379,7 +387,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "dflash_config.target_layer_ids",
                 -1,
                 DFLASH_SPECULATORS_KEYS,
-                ("block_size", "mask_token_id"),
+                ("block_size", "mask_token_id", "sample_from_anchor"),
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
                 readers=(OWN_STACK, "vllm"),
             ),
@@ -449,7 +457,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "dflash_config.target_layer_ids",
                 -1,
                 DFLASH_SPECULATORS_KEYS + DFLASH2_KEYS,
-                ("block_size", "mask_token_id", *DFLASH2_KEYS),
+                ("block_size", "mask_token_id", "sample_from_anchor", *DFLASH2_KEYS),
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
                 native_beside=True,
             ),

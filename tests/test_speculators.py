@@ -294,6 +294,18 @@ def test_a_dflash_without_block_size_drafts_the_proposals_tokens(pair):
     assert (built["dflash_config"]["block_size"], verifier.name_or_path, kind.name) == (6, "t", "dflash")
 
 
+def test_a_dspark_block_in_the_format_reaches_the_sample_from_anchor_rule(pair, tmp_path):
+    """speculators' sample_from_anchor (true for DSpark: the anchor row drafts too) reaches drafter.sample_from_anchor,
+    which the rule of that name reports on every stack."""
+    target, drafters = pair
+    reference = reference_dflash_checkpoint(drafters["dflash"], target, tmp_path / "ref", str(target))
+    config = config_of(reference)
+    write_json(reference / "config.json", {**config, "sample_from_anchor": True})
+    assert open_checkpoint(str(reference)).drafter.sample_from_anchor is True
+    verdicts, _ = judged(GatePair(str(target), str(reference)), None, None, 64)
+    assert any(f.rule == "drafter.sample_from_anchor" for f in verdicts["vllm"].reasons)
+
+
 def test_a_reduced_vocabulary_dflash_is_refused_where_it_opens(pair, tmp_path):
     """Its head is then trained over the draft vocabulary, not the verifier's copy specpair's DFlash replaces."""
     target, drafters = pair
