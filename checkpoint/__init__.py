@@ -140,6 +140,10 @@ class Drafter:
     mask_embedding_file: str | None = None
     missing_keys: list[str] = field(default_factory=list)  # keys the family defines that this config lacks
     config_keys: list[str] = field(default_factory=list)  # dotted keys present, for per-stack required-key rules
+    verifier: str | None = None  # speculators format: the verifier it pins (name_or_path); None: another format
+    verifier_architectures: list[str] = field(default_factory=list)
+    native_keys: bool = False  # a speculators drafter whose config also holds its kind's own keys (model_type, the
+    # nested block), which stacks that do not read the format read
 
 
 @dataclass

@@ -278,6 +278,33 @@ class Serves:
 
 
 @dataclass(frozen=True)
+class SpeculatorsSchema:
+    """How vllm-project/speculators writes a drafter kind (speculators 0.9.0: src/speculators/models/<type>/config.py,
+    src/speculators/convert/) and how vLLM reads it back (vllm/transformers_utils/configs/speculators/algos.py).
+
+    Its tap ids (`taps_key`) follow vLLM's capture: id j is the residual stream entering decoder layer j, the output
+    of layer j - 1, for every kind (its DFlash converter writes z-lab's target_layer_ids + 1)."""
+
+    model_type: str  # speculators_model_type, and speculators_config.algorithm
+    architecture: str  # architectures[0] its save_pretrained writes (the model class's name)
+    read_as: str  # architectures[0] of the config specpair builds from it as vLLM does (a name of the kind's that
+    # the stacks serving it register: what `convert` writes back in the kind's own layout)
+    taps_key: str  # the top-level key holding its tap ids
+    taps_into: str  # where vLLM puts them in the config it builds ("block.key" or a top-level key)
+    taps_offset: int  # the built config's id = its id + taps_offset (DFlash: target_layer_ids = aux - 1)
+    keys: tuple[str, ...]  # the kind's drafter keys it keeps at the top level, beside transformer_layer_config
+    block_keys: tuple[str, ...] = ()  # of those, the ones the kind's own layout nests in its config block (as
+    # vLLM's updater nests mask_token_id)
+    defaults: dict[str, Any] = field(default_factory=dict)  # what vLLM assumes for a key the config lacks
+    renames: tuple[tuple[str, str], ...] = ()  # (its tensor-name prefix, the kind's own)
+    verifier_tensors: tuple[str, ...] = ()  # tensors its converter copies from the verifier: the target's own here
+    readers: tuple[str, ...] = (OWN_STACK,)  # the stacks that read the kind in this format (vLLM: where its algos.py
+    # registers an updater for the model type; `vllm serve DRAFT` then takes the target from the pin)
+    native_beside: bool = False  # convert also writes the kind's own config (model_type, the nested block), which
+    # stacks that do not read this format read
+
+
+@dataclass(frozen=True)
 class DrafterKind:
     name: str
     title: str  # as people write it, in messages
@@ -299,6 +326,7 @@ class DrafterKind:
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
+    speculators: SpeculatorsSchema | None = None  # its vllm-project/speculators format, where it has one
 
     @property
     def plain(self) -> bool:
@@ -317,6 +345,18 @@ DFLASH_GGUF = GGUFArch(
 )
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# speculators' full-vocabulary DFlash models hold frozen copies of the verifier's embedding, head and final norm
+# (DFlashConverter copies them in); specpair's DFlash reads the target's own, as z-lab's layout does
+DFLASH_VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+# sample_from_anchor true: DSpark's block (the anchor row drafts too), which drafter.sample_from_anchor reports
+DFLASH_SPECULATORS_KEYS = (
+    "block_size",
+    "mask_token_id",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "num_target_layers",
+    "sample_from_anchor",
+)
 
 # Architecture strings the stacks register for DFlash drafters (each stack lists its own).
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
@@ -366,6 +406,18 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             config_markers=("target_layer_ids",),
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
+            speculators=SpeculatorsSchema(
+                "dflash",
+                "DFlashDraftModel",
+                "DFlashDraftModel",
+                "aux_hidden_state_layer_ids",
+                "dflash_config.target_layer_ids",
+                -1,
+                DFLASH_SPECULATORS_KEYS,
+                ("block_size", "mask_token_id", "sample_from_anchor"),
+                verifier_tensors=DFLASH_VERIFIER_TENSORS,
+                readers=(OWN_STACK, "vllm"),
+            ),
         ),
         DrafterKind(
             "dflash2",
@@ -422,6 +474,20 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             own_keys=DFLASH2_KEYS,
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
+            # speculators' DFlash2 (its PR #1006) is written flat and vLLM 0.33 has no `dflash2` updater: the
+            # DFlash2's own config (model_type, dflash_config) is written beside, which vLLM and SGLang read
+            speculators=SpeculatorsSchema(
+                "dflash2",
+                "DFlash2DraftModel",
+                "DFlash2DraftModel",
+                "aux_hidden_state_layer_ids",
+                "dflash_config.target_layer_ids",
+                -1,
+                DFLASH_SPECULATORS_KEYS + DFLASH2_KEYS,
+                ("block_size", "mask_token_id", "sample_from_anchor", *DFLASH2_KEYS),
+                verifier_tensors=DFLASH_VERIFIER_TENSORS,
+                native_beside=True,
+            ),
         ),
         DrafterKind(
             "eagle3",
@@ -461,6 +527,21 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             base_architecture=True,
             reduced_vocabulary=True,
             gguf_archs=("eagle3",),
+            # vLLM's update_eagle3 passes the ids unchanged and assumes norm_before_residual when it is missing;
+            # speculators' Eagle3Speculator names the decoder layer layers.0 where EAGLE's layout has midlayer
+            speculators=SpeculatorsSchema(
+                "eagle3",
+                "Eagle3Speculator",
+                "LlamaForCausalLMEagle3",  # the architecture every stack serving EAGLE-3 registers
+                "eagle_aux_hidden_state_layer_ids",
+                "eagle_aux_hidden_state_layer_ids",
+                0,
+                ("draft_vocab_size", "target_hidden_size", "norm_before_residual"),
+                defaults={"norm_before_residual": True},
+                renames=(("layers.0.", "midlayer."),),
+                verifier_tensors=("verifier_lm_head.weight", "verifier_norm.weight"),
+                readers=(OWN_STACK, "vllm"),
+            ),
         ),
         DrafterKind(
             "mtp",
@@ -597,6 +678,9 @@ UPSTREAM_GGUF_ARCH: dict[str, str] = {a: k.gguf_archs[0] for k in DRAFTER_KINDS.
 HEAD_KIND = next(k for k in DRAFTER_KINDS.values() if k.head_group is not None)
 HEAD_GROUPS = tuple(k.head_group for k in DRAFTER_KINDS.values() if k.head_group is not None)
 PLAIN_KIND = next(k for k in DRAFTER_KINDS.values() if k.plain)
+DRAFTER_BY_SPECULATORS_TYPE: dict[str, DrafterKind] = {
+    k.speculators.model_type: k for k in DRAFTER_KINDS.values() if k.speculators
+}
 
 
 def family_of(architecture: str | None, model_type: str | None) -> Family | None:

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps
+from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps, speculators
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
 from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, TAP_LAYOUTS, family_of
 from specpair.checkpoint.groups import NameKinds, summarize_hf
@@ -51,6 +51,10 @@ class HFMetadata:
 
 def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) -> Checkpoint:
     config, where = meta.config, meta.config_where
+    pin, native_keys, kind = None, False, None
+    if speculators.is_speculators(config):  # read as the config vLLM builds from it, the verifier pin kept
+        config, pin, kind = speculators.read(meta.config, where)
+        native_keys = "model_type" in meta.config and isinstance(meta.config.get(kind.config_block), dict)
     model = parse_config(config, where, summary=True)
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     model_type = next((t for t in (text.get("model_type"), config.get("model_type")) if isinstance(t, str)), None)
@@ -62,6 +66,13 @@ def build(meta: HFMetadata, ref: str, source: str, revision: str | None = None) 
     groups = summarize_hf(tensors, config.get("quantization"), names) if tensors is not None else []
     mtp = _mtp(model, tensors, names)
     drafter = _drafter(model, config, tensors or TensorTable.empty(), meta.files) if model.drafter else None
+    if drafter and pin:
+        drafter.verifier, drafter.verifier_architectures = pin.name_or_path, list(pin.architectures)
+        drafter.native_keys = native_keys
+        if drafter.taps:  # as the file has them
+            key = kind.speculators.taps_key
+            convention = "input of decoder layer k (speculators, vLLM: the output of layer k - 1)"
+            drafter.taps = Taps(drafter.taps.layers, list(meta.config[key]), key, convention)
     role = "drafter" if drafter else ("both" if mtp and mtp.tensors != 0 else "target")
     return Checkpoint(
         ref=ref,

@@ -93,6 +93,8 @@ def _describe(c, kind: str | None = None) -> str:
     if c.drafter:
         taps = len(c.drafter.taps.layers) if c.drafter.taps else "no"
         what = f"{c.drafter.kind}, {s.num_layers} layers, hidden {s.hidden_size}, {taps} taps, block {c.drafter.block_size}"
+        if c.drafter.verifier:
+            what += f", speculators format pinning {c.drafter.verifier}"
     elif kind == HEAD_KIND.name:
         if c.mtp is None:
             return f"none: {c.ref} has no MTP head (give a DRAFT)"

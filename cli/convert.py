@@ -20,6 +20,7 @@ Examples:
   specpair convert ./Qwen3.6-35B-A3B-DFlash ./draft-exl3 --to exl3:4         # ExLlamaV3, encoded on the GPU
   specpair convert ./Qwen3-8B ./Qwen3-8B-fp8 --to fp8 --keep 'lm_head.weight=bf16' --dry-run
   specpair convert yuhuili/EAGLE3-LLaMA3.1-Instruct-8B ./eagle3-safetensors --from-pickle  # pytorch_model.bin
+  specpair convert ./Qwen3-8B-DFlash ./Qwen3-8B-DFlash-speculators --to speculators --target Qwen/Qwen3-8B
 
 \b
 Output: the error report (per model part, the worst tensors, the overall figure), progress on stderr (a line per
@@ -50,12 +51,15 @@ ToOpt = Annotated[
     str | None,
     typer.Option(
         "--to",
-        help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst].",
+        help="Target layout: bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] | exl3:BITS[:mul1|mcg|3inst] | speculators[:bf16|f16|f32] (a drafter, with --target).",
     ),
 ]
 TargetOpt = Annotated[
     str | None,
-    typer.Option("--target", help="The target model a drafter belongs to: its tokenizer goes into the drafter's GGUF."),
+    typer.Option(
+        "--target",
+        help="The target model a drafter belongs to: its tokenizer goes into the drafter's GGUF; --to speculators pins it as the verifier.",
+    ),
 ]
 KeepOpt = Annotated[
     list[str] | None,

@@ -142,18 +142,24 @@ def _sglang(p: Pair) -> str:
 
 
 def _vllm(p: Pair) -> str:
-    target, target_rev = _model_arg(p.target)
-    args = ["vllm", "serve", target]
-    if target_rev:
-        args += ["--revision", target_rev]
-    spec: dict[str, object] = {"method": p.serves("vllm").method}
-    if p.separate:
+    if _serves_pinned(p):  # `vllm serve DRAFT`: the verifier it pins is the target, its proposal sets the tokens
         draft, draft_rev = _model_arg(p.draft)
-        spec["model"] = draft
+        args = ["vllm", "serve", draft]
         if draft_rev:
-            spec["revision"] = draft_rev
-    spec["num_speculative_tokens"] = p.block_size - 1
-    args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+            args += ["--revision", draft_rev]
+    else:
+        target, target_rev = _model_arg(p.target)
+        args = ["vllm", "serve", target]
+        if target_rev:
+            args += ["--revision", target_rev]
+        spec: dict[str, object] = {"method": p.serves("vllm").method}
+        if p.separate:
+            draft, draft_rev = _model_arg(p.draft)
+            spec["model"] = draft
+            if draft_rev:
+                spec["revision"] = draft_rev
+        spec["num_speculative_tokens"] = p.block_size - 1
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if p.deployment.gpus > 1:
         args += ["--tensor-parallel-size", str(p.deployment.gpus)]
     # A DFlash decode step runs max_num_seqs x block tokens in one pass (vllm#53970): size the budget for it.
@@ -167,6 +173,15 @@ def _vllm(p: Pair) -> str:
         str(max(8192, max_seqs * p.block_size)),
     ]
     return shlex.join(args)
+
+
+def _serves_pinned(p: Pair) -> bool:
+    """A speculators-format drafter of a kind vLLM reads in that format, pinning this very target reference:
+    `vllm serve DRAFT` loads the pinned one. A pin naming the target otherwise (a local copy of the pinned repo)
+    keeps the target form, which serves the user's target (vLLM reads the drafter's format there too)."""
+    d, schema = p.draft.drafter, p.kind_row.speculators
+    pinned = d is not None and d.verifier == _model_arg(p.target.ref, None)[0]
+    return pinned and schema is not None and "vllm" in schema.readers
 
 
 def _llama_cpp(p: Pair) -> str:

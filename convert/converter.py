@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 import torch
 
-from specpair.checkpoint import consistency, gguf_arch
-from specpair.checkpoint.families import FAMILIES
+from specpair.checkpoint import consistency, gguf_arch, speculators
+from specpair.checkpoint.families import DRAFTER_KINDS, FAMILIES, DrafterKind
 from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields, hf_tokenizer_files
 from specpair.checkpoint.groups import group_of
 from specpair.convert import policy, quant_configs
@@ -60,11 +60,13 @@ class Target:
 
 
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
+SPECULATORS = "speculators"  # a drafter in vllm-project/speculators' format (checkpoint/speculators.py)
+SPECULATORS_FLOATS = ("bf16", "f16", "f32")
 NVFP4_FLAVOURS = {"modelopt": "nvfp4-modelopt", "ct": "nvfp4-ct", "mlx": "nvfp4-mlx"}
 TARGET_HELP = (
     "bf16 | f16 | f32 | fp8[:block|tensor] | nvfp4[:modelopt|ct|mlx] | affine4 | "
     "affine:BITS:GROUP[:mlx|minmax] | gguf:TYPE[:search|rtn] (TYPE: " + ", ".join(GGUF_TYPES) + ") | "
-    "exl3:BITS[:mul1|mcg|3inst] (BITS 1-8)"
+    "exl3:BITS[:mul1|mcg|3inst] (BITS 1-8) | speculators[:bf16|f16|f32] (a drafter, its verifier pinned from --target)"
 )
 
 
@@ -74,6 +76,11 @@ def parse_target(spec: str) -> Target:
     where = f"--to {spec}"
     if kind in FLOAT_LAYOUTS and not args:
         return Target(spec, "safetensors", kind, "hf", "float")
+    if kind == SPECULATORS and len(args) <= 1:
+        layout = args[0] if args else "bf16"
+        if layout not in SPECULATORS_FLOATS:
+            raise BadInput(where, f"speculators drafters are written in {', '.join(SPECULATORS_FLOATS)}")
+        return Target(spec, "safetensors", layout, SPECULATORS, "float")
     if kind == FP8 and len(args) <= 1:
         variant = args[0] if args else "block"
         if variant not in ("block", "tensor"):
@@ -488,13 +495,73 @@ def _name_maps(
 
         maps, mlx_notes = to_mlx(family, {m.name: m.shape for m in hf_maps}, source.config.tie_word_embeddings)
         return compose(hf_maps, maps), notes + mlx_notes, config, None, []
-    maps = [identity(n, s) for n, s in shapes.items()] if to == src else hf_maps
+    if to == SPECULATORS:
+        return (
+            _speculators_maps(source, hf_maps, config, donor),
+            notes,
+            _speculators_config(source, config, donor),
+            None,
+            [],
+        )
+    # HF to HF: the model's HF maps (the stored names, or a speculators drafter's in its kind's own names)
+    maps = [identity(n, s) for n, s in shapes.items()] if to == src and to != "hf" else hf_maps
     if target.family != "float" and to == "hf":
         maps = _unstack_fused_experts(maps)
     return maps, notes, config, None, []
 
 
 KV_SCALES = (".k_scale", ".v_scale")
+
+
+def _speculators_kind(source: Source, donor: Source | None) -> DrafterKind:
+    """The drafter kind `source` is written as in the speculators format; refused when it has none, or without the
+    target (--target) whose pin it carries."""
+    wiring = source.config.drafter
+    kind = DRAFTER_KINDS[wiring.kind] if wiring else None
+    if kind is None or kind.speculators is None:
+        kinds = ", ".join(k.title for k in DRAFTER_KINDS.values() if k.speculators)
+        raise BadInput(source.ref, f"is not a drafter the speculators format holds ({kinds})")
+    if donor is None:
+        raise BadInput("--to speculators", "pins the drafter's verifier: give the target with --target")
+    if not wiring.target_layer_ids:
+        raise BadInput(source.ref, "names no target layers it reads: the speculators format needs them")
+    return kind
+
+
+def _speculators_maps(
+    source: Source, hf_maps: list[TensorMap], config: dict[str, Any], donor: Source | None
+) -> list[TensorMap]:
+    """The drafter's tensors in speculators' names (the row's renames, the other way)."""
+    renames = _speculators_kind(source, donor).speculators.renames
+    return [
+        dataclasses.replace(
+            m, name=next((old + m.name[len(new) :] for old, new in renames if m.name.startswith(new)), m.name)
+        )
+        for m in hf_maps
+    ]
+
+
+def _speculators_config(source: Source, config: dict[str, Any], donor: Source) -> dict[str, Any]:
+    kind = _speculators_kind(source, donor)
+    wiring = source.config.drafter
+    archs = donor.hf_config.get("architectures") or ()
+    verifier = speculators.Verifier(verifier_name(donor), tuple(a for a in archs if isinstance(a, str)))
+    return speculators.write(config, wiring, wiring.block_size or kind.block_size, verifier)
+
+
+HF_CACHE_REPO = re.compile(r"(^|/)models--(?P<org>[^/]+)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+
+
+def verifier_name(target: Source) -> str:
+    """How a speculators drafter names its verifier: the Hub repo a reference or an HF cache snapshot names, else
+    the target's absolute path (what `vllm serve` opens)."""
+    ref = target.ref.partition("@")[0]
+    snapshot = HF_CACHE_REPO.search(os.path.abspath(target.root))
+    if snapshot:
+        return f"{snapshot['org']}/{snapshot['name']}"
+    if not os.path.exists(ref) and os.path.abspath(target.root) != os.path.abspath(ref):
+        return ref
+    return os.path.abspath(target.root)
 
 
 def _vocabulary_known(source: Source) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specpair.checkpoint import speculators
 from specpair.checkpoint.config import ModelConfig, parse_config
 from specpair.checkpoint.hf import WEIGHT_PICKLE, from_pickle_command
 from specpair.checkpoint.names import canonical_maps
@@ -375,6 +376,9 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
 
     hf_config = read_json(files, "config.json", required=True)
     where = os.path.join(files.where, "config.json")
+    speculators_kind = None
+    if speculators.is_speculators(hf_config):  # read as the config vLLM builds from it, in the kind's own names
+        hf_config, _, speculators_kind = speculators.read(hf_config, where)
     config = parse_config(
         hf_config, where, read_json(files, "generation_config.json") if "generation_config.json" in names else None
     )
@@ -395,8 +399,12 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
     for w in weights:
         check_readable(w, files.where)
     shapes = {w.name: w.shape for w in weights}
+    notes: list[str] = []
     if is_mlx_layout(config.family, list(shapes)):
         naming, to_hf = "mlx", from_mlx(config.family, shapes)
+    elif speculators_kind is not None:
+        naming = "hf"
+        to_hf, notes = speculators.tensor_maps(speculators_kind, shapes, files.where)
     else:
         naming, to_hf = "hf", [identity(n, s) for n, s in shapes.items()]
     maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}))
@@ -411,6 +419,7 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
         {m.name: m for m in maps},
         to_hf,
         files=names,
+        notes=notes,
         reader=files,
     )
 

@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from specpair.checkpoint import Checkpoint, FileEntry, Taps, TensorGroup, hf
+from specpair.checkpoint import Checkpoint, FileEntry, Taps, TensorGroup, hf, speculators
+from specpair.checkpoint.config import parse_config
+from specpair.checkpoint.speculators import Verifier
 from specpair.checkpoint.tokenizer import Tokenizer, fingerprint
 from specpair.compat.memory import GPUS
 from specpair.compat.pair import Deployment
@@ -116,7 +118,10 @@ def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
     return build(config, tensors, ref, tokenizer())
 
 
-def dflash_draft(taps: list[int] | None = None, dflash2: dict | None = None, **changes: object) -> Checkpoint:
+def dflash_draft(
+    taps: list[int] | None = None, dflash2: dict | None = None, pin: Verifier | None = None, **changes: object
+) -> Checkpoint:
+    """A DFlash drafter for qwen3_target; `pin`: in the speculators format, pinning that verifier."""
     taps = [1, 3, 5] if taps is None else taps
     dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16, **(dflash2 or {})}
     config = {
@@ -150,11 +155,17 @@ def dflash_draft(taps: list[int] | None = None, dflash2: dict | None = None, **c
         ("layers.0.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)),
         ("norm.weight", "BF16", (HIDDEN,)),
     ]
+    if pin is not None:
+        config = speculators.write(config, parse_config(config, "config.json").drafter, 16, pin)
     return build(config, tensors, "dflash-draft")
 
 
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 4}
+PIN = Verifier("target", ("Qwen3ForCausalLM",))  # qwen3_target, as a speculators drafter pins it
+
+
 def dflash2_draft(**params: int) -> Checkpoint:
-    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 4, **params}
+    dflash2 = {**DFLASH2, **params}
     draft = dflash_draft(dflash2=dflash2, architectures=["DFlash2DraftModel"])
     assert draft.drafter.kind == "dflash2" and not draft.drafter.missing_keys
     return draft
@@ -385,6 +396,13 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "drafter.sample_from_anchor": (T, lambda: with_(dflash_draft(), _set_drafter(sample_from_anchor=True)), "vllm", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
     "vllm.token_budget": (T, dflash_draft, "vllm", {}),
+    "speculators.verifier": (
+        T,
+        lambda: dflash_draft(pin=Verifier("Qwen/Qwen3-8B", ("Qwen3ForCausalLM",))),
+        "specpair",
+        {},
+    ),
+    "speculators.format": (T, lambda: dflash_draft(pin=PIN), "sglang", {}),
     "sglang.dflash2_head": (_modelopt_target_quantized_head, dflash2_draft, "sglang", {}),
 }
 
@@ -616,3 +634,57 @@ def test_eagle3_layout_warnings_name_the_layers_each_stack_taps():
     quiet += [(eagle3_draft(eagle_config=None), "vllm"), (eagle3_draft(), "sglang")]
     for draft, stack in quiet:
         assert "taps.layout" not in findings(qwen3_target(), draft, stack), (draft.drafter.taps, stack)
+
+
+def test_a_speculators_drafter_pinning_this_target_passes_and_vllm_serves_the_drafter():
+    """Pinned to the target by its name, its path's last part or an HF cache snapshot's repo: no finding; vLLM's
+    launch is `vllm serve DRAFT` (the pin names the target); DFlash2 keeps the target form (no vLLM updater)."""
+    for pinned in ("target", "/models/target", "/cache/models--org--target/snapshots/abc123"):
+        draft = dflash_draft(pin=Verifier(pinned, ("Qwen3ForCausalLM",)))
+        assert draft.drafter.verifier == pinned and draft.drafter.taps.layers == [1, 3, 5]
+        for stack in ("specpair", "sglang", "vllm"):
+            assert "speculators.verifier" not in findings(qwen3_target(), draft, stack), (pinned, stack)
+    _, verdicts = judge(qwen3_target(), dflash_draft(pin=PIN), Deployment(), ["vllm"])
+    assert verdicts["vllm"].launch.startswith("vllm serve dflash-draft --max-model-len ")
+    assert "--speculative-config" not in verdicts["vllm"].launch
+    copy = dflash_draft(pin=Verifier("/models/target", ("Qwen3ForCausalLM",)))  # `vllm serve` would load that one
+    _, verdicts = judge(qwen3_target(), copy, Deployment(), ["vllm"])
+    assert verdicts["vllm"].launch.startswith('vllm serve target --speculative-config \'{"method":"dflash"')
+    dflash2 = dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN)
+    assert dflash2.drafter.native_keys  # its own config written beside: read by the stacks that do not read it
+    _, verdicts = judge(qwen3_target(), dflash2, Deployment(), ["vllm"])
+    assert verdicts["vllm"].launch.startswith("vllm serve target --speculative-config ")
+    assert '"model":"dflash-draft"' in verdicts["vllm"].launch
+
+
+def test_a_speculators_drafter_on_a_stack_that_does_not_read_the_format_is_an_error_with_its_convert():
+    """DFlash in the format: SGLang, ExLlamaV3 and TensorFold read it only in its own layout (`--to bf16` writes
+    that); speculators' own DFlash2 export (flat, no model_type) is not read by vLLM either (no updater)."""
+    for stack in ("sglang", "exllamav3", "tensorfold"):
+        _, verdicts = judge(qwen3_target(), dflash_draft(pin=PIN), Deployment(), [stack])
+        (finding,) = [f for f in verdicts[stack].reasons if f.rule == "speculators.format"]
+        assert f"is in vLLM's speculators format, which {stack} does not read for DFlash drafters" in finding.message
+        if stack != "tensorfold":  # which loads no Qwen3 target: format.family blocks its fix
+            assert verdicts[stack].fix == "specpair convert dflash-draft dflash-draft-bf16 --to bf16"
+    assert "speculators.format" not in findings(qwen3_target(), dflash_draft(pin=PIN), "vllm")
+    dflash2 = dflash_draft(dflash2=DFLASH2, architectures=["DFlash2DraftModel"], pin=PIN)
+    assert "speculators.format" not in findings(qwen3_target(), dflash2, "sglang")
+    flat = with_(dflash2, _set_drafter(native_keys=False))  # as speculators writes it
+    assert "speculators.format" in findings(qwen3_target(), flat, "vllm")
+
+
+@pytest.mark.parametrize(
+    "pin,why",
+    [
+        (Verifier("Qwen/Qwen3-8B", ("Qwen3ForCausalLM",)), "the target is target"),
+        (Verifier("target", ("LlamaForCausalLM",)), "the target's architecture is Qwen3ForCausalLM"),
+    ],
+)
+def test_a_speculators_pin_on_another_target_is_an_error_naming_the_pinned_verifier(pin: Verifier, why: str):
+    for stack in ("specpair", "vllm", "sglang", "llama.cpp"):
+        _, verdicts = judge(qwen3_target(), dflash_draft(pin=pin), Deployment(), [stack])
+        verdict = verdicts[stack]
+        (finding,) = [f for f in verdict.reasons if f.rule == "speculators.verifier"]
+        assert verdict.status == "fail" and finding.severity == "error"
+        assert f"pins its verifier {pin.name_or_path} ({pin.architectures[0]}), but {why}" in finding.message
+        assert "specpair convert dflash-draft dflash-draft-speculators --to speculators --target target" in verdict.fix

@@ -405,6 +405,30 @@ def test_every_drafter_layout_gives_the_same_output(workshop, tmp_path):
         assert sum(r.tau for r in out) / len(out) > 1.2, path
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "eagle3"])
+def test_a_speculators_copy_drafts_exactly_as_the_drafter_it_was_written_from(workshop, tmp_path, kind):
+    """`convert --to speculators` of a trained drafter, read back through its verifier pin and tap ids: the same
+    tokens, and the same drafts kept in every round (a tap read one layer off would keep others)."""
+    family = SOLO[kind]
+    s = workshop.setup(family)
+    checkpoint = workshop.drafter(family, kind)
+    written = tmp_path / "speculators"
+    conv.execute(
+        conv.plan(
+            conv.open_source(str(checkpoint)), conv.parse_target("speculators:f32"), [], conv.open_source(str(s.path))
+        ),
+        str(written),
+    )
+    assert "speculators_config" in json.loads((written / "config.json").read_text())
+    runs = []
+    for path in (checkpoint, written):
+        drafter = load_drafter(open_model(str(path)), s.model, s.target)
+        out, _ = speculative_generate(s.target, drafter, s.prompts, 32, GREEDY, block_size=4)
+        assert [r.tokens for r in out] == [r[:32] for r in s.reference], path
+        runs.append([r.accepted for r in out])
+    assert runs[0] == runs[1] and sum(map(sum, runs[0])) > 0
+
+
 def test_muse_glimmer_block_logits_equal_transformers_candidate_generator(tmp_path):
     """transformers' DFlashTokenCandidateGenerator drives a MuseGlimmerAssistantModel from a target's hidden
     states; our DFlash drafter loaded from the same checkpoint gives the same block logits within 1e-4."""
