@@ -58,10 +58,14 @@ def print_command(out, text: str, indent: int = 2) -> None:
 
 
 def print_table(out, table) -> None:
-    """A table at least as wide as its unwrappable columns need: prose columns wrap, ids never shrink."""
+    """A table at least as wide as its unwrappable columns need: on a terminal prose columns wrap, ids never shrink;
+    into a pipe no column wraps."""
     from rich.measure import Measurement
 
     options = out.options.update_width(UNWRAPPED)
+    if not out.is_terminal:  # into a pipe nothing wraps: a row stays one line for grep, cut and awk
+        for column in table.columns:
+            column.no_wrap = True
     for column in table.columns:  # rich measures a cell's words, not what no_wrap keeps on one line ("393.22 KB")
         if column.no_wrap:
             cells = [column.header, *column.cells]

@@ -180,7 +180,7 @@ def _serves_pinned(p: Pair) -> bool:
     `vllm serve DRAFT` loads the pinned one. A pin naming the target otherwise (a local copy of the pinned repo)
     keeps the target form, which serves the user's target (vLLM reads the drafter's format there too)."""
     d, schema = p.draft.drafter, p.kind_row.speculators
-    pinned = d is not None and d.verifier == _model_arg(p.target.ref, None)[0]
+    pinned = d is not None and d.verifier == _model_arg(p.target)[0]
     return pinned and schema is not None and "vllm" in schema.readers
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from specpair.checkpoint import Checkpoint
+from specpair.cli.catalog import layout_summary
 from specpair.sources.catalog import SCHEMA, entries, file_name, lookup, same_revision
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -446,6 +447,19 @@ def test_cli_catalog_table() -> None:
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if "nvidia/Qwen3.6-35B-A3B-NVFP4" in line)
     assert "1355db6" in row and "nvfp4-modelopt 79%, bf16 16%, fp8-tensor 5%" in row and "23.4" in row
+
+
+def test_cli_catalog_into_a_narrow_pipe_is_a_line_per_entry() -> None:
+    """COLUMNS=80 into a pipe: the table is as wide as its cells, never folded (a wrapped layouts column once put
+    "f32 0%" on a line of its own)."""
+    env = {**os.environ, "COLUMNS": "80"}
+    result = subprocess.run([sys.executable, "-m", "specpair", "catalog"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    listed = entries()
+    assert len(rows) == len(listed)  # one line per entry
+    for entry, row in zip(listed, rows):
+        assert f"│ {entry.ref} " in row and layout_summary(entry) in row
 
 
 def test_cli_catalog_says_which_entries_are_reconstructed() -> None:

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from specpair.app.gate import judged
 from specpair.app.pair import GatePair
 from specpair.checkpoint import speculators
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.convert import converter as conv
 from specpair.errors import BadInput
 from specpair.sources import open_checkpoint
@@ -205,7 +206,8 @@ def test_convert_writes_what_speculators_writes_and_reads_back_the_same_drafter(
         keys = ["speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"]
         keys += ["norm_before_residual", "architectures"]
         assert written["speculators_config"]["verifier"] == reference["speculators_config"]["verifier"]
-        assert written["speculators_config"]["proposal_methods"] == [greedy(5)]  # 6 tokens a round, as check says
+        block = DRAFTER_KINDS["eagle3"].block_size  # the block check's launch lines and run use (its row)
+        assert written["speculators_config"]["proposal_methods"] == [greedy(block - 1)]
     else:
         reference = dflash_reference(source, verifier, str(target))
         keys = ["speculators_model_type", "aux_hidden_state_layer_ids", "mask_token_id", "block_size"]

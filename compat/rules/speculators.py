@@ -11,7 +11,7 @@ from specpair.checkpoint import Checkpoint
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_STACKS, Values, kinds_where, rule
-from specpair.compat.stacks import STACKS
+from specpair.compat.stacks import STACKS, fetch_step, pinned_ref
 
 SPECULATORS_KINDS = kinds_where(lambda k: k.speculators is not None)
 # Stacks that load an HF drafter directory (GGUF stacks: format.draft says what they need instead)
@@ -37,9 +37,11 @@ def _mismatch(pin: str, archs: list[str], target: Checkpoint) -> str | None:
     return None
 
 
-def _repin(p: Pair, stack: str) -> str:
+def _repin(p: Pair, stack: str) -> list[str]:
+    """The drafter written again pinning this target, after the downloads convert needs (it reads local files)."""
     out = p.draft.ref.partition("@")[0].rstrip("/").rsplit("/", 1)[-1] + "-speculators"
-    return shlex.join(["specpair", "convert", p.draft.ref, out, "--to", "speculators", "--target", p.target.ref])
+    command = ["specpair", "convert", pinned_ref(p.draft), out, "--to", "speculators", "--target", pinned_ref(p.target)]
+    return [*(step for c in (p.draft, p.target) if (step := fetch_step(c))), shlex.join(command)]
 
 
 @rule(
