@@ -21,7 +21,7 @@ from specpair.checkpoint.families import HEAD_GROUPS
 from specpair.checkpoint.groups import group_of
 from specpair.errors import BadInput
 from specpair.formats import gguf_quants
-from specpair.formats.layouts import layout_of
+from specpair.formats.layouts import AFFINE, EXL3, FP8, GGUF, NVFP4, layout_of
 
 # (pattern on the output name, why it stays float)
 KEPT_FLOAT: list[tuple[re.Pattern[str], str]] = [
@@ -50,20 +50,24 @@ class TargetPolicy:
     quantizes_heads: bool = False  # a drafter head inside the target (MTP) is quantized like the body
 
 
-# by target family (Target.family)
-POLICIES: dict[str, TargetPolicy] = {
-    "fp8": TargetPolicy(False, False, None, None, "as Qwen's FP8 exports"),
-    "nvfp4-modelopt": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports"),
-    "nvfp4-ct": TargetPolicy(False, False, None, None, "as llm-compressor's NVFP4 recipes ignore lm_head"),
-    "nvfp4-mlx": TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports, which mlx-lm converts as they are"),
-    "affine": TargetPolicy(True, True, "affine8-g64", "affine8-g64", "as mlx-lm quantizes them", quantizes_heads=True),
+# by the target layout's kind and flavour; a kind's row (flavour None) serves its flavours without one of their own
+POLICIES: dict[tuple[str, str | None], TargetPolicy] = {
+    (FP8, None): TargetPolicy(False, False, None, None, "as Qwen's FP8 exports"),
+    (NVFP4, "modelopt"): TargetPolicy(False, True, None, None, "as nvidia's NVFP4 exports"),
+    (NVFP4, "ct"): TargetPolicy(False, False, None, None, "as llm-compressor's NVFP4 recipes ignore lm_head"),
+    (NVFP4, "mlx"): TargetPolicy(
+        False, True, None, None, "as nvidia's NVFP4 exports, which mlx-lm converts as they are"
+    ),
+    (AFFINE, None): TargetPolicy(
+        True, True, "affine8-g64", "affine8-g64", "as mlx-lm quantizes them", quantizes_heads=True
+    ),
     # llama.cpp's llama-quantize: token_embd at the type; output.weight, and a tied token_embd, at Q6_K (Q8_0
     # where the type is Q8_0 or rows do not split into 256)
-    "gguf": TargetPolicy(
+    (GGUF, None): TargetPolicy(
         True, "gguf-Q6_K", None, "gguf-Q8_0", "as llama.cpp's llama-quantize", head_floor=True, quantizes_heads=True
     ),
     # llama.cpp applies NVFP4's tensor scale after matmuls only: an embedding lookup would miss it
-    "nvfp4-gguf": TargetPolicy(
+    (NVFP4, GGUF): TargetPolicy(
         "gguf-Q8_0",
         True,
         None,
@@ -72,11 +76,19 @@ POLICIES: dict[str, TargetPolicy] = {
         quantizes_heads=True,
     ),
     # ExLlamaV3: every linear at the average bits, the head at head_bits 6, embeddings and routers float
-    "exl3": TargetPolicy(False, "exl3-6bpw", None, "exl3-8bpw", "as ExLlamaV3 (head_bits 6)"),
+    (EXL3, None): TargetPolicy(False, "exl3-6bpw", None, "exl3-8bpw", "as ExLlamaV3 (head_bits 6)"),
 }
 
-# Row-length blocks each quantized layout needs (values per block along the last axis).
-BLOCKS = {"nvfp4-modelopt": 16, "nvfp4-ct": 16, "nvfp4-mlx": 16, "nvfp4-gguf": 64, "fp8-block": 1, "fp8-tensor": 1}
+NVFP4_BLOCK = 16  # values per FP8 scale of NVFP4 (ModelOpt, compressed-tensors, MLX)
+NVFP4_GGUF_BLOCK = 64  # llama.cpp's NVFP4 block: four scales of 16 values in one block of 64
+
+
+def policy_of(target_layout: str) -> TargetPolicy:
+    """The embedding/head/router policy of a conversion to `target_layout`."""
+    form = layout_of(target_layout)
+    return POLICIES.get((form.kind, form.flavour)) or POLICIES[(form.kind, None)]
+
+
 # where rows do not fit a k-quant block: Q8_0, then F16 (llama-quantize takes Q8_0 for Q6_K and the head, but Q5_0
 # for Q4_K and Q5_1 for Q5_K, types convert does not write)
 GGUF_FALLBACK = ("gguf-Q8_0", "f16")
@@ -100,12 +112,15 @@ def parse_keep(spec: str, parse_layout) -> KeepRule:
 
 
 def block_of(layout: str) -> int:
+    """Values per block along a row's last axis that `layout` needs (1: any row length)."""
     form = layout_of(layout)
-    if form.kind == "gguf":
+    if form.kind == GGUF:
         return gguf_quants.block_size(form.flavour)[0]
-    if form.kind == "affine":
+    if form.kind == AFFINE:
         return form.group
-    return BLOCKS.get(layout, 1)
+    if form.kind == NVFP4:
+        return NVFP4_GGUF_BLOCK if form.flavour == GGUF else NVFP4_BLOCK
+    return 1
 
 
 def fits(layout: str, shape: tuple[int, ...]) -> bool:
@@ -149,7 +164,7 @@ def choose(
         return Choice(target_layout, "target")
     if len(shape) < 2:
         return Choice(float_layout, "1-D")
-    policy = POLICIES[family]
+    policy = policy_of(target_layout)
     if kept:
         if ROUTER.search(name) and policy.routers:
             return Choice(policy.routers, "a router: 8 bits, as mlx-lm quantizes it")

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from specpair import __version__
-from specpair.formats.layouts import AFFINE, EXL3, layout_of
+from specpair.formats.layouts import AFFINE, EXL3, FP8, NVFP4, layout_of
 
 FLOAT = ("bf16", "f16", "f32", "int")
 PRODUCER = {"name": "specpair", "version": __version__}
@@ -33,26 +33,41 @@ def quantization_files(
     (dtype, shape), which EXL3's tensor_storage lists; `method` the quantizer asked for (EXL3's codebook).
     """
     quantized = {m: layout for m, layout in layouts.items() if layout not in FLOAT}
-    kinds = {_kind(layout) for layout in quantized.values()}
-    if not kinds:
+    configs = {config_of(layout) for layout in quantized.values()}
+    if not configs:
         return {}, {}
-    if kinds <= {"fp8-block"}:
+    if len(configs) > 1 or None in configs:
+        raise ValueError(f"no single quantization config describes layouts {sorted(set(quantized.values()))}")
+    config = configs.pop()
+    if config == QWEN_FP8:
         return {"quantization_config": _fp8_block(layouts)}, {}
-    if kinds <= {"nvfp4-modelopt", "fp8-tensor"}:
+    if config == MODELOPT:
         return _modelopt(quantized, input_scales)
-    if kinds <= {"nvfp4-ct"}:
+    if config == COMPRESSED_TENSORS:
         return {"quantization_config": _compressed_tensors(layouts, input_scales)}, {}
-    if kinds <= {"affine", "nvfp4-mlx"}:
+    if config == MLX:
         block = _mlx(layouts)
         return {"quantization": block, "quantization_config": dict(block)}, {}
-    if kinds <= {"exl3"}:
-        return _exl3(quantized, stored, method or "mul1")
-    raise ValueError(f"no single quantization config describes layouts {sorted(kinds)}")
+    return _exl3(quantized, stored, method or "mul1")
 
 
-def _kind(layout: str) -> str:
-    kind = layout_of(layout).kind
-    return kind if kind in (AFFINE, EXL3) else layout
+QWEN_FP8, MODELOPT, COMPRESSED_TENSORS, MLX, EXLLAMA = "Qwen FP8", "ModelOpt", "compressed-tensors", "MLX", "EXL3"
+# the config that announces a layout, by its kind and flavour (a kind's row, flavour None, serves every flavour)
+CONFIGS: dict[tuple[str, str | None], str] = {
+    (FP8, "block"): QWEN_FP8,
+    (FP8, "tensor"): MODELOPT,
+    (NVFP4, "modelopt"): MODELOPT,
+    (NVFP4, "ct"): COMPRESSED_TENSORS,
+    (NVFP4, "mlx"): MLX,
+    (AFFINE, None): MLX,
+    (EXL3, None): EXLLAMA,
+}
+
+
+def config_of(layout: str) -> str | None:
+    """The quantization config a checkpoint of `layout` is announced in; None: none of these (GGUF is a file)."""
+    form = layout_of(layout)
+    return CONFIGS.get((form.kind, form.flavour)) or CONFIGS.get((form.kind, None))
 
 
 def _fp8_block(layouts: dict[str, str]) -> dict[str, Any]:
@@ -71,7 +86,7 @@ def _modelopt(quantized: dict[str, str], input_scales: set[str]) -> tuple[dict[s
     layers: dict[str, dict[str, Any]] = {}
     for module, layout in sorted(quantized.items()):
         key = EXPERT.sub(".experts", module)  # ModelOpt names a layer's routed experts as one module
-        if layout == "fp8-tensor":
+        if layout_of(layout).kind == FP8:
             layers[key] = {"quant_algo": "FP8"}
         else:
             algo = "NVFP4" if module in input_scales else "W4A16_NVFP4"
@@ -119,7 +134,7 @@ def _compressed_tensors(layouts: dict[str, str], input_scales: set[str]) -> dict
         "observer": "minmax",
     }
     activations = {**weights, "dynamic": "local"} if input_scales else None
-    quantized = sorted(m for m, layout in layouts.items() if layout == "nvfp4-ct")
+    quantized = sorted(m for m, layout in layouts.items() if layout_of(layout).kind == NVFP4)
     ignore = sorted(m for m, layout in layouts.items() if layout in FLOAT)
     return {
         "quant_method": "compressed-tensors",
@@ -157,10 +172,10 @@ def _mlx(layouts: dict[str, str]) -> dict[str, Any]:
 
 
 def _mlx_params(layout: str) -> dict[str, Any]:
-    if layout == "nvfp4-mlx":
+    if layout_of(layout).kind == NVFP4:
         return {"group_size": 16, "bits": 4, "mode": "nvfp4"}
-    bits, group = layout.removeprefix("affine").split("-g")
-    return {"group_size": int(group), "bits": int(bits), "mode": "affine"}
+    form = layout_of(layout)
+    return {"group_size": form.group, "bits": int(form.bits), "mode": "affine"}
 
 
 def _exl3(

@@ -38,33 +38,17 @@ GOALS = {"drafter kind": 4, "layout": 5, "family": 2}
 # kind is formats/layouts.py GGUF.
 NOT_COUNTED = {"gguf"}
 
-# Files other engineers change in this round (issue 22), where a literal remains until the lead merges them:
-# (name, file) -> the row property that replaces it. The lead removes each entry with the literal.
-ELSEWHERE = {
-    ("fp8", "convert/policy.py"): "POLICIES keyed by the converter map's Target.family (one convert map)",
-    ("fp8-tensor", "convert/policy.py"): "BLOCKS: values per scale, a layout row property",
-    ("fp8-block", "convert/policy.py"): "BLOCKS: values per scale, a layout row property",
-    ("nvfp4-modelopt", "convert/policy.py"): "POLICIES / BLOCKS, as above",
-    ("nvfp4-ct", "convert/policy.py"): "POLICIES / BLOCKS, as above",
-    ("nvfp4-mlx", "convert/policy.py"): "POLICIES / BLOCKS, as above",
-    ("nvfp4-gguf", "convert/policy.py"): "POLICIES / BLOCKS, as above",
-    ("affine", "convert/policy.py"): "POLICIES, and form.kind == layouts.AFFINE",
-    ("exl3", "convert/policy.py"): "POLICIES, as above",
-}
 # The same spelling naming something else there: (name, file) -> what it names.
 HOMONYMS = {
     ("mtp", "checkpoint/__init__.py"): "the Checkpoint field `mtp` (the target's MTP layers), read back from JSON",
     ("llama", "checkpoint/gguf_tokenizer.py"): "GGUF's tokenizer.ggml.model for SentencePiece vocabularies",
     ("fp8", "convert/quant_configs.py"): "transformers' quant_method of a fine-grained FP8 config",
+    ("affine", "convert/quant_configs.py"): "MLX's quantization mode, as mlx-lm writes it in config.json",
+    ("exl3", "convert/quant_configs.py"): "ExLlamaV3's quant_format value in quantization_config.json",
 }
 # A rule's example values, which docs/check.md renders (the case that motivated the rule).
 EXAMPLES = {("nvfp4-modelopt", "compat/rules/sglang.py"): "an NVFP4 target's quantized lm_head"}
-# Not yet derived on this branch: the config each layout is announced under is chosen by label.
-REMAINING = {
-    ("nvfp4-modelopt", "convert/quant_configs.py"): "the config format of a layout (ModelOpt), by its flavour",
-    ("nvfp4-ct", "convert/quant_configs.py"): "the config format of a layout (compressed-tensors), by its flavour",
-}
-EXEMPT = ELSEWHERE | HOMONYMS | EXAMPLES | REMAINING
+EXEMPT = HOMONYMS | EXAMPLES
 
 
 @pytest.fixture(scope="module")
