@@ -1,16 +1,20 @@
-"""Drafter features tested against the published rule of the stacks that serve them, where no reference
-implementation runs on CPU: reduced-vocabulary EAGLE-3 heads (d2t) and tied-embedding targets. Each on a tiny
-target (tests/drafting.py), with drafted == undrafted.
+"""Drafter features against upstream behaviour, each on a tiny target (tests/drafting.py) with drafted == undrafted.
+
+Where a reference runs on CPU it is the reference: z-lab's `dflash` package (DFlashDraftModel, DFlash2DraftModel
+over transformers' own target) for input_embedding_scale, output_multiplier, final_logit_softcapping, tied-embedding
+targets and DFlash2's sampled candidate selector. Where none does, the published source's rule: vLLM's and SGLang's
+d2t map for reduced-vocabulary EAGLE-3 heads.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from drafting import eagle3_checkpoint, load_target, prompts
+from drafting import MASK_TOKEN, dflash_checkpoint, eagle3_checkpoint, load_target, prompts
 from fixtures import save, tiny_model, write_json
 from safetensors.torch import load_file, save_file
 
@@ -97,4 +101,94 @@ def test_reduced_vocabulary_eagle3_maps_draft_ids_by_d2t(qwen3, tmp_path):
 
     undrafted, _ = generate(target, asked, 32, GREEDY)
     drafted, _ = speculative_generate(target, reduced, asked, 32, GREEDY, block_size=4)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+
+# ------------------------------------------------------------------------------------------------ z-lab's reference
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """A Qwen3 target whose head is its embedding (tie_word_embeddings: no lm_head.weight in its file), as
+    transformers holds it (the reference's target) and as specpair loads it."""
+    hf = tiny_model("qwen3")
+    hf.config.tie_word_embeddings = True
+    hf.lm_head.weight = hf.model.embed_tokens.weight
+    path = save(hf, tmp_path_factory.mktemp("tied") / "target", "qwen3")
+    assert "lm_head.weight" not in load_file(str(path / "model.safetensors"))
+    model, target = load_target(path)
+    return hf, path, model, target
+
+
+def with_dflash_config(path: Path, **keys) -> Path:
+    """The drafter at `path` with `keys` added to its dflash_config and weights of a working scale (norms 1,
+    matrices 1/sqrt(fan-in): the fixture's small noise leaves logits near 0, where a softcap does nothing)."""
+    g = torch.Generator().manual_seed(6)
+    tensors = {
+        name: torch.ones(t.shape) if t.ndim == 1 else torch.randn(t.shape, generator=g) * t.shape[-1] ** -0.5
+        for name, t in load_file(str(path / "model.safetensors")).items()
+    }
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["dflash_config"] = {**config["dflash_config"], **keys}
+    write_json(path / "config.json", config)
+    return path
+
+
+def both_blocks(reference, drafter, hf, target, sequence: list[int], anchor: int, block: int, scale: float = 1.0):
+    """The block [anchor, mask x (block - 1)] after sequence[:anchor], through z-lab's drafter over transformers'
+    hidden states (its noise embedding the target's raw rows times input_embedding_scale, as dflash_generate
+    builds it) and through specpair's over its own runtime's taps: (theirs, ours), the normed rows after the
+    anchor [1, block - 1, H]."""
+    from dflash.model import extract_context_feature
+
+    context = torch.tensor([sequence[:anchor]])
+    with torch.no_grad():
+        hidden = extract_context_feature(
+            hf(context, output_hidden_states=True).hidden_states, reference.target_layer_ids
+        )
+        noise = hf.get_input_embeddings()(torch.tensor([[sequence[anchor]] + [reference.mask_token_id] * (block - 1)]))
+        theirs = reference(
+            target_hidden=hidden, noise_embedding=noise * scale, position_ids=torch.arange(anchor + block)[None]
+        )[:, 1:]
+        positions = torch.arange(anchor)[None]
+        out = target.forward(context, positions, target.new_cache(1, anchor + block), taps=drafter.taps, logits=False)
+        drafter.start(1, anchor + block)
+        following = torch.tensor([sequence[1 : anchor + 1]])
+        drafter.observe(Committed(context, positions, following, torch.tensor([anchor]), out.taps, None))
+        ours, _ = drafter.block(torch.tensor([sequence[anchor]]), torch.tensor([anchor]), block)
+    return theirs, ours[:, 1:]
+
+
+def test_dflash_scales_and_a_tied_head_as_z_labs_reference(tied, tmp_path):
+    """dflash_config.input_embedding_scale (the block's embedding rows times it), output_multiplier and
+    final_logit_softcapping (z-lab's compute_logits) on a target whose head is its embedding: specpair's draft
+    logits equal z-lab's DFlashDraftModel's over transformers' tied Qwen3 (its `lm_head`, the embedding) at four
+    anchors, the scale changes them, and the drafter drafts exactly."""
+    from dflash.model import DFlashDraftModel
+
+    hf, path, model, target = tied
+    checkpoint = with_dflash_config(
+        dflash_checkpoint(tmp_path / "dflash", "qwen3", model.config, block_size=6),
+        input_embedding_scale=3.0,
+        output_multiplier=4.0,
+        final_logit_softcapping=2.0,
+    )
+    reference = DFlashDraftModel.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    drafter = load_drafter(open_model(str(checkpoint)), model, target)
+    assert drafter.embedding_scale == 3.0 and drafter.mask_token_id == MASK_TOKEN
+    (prompt,) = prompts((7,), seed=5)
+    reply, _ = generate(target, [prompt], 12, GREEDY)
+    sequence = prompt + reply[0].tokens
+    for anchor in (6, 9, 12, 15):
+        theirs, ours = both_blocks(reference, drafter, hf, target, sequence, anchor, 6, scale=3.0)
+        unscaled, _ = both_blocks(reference, drafter, hf, target, sequence, anchor, 6)
+        assert float((theirs - unscaled).abs().max()) > 1e-2  # the scale is not a no-op here
+        with torch.no_grad():
+            want, got = reference.compute_logits(theirs, hf.lm_head), drafter.logits(ours)
+        assert float(want.abs().max()) > 1.0 and torch.allclose(got, want, atol=1e-5, rtol=1e-5), anchor
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    asked = prompts((5, 9, 13, 3), seed=11)
+    undrafted, _ = generate(target, asked, 32, GREEDY)
+    drafted, _ = speculative_generate(target, drafter, asked, 32, GREEDY, block_size=6)
     assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
