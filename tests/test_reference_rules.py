@@ -39,9 +39,10 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    path = save(tiny_model("qwen3"), tmp_path_factory.mktemp("qwen3") / "target", "qwen3")
+    hf = tiny_model("qwen3")
+    path = save(hf, tmp_path_factory.mktemp("qwen3") / "target", "qwen3")
     model, target = load_target(path)
-    return path, model, target
+    return hf, path, model, target
 
 
 def proposals(drafter, target, prompt: list[int], drafts: int) -> list[int]:
@@ -67,7 +68,7 @@ def test_reduced_vocabulary_eagle3_maps_draft_ids_by_d2t(qwen3, tmp_path):
     next chained step embeds that target id. So a head whose lm_head is a full head's rows at the hot target ids H
     (d2t = H - arange) proposes exactly what the full head proposes with its logits outside H masked off, at every
     chained step. And its speculative output equals the undrafted output."""
-    path, model, target = qwen3
+    _, _, model, target = qwen3
     full_dir = eagle3_checkpoint(tmp_path / "full", model.config)
     vocab = model.config.vocab_size
     hot = torch.sort(torch.randperm(vocab, generator=torch.Generator().manual_seed(4))[:HOT]).values
@@ -191,4 +192,53 @@ def test_dflash_scales_and_a_tied_head_as_z_labs_reference(tied, tmp_path):
     asked = prompts((5, 9, 13, 3), seed=11)
     undrafted, _ = generate(target, asked, 32, GREEDY)
     drafted, _ = speculative_generate(target, drafter, asked, 32, GREEDY, block_size=6)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_dflash2_sampled_selector_as_z_labs_reference(qwen3, tmp_path, monkeypatch, temperature):
+    """DFlash2's candidate selector at a temperature (z-lab's CandidateSelector.select: the top-k candidates of
+    each position's logits, scored unary + pair term with the previous pick, q = softmax(scores / T), a draw from
+    q feeding the next position). specpair's walk draws with its keyed noise; z-lab's, forced along the same path,
+    gives the same candidates and the same q at every position (to 1e-5) at three anchors. Then drafted ==
+    undrafted at that temperature."""
+    import dflash.model
+    from dflash.model import DFlash2DraftModel
+
+    hf, _, model, target = qwen3
+    block = 6
+    checkpoint = with_dflash_config(dflash_checkpoint(tmp_path / "dflash2", "qwen3", model.config, dflash2=True))
+    reference = DFlash2DraftModel.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    drafter = load_drafter(open_model(str(checkpoint)), model, target)
+    sampling = Sampling(temperature=temperature, seed=3)
+    drafting = Drafting(sampling, drafter.samples, DRAFT_STREAM)
+    top_k = reference.candidate_selector.top_k
+    (prompt,) = prompts((7,), seed=5)
+    reply, _ = generate(target, [prompt], 12, GREEDY)
+    sequence = prompt + reply[0].tokens
+    spread = 0.0
+    for anchor in (6, 10, 14):
+        theirs, ours = both_blocks(reference, drafter, hf, target, sequence, anchor, block)
+        anchors = torch.tensor([sequence[anchor]])
+        with torch.no_grad():
+            proposal = drafter.selector.walk(
+                ours, drafter.logits(ours), anchors, anchor + torch.arange(1, block)[None], drafting
+            )
+            logits = reference.compute_logits(theirs, hf.lm_head)
+            candidates = torch.topk(logits, top_k, dim=-1, sorted=False).indices[0]  # as select computes them
+            path = proposal.tokens[0]
+            forced = iter([(candidates[j] == path[j]).nonzero()[0] for j in range(block - 1)])
+            monkeypatch.setattr(dflash.model, "_sample_probs", lambda q, path=forced: next(path))
+            chosen, their_ids, their_q = reference.candidate_selector.select(theirs, logits, anchors, temperature)
+        assert torch.equal(chosen[0], path)
+        for j in range(block - 1):
+            mine, order = proposal.q_ids[0, j].sort()
+            other, other_order = their_ids[0, j].sort()
+            assert torch.equal(mine, other), (anchor, j)
+            assert torch.allclose(proposal.q_probs[0, j][order], their_q[0, j][other_order], atol=1e-5), (anchor, j)
+        spread = max(spread, float(1 - proposal.q_probs.max(dim=-1).values.min()))
+    assert spread > 0.05  # q is a spread distribution, not a one-hot
+    asked = prompts((5, 9, 13, 3), seed=11)
+    undrafted, _ = generate(target, asked, 24, sampling)
+    drafted, _ = speculative_generate(target, drafter, asked, 24, sampling, block_size=block)
     assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
