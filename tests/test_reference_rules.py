@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from drafting import MASK_TOKEN, dflash_checkpoint, eagle3_checkpoint, load_target, prompts
+from drafting import MASK_TOKEN, dflash_checkpoint, eagle3_checkpoint, load_target, prompts, tiny_target
 from fixtures import save, tiny_model, write_json
 from safetensors.torch import load_file, save_file
 
@@ -241,4 +241,62 @@ def test_dflash2_sampled_selector_as_z_labs_reference(qwen3, tmp_path, monkeypat
     asked = prompts((5, 9, 13, 3), seed=11)
     undrafted, _ = generate(target, asked, 24, sampling)
     drafted, _ = speculative_generate(target, drafter, asked, 24, sampling, block_size=block)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+
+# ------------------------------------------------------------------------------------------------ Qwen3-Next MTP
+
+
+def test_qwen3_next_mtp_head_as_vllms_rule_over_transformers_layer(tmp_path):
+    """Qwen3-Next's MTP head (vLLM vllm/model_executor/models/qwen3_next_mtp.py, Qwen3NextMultiTokenPredictor:
+    e = pre_fc_norm_embedding(embed(x_{p+1})), h = pre_fc_norm_hidden(h_p), z = fc([e | h]), one full-attention
+    Qwen3-Next decoder layer, logits = the target's lm_head(norm(z)), zero-centred norms). transformers has no MTP
+    module, so the reference is that rule built from transformers' own Qwen3NextDecoderLayer (gated attention,
+    sparse MoE with a gated shared expert) and Qwen3NextRMSNorm, loaded with the checkpoint's mtp.* weights, over
+    the target's final normed hidden rows: specpair's head gives the same logits (to 1e-5) on 12 rows of causal
+    attention, and its drafts are exact."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer, Qwen3NextRMSNorm
+
+    path = tiny_target(tmp_path / "target", "qwen3_next")
+    model, target = load_target(path)
+    drafter = load_drafter(None, model, target)
+    hf = tiny_model("qwen3_next")  # the same weights the target was saved with
+    cfg = hf.config
+    weights = {
+        n[len("mtp.") :]: t for n, t in load_file(str(path / "model.safetensors")).items() if n.startswith("mtp.")
+    }
+    p = "layers.0."
+    layer = Qwen3NextDecoderLayer(cfg, cfg.layer_types.index("full_attention")).eval()
+    layer_weights = {n[len(p) :]: t for n, t in weights.items() if n.startswith(p) and ".experts." not in n}
+    layer_weights["mlp.experts.gate_up_proj"] = torch.cat(
+        (weights[p + "mlp.experts.gate_proj.weight"], weights[p + "mlp.experts.up_proj.weight"]), dim=1
+    )
+    layer_weights["mlp.experts.down_proj"] = weights[p + "mlp.experts.down_proj.weight"]
+    layer.load_state_dict(layer_weights)
+
+    def norm(name: str) -> Qwen3NextRMSNorm:
+        module = Qwen3NextRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        module.load_state_dict({"weight": weights[name]})
+        return module
+
+    (sequence,) = prompts((13,), seed=8)
+    length = len(sequence) - 1
+    tokens, following = torch.tensor([sequence[:-1]]), torch.tensor([sequence[1:]])
+    positions = torch.arange(length)[None]
+    with torch.no_grad():
+        hidden = target.forward(tokens, positions, target.new_cache(1, length), hidden=True, logits=False).hidden
+        e = norm("pre_fc_norm_embedding.weight")(hf.get_input_embeddings()(following))
+        z = torch.cat((e, norm("pre_fc_norm_hidden.weight")(hidden)), dim=-1) @ weights["fc.weight"].T
+        causal = torch.full((length, length), float("-inf")).triu(1)[None, None]
+        z = layer(
+            z, position_embeddings=hf.model.rotary_emb(z, positions), attention_mask=causal, position_ids=positions
+        )
+        want = hf.lm_head(norm("norm.weight")(z))
+        drafter.start(1, length + 4)
+        _, got = drafter.observed(hidden, following, positions)
+    assert float(want.abs().max()) > 0.1 and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    asked = prompts((5, 9, 13, 3), seed=11)
+    undrafted, _ = generate(target, asked, 24, GREEDY)
+    drafted, _ = speculative_generate(target, drafter, asked, 24, GREEDY, block_size=3)
     assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
