@@ -3,7 +3,8 @@
 Where a reference runs on CPU it is the reference: z-lab's `dflash` package (DFlashDraftModel, DFlash2DraftModel
 over transformers' own target) for input_embedding_scale, output_multiplier, final_logit_softcapping, tied-embedding
 targets and DFlash2's sampled candidate selector. Where none does, the published source's rule: vLLM's and SGLang's
-d2t map for reduced-vocabulary EAGLE-3 heads.
+d2t map for reduced-vocabulary EAGLE-3 heads, and vLLM's Qwen3-Next MTP predictor built from transformers' own
+Qwen3-Next decoder layer (transformers ships no MTP module).
 """
 
 from __future__ import annotations
