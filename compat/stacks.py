@@ -65,7 +65,8 @@ class Stack:
         return {layout for layout in layouts if not layout_of(layout).matches(accepted)}
 
 
-ABBREVIATED = re.compile(r"[0-9a-f]{4,39}")  # a commit's prefix, as catalogs and model cards quote them
+COMMIT = re.compile(r"^[0-9a-f]{40}$")  # a pin: a branch, tag or abbreviation names whatever it points to then
+ABBREVIATED = re.compile(r"^[0-9a-f]{7,39}$")  # a commit's prefix, as catalogs and model cards quote them
 
 
 def _model_arg(c: Checkpoint) -> tuple[str, str | None]:
@@ -105,7 +106,7 @@ def pinned_ref(c: Checkpoint) -> str:
     repo, _, asked = c.ref.partition("@")
     if commit:
         return f"{repo}@{commit}"
-    return repo if ABBREVIATED.fullmatch(asked.lower()) else c.ref
+    return repo if ABBREVIATED.match(asked.lower()) else c.ref
 
 
 def _sglang(p: Pair) -> str:
@@ -255,7 +256,6 @@ def _exllamav3(p: Pair) -> str:
 
 
 MODELS_DIR = "models"  # where launch lines download Hub checkpoints a stack reads from local files only
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _repo_name(ref: str) -> str:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, Values, rule
+from specpair.compat.stacks import ABBREVIATED, COMMIT
 
 REMOTE_SOURCES = ("hub", "hf-cache", "catalog")
 
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-HEX = re.compile(r"^[0-9a-f]{7,39}$")
 WHY_PIN = {
     "drafter": "drafter configs change between revisions of one repo (z-lab's Qwen3.6-35B-A3B-DFlash changed its "
     "layers, taps and mask id), and stacks have let a draft fall back to the target's revision (sglang#5255)",
@@ -31,7 +29,7 @@ def pin_state(checkpoint: Checkpoint) -> tuple[str, str] | None:
     known = checkpoint.revision if checkpoint.source in RESOLVED_SOURCES and checkpoint.revision else None
     if not at:
         state = "is not pinned to a commit" + (f" (main points to {known} now)" if known else "")
-    elif HEX.match(asked.lower()):
+    elif ABBREVIATED.match(asked.lower()):
         state = f"names the abbreviated commit {asked}, not a full 40-hex one" + (f" ({known})" if known else "")
     else:
         state = f"names the branch or tag {asked!r}, not a commit" + (f" (it points to {known} now)" if known else "")
