@@ -7,15 +7,15 @@ K_l[p] = rope_p(k_norm(W_k c_p)), V_l[p] = W_v c_p in the drafter's own static c
 
 Block. A round at anchor position s runs [anchor, mask x (B - 1)] at positions s .. s+B-1: the target's raw
 embedding rows (times input_embedding_scale; the rows of mask_token_id are the drafter's shipped mask embedding
-where it has one, substituted on the side of the scale its kind's MaskEmbedding row says) through the draft layers (pre-norm Qwen3 blocks; DFlash2 adds its
-convolutions, dflash2.py), each query attending to the context before s and to the block, whose K/V are written
-at their positions for this forward only. Within the block, `is_causal` applies to every layer when the config
-sets it; otherwise full-attention layers are bidirectional and sliding ones causal (z-lab's rule). A sliding
-layer's query at p sees keys p - W < k (and k < p + W when bidirectional), as z-lab, SGLang and vLLM mask them.
-MuseGlimmer assistants follow transformers, their reference: bidirectional on every layer, and a window that
-reaches |p - k| <= W. Rows 1..B-1 are read out through the
-target's head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's
-argmax, DFlash2 walks its candidate selector.
+where it has one, substituted on the side of the scale its kind's MaskEmbedding row says, docs/drafters.md) through
+the draft layers (pre-norm Qwen3 blocks; DFlash2 adds its convolutions, dflash2.py), each query attending to the
+context before s and to the block, whose K/V are written at their positions for this forward only. Within the block,
+`is_causal` applies to every layer when the config sets it; otherwise full-attention layers are bidirectional and
+sliding ones causal (z-lab's rule). A sliding layer's query at p sees keys p - W < k (and k < p + W when
+bidirectional), as z-lab, SGLang and vLLM mask them. MuseGlimmer assistants follow transformers, their reference:
+bidirectional on every layer, and a window that reaches |p - k| <= W. Rows 1..B-1 are read out through the target's
+head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's argmax, DFlash2
+walks its candidate selector.
 
 Cache hygiene without rollback: block K/V at s..s+B-1 and the context of rejected verify rows (at positions at
 or after the next anchor s') are all overwritten by the next round's block, which covers s'..s'+B-1, before its
