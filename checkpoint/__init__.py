@@ -137,7 +137,8 @@ class Drafter:
     has_d2t: bool = False
     has_lm_head: bool = False
     has_embeddings: bool = False
-    mask_embedding_file: str | None = None
+    mask_embedding_file: str | None = None  # the learned mask embedding as a pickle beside the weights
+    mask_embedding_shape: list[int] | None = None  # ... as a tensor among them (its kind's MaskEmbedding row)
     missing_keys: list[str] = field(default_factory=list)  # keys the family defines that this config lacks
     config_keys: list[str] = field(default_factory=list)  # dotted keys present, for per-stack required-key rules
     verifier: str | None = None  # speculators format: the verifier it pins (name_or_path); None: another format

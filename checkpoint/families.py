@@ -248,6 +248,32 @@ class IdReading:
         return [i + shift for i in ids]
 
 
+# The forms a drafter's learned mask embedding is shipped in (MaskEmbedding), as stacks read them (Serves)
+MASK_TENSOR = "tensor"  # a tensor among its safetensors weights
+MASK_PICKLE = "pickle"  # a torch.save file beside its weights
+
+
+@dataclass(frozen=True)
+class MaskEmbedding:
+    """A learned vector a block drafter may ship for its mask token: the block's rows holding mask_token_id take it
+    in place of the target's embedding row of that id (the target itself is unchanged). Sources, and where the
+    stacks disagree: docs/drafters.md "A shipped mask embedding"."""
+
+    tensor: str  # its name among the drafter's safetensors weights (ExLlamaV3's), [hidden] or [1, hidden]
+    pickle: str  # the torch.save file beside the weights that SGLang and vLLM load: a dict {"embedding": [hidden],
+    # "mask_token_id": id} (vLLM also takes the bare tensor); specpair reads it only through `convert --from-pickle`
+    before_scale: bool  # substituted before input_embedding_scale multiplies the block's rows, so scaled with them
+    # (vLLM's DFlash2 embed_input_ids, SGLang's merged table row); False: written over the scaled rows (ExLlamaV3)
+
+    @property
+    def forms(self) -> dict[str, str]:
+        """Form (MASK_TENSOR, MASK_PICKLE) -> its name."""
+        return {MASK_TENSOR: self.tensor, MASK_PICKLE: self.pickle}
+
+
+SHIPPED_MASK_EMBEDDING = MaskEmbedding("mask_embedding", "mask_embedding.pt", before_scale=True)
+
+
 @dataclass(frozen=True)
 class Serves:
     """How one serving stack serves a drafter kind."""
@@ -267,6 +293,8 @@ class Serves:
     tensor_parallel: int | None = 1  # the most GPUs it splits a pair of this kind across; None: as many as given
     unnamed: bool = False  # it loads a drafter whose config names no architecture as this kind
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs to run the kind
+    mask_embedding: tuple[str, ...] = ()  # the forms of a shipped mask embedding it reads (MASK_TENSOR,
+    # MASK_PICKLE); a drafter shipping it in no such form is drafted with the target's row of its mask token
 
     @property
     def reading(self) -> IdReading | None:
@@ -327,6 +355,7 @@ class DrafterKind:
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
     speculators: SpeculatorsSchema | None = None  # its vllm-project/speculators format, where it has one
+    mask_embedding: MaskEmbedding | None = None  # the learned mask embedding its drafters may ship
 
     @property
     def plain(self) -> bool:
@@ -386,20 +415,29 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             16,
             "specpair.runtime.drafters.dflash:DFlash",
             {
-                OWN_STACK: Serves(DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",), required=("taps", "mask")),
-                "sglang": Serves(DFLASH_ARCHS, "DFLASH", tap_shift=0, tensor_parallel=EVERY_GPU),
+                OWN_STACK: Serves(
+                    DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
+                    required=("taps", "mask"),
+                    mask_embedding=(MASK_TENSOR,),
+                ),
+                "sglang": Serves(
+                    DFLASH_ARCHS, "DFLASH", tap_shift=0, tensor_parallel=EVERY_GPU, mask_embedding=(MASK_PICKLE,)
+                ),
                 "vllm": Serves(
                     DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
                     "dflash",
                     ("taps", "mask"),
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
+                    mask_embedding=(MASK_PICKLE,),
                 ),
                 "llama.cpp": Serves(
                     ("dflash",), "draft-dflash", ("taps", "mask"), tap_shift=0, tensor_parallel=EVERY_GPU
                 ),
                 # ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later (its tap_shift +1, set empirically)
-                "exllamav3": Serves(DFLASH_ARCHS, required=("taps", "mask"), tap_shift=1),
+                "exllamav3": Serves(
+                    DFLASH_ARCHS, required=("taps", "mask"), tap_shift=1, mask_embedding=(MASK_TENSOR,)
+                ),
                 "tensorfold": Serves(("DFlashDraftModel",), required=("taps", "mask"), tap_shift=0),
             },
             config_block="dflash_config",
@@ -418,6 +456,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
                 readers=(OWN_STACK, "vllm"),
             ),
+            mask_embedding=SHIPPED_MASK_EMBEDDING,
         ),
         DrafterKind(
             "dflash2",
@@ -430,13 +469,16 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             16,
             "specpair.runtime.drafters.dflash:DFlash",
             {
-                OWN_STACK: Serves(("DFlash2DraftModel",), required=("taps", "mask", "conv_selector")),
+                OWN_STACK: Serves(
+                    ("DFlash2DraftModel",), required=("taps", "mask", "conv_selector"), mask_embedding=(MASK_TENSOR,)
+                ),
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
                     "DFLASH",
                     ("conv_selector",),
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
+                    mask_embedding=(MASK_PICKLE,),
                 ),
                 "vllm": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
@@ -444,6 +486,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     ("taps", "mask", "conv_selector"),
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
+                    mask_embedding=(MASK_PICKLE,),
                 ),
                 "llama.cpp": Serves(
                     ("dflash",),
@@ -452,7 +495,8 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                 ),
-                # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334)
+                # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334). Its
+                # DFlash2 input layer is built without the mask_embedding tensor its DFlash one reads (1.6.5).
                 "exllamav3": Serves(
                     ("DFlash2DraftModel",),
                     required=("taps", "mask", "conv_selector"),
@@ -488,6 +532,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 verifier_tensors=DFLASH_VERIFIER_TENSORS,
                 native_beside=True,
             ),
+            mask_embedding=SHIPPED_MASK_EMBEDDING,
         ),
         DrafterKind(
             "eagle3",

@@ -286,7 +286,15 @@ FORK_TENSORS = {
     "dflash.hidden_norm.weight": "enc.output_norm.weight",
 }
 FORK_POST_NORM = re.compile(r"blk\.(\d+)\.post_attention_norm\.weight")  # forks use it for post_attention_layernorm
-DROPPED_PREFIXES = {"model.visual.": "vision tower (llama.cpp keeps it in a separate mmproj GGUF)"}
+DROPPED_PREFIXES = {
+    "model.visual.": "vision tower (llama.cpp keeps it in a separate mmproj GGUF)",
+    **{
+        k.mask_embedding.tensor: "the drafter's learned mask embedding: llama.cpp's dflash has no place for it and "
+        "drafts with the target's row of the mask token"
+        for k in DRAFTER_KINDS.values()
+        if k.mask_embedding
+    },
+}
 
 
 @dataclass

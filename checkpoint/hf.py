@@ -166,7 +166,10 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
     drafter.has_d2t = "d2t" in names
     drafter.has_lm_head = "lm_head.weight" in names
     drafter.has_embeddings = any(n.endswith("embed_tokens.weight") for n in names)
-    drafter.mask_embedding_file = next((f.path for f in files if f.path.endswith("mask_embedding.pt")), None)
+    if row.mask_embedding is not None:
+        shipped = tensors.row(row.mask_embedding.tensor)
+        drafter.mask_embedding_shape = list(shipped.shape) if shipped else None
+        drafter.mask_embedding_file = next((f.path for f in files if f.path == row.mask_embedding.pickle), None)
     return drafter
 
 

@@ -31,8 +31,10 @@ one document (schemas specpair.convert/1, specpair.convert.plan/1, specpair.conv
 \b
 --from-pickle: a checkpoint whose weights are pickles only (pytorch_model*.bin) becomes a safetensors copy, each
 pickle read by torch's weights-only loader (torch.load(weights_only=True): tensors and plain containers only) and
-refused unless it holds names mapped to tensors; the other files are copied, other pickles left out. Never done
-without this flag.
+refused unless it holds names mapped to tensors; the other files are copied, other pickles left out. A DFlash
+drafter's mask_embedding.pt beside safetensors weights becomes the tensor mask_embedding (mask_embedding.safetensors),
+which specpair drafts with; it must hold one vector [hidden_size] for the config's mask token. Never done without
+this flag.
 
 \b
 Exit codes: 0 written; 1 the conversion did not complete (a write failed, the disk filled up): nothing was left
@@ -73,7 +75,7 @@ FromPickleOpt = Annotated[
     bool,
     typer.Option(
         "--from-pickle",
-        help="SOURCE's weights are pickles (pytorch_model*.bin): write them as safetensors, read through torch's weights-only loader.",
+        help="SOURCE's weights (pytorch_model*.bin) or a drafter's mask_embedding.pt are pickles: write them as safetensors, read through torch's weights-only loader.",
     ),
 ]
 MaxShardSizeOpt = Annotated[

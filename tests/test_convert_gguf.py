@@ -175,6 +175,24 @@ def test_dflash_drafter_gets_upstream_arch_and_the_targets_tokenizer(tmp_path):
     assert not (tmp_path / "no-target.gguf").exists()
 
 
+def test_a_shipped_mask_embedding_is_dropped_from_the_gguf_with_a_note(tmp_path):
+    """llama.cpp's dflash has no place for a drafter's learned mask embedding: the GGUF is written without it, and
+    the plan says so (check's mask.embedding_unread tells what drafting without it costs)."""
+    from safetensors.torch import load_file, save_file
+
+    from specpair.formats.gguf import read_local
+
+    target = build_target(tmp_path / "target", "qwen3", layers=4)
+    drafter = build_dflash(tmp_path / "drafter", target_layer_ids=[1, 2], num_target_layers=4, flavour="qwen3")
+    weights = load_file(str(drafter / "model.safetensors"))
+    save_file({**weights, "mask_embedding": torch.ones(64)}, str(drafter / "model.safetensors"), {"format": "pt"})
+    p = conv.plan(conv.open_source(str(drafter)), conv.parse_target("gguf:BF16"), [], conv.open_source(str(target)))
+    assert any(n.startswith("dropped 1 mask_embedding* tensors: the drafter's learned mask embedding") for n in p.notes)
+    conv.execute(p, str(tmp_path / "draft.gguf"))
+    names = [t.name for t in read_local(str(tmp_path / "draft.gguf")).tensors]
+    assert len(names) == len(weights) and not any("mask" in n for n in names)
+
+
 def test_fork_dflash_draft_gguf_is_written_as_upstream_dflash(tmp_path):
     """A fork's `dflash-draft` GGUF (HF tap ids, dflash_fc names) becomes upstream `dflash` with the same bytes."""
     fork = build_gguf_dflash(

@@ -1,5 +1,6 @@
-"""Drafters published with pickled weights only (pytorch_model.bin, as the EAGLE authors publish EAGLE-3 heads):
-`check` and `run` agree that specpair does not load them and name the same command, and `convert --from-pickle`
+"""Drafters published with pickled weights only (pytorch_model.bin, as the EAGLE authors publish EAGLE-3 heads), or
+with their learned mask embedding as a pickle beside safetensors weights (mask_embedding.pt, as SGLang and vLLM load
+it): `check` and `run` agree on what specpair does with them and name the same command, and `convert --from-pickle`
 makes the safetensors copy through torch's weights-only loader, refusing hostile pickles in one line with exit 2
 and nothing written."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import build_eagle3, build_target
+from fixtures import build_dflash, build_eagle3, build_target, write_json
 from safetensors.torch import load_file
 
 from specpair.checkpoint.hf import from_pickle_command
@@ -132,3 +133,133 @@ def test_the_conversion_is_never_implicit(tmp_path: Path) -> None:
     done = specpair("convert", build_eagle3(tmp_path / "plain"), tmp_path / "out", "--from-pickle")
     assert done.returncode == 2 and "already has .safetensors weights" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def mask_drafter(directory: Path, state: object) -> Path:
+    """A DFlash drafter (qwen3_target's width, 64) shipping `state` as mask_embedding.pt beside its safetensors."""
+    draft = build_dflash(
+        directory, target_layer_ids=[1, 2], num_target_layers=4, flavour="qwen3", layers=1, block_size=4
+    )
+    torch.save(state, draft / "mask_embedding.pt")
+    return draft
+
+
+def mask_token(draft: Path) -> int:
+    return json.loads((draft / "config.json").read_text())["dflash_config"]["mask_token_id"]
+
+
+def test_a_mask_embedding_pickle_check_and_run_agree_and_the_conversion_is_drafted_with(tmp_path: Path) -> None:
+    """check warns that specpair drafts with the target's row of the mask token, and run shows the same warning and
+    runs (the output is unchanged); the command both name writes the pickle's vector as the tensor specpair drafts
+    with, and check then says so."""
+    target = build_target(tmp_path / "target", "qwen3", layers=4)
+    vector = torch.randn(64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    draft = mask_drafter(tmp_path / "dflash", None)
+    torch.save({"embedding": vector, "mask_token_id": mask_token(draft)}, draft / "mask_embedding.pt")
+    command = from_pickle_command(str(draft))
+    done = specpair("check", target, draft, "--stack", "specpair", "--stack", "vllm", "--json")
+    verdicts = json.loads(done.stdout)["verdicts"]
+    reasons = {r["rule"]: r["message"] for r in verdicts["specpair"]["reasons"]}
+    assert (
+        verdicts["specpair"]["status"] == "warn"
+        and f"`{command}` writes it as 'mask_embedding'" in reasons["mask.embedding_unread"]
+    )
+    assert "mask.embedding" in {r["rule"] for r in verdicts["vllm"]["reasons"]}  # vLLM loads the pickle itself
+    asked = [
+        "--prompt",
+        "a b c d e f g h",
+        "--max-tokens",
+        "16",
+        "--batch",
+        "1",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    ]
+    done = specpair("run", target, draft, *asked)
+    assert done.returncode == 0, done.stderr
+    assert "warning: mask.embedding_unread: " in done.stderr and f"`{command}`" in done.stderr
+    done = subprocess.run(
+        command.replace("specpair", f"{sys.executable} -m specpair", 1),
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT.parent)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    copy = tmp_path / "dflash-safetensors"
+    assert sorted(p.name for p in copy.iterdir()) == ["config.json", "mask_embedding.safetensors", "model.safetensors"]
+    assert load_file(str(copy / "model.safetensors")).keys() == load_file(str(draft / "model.safetensors")).keys()
+    assert torch.equal(load_file(str(copy / "mask_embedding.safetensors"))["mask_embedding"], vector)
+    done = specpair("check", target, copy, "--stack", "specpair", "--stack", "vllm", "--json")
+    verdicts = json.loads(done.stdout)["verdicts"]
+    assert "mask.embedding" in {r["rule"] for r in verdicts["specpair"]["reasons"]}
+    assert "mask.embedding_unread" in {r["rule"] for r in verdicts["vllm"]["reasons"]}  # vLLM reads the pickle only
+    done = specpair("run", target, copy, *asked)
+    assert done.returncode == 0 and "mask.embedding" not in done.stderr, done.stderr
+
+
+def test_a_bare_mask_embedding_tensor_joins_the_index(tmp_path: Path) -> None:
+    """vLLM also loads a bare tensor; a drafter read through its safetensors index gets the tensor added to it, and
+    its runtime drafts with it."""
+    from drafting import load_target
+
+    from specpair.runtime.drafters.loading import load_drafter
+    from specpair.sources.model import open_model
+
+    target = build_target(tmp_path / "target", "qwen3", layers=4)
+    vector = torch.randn(1, 64, generator=torch.Generator().manual_seed(3))
+    draft = mask_drafter(tmp_path / "dflash", vector)
+    names = load_file(str(draft / "model.safetensors")).keys()
+    write_json(
+        draft / "model.safetensors.index.json",
+        {"metadata": {}, "weight_map": dict.fromkeys(names, "model.safetensors")},
+    )
+    done = specpair("convert", draft, tmp_path / "copy", "--from-pickle", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["written"] == ["mask_embedding.safetensors"]
+    index = json.loads((tmp_path / "copy" / "model.safetensors.index.json").read_text())
+    assert (
+        index["weight_map"]["mask_embedding"] == "mask_embedding.safetensors" and index["metadata"]["total_size"] == 256
+    )
+    model, runtime = load_target(target)
+    drafter = load_drafter(open_model(str(tmp_path / "copy")), model, runtime)
+    assert torch.equal(drafter.mask_embedding, vector[0])
+
+
+@pytest.mark.parametrize(
+    "hostile", ["runs code", "not a tensor", "wrong shape", "truncated", "another mask token", "per position"]
+)
+def test_hostile_mask_embedding_pickles_are_refused_with_nothing_written(tmp_path: Path, hostile: str) -> None:
+    marker = tmp_path / "MARKER"
+    draft = mask_drafter(tmp_path / "dflash", None)
+    mask = mask_token(draft)
+    states = {
+        "runs code": {"embedding": Payload(marker), "mask_token_id": mask},
+        "not a tensor": {"embedding": [0.5] * 64, "mask_token_id": mask},
+        "wrong shape": {"embedding": torch.ones(2, 64), "mask_token_id": mask},
+        "truncated": {"embedding": torch.ones(64), "mask_token_id": mask},
+        "another mask token": {"embedding": torch.ones(64), "mask_token_id": mask - 1},
+        "per position": {"embedding": torch.ones(64), "mask_token_id": mask, "per_position": True},
+    }
+    pickled = draft / "mask_embedding.pt"
+    torch.save(states[hostile], pickled)
+    if hostile == "truncated":
+        pickled.write_bytes(pickled.read_bytes()[: pickled.stat().st_size // 2])
+    problem = {
+        "runs code": "refused by torch's weights-only loader: Trying to load unsupported GLOBAL posix.system",
+        "not a tensor": "holds a list where the mask embedding belongs: a float tensor [64]",
+        "wrong shape": "holds a [2, 64] tensor, where the mask embedding is [64] (the drafter's hidden_size)",
+        "truncated": "not a complete torch.save file, refused",
+        "another mask token": f"was saved for mask_token_id {mask - 1}, but the drafter's config has {mask}",
+        "per position": "holds per-position mask embeddings (per_position), which no stack drafts with",
+    }[hostile]
+    destination = tmp_path / "out"
+    done = specpair("convert", draft, destination, "--from-pickle")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert error_line(done).startswith(f"error: {pickled}: ") and problem in error_line(done), done.stderr
+    assert not destination.exists() and not Path(str(destination) + PARTIAL_SUFFIX).exists()
+    assert not marker.exists()

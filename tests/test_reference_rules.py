@@ -137,11 +137,22 @@ def with_dflash_config(path: Path, **keys) -> Path:
     return path
 
 
-def both_blocks(reference, drafter, hf, target, sequence: list[int], anchor: int, block: int, scale: float = 1.0):
+def both_blocks(
+    reference,
+    drafter,
+    hf,
+    target,
+    sequence: list[int],
+    anchor: int,
+    block: int,
+    scale: float = 1.0,
+    mask_embedding: torch.Tensor | None = None,
+):
     """The block [anchor, mask x (block - 1)] after sequence[:anchor], through z-lab's drafter over transformers'
     hidden states (its noise embedding the target's raw rows times input_embedding_scale, as dflash_generate
-    builds it) and through specpair's over its own runtime's taps: (theirs, ours), the normed rows after the
-    anchor [1, block - 1, H]."""
+    builds it; with `mask_embedding`, the rows of the mask token replaced by it before the scale, as vLLM's
+    DFlash2Qwen3Model.embed_input_ids does) and through specpair's over its own runtime's taps: (theirs, ours), the
+    normed rows after the anchor [1, block - 1, H]."""
     from dflash.model import extract_context_feature
 
     context = torch.tensor([sequence[:anchor]])
@@ -149,7 +160,10 @@ def both_blocks(reference, drafter, hf, target, sequence: list[int], anchor: int
         hidden = extract_context_feature(
             hf(context, output_hidden_states=True).hidden_states, reference.target_layer_ids
         )
-        noise = hf.get_input_embeddings()(torch.tensor([[sequence[anchor]] + [reference.mask_token_id] * (block - 1)]))
+        ids = torch.tensor([[sequence[anchor]] + [reference.mask_token_id] * (block - 1)])
+        noise = hf.get_input_embeddings()(ids)
+        if mask_embedding is not None:
+            noise = torch.where((ids == reference.mask_token_id)[..., None], mask_embedding, noise)
         theirs = reference(
             target_hidden=hidden, noise_embedding=noise * scale, position_ids=torch.arange(anchor + block)[None]
         )[:, 1:]
@@ -190,6 +204,45 @@ def test_dflash_scales_and_a_tied_head_as_z_labs_reference(tied, tmp_path):
             want, got = reference.compute_logits(theirs, hf.lm_head), drafter.logits(ours)
         assert float(want.abs().max()) > 1.0 and torch.allclose(got, want, atol=1e-5, rtol=1e-5), anchor
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+    asked = prompts((5, 9, 13, 3), seed=11)
+    undrafted, _ = generate(target, asked, 32, GREEDY)
+    drafted, _ = speculative_generate(target, drafter, asked, 32, GREEDY, block_size=6)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+
+def test_shipped_mask_embedding_as_vllms_rule_over_z_labs_reference(qwen3, tmp_path):
+    """A drafter shipping a learned mask embedding (ExLlamaV3's tensor `mask_embedding` among its safetensors) drafts
+    its mask rows with it, substituted before input_embedding_scale as vLLM (qwen3_dflash.py embed_input_ids, then
+    qwen3_dflash2.py's scale) and SGLang (the target's table row merged, then the noise scale) do: specpair's draft
+    logits equal z-lab's DFlashDraftModel's fed that block at four anchors. The vector moves them, the other order
+    (ExLlamaV3's, over the scaled rows) gives other logits, and the drafter drafts exactly."""
+    from dflash.model import DFlashDraftModel
+
+    hf, _, model, target = qwen3
+    checkpoint = with_dflash_config(
+        dflash_checkpoint(tmp_path / "dflash", "qwen3", model.config, block_size=6), input_embedding_scale=3.0
+    )
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    vector = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(8))
+    save_file({**weights, "mask_embedding": vector}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    reference = DFlashDraftModel.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    drafter = load_drafter(open_model(str(checkpoint)), model, target)
+    assert torch.equal(drafter.mask_embedding, vector) and drafter.mask_before_scale
+    (prompt,) = prompts((7,), seed=5)
+    reply, _ = generate(target, [prompt], 12, GREEDY)
+    sequence = prompt + reply[0].tokens
+    for anchor in (6, 9, 12, 15):
+        theirs, ours = both_blocks(reference, drafter, hf, target, sequence, anchor, 6, 3.0, vector)
+        unshipped, _ = both_blocks(reference, drafter, hf, target, sequence, anchor, 6, 3.0)
+        assert float((theirs - unshipped).abs().max()) > 1e-2  # the shipped vector is not the target's row
+        with torch.no_grad():
+            want, got = reference.compute_logits(theirs, hf.lm_head), drafter.logits(ours)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), anchor
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        drafter.mask_before_scale = False  # ExLlamaV3's order: the vector written over the scaled rows
+        _, after = both_blocks(reference, drafter, hf, target, sequence, anchor, 6, 3.0, vector)
+        drafter.mask_before_scale = True
+        assert float((drafter.logits(after) - want).abs().max()) > 1e-2
     asked = prompts((5, 9, 13, 3), seed=11)
     undrafted, _ = generate(target, asked, 32, GREEDY)
     drafted, _ = speculative_generate(target, drafter, asked, 32, GREEDY, block_size=6)

@@ -378,6 +378,19 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         "sglang",
         {},
     ),
+    "mask.embedding_unread": (
+        T,
+        lambda: with_(dflash_draft(), _set_drafter(mask_embedding_file="mask_embedding.pt")),
+        "specpair",
+        {},
+    ),
+    "mask.embedding": (T, lambda: with_(dflash_draft(), _set_drafter(mask_embedding_shape=[HIDDEN])), "specpair", {}),
+    "mask.embedding_shape": (
+        T,
+        lambda: with_(dflash_draft(), _set_drafter(mask_embedding_shape=[2, HIDDEN])),
+        "exllamav3",
+        {},
+    ),
     "trust.pickle_weights": (
         T,
         lambda: with_(eagle3_draft(), _note("pickle weights only (pytorch_model.bin): no .safetensors weights")),
@@ -419,6 +432,31 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
     assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
     for message in found[rule_id]:
         assert "{" not in message and "}" not in message, message
+
+
+def test_shipped_mask_embedding_is_read_or_warned_per_stack():
+    """Which stacks draft with a drafter's shipped mask embedding (families.py Serves.mask_embedding): the tensor
+    specpair and ExLlamaV3's DFlash read, the pickle SGLang and vLLM load; any other stack is warned that it drafts
+    with the target's row, and specpair's warning names the conversion that writes the pickle as the tensor."""
+    tensor = with_(dflash_draft(), _set_drafter(mask_embedding_shape=[HIDDEN]))
+    pickled = with_(dflash_draft(), _set_drafter(mask_embedding_file="mask_embedding.pt"))
+    reads = {"specpair": "tensor", "exllamav3": "tensor", "sglang": "pickle", "vllm": "pickle", "llama.cpp": None}
+    for stack, form in reads.items():
+        for draft, shipped in ((tensor, "tensor"), (pickled, "pickle")):
+            found = findings(qwen3_target(), draft, stack)
+            read = form == shipped
+            assert ("mask.embedding" in found) == read and ("mask.embedding_unread" in found) != read, (stack, found)
+    (message,) = findings(qwen3_target(), pickled, "specpair")["mask.embedding_unread"]
+    assert (
+        "`specpair convert dflash-draft dflash-draft-safetensors --from-pickle` writes it as 'mask_embedding'"
+        in message
+    )
+    (message,) = findings(qwen3_target(), pickled, "exllamav3")["mask.embedding_unread"]
+    assert "(it reads 'mask_embedding')" in message and "convert" not in message
+    # ExLlamaV3 1.6.5 builds its DFlash2 input layer without the tensor
+    dflash2 = with_(dflash2_draft(), _set_drafter(mask_embedding_shape=[HIDDEN]))
+    assert "mask.embedding_unread" in findings(qwen3_target(), dflash2, "exllamav3")
+    assert "mask.embedding" in findings(qwen3_target(), dflash2, "specpair")
 
 
 @pytest.mark.parametrize("stack", ["sglang", "vllm"])

@@ -34,6 +34,7 @@ SELECTOR_DRAFTERS = kinds_where(lambda k: bool(k.own_keys))  # DFlash2: a groupe
 CHAIN_DRAFTERS = kinds_where(lambda k: k.drafting == CHAIN)  # a token per step, on the target's positions
 PLAIN_DRAFTERS = kinds_where(lambda k: k.plain)
 REDUCED_VOCABULARY_DRAFTERS = kinds_where(lambda k: k.reduced_vocabulary)
+MASK_EMBEDDING_DRAFTERS = kinds_where(lambda k: k.mask_embedding is not None)  # may ship a learned mask embedding
 
 Values = dict[str, Any]
 Check = Callable[[Pair, str], Iterable[Values]]

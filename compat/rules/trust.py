@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair.checkpoint import Checkpoint
-from specpair.checkpoint.families import OWN_STACK
+from specpair.checkpoint.families import MASK_PICKLE, OWN_STACK
 from specpair.checkpoint.hf import PICKLE_WEIGHTS_NOTE, from_pickle_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
@@ -56,10 +56,13 @@ def _remote_code(p: Pair, stack: str) -> Iterable[Values]:
     },
 )
 def _pickle(p: Pair, stack: str) -> Iterable[Values]:
+    row, serves = p.kind_row.mask_embedding, p.serves(stack)
     for checkpoint, note in _notes(p, "pickle file"):
-        loads = stack in ("sglang", "vllm") and "mask_embedding.pt" in note
-        if loads:
-            consequence = f"{stack} loads mask_embedding.pt with torch.load; only serve it from a source you trust"
+        mask = row is not None and checkpoint is p.draft and note.startswith(f"pickle file {row.pickle}:")
+        if mask and serves and MASK_PICKLE in serves.mask_embedding:
+            consequence = f"{stack} loads {row.pickle} with torch.load; only serve it from a source you trust"
+        elif mask:
+            consequence = f"{stack} never loads it (mask.embedding_unread says what that costs)"
         elif any(n.startswith(PICKLE_WEIGHTS_NOTE) for n in checkpoint.notes):
             consequence = (
                 f"its weights are pickles only: `{from_pickle_command(checkpoint.ref)}` makes a safetensors copy "

@@ -6,15 +6,16 @@ K_l[p] = rope_p(k_norm(W_k c_p)), V_l[p] = W_v c_p in the drafter's own static c
 (`observe`); c_p feeds every layer's k/v projection directly, never a layer's input.
 
 Block. A round at anchor position s runs [anchor, mask x (B - 1)] at positions s .. s+B-1: the target's raw
-embedding rows (times input_embedding_scale) through the draft layers (pre-norm Qwen3 blocks; DFlash2 adds its
-convolutions, dflash2.py), each query attending to the context before s and to the block, whose K/V are written
-at their positions for this forward only. Within the block, `is_causal` applies to every layer when the config
-sets it; otherwise full-attention layers are bidirectional and sliding ones causal (z-lab's rule). A sliding
-layer's query at p sees keys p - W < k (and k < p + W when bidirectional), as z-lab, SGLang and vLLM mask them.
-MuseGlimmer assistants follow transformers, their reference: bidirectional on every layer, and a window that
-reaches |p - k| <= W. Rows 1..B-1 are read out through the
-target's head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's
-argmax, DFlash2 walks its candidate selector.
+embedding rows (times input_embedding_scale; the rows of mask_token_id are the drafter's shipped mask embedding
+where it has one, substituted on the side of the scale its kind's MaskEmbedding row says, docs/drafters.md) through
+the draft layers (pre-norm Qwen3 blocks; DFlash2 adds its convolutions, dflash2.py), each query attending to the
+context before s and to the block, whose K/V are written at their positions for this forward only. Within the block,
+`is_causal` applies to every layer when the config sets it; otherwise full-attention layers are bidirectional and
+sliding ones causal (z-lab's rule). A sliding layer's query at p sees keys p - W < k (and k < p + W when
+bidirectional), as z-lab, SGLang and vLLM mask them. MuseGlimmer assistants follow transformers, their reference:
+bidirectional on every layer, and a window that reaches |p - k| <= W. Rows 1..B-1 are read out through the target's
+head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's argmax, DFlash2
+walks its candidate selector.
 
 Cache hygiene without rollback: block K/V at s..s+B-1 and the context of rejected verify rows (at positions at
 or after the next anchor s') are all overwritten by the next round's block, which covers s'..s'+B-1, before its
@@ -153,6 +154,7 @@ class DFlash:
         layers: list[DFlashLayer],
         norm: Norm,
         selector: CandidateSelector | None,
+        mask_embedding: Tensor | None = None,
     ) -> None:
         d = config.drafter
         self.kind, self.config, self.target = d.kind, config, target
@@ -160,6 +162,9 @@ class DFlash:
         self.taps = d.target_layer_ids
         self.block_size = d.block_size or DRAFTER_KINDS[d.kind].block_size
         self.mask_token_id = d.mask_token_id
+        self.mask_embedding = mask_embedding  # [H]: the block's mask rows, in place of the target's row
+        shipped = DRAFTER_KINDS[d.kind].mask_embedding
+        self.mask_before_scale = shipped is None or shipped.before_scale
         self.embedding_scale = d.input_embedding_scale
         self.multiplier, self.softcap = d.output_multiplier, d.final_logit_softcapping
         self.max_positions = config.max_position_embeddings
@@ -177,6 +182,7 @@ class DFlash:
         d = config.drafter
         muse = config.architecture in BIDIRECTIONAL_ARCHITECTURES
         causal = False if d.is_causal is None and muse else d.is_causal
+        mask = shipped_mask_embedding(model)
 
         def build(fetch: Fetch) -> DFlash:
             fc = fetch(
@@ -192,6 +198,7 @@ class DFlash:
                 layers,
                 Norm.build(config, "norm.weight", config.hidden_size, fetch),
                 selector,
+                fetch(mask, model.shape(mask)).reshape(-1) if mask else None,
             )
 
         return load_weights(model, build, target.device, target.dtype, bits)
@@ -220,13 +227,24 @@ class DFlash:
         ids[:, 0] = anchors
         block_positions = positions[:, None] + torch.arange(size, device=anchors.device)
         h = self.target.embed(ids)
+        if self.mask_before_scale:
+            h = self._masked(ids, h)
         if self.embedding_scale is not None:
             h = h * self.embedding_scale
+        if not self.mask_before_scale:
+            h = self._masked(ids, h)
         cos, sin = self.rope.tables(block_positions)
         end = positions + size
         for layer in self.layers:
             h = layer(h, block_positions, end, cos, sin, self.rope, self.cache)
         return self.norm(h), block_positions
+
+    def _masked(self, ids: Tensor, h: Tensor) -> Tensor:
+        """The block's embedding rows with those of mask_token_id replaced by the shipped mask embedding, if any (by
+        id, as vLLM substitutes it and SGLang's merged table row reads)."""
+        if self.mask_embedding is None:
+            return h
+        return torch.where((ids == self.mask_token_id)[..., None], self.mask_embedding.to(h.dtype), h)
 
     def logits(self, out: Tensor) -> Tensor:
         logits = self.target.head(out)
@@ -275,3 +293,17 @@ def check_pair(model: Model, target: Transformer) -> None:
         )
     if "sliding" in config.layer_types and not config.sliding_window:
         raise BadInput(model.ref, "has sliding_attention layers but no sliding_window")
+    mask = shipped_mask_embedding(model)
+    if mask and model.shape(mask) not in ((config.hidden_size,), (1, config.hidden_size)):
+        raise BadInput(
+            model.ref,
+            f"weight {mask!r} is {list(model.shape(mask))}, where a mask embedding is [{config.hidden_size}] "
+            "(the drafter's hidden_size)",
+        )
+
+
+def shipped_mask_embedding(model: Model) -> str | None:
+    """The name of the learned mask embedding among the drafter's weights (its kind's MaskEmbedding row), if it
+    ships one in that form; a torch.save file beside them is read only by `convert --from-pickle`."""
+    row = DRAFTER_KINDS[model.config.drafter.kind].mask_embedding
+    return row.tensor if row is not None and row.tensor in model.maps else None
