@@ -89,10 +89,12 @@ def _describe(c, kind: str | None = None) -> str:
 
     where = c.source + (f" @ {c.revision[:12]}" if c.revision else "")
     s = c.shapes
-    what = f"{c.family}, {s.num_layers} layers, hidden {s.hidden_size}"
+    layers = f"{s.num_layers} layer{'' if s.num_layers == 1 else 's'}"
+    what = f"{c.family}, {layers}, hidden {s.hidden_size}"
     if c.drafter:
-        taps = len(c.drafter.taps.layers) if c.drafter.taps else "no"
-        what = f"{c.drafter.kind}, {s.num_layers} layers, hidden {s.hidden_size}, {taps} taps, block {c.drafter.block_size}"
+        taps = len(c.drafter.taps.layers) if c.drafter.taps else 0
+        tapped = f"{taps or 'no'} tap{'' if taps == 1 else 's'}"
+        what = f"{c.drafter.kind}, {layers}, hidden {s.hidden_size}, {tapped}, block {c.drafter.block_size}"
         if c.drafter.verifier:
             what += f", speculators format pinning {c.drafter.verifier}"
     elif kind == HEAD_KIND.name:

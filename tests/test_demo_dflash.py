@@ -129,8 +129,8 @@ def test_z_lab_reference_proposes_specpairs_tokens_on_the_demo_prompts(smollm2):
 
 def test_specpairs_loop_accepts_its_drafts_on_held_out_prompts(smollm2):
     """Greedy, block 8, prompts never trained on (the hand-written ones after the demo's): every reply identical to
-    undrafted decoding, and drafts accepted (tau above 1.15: 1.22 here; on an H200 over all 16 held-out prompts at 64
-    tokens: 1.45, training.json)."""
+    undrafted decoding, and drafts accepted (tau above 1.15: 1.36 here; over all 16 held-out prompts at 64 tokens:
+    1.77, training.json)."""
     model, target = smollm2
     drafter = load_drafter(open_model(str(DRAFTER)), model, target)
     asked = chat(model, tool.HELD_OUT[4:7])
@@ -194,7 +194,8 @@ def test_check_judges_it_for_every_stack_and_convert_writes_the_gguf_llama_cpp_l
     loaded = llama_cpp.llama_model_load_from_file(str(out).encode(), llama_cpp.llama_model_default_params())
     assert loaded, "llama.cpp did not load the converted drafter"
     try:
-        assert llama_cpp.llama_model_n_embd(loaded) == 576 and llama_cpp.llama_model_n_layer(loaded) == 1
+        layers = json.loads((DRAFTER / "config.json").read_text())["num_hidden_layers"]
+        assert llama_cpp.llama_model_n_embd(loaded) == 576 and llama_cpp.llama_model_n_layer(loaded) == layers
         name = ctypes.create_string_buffer(64)
         llama_cpp.llama_model_meta_val_str(loaded, b"general.architecture", name, 64)
         assert name.value == b"dflash"

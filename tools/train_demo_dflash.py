@@ -6,7 +6,11 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
 
 1. Prompts, written here: templates of chat, code, math, explanations and stories filled from word lists by a
    seeded generator, split into training and validation prompts; HELD_OUT (hand-written, the gate's built-in
-   prompts among them) is never trained on and never used to choose anything.
+   prompts among them) is never trained on and never used to choose anything. With --questions N, self-instruct
+   widens them: N prompts ask the target to write a question or request some person might send about some
+   subject, and what it writes (sampled at temperature 1, top-p 0.95; kept when it stopped on its own and is one
+   paragraph of 16-400 characters) joins the training prompts. The templates alone teach their own wording: a
+   drafter trained on them reached a validation tau of 2.0 but 1.45 on HELD_OUT.
 2. Self-distillation data: the target's own greedy replies to the chat-wrapped prompts, generated in batches by
    specpair's runtime, then one forward of each prompt + reply through the runtime with taps at every layer a
    candidate drafter reads (the residual stream after layer k, as the DFlash drafter reads it, dflash.md §3.1).
@@ -367,6 +371,85 @@ def _one_prompt(rng: random.Random) -> str:
     return rng.choice(_EMAIL).format(r=rng.choice(_RECIPIENTS), w=rng.choice(_REASONS))
 
 
+_PERSONAS = (
+    "a student",
+    "a parent",
+    "a retired teacher",
+    "a software developer",
+    "a nurse",
+    "a small business owner",
+    "a curious child",
+    "a gardener",
+    "a traveller",
+    "a beginner programmer",
+    "a chef",
+    "a history lover",
+    "a musician",
+    "a journalist",
+    "a farmer",
+    "an artist",
+    "a data analyst",
+    "a new employee",
+    "a high school teacher",
+    "a college student",
+    "a grandparent",
+    "a personal trainer",
+    "a librarian",
+    "a game designer",
+    "a photographer",
+    "a shop assistant",
+    "a scientist",
+    "a writer",
+    "a mechanic",
+    "a lawyer",
+    "a doctor",
+    "a startup founder",
+    "a teenager",
+    "a tourist",
+)
+_ASKING = (
+    "Write one question that {p} might ask an AI assistant about {s}. Write only the question.",
+    "Write a request that {p} could send to a chatbot about {s}. Write only the request.",
+    "What might {p} ask a helpful assistant about {s}? Reply with the question only.",
+    "Write a task that {p} could give an AI assistant, related to {s}. Write only the task.",
+    "Write a short message in which {p} asks for help with {s}. Write only the message.",
+    "Write an instruction that {p} might give a writing assistant about {s}. Write only the instruction.",
+    "What would {p} want to know about {s}? Write it as one question.",
+    "Imagine {p} is chatting with an assistant about {s}. Write their first message only.",
+)
+
+
+def asking_prompts(count: int, seed: int) -> list[str]:
+    """`count` distinct prompts asking the target to write a user's question or request (self-instruct): its
+    sampled answers become training prompts in wordings no template here has."""
+    rng = random.Random(seed + 1)
+    subjects = (
+        _TOPICS
+        + _SUBJECTS
+        + _CONCEPTS
+        + _ACTIVITIES
+        + tuple(f"a {lang} function that {t}" for lang in _LANGUAGES for t in _CODE_TASKS)
+    )
+    drawn: dict[str, None] = {}
+    for _ in range(50 * count):
+        drawn[rng.choice(_ASKING).format(p=rng.choice(_PERSONAS), s=rng.choice(subjects))] = None
+        if len(drawn) == count:
+            break
+    return list(drawn)
+
+
+def written_prompt(reply: str, excluded: set[str]) -> str | None:
+    """The question or request a reply to an `asking_prompts` prompt holds, or None where it holds none usable
+    (too short or long, several paragraphs, or one of `excluded`)."""
+    text = reply.strip().strip('"').strip()
+    head, _, rest = text.partition(":")
+    if head.lower() in ("question", "request", "task") and rest:
+        text = rest.strip().strip('"').strip()
+    if not 16 <= len(text) <= 400 or "\n\n" in text or text in excluded:
+        return None
+    return text
+
+
 def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list[str]]:
     """`count` distinct training prompts and `validation` others, drawn from the templates; none is in HELD_OUT."""
     rng = random.Random(seed)
@@ -384,6 +467,26 @@ def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list
 
 
 # ------------------------------------------------------------------------------------------------ data
+
+
+def written_prompts(
+    target: Transformer, tokenizer, count: int, tokens: int, stops: list[int], batch: int, seed: int, log=print
+) -> list[str]:
+    """The usable questions and requests the target writes, sampled (temperature 1, top-p 0.95, `seed`), when
+    `count` `asking_prompts` ask it for one; none is in HELD_OUT."""
+    asking = asking_prompts(count, seed)
+    ids = chat_ids(tokenizer, asking)
+    written: dict[str, None] = {}
+    excluded = set(HELD_OUT)
+    for first in range(0, len(ids), batch):
+        out, timing = generate(target, ids[first : first + batch], tokens, Sampling(1.0, top_p=0.95, seed=seed), stops)
+        for generated in out:
+            if generated.stopped:  # a question cut by the token limit is not one
+                text = written_prompt(tokenizer.decode(generated.tokens[:-1]), excluded)
+                if text is not None:
+                    written[text] = None
+        log(f"  asked {first + len(out)}/{len(ids)}: {len(written)} usable so far ({timing.tokens_per_s:.0f} tok/s)")
+    return list(written)
 
 
 @dataclass
@@ -861,7 +964,11 @@ def main() -> None:
     parser.add_argument("out", help="where drafter/ and training.json go")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompts", type=int, default=3072, help="training prompts")
+    parser.add_argument("--prompts", type=int, default=3072, help="training prompts from the templates")
+    parser.add_argument(
+        "--questions", type=int, default=0, help="prompts asking the target to write a question (self-instruct)"
+    )
+    parser.add_argument("--question-tokens", type=int, default=64, help="tokens the target may write a question in")
     parser.add_argument("--validation", type=int, default=64, help="validation prompts (the sweep's choice)")
     parser.add_argument("--new-tokens", type=int, default=192, help="reply tokens generated per prompt")
     parser.add_argument("--eval-tokens", type=int, default=64, help="tokens per prompt in the speculative runs")
@@ -874,6 +981,8 @@ def main() -> None:
     )
     parser.add_argument("--held-out", type=int, default=len(HELD_OUT), help="the first N of HELD_OUT (tests: few)")
     parser.add_argument("--scale", type=float, default=1.0, help="sequences and blocks per step (tests: small)")
+    parser.add_argument("--layers", type=int, default=BASE.layers, help="draft layers of the base recipe")
+    parser.add_argument("--intermediate", type=int, default=BASE.intermediate, help="FFN width of the base recipe")
     args = parser.parse_args()
 
     if args.device.startswith("cuda"):
@@ -903,10 +1012,27 @@ def main() -> None:
     target = loading.load(loading.plan_load(target_model, args.device))
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    train_prompts, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
-    record["prompts"] = {"train": len(train_prompts), "validation": len(validation_prompts), "held_out": len(HELD_OUT)}
+    base = replace(BASE, layers=args.layers, intermediate=args.intermediate)
+    templated, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
+    written = []
+    if args.questions:
+        log(f"self-instruct: {args.questions} prompts ask the target for a question")
+        written = written_prompts(
+            target, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
+        )
+        record["written_examples"] = written[:: max(1, len(written) // 24)][:24]
+        stage("questions")
+    train_prompts = [p for p in dict.fromkeys(templated + written) if p not in set(validation_prompts)]
+    record["prompts"] = {
+        "templated": len(templated),
+        "written_by_the_target": len(written),
+        "train": len(train_prompts),
+        "validation": len(validation_prompts),
+        "held_out": len(HELD_OUT),
+    }
     all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts)
-    layers = tuple(sorted({k for r in SWEEP for k in r.taps}))
+    # taps at every layer a candidate reads; without a sweep only the base recipe's (the data's memory)
+    layers = tuple(sorted({k for r in SWEEP for k in r.taps})) if args.sweep else base.taps
     log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
     data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log)
     stage("data")
@@ -918,7 +1044,7 @@ def main() -> None:
     validation_ids = chat_ids(tokenizer, validation_prompts)
     held_out_ids = chat_ids(tokenizer, list(HELD_OUT[: args.held_out]))
 
-    chosen = BASE
+    chosen = base
     if args.sweep:
         results, record["sweep"] = [], []
         sweep_start = time.perf_counter()
