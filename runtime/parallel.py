@@ -4,7 +4,8 @@ NCCL between GPUs, gloo between CPU processes.
     parallel = Parallel.from_environment()          # RANK / WORLD_SIZE as torchrun or `specpair run --tp N` set them
     model = load(plan_load(model, device), parallel=parallel)
 
-What each of N ranks holds (runtime/loading.py slices every weight with `shard`):
+What each of N ranks holds (`region`: runtime/loading.py has each rank read only its region of every weight, the
+bytes that hold it, formats/regions.py; quantized weights stay in their stored layout, cut along whole blocks):
   - column-parallel (a contiguous 1/N of the output rows): q/k/v (whole heads and KV heads), gate/up (dense, shared
     expert, and each routed expert's rows), the Gated DeltaNet's input projections, conv and per-head parameters
     (q, k and v channels each split by heads);
@@ -41,6 +42,7 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
+from specpair.formats.regions import Region
 
 # outputs of row-parallel projections are partial sums: their bias is added once, on rank 0
 ROW_PARALLEL_BIASES = ("o_proj.bias", "down_proj.bias", "out_proj.bias")
@@ -128,18 +130,19 @@ class Parallel:
                 changed[key] = self.share(getattr(config, key), rank)
         return replace(config, **changed)
 
-    def shard(self, name: str, value: Tensor, shapes: Sequence[tuple[int, ...]], config: ModelConfig) -> Tensor:
-        """This rank's part of weight `name` (its whole value, `config` the whole model's), given the shape every
+    def region(
+        self, name: str, whole: tuple[int, ...], shapes: Sequence[tuple[int, ...]], config: ModelConfig
+    ) -> Region | None:
+        """This rank's part of weight `name` (of shape `whole`; `config` the whole model's), given the shape every
         rank's model asks for (`shapes`, by rank): along the one dim where they differ from the whole, the ranks'
-        slices follow one another in rank order, section by section where that dim holds sections."""
+        slices follow one another in rank order, section by section where that dim holds sections; None where the
+        rank holds all of it."""
         local = tuple(shapes[self.rank])
-        if tuple(value.shape) == local:
-            if self.rank and name.endswith(ROW_PARALLEL_BIASES):
-                return torch.zeros_like(value)
-            return value
-        dims = [d for d, (whole, part) in enumerate(zip(value.shape, local)) if whole != part]
-        if len(dims) != 1 or len(value.shape) != len(local):
-            raise ValueError(f"{name} is {list(value.shape)}; a shard of {list(local)} is not a slice of one dim")
+        if tuple(whole) == local:
+            return None
+        dims = [d for d, (w, part) in enumerate(zip(whole, local)) if w != part]
+        if len(dims) != 1 or len(whole) != len(local):
+            raise ValueError(f"{name} is {list(whole)}; a shard of {list(local)} is not a slice of one dim")
         dim = dims[0]
         if name.endswith(SECTIONED):  # per rank: its q, k and v channels
             ranks = [self.config(config, name, r) for r in range(self.size)]
@@ -148,15 +151,19 @@ class Parallel:
         else:
             sizes = [[shape[dim]] for shape in shapes]
         sections = [sum(rank[i] for rank in sizes) for i in range(len(sizes[0]))]
-        if sum(sections) != value.shape[dim]:
-            raise ValueError(
-                f"{name}: the ranks' shards {sizes} do not add up to its {value.shape[dim]} along dim {dim}"
-            )
-        pieces = []
-        for i, piece in enumerate(value.split(sections, dim=dim)):
-            start = sum(rank[i] for rank in sizes[: self.rank])
-            pieces.append(piece.narrow(dim, start, sizes[self.rank][i]))
-        return torch.cat(pieces, dim=dim).contiguous()
+        if sum(sections) != whole[dim]:
+            raise ValueError(f"{name}: the ranks' shards {sizes} do not add up to its {whole[dim]} along dim {dim}")
+        runs, base = [], 0
+        for i, section in enumerate(sections):
+            start = base + sum(rank[i] for rank in sizes[: self.rank])
+            runs.append((start, start + sizes[self.rank][i]))
+            base += section
+        return Region(dim - len(whole), tuple(runs))
+
+    def held(self, name: str, value: Tensor) -> Tensor:
+        """What this rank keeps of `value`, its region of weight `name`: a row-parallel output's bias is added once,
+        by rank 0 (the others hold zeros)."""
+        return torch.zeros_like(value) if self.rank and name.endswith(ROW_PARALLEL_BIASES) else value
 
 
 SINGLE = Parallel()
