@@ -7,7 +7,8 @@ order, each stored byte read once, each weight moved to the device as it is deco
 sources of the weights still to come, never the model). Weights that only feed a matmul stay `Packed` where
 the kernels multiply that layout directly (on CUDA by default); everything else is dequantized at load.
 Under tensor parallelism each rank reads only the bytes of its region of each weight (runtime/parallel.py,
-formats/regions.py), quantized weights cut along whole blocks and kept packed.
+formats/regions.py), quantized weights cut along whole blocks and kept packed; a region that would cut a block is
+cut from the decoded weight, read whole (`LoadPlan.read_whole`).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class LoadPlan:
     resident: dict[str, int]  # name -> bytes held on the device once loaded (a packed weight: its stored parts)
     parallel: Parallel = SINGLE  # this rank's place under tensor parallelism
     regions: dict[str, Region] = field(default_factory=dict)  # name -> this rank's part of it, where not all
-    # weights whose region this rank cannot read alone (a cut through a quantization block, a step that mixes rows):
-    # their sources are read whole and the region cut after decoding
+    # weights whose region this rank cannot read alone (a cut through a quantization block, a vector, a step that
+    # mixes rows): their sources are read whole and the region cut after decoding
     read_whole: frozenset[str] = frozenset()
 
     @property
@@ -84,9 +85,11 @@ def plan_load(
     packed: bool | None = None,
     parallel: Parallel = SINGLE,
 ) -> LoadPlan:
-    """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it, or
-    a packed weight whose blocks this rank's region would cut (with the tensor-parallel sizes that cut none).
-    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default."""
+    """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
+    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default. Under tensor parallelism a
+    weight whose region this rank cannot read alone is read whole, decoded and cut, and not kept packed
+    (`read_whole`: exact either way, so a split that cuts a quantization block costs bytes, not a refusal; uneven
+    KV-group splits make such cuts common on small models)."""
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     packed = device.type == "cuda" if packed is None else packed
@@ -124,7 +127,7 @@ def plan_load(
     reads = {read for r in readings.values() for read in r.reads}  # a fused source feeds two weights
     stored = sum(model.read_nbytes(*read) for read in reads)
     resident = {
-        n: sum(model.read_nbytes(*read) for read in readings[n].reads)
+        n: sum(model.read_nbytes(*read, held=True) for read in readings[n].reads)
         if n in kept
         else math.prod(_held_shape(need.shape, regions.get(n))) * (4 if need.fp32 else dtype.itemsize)
         for n, need in needs.items()

@@ -4,8 +4,7 @@ NCCL between GPUs, gloo between CPU processes.
     parallel = Parallel.from_environment()          # RANK / WORLD_SIZE as torchrun or `specpair run --tp N` set them
     model = load(plan_load(model, device), parallel=parallel)
 
-What each of N ranks holds (`region`: runtime/loading.py has each rank read only its region of every weight, the
-bytes that hold it, formats/regions.py; quantized weights stay in their stored layout, cut along whole blocks):
+What each of N ranks holds (`region`; heads split in whole KV groups, widths as evenly as they go, `config`):
   - column-parallel (a contiguous 1/N of the output rows): q/k/v (whole heads and KV heads), gate/up (dense, shared
     expert, and each routed expert's rows), the Gated DeltaNet's input projections, conv and per-head parameters
     (q, k and v channels each split by heads);
@@ -19,11 +18,29 @@ bytes that hold it, formats/regions.py; quantized weights stay in their stored l
 Experts are split by tensor, not by expert: every rank reads each touched expert's slice, so the bytes a step reads
 divide evenly whatever the routing, and a token's sum over its experts needs no exchange beyond the MLP's reduce.
 
+Reading. Each rank reads only the stored bytes of its region of every weight (runtime/loading.py, formats/regions.py):
+rows as contiguous runs, columns as a positioned read per run per row where a rank's runs lie a page or more apart
+(narrower rows are read whole and the columns taken in memory: the OS reads whole pages anyway). Quantized weights
+are cut along whole blocks and stay packed. A region that would end inside a quantization block (an FP8 128x128 scale
+tile, an NVFP4 group of 16, an affine group, a GGUF block of 32 or 256) is not refused: that weight is read whole,
+decoded and cut (`LoadPlan.read_whole` counts them). The result is the same bits either way, and uneven KV-group
+splits make such cuts common on small models, where a refusal would leave no TP size that runs.
+Measured (benchmarks/tp_reads.py, the kernel's count of read syscalls; benchmarks/results/tp_reads.md), the most any
+rank reads over the checkpoint's weight bytes at TP 2 / TP 4, against the ideal (replicated + 1/N of the split):
+  - a medium random Qwen3 (row-parallel rows 8192 wide), BF16, FP8 block and GGUF Q8_0: 0.500 / 0.250, the ideal;
+    GGUF Q4_K (rows of 4608 bytes, read whole): 0.680 / 0.519;
+  - SmolLM2-135M's Q4_1 GGUF (heads 6 + 3 at TP 2, narrow rows): 0.637 against 0.501 at TP 2;
+  - a tiny Qwen3 (rows of 128 bytes): BF16 0.608 / 0.413; FP8 block, where every split weight falls back (no rank
+    holds whole 128x128 tiles), 0.695 / 0.542.
+
 Exactness. `reduce` does not use all_reduce, whose algorithm (ring, tree, NCCL's choice by message size) and so
 summation order can change with the number of rows a step carries (vLLM disabled its custom all-reduce for this,
 landscape.md §5): it gathers every rank's partial and sums them in rank order in float32, so a row's bits depend on
 nothing but that row, and drafted == undrafted holds at every N. A gather moves N times the bytes of an all-reduce's
-result; a decode row is a few KB, where latency, not bytes, is the cost.
+result; a decode row is a few KB, where latency, not bytes, is the cost. Measured on gloo (benchmarks/tp_reduce.py,
+benchmarks/results/tp_reduce.md; 2 shared CPU cores, messages of 1, 8 and 16 rows at hidden 576 to 4096): the
+ordered reduce takes 1.17-1.43x all_reduce's time with 2 processes, and 0.59-0.81x with 4 (gloo's all_reduce
+exchanges in more rounds than its all_gather, and there rounds cost). NCCL is not measured: it needs 2 GPUs.
 """
 
 from __future__ import annotations

@@ -160,8 +160,9 @@ class Model:
             return whole
         return Reading(traced.map, tuple(traced.cuts.items()))
 
-    def read_nbytes(self, source: str, cut: Cut | None = None) -> int:
-        """Bytes read of a stored weight: all of it, or what `cut` takes (Unaligned if it ends inside a block)."""
+    def read_nbytes(self, source: str, cut: Cut | None = None, held: bool = False) -> int:
+        """Bytes read of a stored weight: all of it, or for `cut` what the reader asks the files for (its rows whole
+        where its columns lie under a page apart; `held`: the bytes it keeps). Unaligned if it ends inside a block."""
         w = self.weights[source]
         if cut is None:
             return sum(info.nbytes for info in w.parts.values())
@@ -169,7 +170,7 @@ class Model:
         total = 0
         for key, info in w.parts.items():
             where = part_cut(info.shape, info.nbytes, w.shape, table[key], cut, w.part_name(key))
-            total += info.nbytes if where is None else where.read_nbytes
+            total += info.nbytes if where is None else where.nbytes if held else where.read_nbytes
         return total
 
     def tokenizer(self):

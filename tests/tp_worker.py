@@ -3,7 +3,7 @@
     python tests/tp_worker.py JOB.json OUT.safetensors
 
 JOB: {"logits": {name: target path}} (each target: a prefill, a verify step committed to a prefix, decode steps; the
-logits of every step; and per rank, gathered: the weights it kept packed and the bytes it read) and {"speculative":
+logits of every step; and per rank, gathered: how many weights it kept packed) and {"speculative":
 [[name, target path, drafter path or null], ...]} (undrafted and drafted tokens, greedy and seeded); "packed": true
 loads the targets with their quantized weights kept packed. Rank 0 writes what it got."""
 
@@ -13,6 +13,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from specpair.runtime.drafters.loading import load_drafter
@@ -54,11 +55,9 @@ def main() -> None:
     results: dict[str, torch.Tensor] = {}
     for name, path in job.get("logits", {}).items():
         plan = plan_load(open_model(path), "cpu", packed=packed, parallel=parallel)
-        read: list[int] = []
-        target = load(plan, read.append)
+        target = load(plan)
         results[name] = step_logits(target)
         results[f"{name}/packed"] = parallel.gather(torch.tensor([len(plan.packed)]))
-        results[f"{name}/read"] = parallel.gather(torch.tensor([sum(read)]))
     for name, path, draft in job.get("speculative", []):
         model = open_model(path)
         target = load(plan_load(model, "cpu", packed=packed, parallel=parallel))
@@ -72,6 +71,9 @@ def main() -> None:
                 results[f"{name}/{label}/{i}/committed"] = torch.tensor(d.committed)
     if parallel.rank == 0:
         save_file({k: v.contiguous() for k, v in results.items()}, out)
+    if parallel.size > 1:  # leave together: a rank that exits while its peers still talk can abort in gloo's teardown
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
