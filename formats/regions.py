@@ -13,20 +13,15 @@ bytes), columns runs of whole blocks in every row (strided bytes). A cut that wo
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from specpair.formats.transforms import Step, TensorMap
-
-if TYPE_CHECKING:
-    from specpair.formats.weights import Weight
 
 Runs = tuple[tuple[int, int], ...]  # [start, stop) ranges, in order
 # A hole between two runs of a column cut narrower than this is read, not skipped: the OS reads whole pages anyway,
@@ -81,10 +76,6 @@ class Cut:
         rows = shape[-2] if self.rows is None else _count(self.rows)
         cols = shape[-1] if self.cols is None else _count(self.cols)
         return (*shape[:-2], rows, cols)
-
-    def of(self, weight: Weight) -> Weight:
-        """The stored weight this cut of `weight` is (its logical shape; parts are read with read_cut)."""
-        return dataclasses.replace(weight, shape=self.shape(weight.shape))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -127,7 +127,7 @@ class Model:
                     if progress:
                         progress(self.read_nbytes(source, cut))  # what was asked of the files
             stored = [held[read] for read in r.reads]
-            weights = [self.weights[s] if cut is None else cut.of(self.weights[s]) for s, cut in r.reads]
+            weights = [self.weights[s] if cut is None else self._cut(self.weights[s], cut) for s, cut in r.reads]
             value = self._packed(r.map, stored, device, weights) if as_packed and r.rest is None else None
             if value is None:
                 value = self.decode(r.map, stored, device, weights).to(dtype)
@@ -159,6 +159,11 @@ class Model:
         except Unaligned:
             return whole
         return Reading(traced.map, tuple(traced.cuts.items()))
+
+    @staticmethod
+    def _cut(weight: Weight, cut: Cut) -> Weight:
+        """The stored weight a cut of `weight` is: its logical shape (its parts are what read_cut read)."""
+        return replace(weight, shape=cut.shape(weight.shape))
 
     def read_nbytes(self, source: str, cut: Cut | None = None, held: bool = False) -> int:
         """Bytes read of a stored weight: all of it, or for `cut` what the reader asks the files for (its rows whole
