@@ -131,7 +131,8 @@ class Model:
             value = self._packed(r.map, stored, device, weights) if as_packed and r.rest is None else None
             if value is None:
                 value = self.decode(r.map, stored, device, weights).to(dtype)
-                value = value if r.rest is None else r.rest.narrow(value)
+                # a copy: a view of one run would keep the whole weight alive on this rank
+                value = value if r.rest is None else r.rest.narrow(value).clone()
             yield name, value
             for read in r.reads:
                 users[read] -= 1
