@@ -24,6 +24,7 @@ from torch import Tensor
 from specpair.errors import BadInput
 from specpair.formats import affine, exl3, fp8, gguf_planes, gguf_quants, nvfp4
 from specpair.formats.layouts import AFFINE, EXL3, FP8, GGUF, NVFP4, layout_of
+from specpair.formats.regions import Grain
 
 Stored = dict[str, tuple[str, tuple[int, ...]]]
 
@@ -60,6 +61,9 @@ class Codec:
     tensor_amax: bool = False  # encoding needs the whole tensor's amax (one per-tensor scale)
     row_block: int = 1  # rows encode independently in groups of this many (FP8's 128x128 tiles)
     chunk_values: int = 1 << 18  # values encoded per call when a tensor goes by rows: cache-sized by default
+    # how each stored part is cut by rows and columns (formats/regions.py), None for a per-tensor part; a layout
+    # without the table is not cut (a tensor-parallel rank reads it whole)
+    grains: dict[str, Grain | None] | None = None
 
 
 def stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -79,6 +83,7 @@ def _float(layout: str) -> Codec:
         lambda w, name, amax=None: {"": w.to(torch_dtype)},
         lambda parts, shape, name: _only(parts, name).float(),
         rows_exact=True,
+        grains={"": Grain()},
     )
 
 
@@ -113,6 +118,7 @@ def _fp8(layout: str) -> Codec:
         rows_exact=False,
         tensor_amax=layout == "fp8-tensor",
         row_block=fp8.BLOCK[0] if layout == "fp8-block" else 1,
+        grains={".weight": Grain(), suffix: Grain(*fp8.BLOCK) if layout == "fp8-block" else None},
     )
 
 
@@ -140,7 +146,16 @@ def _nvfp4(layout: str) -> Codec:
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         return nvfp4.dequantize(nvfp4_read(layout, parts, name))
 
-    return Codec(layout, 4.5, stored, encode, decode, rows_exact=False, tensor_amax=layout != "nvfp4-mlx")
+    # codes: 2 a byte (ModelOpt, CT), 8 a 32-bit word (MLX), GGUF's 36-byte blocks of 64 holding their scales
+    codes_key, codes_dtype = names["codes"]
+    codes = Grain(values=nvfp4.GGUF_BLOCK) if layout == "nvfp4-gguf" else Grain(values=codes_dtype.itemsize * 2)
+    grains: dict[str, Grain | None] = {"" if layout == "nvfp4-gguf" else codes_key: codes}
+    if "block_scales" in names:
+        grains[names["block_scales"][0]] = Grain(values=nvfp4.BLOCK)
+    grains.update({names[role][0]: None for role in ("global_scale", "input_scale") if role in names})
+    return Codec(
+        layout, 4.5, stored, encode, decode, rows_exact=False, tensor_amax=layout != "nvfp4-mlx", grains=grains
+    )
 
 
 def nvfp4_read(layout: str, parts: dict[str, Tensor], name: str) -> nvfp4.Nvfp4:
@@ -182,7 +197,10 @@ def _affine(layout: str, method: str = "mlx") -> Codec:
     def decode(parts: dict[str, Tensor], shape: tuple[int, ...], name: str) -> Tensor:
         return affine.dequantize({k.lstrip("."): v for k, v in parts.items()}, bits, group, name)
 
-    return Codec(layout, bits + 32 / group, stored, encode, decode, rows_exact=False)
+    # a run of codes ends on a word boundary every 32 / gcd(32, bits) values (3, 5, 6 bits straddle words)
+    codes = Grain(values=32 // math.gcd(32, bits))
+    grains = {".weight": codes, ".scales": Grain(values=group), ".biases": Grain(values=group)}
+    return Codec(layout, bits + 32 / group, stored, encode, decode, rows_exact=False, grains=grains)
 
 
 def _gguf(layout: str, method: str = "search") -> Codec:
@@ -227,6 +245,7 @@ def _gguf(layout: str, method: str = "search") -> Codec:
         decode,
         rows_exact=True,
         chunk_values=chunk,
+        grains={"": Grain(values=values)},
     )
 
 
@@ -274,6 +293,11 @@ def codec(layout: str, method: str | None = None) -> Codec:
 
 
 NO_CODEC = "no codec for this layout: specpair cannot read or write it"
+
+
+def grains(layout: str) -> dict[str, Grain | None] | None:
+    """How each stored part of a layout is cut (Codec.grains); a plain integer tensor is cut as a float."""
+    return {"": Grain()} if layout == "int" else codec(layout).grains
 
 
 def row_slice(shape: tuple[int, ...], rows: int, start: int, stop: int) -> slice | None:

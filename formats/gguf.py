@@ -23,6 +23,8 @@ from specpair.formats import TensorInfo, brief
 if TYPE_CHECKING:  # `check` reads headers without importing torch
     import torch
 
+    from specpair.formats.regions import PartCut
+
 MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 2
@@ -250,15 +252,17 @@ def ggml_type_info(ggml_type: int, where: str, name: str) -> tuple[str, int, int
     return qtype.name, block, block_bytes
 
 
-def read_tensor(path: str, info: TensorInfo) -> torch.Tensor:
+def read_tensor(path: str, info: TensorInfo, cut: PartCut | None = None) -> torch.Tensor:
     """One tensor's data: float and integer types as tensors of their shape, block types as uint8 rows
-    [..., rows, row bytes] (rows stay rows, so row moves need no decoding)."""
-    from specpair.formats.safetensors import read_bytes, torch_dtype
+    [..., rows, row bytes] (rows stay rows, so row moves need no decoding); with `cut`, only the cut's bytes
+    (formats/regions.py), in the cut's shape."""
+    from specpair.formats.safetensors import read_bytes, read_cut, torch_dtype
 
-    raw = read_bytes(path, info)
+    raw = read_bytes(path, info) if cut is None else read_cut(path, info, cut)
+    shape = info.shape if cut is None else cut.shape
     if info.dtype in GGML_PLAIN_DTYPES:
-        return raw.view(torch_dtype(GGML_PLAIN_DTYPES[info.dtype], path, info.name)).reshape(info.shape)
-    return raw.reshape(*info.shape[:-1], -1)
+        return raw.view(torch_dtype(GGML_PLAIN_DTYPES[info.dtype], path, info.name)).reshape(shape)
+    return raw.reshape(*shape[:-1], -1)
 
 
 # ggml types that are plain arrays, by their safetensors dtype name

@@ -23,6 +23,8 @@ from specpair.formats import ReadRange, TensorInfo, TensorTable, brief
 if TYPE_CHECKING:  # `check` reads headers without importing torch
     import torch
 
+    from specpair.formats.regions import PartCut
+
 # safetensors itself refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -225,13 +227,15 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62
 
 
-def read_tensor(path: str, info: TensorInfo) -> torch.Tensor:
-    """One tensor's data in its stored dtype, by one positioned read of exactly its bytes.
+def read_tensor(path: str, info: TensorInfo, cut: PartCut | None = None) -> torch.Tensor:
+    """One tensor's data in its stored dtype, by one positioned read of exactly its bytes; with `cut`, only the
+    cut's bytes (formats/regions.py), in the cut's shape.
 
     Not through safetensors' mmap: pages of a mapping stay counted in the process's RSS until it closes,
     so streaming a large checkpoint through it would grow RSS to the checkpoint's size.
     """
-    return read_bytes(path, info).view(torch_dtype(info.dtype, path, info.name)).reshape(info.shape)
+    raw = read_bytes(path, info) if cut is None else read_cut(path, info, cut)
+    return raw.view(torch_dtype(info.dtype, path, info.name)).reshape(info.shape if cut is None else cut.shape)
 
 
 def read_bytes(path: str, info: TensorInfo) -> torch.Tensor:
@@ -240,13 +244,50 @@ def read_bytes(path: str, info: TensorInfo) -> torch.Tensor:
     buffer = torch.empty(info.nbytes, dtype=torch.uint8)
     try:
         with open(path, "rb") as f:
-            f.seek(info.offset)
-            got = f.readinto(memoryview(buffer.numpy()))
+            _read_at(f.fileno(), memoryview(buffer.numpy()), info.offset, path, info.name)
     except OSError as e:
         raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
-    if got != info.nbytes:
-        raise BadInput(path, f"tensor {info.name!r}: the file ends inside its data ({got} of {info.nbytes} bytes)")
     return buffer
+
+
+def read_cut(path: str, info: TensorInfo, cut: PartCut) -> torch.Tensor:
+    """The bytes of one tensor that `cut` takes (uint8, flat) by positioned reads: of its runs of whole rows, or of
+    its runs of columns in each row where they lie pages apart (PartCut.whole_rows: else their rows are read and the
+    columns taken in memory)."""
+    import torch
+
+    buffer = torch.empty(cut.nbytes, dtype=torch.uint8)
+    view = memoryview(buffer.numpy())
+    try:
+        with open(path, "rb") as f:
+            if cut.whole_rows:
+                rows = torch.empty(cut.read_nbytes, dtype=torch.uint8) if cut.byte_runs else buffer
+                at = 0
+                for offset, length in cut.ranges():
+                    _read_at(
+                        f.fileno(), memoryview(rows.numpy())[at : at + length], info.offset + offset, path, info.name
+                    )
+                    at += length
+                if cut.byte_runs:
+                    buffer.numpy()[:] = cut.take(rows.numpy())
+                return buffer
+            at = 0
+            for offset, length in cut.spans():
+                _read_at(f.fileno(), view[at : at + length], info.offset + offset, path, info.name)
+                at += length
+    except OSError as e:
+        raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
+    return buffer
+
+
+def _read_at(fd: int, into: memoryview, offset: int, path: str, name: str) -> None:
+    """Fill `into` from `offset` of the file (every byte specpair reads of a tensor passes here)."""
+    got = 0
+    while got < len(into):
+        n = os.preadv(fd, [into[got:]], offset + got)
+        if n == 0:
+            raise BadInput(path, f"tensor {name!r}: the file ends inside its data ({got} of {len(into)} bytes)")
+        got += n
 
 
 def torch_dtype(dtype: str, where: str, name: str) -> torch.dtype:

@@ -13,6 +13,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -28,6 +29,9 @@ from specpair.formats.layouts import (
     layout_of,
     split_module,
 )
+
+if TYPE_CHECKING:
+    from specpair.formats.regions import Cut
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,21 @@ def read_rows(weight: Weight, root: str, file_format: str, start: int, stop: int
                 offset=info.offset + where.start * row_bytes,
             )
         parts[key] = read(os.path.join(root, info.file), info)
+    return parts
+
+
+def read_cut(weight: Weight, root: str, file_format: str, cut: Cut) -> dict[str, Tensor]:
+    """The stored parts of a weight that hold `cut` of it (its rows and columns, formats/regions.py), reading only
+    their bytes; per-tensor values are read whole. Unaligned where the cut ends inside a block of a part."""
+    from specpair.formats.codecs import grains
+    from specpair.formats.regions import part_cut
+
+    read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
+    table = grains(weight.layout) or {}
+    parts = {}
+    for key, info in weight.parts.items():
+        where = part_cut(info.shape, info.nbytes, weight.shape, table[key], cut, weight.part_name(key))
+        parts[key] = read(os.path.join(root, info.file), info, where)
     return parts
 
 

@@ -6,6 +6,9 @@ will cost: stored bytes to read and resident bytes on the device. `load` then st
 order, each stored byte read once, each weight moved to the device as it is decoded (host memory holds the
 sources of the weights still to come, never the model). Weights that only feed a matmul stay `Packed` where
 the kernels multiply that layout directly (on CUDA by default); everything else is dequantized at load.
+Under tensor parallelism each rank reads only the bytes of its region of each weight (runtime/parallel.py,
+formats/regions.py), quantized weights cut along whole blocks and kept packed; a region that would cut a block is
+cut from the decoded weight, read whole (`LoadPlan.read_whole`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from specpair.errors import BadInput
 from specpair.formats import nvfp4
 from specpair.formats.codecs import FLOAT_LAYOUTS
 from specpair.formats.packed import Packed
+from specpair.formats.regions import Region
 from specpair.runtime.kernels import linear
 from specpair.runtime.model import Transformer
 from specpair.runtime.models import FAMILIES
@@ -46,10 +50,13 @@ class LoadPlan:
     packed: frozenset[str]  # names kept in their stored layout
     dtype: torch.dtype
     device: torch.device
-    stored_bytes: int  # read from the files
+    stored_bytes: int  # read from the files (by this rank)
     resident: dict[str, int]  # name -> bytes held on the device once loaded (a packed weight: its stored parts)
     parallel: Parallel = SINGLE  # this rank's place under tensor parallelism
-    shards: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # name -> every rank's shape of it
+    regions: dict[str, Region] = field(default_factory=dict)  # name -> this rank's part of it, where not all
+    # weights whose region this rank cannot read alone (a cut through a quantization block, a vector, a step that
+    # mixes rows): their sources are read whole and the region cut after decoding
+    read_whole: frozenset[str] = frozenset()
 
     @property
     def resident_bytes(self) -> int:
@@ -79,11 +86,13 @@ def plan_load(
     parallel: Parallel = SINGLE,
 ) -> LoadPlan:
     """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
-    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default, never under tensor parallelism
-    (each rank's slice of a weight is cut from its float values: the kernels' packed layouts are not sliced)."""
+    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default. Under tensor parallelism a
+    weight whose region this rank cannot read alone is read whole, decoded and cut, and not kept packed
+    (`read_whole`: exact either way, so a split that cuts a quantization block costs bytes, not a refusal; uneven
+    KV-group splits make such cuts common on small models)."""
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    packed = device.type == "cuda" and parallel.size == 1 if packed is None else packed and parallel.size == 1
+    packed = device.type == "cuda" if packed is None else packed
     config = supported(model)
     needs: dict[str, Need] = {}
 
@@ -109,32 +118,50 @@ def plan_load(
             f"has weights a {config.family} model does not use: {', '.join(unused[:4])}"
             + (f" and {len(unused) - 4} more" if len(unused) > 4 else ""),
         )
-    shards: dict[str, list[tuple[int, ...]]] = {}
-    for rank in range(parallel.size if parallel.size > 1 else 0):  # what each rank's model asks for
+    regions = _regions(model, config, needs, parallel)
+    readings = {n: model.reading(n, regions.get(n)) for n in needs}
+    read_whole = frozenset(n for n, r in readings.items() if r.rest is not None)
+    kept = (
+        frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n))) - read_whole
+    )
+    reads = {read for r in readings.values() for read in r.reads}  # a fused source feeds two weights
+    stored = sum(model.read_nbytes(*read) for read in reads)
+    resident = {
+        n: sum(model.read_nbytes(*read, held=True) for read in readings[n].reads)
+        if n in kept
+        else math.prod(_held_shape(need.shape, regions.get(n))) * (4 if need.fp32 else dtype.itemsize)
+        for n, need in needs.items()
+    }
+    return LoadPlan(model, needs, kept, dtype, device, stored, resident, parallel, regions, read_whole)
 
-        def local(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
-            shards.setdefault(name, []).append(tuple(shape))
+
+def _regions(model: Model, config: ModelConfig, needs: dict[str, Need], parallel: Parallel) -> dict[str, Region]:
+    """Each weight's region on this rank, where it holds part of it, from the shapes every rank's model asks for
+    (the ranks' slices follow one another: an uneven split's slices depend on every rank's size)."""
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+    for rank in range(parallel.size if parallel.size > 1 else 0):
+
+        def record(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False) -> torch.Tensor:
+            shapes.setdefault(name, []).append(tuple(shape))
             return torch.empty(shape, device="meta")
 
         ranked = Parallel(rank, parallel.size)
         Transformer.build(
             ranked.config(config, model.ref),
             FAMILIES[config.family].decoder_layer,
-            local,
-            dtype,
+            record,
+            torch.float32,
             torch.device("meta"),
             ranked,
         )
-    kept = frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n)))
-    sources = {s for name in needs for s in model.maps[name].sources}  # a fused source feeds two weights
-    stored = sum(part.nbytes for s in sources for part in model.weights[s].parts.values())
-    resident = {
-        n: _stored_bytes(model, n)
-        if n in kept
-        else math.prod(shards[n][parallel.rank] if n in shards else need.shape) * (4 if need.fp32 else dtype.itemsize)
-        for n, need in needs.items()
-    }
-    return LoadPlan(model, needs, kept, dtype, device, stored, resident, parallel, shards)
+    regions = {n: parallel.region(n, need.shape, shapes[n], config) for n, need in needs.items() if n in shapes}
+    return {n: r for n, r in regions.items() if r is not None}
+
+
+def _held_shape(shape: tuple[int, ...], region: Region | None) -> tuple[int, ...]:
+    if region is None:
+        return shape
+    return (*shape[: len(shape) + region.axis], region.size, *shape[len(shape) + region.axis + 1 :])
 
 
 def _packable(layout: str) -> bool:
@@ -142,24 +169,22 @@ def _packable(layout: str) -> bool:
     return layout not in FLOAT_LAYOUTS and (layout in linear.LAYOUTS or layout in nvfp4.FLAVOURS)
 
 
-def _stored_bytes(model: Model, name: str) -> int:
-    return sum(part.nbytes for s in model.maps[name].sources for part in model.weights[s].parts.values())
-
-
 def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Transformer:
     """Stream the planned weights onto the device and build the model; `progress` gets stored bytes as read."""
     model, config, parallel = plan.model, plan.model.config, plan.parallel
     loaded: dict[str, torch.Tensor] = {}
-    # under tensor parallelism each weight is cut on the host and only this rank's slice goes to the device
-    where = plan.device if parallel.size == 1 else torch.device("cpu")
     for name, value in model.stream(
-        plan.needs, packed=lambda n: n in plan.packed, dtype=torch.float32, device=where, progress=progress
+        plan.needs,
+        packed=lambda n: n in plan.packed,
+        dtype=torch.float32,
+        device=plan.device,
+        progress=progress,
+        regions=plan.regions.get,
     ):
         if isinstance(value, Packed):
             loaded[name] = linear.to_kernel_layout(value)
             continue
-        if parallel.size > 1:
-            value = parallel.shard(name, value, plan.shards[name], config).to(plan.device)
+        value = parallel.held(name, value)
         loaded[name] = value if plan.needs[name].fp32 else value.to(plan.dtype)
 
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):

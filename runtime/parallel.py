@@ -4,7 +4,7 @@ NCCL between GPUs, gloo between CPU processes.
     parallel = Parallel.from_environment()          # RANK / WORLD_SIZE as torchrun or `specpair run --tp N` set them
     model = load(plan_load(model, device), parallel=parallel)
 
-What each of N ranks holds (runtime/loading.py slices every weight with `shard`):
+What each of N ranks holds (`region`; heads split in whole KV groups, widths as evenly as they go, `config`):
   - column-parallel (a contiguous 1/N of the output rows): q/k/v (whole heads and KV heads), gate/up (dense, shared
     expert, and each routed expert's rows), the Gated DeltaNet's input projections, conv and per-head parameters
     (q, k and v channels each split by heads);
@@ -18,11 +18,29 @@ What each of N ranks holds (runtime/loading.py slices every weight with `shard`)
 Experts are split by tensor, not by expert: every rank reads each touched expert's slice, so the bytes a step reads
 divide evenly whatever the routing, and a token's sum over its experts needs no exchange beyond the MLP's reduce.
 
+Reading. Each rank reads only the stored bytes of its region of every weight (runtime/loading.py, formats/regions.py):
+rows as contiguous runs, columns as a positioned read per run per row where a rank's runs lie a page or more apart
+(narrower rows are read whole and the columns taken in memory: the OS reads whole pages anyway). Quantized weights
+are cut along whole blocks and stay packed. A region that would end inside a quantization block (an FP8 128x128 scale
+tile, an NVFP4 group of 16, an affine group, a GGUF block of 32 or 256) is not refused: that weight is read whole,
+decoded and cut (`LoadPlan.read_whole` counts them). The result is the same bits either way, and uneven KV-group
+splits make such cuts common on small models, where a refusal would leave no TP size that runs.
+Measured (benchmarks/tp_reads.py, the kernel's count of read syscalls; benchmarks/results/tp_reads.md), the most any
+rank reads over the checkpoint's weight bytes at TP 2 / TP 4, against the ideal (replicated + 1/N of the split):
+  - a medium random Qwen3 (row-parallel rows 8192 wide), BF16, FP8 block and GGUF Q8_0: 0.500 / 0.250, the ideal;
+    GGUF Q4_K (rows of 4608 bytes, read whole): 0.680 / 0.519;
+  - SmolLM2-135M's Q4_1 GGUF (heads 6 + 3 at TP 2, narrow rows): 0.637 against 0.501 at TP 2;
+  - a tiny Qwen3 (rows of 128 bytes): BF16 0.608 / 0.413; FP8 block, where every split weight falls back (no rank
+    holds whole 128x128 tiles), 0.695 / 0.542.
+
 Exactness. `reduce` does not use all_reduce, whose algorithm (ring, tree, NCCL's choice by message size) and so
 summation order can change with the number of rows a step carries (vLLM disabled its custom all-reduce for this,
 landscape.md §5): it gathers every rank's partial and sums them in rank order in float32, so a row's bits depend on
 nothing but that row, and drafted == undrafted holds at every N. A gather moves N times the bytes of an all-reduce's
-result; a decode row is a few KB, where latency, not bytes, is the cost.
+result; a decode row is a few KB, where latency, not bytes, is the cost. Measured on gloo (benchmarks/tp_reduce.py,
+benchmarks/results/tp_reduce.md; 2 shared CPU cores, messages of 1, 8 and 16 rows at hidden 576 to 4096): the
+ordered reduce takes 1.17-1.43x all_reduce's time with 2 processes, and 0.59-0.81x with 4 (gloo's all_reduce
+exchanges in more rounds than its all_gather, and there rounds cost). NCCL is not measured: it needs 2 GPUs.
 """
 
 from __future__ import annotations
@@ -41,6 +59,7 @@ from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
+from specpair.formats.regions import Region
 
 # outputs of row-parallel projections are partial sums: their bias is added once, on rank 0
 ROW_PARALLEL_BIASES = ("o_proj.bias", "down_proj.bias", "out_proj.bias")
@@ -128,18 +147,19 @@ class Parallel:
                 changed[key] = self.share(getattr(config, key), rank)
         return replace(config, **changed)
 
-    def shard(self, name: str, value: Tensor, shapes: Sequence[tuple[int, ...]], config: ModelConfig) -> Tensor:
-        """This rank's part of weight `name` (its whole value, `config` the whole model's), given the shape every
+    def region(
+        self, name: str, whole: tuple[int, ...], shapes: Sequence[tuple[int, ...]], config: ModelConfig
+    ) -> Region | None:
+        """This rank's part of weight `name` (of shape `whole`; `config` the whole model's), given the shape every
         rank's model asks for (`shapes`, by rank): along the one dim where they differ from the whole, the ranks'
-        slices follow one another in rank order, section by section where that dim holds sections."""
+        slices follow one another in rank order, section by section where that dim holds sections; None where the
+        rank holds all of it."""
         local = tuple(shapes[self.rank])
-        if tuple(value.shape) == local:
-            if self.rank and name.endswith(ROW_PARALLEL_BIASES):
-                return torch.zeros_like(value)
-            return value
-        dims = [d for d, (whole, part) in enumerate(zip(value.shape, local)) if whole != part]
-        if len(dims) != 1 or len(value.shape) != len(local):
-            raise ValueError(f"{name} is {list(value.shape)}; a shard of {list(local)} is not a slice of one dim")
+        if tuple(whole) == local:
+            return None
+        dims = [d for d, (w, part) in enumerate(zip(whole, local)) if w != part]
+        if len(dims) != 1 or len(whole) != len(local):
+            raise ValueError(f"{name} is {list(whole)}; a shard of {list(local)} is not a slice of one dim")
         dim = dims[0]
         if name.endswith(SECTIONED):  # per rank: its q, k and v channels
             ranks = [self.config(config, name, r) for r in range(self.size)]
@@ -148,15 +168,19 @@ class Parallel:
         else:
             sizes = [[shape[dim]] for shape in shapes]
         sections = [sum(rank[i] for rank in sizes) for i in range(len(sizes[0]))]
-        if sum(sections) != value.shape[dim]:
-            raise ValueError(
-                f"{name}: the ranks' shards {sizes} do not add up to its {value.shape[dim]} along dim {dim}"
-            )
-        pieces = []
-        for i, piece in enumerate(value.split(sections, dim=dim)):
-            start = sum(rank[i] for rank in sizes[: self.rank])
-            pieces.append(piece.narrow(dim, start, sizes[self.rank][i]))
-        return torch.cat(pieces, dim=dim).contiguous()
+        if sum(sections) != whole[dim]:
+            raise ValueError(f"{name}: the ranks' shards {sizes} do not add up to its {whole[dim]} along dim {dim}")
+        runs, base = [], 0
+        for i, section in enumerate(sections):
+            start = base + sum(rank[i] for rank in sizes[: self.rank])
+            runs.append((start, start + sizes[self.rank][i]))
+            base += section
+        return Region(dim - len(whole), tuple(runs))
+
+    def held(self, name: str, value: Tensor) -> Tensor:
+        """What this rank keeps of `value`, its region of weight `name`: a row-parallel output's bias is added once,
+        by rank 0 (the others hold zeros)."""
+        return torch.zeros_like(value) if self.rank and name.endswith(ROW_PARALLEL_BIASES) else value
 
 
 SINGLE = Parallel()

@@ -8,7 +8,8 @@ through checkpoint/gguf_arch.py, then to canonical names; the maps carry every v
 float tensor from every source, within each layout's error. `load_packed` keeps quantized blocks as
 stored wherever moving stored rows is exact (stacking experts, splitting fused gate/up rows, head reorders
 of row-wise layouts) and carries what is not (a column order) as data. `stream` reads each stored byte once,
-in file order, holding only the sources of the weights still to come.
+in file order, holding only the sources of the weights still to come; given a region of a weight (a tensor-parallel
+rank's shard), it reads only the bytes that hold it (`reading`, formats/regions.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,14 +31,25 @@ from specpair.checkpoint.hf import WEIGHT_PICKLE, from_pickle_command
 from specpair.checkpoint.names import canonical_maps
 from specpair.errors import BadInput
 from specpair.formats import TensorTable
-from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec
+from specpair.formats.codecs import FLOAT_LAYOUTS, TORCH_DTYPES, codec, grains
 from specpair.formats.gguf import GGUFHeader
 from specpair.formats.layouts import EXL3, layout_of
 from specpair.formats.packed import Packed
+from specpair.formats.regions import Cut, Region, Unaligned, part_cut, trace
 from specpair.formats.transforms import Step, TensorMap, compose, identity
-from specpair.formats.weights import Weight, gguf_weights, hf_weights
+from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_cut
 
 MAX_SMALL_FILE = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How `stream` makes one weight: `map` over what it reads of each source (a cut, or None: all of it), then
+    `rest` cut from the result in memory (a region whose sources could not be cut: they are read whole)."""
+
+    map: TensorMap
+    reads: tuple[tuple[str, Cut | None], ...]
+    rest: Region | None = None
 
 
 @dataclass
@@ -89,32 +101,83 @@ class Model:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         progress: Callable[[int], None] | None = None,
+        regions: Callable[[str], Region | None] | None = None,
     ) -> Iterator[tuple[str, Tensor | Packed]]:
         """(name, tensor) for `names` (default: all), in file order, each stored byte read once. Weights for
-        which `packed` says so come as `Packed` where they have an exact packed form. `progress` gets the
-        bytes of each stored part as it is read."""
-        wanted = [self._map(n) for n in (names if names is not None else self.maps)]
+        which `packed` says so come as `Packed` where they have an exact packed form. Where `regions` gives a
+        region of a weight, only that region comes, from only the bytes that hold it where they can be told
+        (`reading`). `progress` gets the bytes of each stored part as it is read."""
+        wanted = []
+        for name in names if names is not None else self.maps:
+            as_packed = packed(name) if callable(packed) else packed
+            wanted.append((name, as_packed, self.reading(name, regions(name) if regions else None)))
         order = {name: i for i, name in enumerate(self.weights)}
-        wanted.sort(key=lambda m: min(order[s] for s in m.sources))
-        users: dict[str, int] = {}
-        for m in wanted:
-            for s in m.sources:
-                users[s] = users.get(s, 0) + 1
-        held: dict[str, dict[str, Tensor]] = {}
-        for m in wanted:
-            for s in m.sources:
-                if s not in held:
-                    held[s] = self.read(s)
+        wanted.sort(key=lambda w: min(order[s] for s, _ in w[2].reads))
+        users: dict[tuple[str, Cut | None], int] = {}
+        for _, _, r in wanted:
+            for read in r.reads:
+                users[read] = users.get(read, 0) + 1
+        held: dict[tuple[str, Cut | None], dict[str, Tensor]] = {}
+        for name, as_packed, r in wanted:
+            for read in r.reads:
+                if read not in held:
+                    source, cut = read
+                    w = self.weights[source]
+                    held[read] = self.read(source) if cut is None else read_cut(w, self.root, self.file_format, cut)
                     if progress:
-                        progress(sum(t.nbytes for t in held[s].values()))
-            stored = [held[s] for s in m.sources]
-            as_packed = packed(m.name) if callable(packed) else packed
-            value = self._packed(m, stored, device) if as_packed else None
-            yield m.name, value if value is not None else self.decode(m, stored, device).to(dtype)
-            for s in m.sources:
-                users[s] -= 1
-                if not users[s]:
-                    del held[s]
+                        progress(self.read_nbytes(source, cut))  # what was asked of the files
+            stored = [held[read] for read in r.reads]
+            weights = [self.weights[s] if cut is None else self._cut(self.weights[s], cut) for s, cut in r.reads]
+            value = self._packed(r.map, stored, device, weights) if as_packed and r.rest is None else None
+            if value is None:
+                value = self.decode(r.map, stored, device, weights).to(dtype)
+                # a copy: a view of one run would keep the whole weight alive on this rank
+                value = value if r.rest is None else r.rest.narrow(value).clone()
+            yield name, value
+            for read in r.reads:
+                users[read] -= 1
+                if not users[read]:
+                    del held[read]
+
+    def reading(self, name: str, region: Region | None = None) -> Reading:
+        """How `stream` makes weight `name`, or `region` of it: the cuts of its sources that hold the region, where
+        its map's steps move whole rows and columns only, every stored part has a grain and no cut ends inside a
+        block (formats/regions.py); otherwise its sources whole, decoded, the region cut from the floats (exact
+        whatever the cut: the fallback costs bytes read, never values)."""
+        m = self._map(name)
+        whole = Reading(m, tuple((s, None) for s in m.sources), region)
+        if region is None:
+            return whole
+        traced = trace(m, [self.weights[s].shape for s in m.sources], region)
+        if traced is None or any(
+            (table := grains(self.weights[s].layout)) is None or not table.keys() >= self.weights[s].parts.keys()
+            for s in traced.cuts
+        ):
+            return whole
+        try:
+            for source, cut in traced.cuts.items():
+                self.read_nbytes(source, cut)  # every part's cut, checked against its blocks
+        except Unaligned:
+            return whole
+        return Reading(traced.map, tuple(traced.cuts.items()))
+
+    @staticmethod
+    def _cut(weight: Weight, cut: Cut) -> Weight:
+        """The stored weight a cut of `weight` is: its logical shape (its parts are what read_cut read)."""
+        return replace(weight, shape=cut.shape(weight.shape))
+
+    def read_nbytes(self, source: str, cut: Cut | None = None, held: bool = False) -> int:
+        """Bytes read of a stored weight: all of it, or for `cut` what the reader asks the files for (its rows whole
+        where its columns lie under a page apart; `held`: the bytes it keeps). Unaligned if it ends inside a block."""
+        w = self.weights[source]
+        if cut is None:
+            return sum(info.nbytes for info in w.parts.values())
+        table = grains(w.layout) or {}
+        total = 0
+        for key, info in w.parts.items():
+            where = part_cut(info.shape, info.nbytes, w.shape, table[key], cut, w.part_name(key))
+            total += info.nbytes if where is None else where.nbytes if held else where.read_nbytes
+        return total
 
     def tokenizer(self):
         """The working tokenizer (checkpoint/text_tokenizer.py) of this checkpoint."""
@@ -148,16 +211,22 @@ class Model:
 
         return read_parts(self.weights[source], self.root, self.file_format)
 
-    def decode(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Tensor:
+    def decode(
+        self,
+        m: TensorMap,
+        stored: list[dict[str, Tensor]],
+        device: str | torch.device,
+        weights: list[Weight] | None = None,
+    ) -> Tensor:
         """The float tensor of a map over `weights` (canonical, or the converter's), from its sources' stored
-        parts. Leading row moves (an expert out of a stack, gate or up rows of a fused projection) run on the
-        stored parts first wherever that is exact, so only the rows asked for are decoded."""
-        narrowed = narrow_stored(
-            m, stored, [self.weights[s].shape for s in m.sources], {self.weights[s].layout for s in m.sources}
-        )
+        parts (`weights`: its sources, where they are cuts of the stored ones). Leading row moves (an expert out
+        of a stack, gate or up rows of a fused projection) run on the stored parts first wherever that is exact,
+        so only the rows asked for are decoded."""
+        weights = weights or [self.weights[s] for s in m.sources]
+        narrowed = narrow_stored(m, stored, [w.shape for w in weights], {w.layout for w in weights})
         if narrowed is not None:
             parts, shape, rest = narrowed
-            w = self.weights[m.sources[0]]
+            w = weights[0]
             x = (
                 parts[""].to(device)
                 if w.layout == "int"
@@ -165,25 +234,35 @@ class Model:
             )
             return TensorMap(m.name, m.shape, (m.name,), rest).apply([x])
         floats = []
-        for s, parts in zip(m.sources, stored):
-            w = self.weights[s]
+        for w, parts in zip(weights, stored):
             if w.layout == "int":
                 floats.append(parts[""].to(device))
             else:
                 floats.append(codec(w.layout).decode({k: v.to(device) for k, v in parts.items()}, w.shape, w.name))
         return m.apply(floats)
 
-    def _packed(self, m: TensorMap, stored: list[dict[str, Tensor]], device: str | torch.device) -> Packed | None:
-        layouts = {self.weights[s].layout for s in m.sources}
+    def _packed(
+        self,
+        m: TensorMap,
+        stored: list[dict[str, Tensor]],
+        device: str | torch.device,
+        weights: list[Weight] | None = None,
+    ) -> Packed | None:
+        weights = weights or [self.weights[s] for s in m.sources]
+        layouts = {w.layout for w in weights}
         if len(layouts) != 1:
             return None
         layout = layouts.pop()
         if layout in FLOAT_LAYOUTS or layout == "int":
             return None
-        moved = move_stored_rows(m, stored, [self.weights[s].shape for s in m.sources], layout)
+        moved = move_stored_rows(m, stored, [w.shape for w in weights], layout)
         if moved is None:
             return None
         parts, col_order = moved
+        if len(m.shape) == 3:  # one stored stack of experts with one per-tensor value: each expert's (Packed)
+            parts = {
+                k: v.reshape(()).expand(m.shape[0]).contiguous() if v.numel() == 1 else v for k, v in parts.items()
+            }
         return Packed(m.name, layout, m.shape, parts, col_order).to(device)
 
     def _small(self, name: str) -> bytes | None:

@@ -1746,9 +1746,17 @@ __all__ = [
 TINY_VOCAB = 512
 
 
-def tiny_model(family: str, hidden: int = 64, init: float = 0.08, kv_heads: int = 2, linear_key_heads: int = 2) -> Any:
+def tiny_model(
+    family: str,
+    hidden: int = 64,
+    init: float = 0.08,
+    kv_heads: int = 2,
+    linear_key_heads: int = 2,
+    **config: Any,
+) -> Any:
     """A tiny transformers model of one family with the settings llama.cpp parity needs (test-assets.md §3);
-    `kv_heads` and `linear_key_heads` 4 split over 4 tensor-parallel ranks."""
+    `kv_heads` and `linear_key_heads` 4 split over 4 tensor-parallel ranks; `config` overrides any other setting
+    (head_dim, moe_intermediate_size, ...)."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -1789,35 +1797,42 @@ def tiny_model(family: str, hidden: int = 64, init: float = 0.08, kv_heads: int 
         "mrope_section": [3, 3, 2],
         "mrope_interleaved": True,
     }
-    model = {
-        "llama": lambda: LlamaForCausalLM(
-            LlamaConfig(
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 1e4,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    }
+    model_class, config_class, settings = {
+        "llama": (LlamaForCausalLM, LlamaConfig, {**common, "intermediate_size": 128, "rope_parameters": llama3}),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config, {**common, "intermediate_size": 128}),
+        "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig, {**common, **moe}),
+        "qwen3_next": (
+            Qwen3NextForCausalLM,
+            Qwen3NextConfig,
+            {**common, **hybrid, **moe, "intermediate_size": 64, "shared_expert_intermediate_size": 32},
+        ),
+        "qwen3_5": (
+            Qwen3_5ForCausalLM,
+            Qwen3_5TextConfig,
+            {**common, "head_dim": 64, **hybrid, "intermediate_size": 128, "rope_parameters": mrope},
+        ),
+        "qwen3_5_moe": (
+            Qwen3_5MoeForCausalLM,
+            Qwen3_5MoeTextConfig,
+            {
                 **common,
-                intermediate_size=128,
-                rope_parameters={
-                    "rope_type": "llama3",
-                    "rope_theta": 1e4,
-                    "factor": 8.0,
-                    "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 1024,
-                },
-            )
+                "head_dim": 64,
+                **hybrid,
+                **moe,
+                "shared_expert_intermediate_size": 32,
+                "rope_parameters": mrope,
+            },
         ),
-        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**common, intermediate_size=128)),
-        "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, **moe)),
-        "qwen3_next": lambda: Qwen3NextForCausalLM(
-            Qwen3NextConfig(**common, **hybrid, **moe, intermediate_size=64, shared_expert_intermediate_size=32)
-        ),
-        "qwen3_5": lambda: Qwen3_5ForCausalLM(
-            Qwen3_5TextConfig(**{**common, "head_dim": 64}, **hybrid, intermediate_size=128, rope_parameters=mrope)
-        ),
-        "qwen3_5_moe": lambda: Qwen3_5MoeForCausalLM(
-            Qwen3_5MoeTextConfig(
-                **{**common, "head_dim": 64}, **hybrid, **moe, shared_expert_intermediate_size=32, rope_parameters=mrope
-            )
-        ),
-    }[family]().eval()
+    }[family]
+    model = model_class(config_class(**{**settings, **config})).eval()
     with torch.no_grad():  # off their inits, so +1 norms, -exp(A_log) and dt_bias are exercised
         for name, p in model.named_parameters():
             if p.ndim == 1 or name.endswith(("A_log", "dt_bias")):

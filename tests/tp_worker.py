@@ -3,8 +3,9 @@
     python tests/tp_worker.py JOB.json OUT.safetensors
 
 JOB: {"logits": {name: target path}} (each target: a prefill, a verify step committed to a prefix, decode steps; the
-logits of every step) and {"speculative": [[name, target path, drafter path or null], ...]} (undrafted and drafted
-tokens, greedy and seeded). Rank 0 writes what it got."""
+logits of every step; and per rank, gathered: how many weights it kept packed) and {"speculative":
+[[name, target path, drafter path or null], ...]} (undrafted and drafted tokens, greedy and seeded); "packed": true
+loads the targets with their quantized weights kept packed. Rank 0 writes what it got."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from specpair.runtime.drafters.loading import load_drafter
@@ -49,13 +51,16 @@ def main() -> None:
     job, out = json.loads(open(sys.argv[1]).read()), sys.argv[2]
     torch.set_num_threads(1)
     parallel = Parallel.from_environment("cpu")
+    packed = job.get("packed")
     results: dict[str, torch.Tensor] = {}
     for name, path in job.get("logits", {}).items():
-        target = load(plan_load(open_model(path), "cpu", parallel=parallel))
+        plan = plan_load(open_model(path), "cpu", packed=packed, parallel=parallel)
+        target = load(plan)
         results[name] = step_logits(target)
+        results[f"{name}/packed"] = parallel.gather(torch.tensor([len(plan.packed)]))
     for name, path, draft in job.get("speculative", []):
         model = open_model(path)
-        target = load(plan_load(model, "cpu", parallel=parallel))
+        target = load(plan_load(model, "cpu", packed=packed, parallel=parallel))
         drafter = load_drafter(open_model(draft) if draft else None, model, target)
         for label, sampling in SAMPLINGS.items():
             undrafted, _ = generate(target, PROMPTS, TOKENS, sampling)
@@ -66,6 +71,9 @@ def main() -> None:
                 results[f"{name}/{label}/{i}/committed"] = torch.tensor(d.committed)
     if parallel.rank == 0:
         save_file({k: v.contiguous() for k, v in results.items()}, out)
+    if parallel.size > 1:  # leave together: a rank that exits while its peers still talk can abort in gloo's teardown
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
