@@ -45,6 +45,7 @@ exchanges in more rounds than its all_gather, and there rounds cost). NCCL is no
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import subprocess
@@ -89,6 +90,8 @@ class Parallel:
         if not dist.is_initialized():
             backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
             dist.init_process_group(backend, rank=rank, world_size=size)
+            # closed before the interpreter tears down: a group left open can abort a rank at exit
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         return cls(rank, size)
 
     def slice(self, total: int, what: str) -> slice:
