@@ -12,7 +12,7 @@ from specpair.errors import BadInput
 if TYPE_CHECKING:
     from specpair.sources.lockfile import LockedRepo
 
-DEMO_CPU_MAX_TOKENS = 16  # --demo on a CPU: the exact row-by-row kernels run SmolLM2 at a few tok/s, six settings
+DEMO_CPU_MAX_TOKENS = 16  # --demo on a CPU: the exact CPU kernels run SmolLM2 at a few tok/s, six settings
 
 
 @dataclass
@@ -20,7 +20,7 @@ class GatePair:
     target: str
     draft: str | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
-    cpu_block: int | None = None  # the demo drafter's block on a CPU, where a verify step costs its rows' worth
+    cpu_block: int | None = None  # the demo drafter's block on a CPU (a verify step: a weight pass per 4 rows)
 
 
 def gate_pair(

@@ -40,8 +40,9 @@ class DemoDrafter:
 
 
 DRAFTERS = {
-    # on a CPU a verify step's cost grows with its rows (cpu_rows.py multiplies row by row): block 2 is its fastest
-    # (step times under load: decode 324 ms, verify 445 / 603 / 731 / 1207 ms at blocks 2 / 3 / 4 / 8)
+    # on a CPU a verify step streams the weights once per tile of 4 rows (cpu_rows.py): solo, blocks 2 and 3 tie
+    # (predicted 1.22× and 1.24×, benchmarks/results/demo_dflash.md; 0.98× at 4, 0.69× at 8), and 4 concurrent
+    # sequences verify 8 rows (2 tiles) at block 2 against 12 (3 tiles) at block 3: block 2
     "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, cpu_block=2),
     "draft-model": DemoDrafter("draft model: the target requantized to Q8_0", DRAFT_FILE, DRAFT_LAYOUT),
 }

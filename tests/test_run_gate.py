@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "run.schema.json").read_text())
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # row-by-row CPU kernels: a second thread only spins
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # small CPU kernels: a second thread only spins
 
 
 def specpair(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -14,8 +14,8 @@ row's result do not depend on how many rows share the call. The Triton kernels u
 whatever the number of rows (it may depend on the weight's or cache's shape, never on M, T or B), a fixed
 reduction order per row and float32 accumulation; row counts are not specialised on (no `== 1` or `% 16`
 variants) nor are activation pointers on their alignment, so every call of a weight runs the same binary.
-On the CPU, torch's matmul is not row-invariant, so the references compute row by row, each row through the
-same one-row call on fresh, aligned buffers (cpu_rows.py). torch's CPU elementwise kernels are not either
+On the CPU, torch's matmul is not row-invariant, so every reference product goes through one fixed shape, a
+zero-padded tile of rows in a fresh, aligned buffer, whatever the number of rows (cpu_rows.py). torch's CPU elementwise kernels are not either
 where a row's width is not a multiple of their SIMD chunk (the last elements of a tensor take a scalar path
 whose exp may differ in the last bit): the references apply them row by row too.
 """

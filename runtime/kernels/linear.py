@@ -5,7 +5,7 @@ x [M, K] (bf16 on the GPU, float32 on the CPU); W [N, K]; y [M, N] in x's dtype,
 y[t, s] = W[expert_ids[t, s]] @ x[t].
 
 The CPU path (`*_reference`) dequantizes through the layout's codec (formats/codecs.py, bit-exact with the
-reference libraries) and multiplies row by row (cpu_rows.py). The Triton path streams the stored parts once
+reference libraries) and multiplies in fixed tiles of rows (cpu_rows.py). The Triton path streams the stored parts once
 and dequantizes in registers. Layouts with a Triton kernel (LAYOUTS): dense bf16/f16/f32, fp8-tensor,
 fp8-block, nvfp4-modelopt (other NVFP4 flavours: `to_kernel_layout`, exact), affine4/affine8 in groups of
 32/64/128, gguf-Q8_0, gguf-Q4_K, gguf-Q5_K, gguf-Q6_K.
@@ -139,15 +139,11 @@ def matmul_reference(x: Tensor, w: Tensor | Packed) -> Tensor:
 
 
 def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
-    tokens, top_k = expert_ids.shape
-    weights: dict[int, Tensor] = {}
-    out = torch.empty(tokens, top_k, w.shape[1], dtype=x.dtype)
-    for t in range(tokens):
-        for s in range(top_k):
-            e = int(expert_ids[t, s])
-            if e not in weights:
-                weights[e] = _float_weight(w.expert(e) if isinstance(w, Packed) else w[e])
-            out[t, s] = rows_mm(x[t : t + 1], weights[e].T)[0]
+    out = torch.empty(*expert_ids.shape, w.shape[1], dtype=x.dtype)
+    for e in expert_ids.unique().tolist():  # an expert's tokens in tiles: a row's bits are its own (cpu_rows.py)
+        tokens, slots = (expert_ids == e).nonzero(as_tuple=True)
+        weight = _float_weight(w.expert(e) if isinstance(w, Packed) else w[e])
+        out[tokens, slots] = rows_mm(x[tokens], weight.T).to(x.dtype)
     return out
 
 

