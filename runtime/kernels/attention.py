@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.cpu_rows import rows_mm
 from specpair.runtime.kernels.triton_common import dot, dot_in_float32, require_triton, rounded, tl, triton
 
 BLOCK_M = 16  # query rows per tile
@@ -50,13 +49,14 @@ def attention_reference(
             start, end = int(kv_start[b, t]), int(kv_end[b, t])
             if end <= start:
                 continue
-            for h in range(kv_heads):
-                # the [group, L] shape of each step depends on the model and this row's range alone, and the
-                # cache slices are copied, so neither depends on which cache tensor (or batch) holds them
-                queries = q[b, t, h * group : (h + 1) * group]
-                scores = rows_mm(queries, k_cache[b, start:end, h].clone().T) * scale
-                probs = torch.softmax(scores, dim=-1)
-                out[b, t, h * group : (h + 1) * group] = rows_mm(probs, v_cache[b, start:end, h].clone())
+            # one batched product over the KV heads: its shape [kv_heads, group, L] depends on the model and this
+            # row's range alone, and the cache slices are copied, so neither depends on which cache tensor (or
+            # batch) holds them, nor on the other rows of the step
+            queries = q[b, t].float().reshape(kv_heads, group, head_dim)
+            keys = k_cache[b, start:end].float().permute(1, 2, 0).contiguous()  # [kv_heads, head_dim, L]
+            values = v_cache[b, start:end].float().transpose(0, 1).contiguous()  # [kv_heads, L, head_dim]
+            probs = torch.softmax(torch.bmm(queries, keys) * scale, dim=-1)
+            out[b, t] = torch.bmm(probs, values).reshape(q_heads, head_dim).to(q.dtype)
     return out
 
 
