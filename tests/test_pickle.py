@@ -35,6 +35,19 @@ def specpair(*args: str | Path, cwd: Path | None = None) -> subprocess.Completed
     )
 
 
+def as_printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command specpair printed, run through a shell as a user pastes it (specpair: this checkout's)."""
+    return subprocess.run(
+        command.replace("specpair", f"{sys.executable} -m specpair", 1),
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT.parent)},
+        timeout=300,
+    )
+
+
 def error_line(done: subprocess.CompletedProcess) -> str:
     """The one error line a refused command prints, last on stderr after its progress lines."""
     lines = done.stderr.splitlines()
@@ -76,15 +89,7 @@ def test_check_and_run_agree_and_name_the_conversion(tmp_path: Path) -> None:
     done = specpair("run", target, draft, "--prompt", "hi", "--max-tokens", "2", "--device", "cpu")
     assert done.returncode == 2 and f"`{command}`" in error_line(done) and "pickle" in error_line(done)
     # the command as printed makes a copy that check no longer refuses, with the same tensors
-    done = subprocess.run(
-        command.replace("specpair", f"{sys.executable} -m specpair", 1),
-        shell=True,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT.parent)},
-        timeout=300,
-    )
+    done = as_printed(command, tmp_path)
     assert done.returncode == 0, done.stderr
     copy = tmp_path / "eagle3-safetensors"
     assert sorted(p.name for p in copy.iterdir()) == ["config.json", "model.safetensors"]  # training_args.bin left out
@@ -180,15 +185,7 @@ def test_a_mask_embedding_pickle_check_and_run_agree_and_the_conversion_is_draft
     done = specpair("run", target, draft, *asked)
     assert done.returncode == 0, done.stderr
     assert "warning: mask.embedding_unread: " in done.stderr and f"`{command}`" in done.stderr
-    done = subprocess.run(
-        command.replace("specpair", f"{sys.executable} -m specpair", 1),
-        shell=True,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT.parent)},
-        timeout=300,
-    )
+    done = as_printed(command, tmp_path)
     assert done.returncode == 0, done.stderr
     copy = tmp_path / "dflash-safetensors"
     assert sorted(p.name for p in copy.iterdir()) == ["config.json", "mask_embedding.safetensors", "model.safetensors"]
