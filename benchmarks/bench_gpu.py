@@ -44,8 +44,9 @@ from specpair.checkpoint.gguf_tokenizer import BYTE_SPELLING  # noqa: E402
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
-    """tokenizer.json (byte-level BPE, no merges), tokenizer_config.json and generation_config.json."""
+def write_byte_tokenizer(directory: Path, vocab_size: int, merges: tuple[tuple[str, str], ...] = ()) -> None:
+    """tokenizer.json (byte-level BPE; `merges`, their tokens after the special ones: a GGUF needs at least one),
+    tokenizer_config.json and generation_config.json."""
     tokens = sorted(BYTE_SPELLING)  # the byte-level vocabulary's first 256 tokens, in its order
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
     added = [
@@ -78,12 +79,13 @@ def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
             "fuse_unk": False,
             "byte_fallback": False,
             "ignore_merges": False,
-            "vocab": {t: i for i, t in enumerate(tokens)},
-            "merges": [],
+            "vocab": {t: i for i, t in enumerate(tokens)}
+            | {a + b: len(tokens) + len(SPECIAL) + i for i, (a, b) in enumerate(merges)},
+            "merges": [[a, b] for a, b in merges],
         },
     }
     stops = [len(tokens) + SPECIAL.index("<|im_end|>"), len(tokens) + SPECIAL.index("<|endoftext|>")]
-    assert max(stops) < vocab_size
+    assert max(stops) < vocab_size and len(tokens) + len(SPECIAL) + len(merges) <= vocab_size
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(

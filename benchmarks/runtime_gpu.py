@@ -26,6 +26,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,28 +72,46 @@ class Tensor:
         ]
 
 
-def values(t: Tensor, gen: torch.Generator) -> torch.Tensor:
+def values(t: Tensor, gen: torch.Generator, device: str = DEVICE) -> torch.Tensor:
     if t.init == "zeros":
-        return torch.zeros(t.shape, device=DEVICE)
+        return torch.zeros(t.shape, device=device)
     if t.init == "ones":
-        return torch.ones(t.shape, device=DEVICE)
+        return torch.ones(t.shape, device=device)
     if t.init == "a_log":
-        return torch.empty(t.shape, device=DEVICE).uniform_(1, 16, generator=gen).log()
+        return torch.empty(t.shape, device=device).uniform_(1, 16, generator=gen).log()
     std = 0.1 if t.init == "conv" else 0.02
-    return torch.randn(t.shape, device=DEVICE, generator=gen) * std
+    return torch.randn(t.shape, device=device, generator=gen) * std
+
+
+# Random stored parts of one weight (expert by expert for a stack), for layouts whose encoder is too slow to run at
+# real shape (EXL3's Viterbi search): any codes of the layout are a valid weight of it. None: encode values instead.
+Codes = Callable[[Tensor, str, torch.Generator], "dict[str, torch.Tensor] | None"]
 
 
 def write_checkpoint(
-    directory: Path, config: dict, tensors: list[Tensor], extra: dict[str, dict] | None = None
+    directory: Path,
+    config: dict,
+    tensors: list[Tensor],
+    extra: dict[str, dict] | None = None,
+    device: str = DEVICE,
+    codes: Codes | None = None,
 ) -> float:
-    """Write `tensors` (random values, quantized on the GPU) and the config files; seconds taken."""
+    """Write `tensors` (random values, quantized on `device`; or random stored parts where `codes` gives them) and
+    the config files; seconds taken."""
     start = time.perf_counter()
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     writer = Writer(str(directory), [p for t in tensors for p in t.planned()], shard_bytes=SHARD)
-    gen = torch.Generator(DEVICE).manual_seed(0)
+    gen = torch.Generator(device).manual_seed(0)
     for t in tensors:
-        w = values(t, gen)
+        names = [t.name.format(e=e) for e in range(t.experts)] if t.experts else [t.name]
+        drawn = [codes(t, name, gen) for name in names] if codes else [None]
+        if drawn[0] is not None:
+            for name, parts in zip(names, drawn):
+                for key, part in parts.items():
+                    writer.write(name if key == "" else name.removesuffix(".weight") + key, part)
+            continue
+        w = values(t, gen, device)
         c = codec(t.layout)
         if t.experts:  # one encode for the stack (one tensor scale), written expert by expert
             parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)

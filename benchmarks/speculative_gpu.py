@@ -20,6 +20,7 @@ is exactness at real shape and the cost of a round; (c) has real weights.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -81,62 +82,102 @@ def mtp_tensors(config: dict) -> list[Tensor]:
     return out
 
 
-def dflash2_checkpoint(directory: Path, vocab: int, target_layers: int) -> None:
-    h, layers, heads, kv, d, ffn = 2048, 6, 32, 8, 128, 6144
+@dataclasses.dataclass(frozen=True)
+class DraftShape:
+    """A DFlash or DFlash2 drafter's published shape (dflash.md §1.3); `dflash2` None: DFlash v1."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    sliding_layers: int  # the first ones; the rest full attention
+    window: int
+    taps: list[int]
+    mask_token_id: int
+    block_size: int
+    dflash2: dict | None = None
+
+
+# incoai's DFlash2 drafter for Qwen3.6-35B-A3B
+INCOAI_35B = DraftShape(2048, 6, 32, 8, 128, 6144, 5, 4096, TAPS, 248077, 8, DFLASH2)
+
+
+def dflash_tensors(
+    shape: DraftShape, vocab: int, target_layers: int, layout: str = "bf16"
+) -> tuple[dict, list[Tensor]]:
+    """config.json and the tensors of a drafter of `shape`, its projections in `layout` (norms and DFlash2's
+    convolutions and codebooks BF16)."""
+    h, d = shape.hidden, shape.head_dim
+    kind = "DFlash2DraftModel" if shape.dflash2 else "DFlashDraftModel"
     config = {
-        "architectures": ["DFlash2DraftModel"],
+        "architectures": [kind],
         "model_type": "qwen3",
         "hidden_size": h,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
         "head_dim": d,
-        "intermediate_size": ffn,
+        "intermediate_size": shape.ffn,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "max_position_embeddings": 262144,
-        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-        "sliding_window": 4096,
+        "layer_types": ["sliding_attention"] * shape.sliding_layers
+        + ["full_attention"] * (shape.layers - shape.sliding_layers),
+        "sliding_window": shape.window,
         "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"},
         "tie_word_embeddings": False,
         "attention_bias": False,
         "is_causal": False,
         "num_target_layers": target_layers,
-        "dflash_config": {"target_layer_ids": TAPS, "mask_token_id": 248077, "block_size": 8, **DFLASH2},
+        "dflash_config": {
+            "target_layer_ids": shape.taps,
+            "mask_token_id": shape.mask_token_id,
+            "block_size": shape.block_size,
+            **(shape.dflash2 or {}),
+        },
     }
-    groups = h // DFLASH2["conv_group_size"]
     tensors = [
-        Tensor("fc.weight", (h, len(TAPS) * h)),
+        Tensor("fc.weight", (h, len(shape.taps) * h), layout),
         Tensor("hidden_norm.weight", (h,), init="ones"),
         Tensor("norm.weight", (h,), init="ones"),
     ]
-    for i in range(layers):
+    for i in range(shape.layers):
         p = f"layers.{i}."
         tensors += [
             Tensor(p + "input_layernorm.weight", (h,), init="ones"),
             Tensor(p + "post_attention_layernorm.weight", (h,), init="ones"),
-            Tensor(p + "self_attn.q_proj.weight", (heads * d, h)),
-            Tensor(p + "self_attn.k_proj.weight", (kv * d, h)),
-            Tensor(p + "self_attn.v_proj.weight", (kv * d, h)),
-            Tensor(p + "self_attn.o_proj.weight", (h, heads * d)),
+            Tensor(p + "self_attn.q_proj.weight", (shape.heads * d, h), layout),
+            Tensor(p + "self_attn.k_proj.weight", (shape.kv_heads * d, h), layout),
+            Tensor(p + "self_attn.v_proj.weight", (shape.kv_heads * d, h), layout),
+            Tensor(p + "self_attn.o_proj.weight", (h, shape.heads * d), layout),
             Tensor(p + "self_attn.q_norm.weight", (d,), init="ones"),
             Tensor(p + "self_attn.k_norm.weight", (d,), init="ones"),
-            Tensor(p + "mlp.gate_proj.weight", (ffn, h)),
-            Tensor(p + "mlp.up_proj.weight", (ffn, h)),
-            Tensor(p + "mlp.down_proj.weight", (h, ffn)),
+            Tensor(p + "mlp.gate_proj.weight", (shape.ffn, h), layout),
+            Tensor(p + "mlp.up_proj.weight", (shape.ffn, h), layout),
+            Tensor(p + "mlp.down_proj.weight", (h, shape.ffn), layout),
         ]
-        for conv in ("attention_conv", "mlp_conv"):
-            tensors += [
-                Tensor(p + conv + ".base_kernel", (2, DFLASH2["conv_kernel_size"], h)),
-                Tensor(p + conv + ".kernel_projection.weight", (2 * DFLASH2["conv_kernel_size"] * groups, h)),
-            ]
-    tensors += [
-        Tensor("candidate_selector.hidden_projection.weight", (DFLASH2["selector_rank"], h)),
-        Tensor("candidate_selector.predecessor_codebook", (vocab, DFLASH2["selector_rank"])),
-        Tensor("candidate_selector.successor_codebook", (vocab, DFLASH2["selector_rank"])),
-    ]
-    write_checkpoint(directory, config, tensors)
+        if shape.dflash2:
+            kernel, groups = shape.dflash2["conv_kernel_size"], h // shape.dflash2["conv_group_size"]
+            for conv in ("attention_conv", "mlp_conv"):
+                tensors += [
+                    Tensor(p + conv + ".base_kernel", (2, kernel, h)),
+                    Tensor(p + conv + ".kernel_projection.weight", (2 * kernel * groups, h)),
+                ]
+    if shape.dflash2:
+        rank = shape.dflash2["selector_rank"]
+        tensors += [
+            Tensor("candidate_selector.hidden_projection.weight", (rank, h)),
+            Tensor("candidate_selector.predecessor_codebook", (vocab, rank)),
+            Tensor("candidate_selector.successor_codebook", (vocab, rank)),
+        ]
+    return config, tensors
+
+
+def dflash2_checkpoint(directory: Path, vocab: int, target_layers: int) -> None:
+    write_checkpoint(directory, *dflash_tensors(INCOAI_35B, vocab, target_layers))
 
 
 def gate(target, drafter, prompts: list[list[int]], block: int) -> dict:

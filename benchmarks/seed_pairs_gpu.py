@@ -1,0 +1,561 @@
+"""The published seed pairs at real shape with random weights in their published layouts, each through
+`specpair run` (the gate: drafted == undrafted in every cell) and `specpair bench` (users by depth).
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
+        --pair 35b-nvfp4|gguf|exl3 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
+        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N]
+
+The lead's device commands, one pair per call (each under 10 minutes; `$OUT` comes back):
+
+    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4
+    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair gguf      # needs the gguf wheel (gguf-py)
+    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair exl3
+
+Pairs (one row of PAIRS each):
+- `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (benchmarks/runtime_gpu.py,
+  benchmarks/speculative_gpu.py), gated and benched with incoai's DFlash2 drafter quantized to affine-4 at load
+  (`--draft-bits 4`) and with the MTP head (`--mtp`).
+- `gguf`, the llama.cpp pair: the same target written as NVFP4 safetensors, then `specpair convert`ed to a
+  `qwen35moe` GGUF with a UD-Q4_K_M-style per-tensor mix (GGUF_MIX: unsloth's exact per-tensor types are not
+  recorded in ../shared/spec; the mix is llama.cpp's Q4_K_M rule, which the catalog reconstructs the file by,
+  plus unsloth-dynamic-style upgrades so that all four types occur: Q8_0 shared experts and SSM alpha/beta, Q5_K
+  attention and SSM input projections), round to nearest (`:rtn`: same bytes layout as the search, minutes
+  faster at 35B); the drafter is z-lab's Qwen3.6-35B-A3B-DFlash (c69b185 shape: 6 layers, 8 taps, block 16)
+  converted to the upstream `dflash` GGUF arch in Q8_0 with `--target` (the layout williamliao's file has).
+  Writing GGUF needs gguf-py (`pip install gguf`): carry its wheel to the GPU machine.
+- `exl3`, the ExLlamaV3 pair: UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw (4 bits every quantized linear,
+  lm_head 6, routers and embeddings BF16) with UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw (z-lab's
+  c69b185 shape, 3-bit attention and fc, 2-bit MLP), as tools/build_catalog.py reconstructs them. The trellis
+  codes are drawn at random instead of encoded (every code is a weight of the layout; the Viterbi search runs
+  at ~44k tiles/s, ~50 minutes for 35B): suh/svh are random signs at a scale that gives weights of RMS ~0.02.
+  The runtime has no EXL3 kernel: EXL3 weights are dequantized to BF16 at load (runtime/loading.py keeps packed
+  only layouts with a matmul kernel), so the target holds ~70 GB on the GPU.
+
+Not here: Qwen3.5-122B-A10B-FP8 with a coral-bricks DFlash2 drafter (see the report in the README's benchmark
+list): its ~125 GB cannot be written to the GPU machine's 64 GiB disk, and the loader reads tensor bytes by path
+(formats/weights.py read_parts -> safetensors.read_tensor(os.path.join(root, file))), not through the
+`Model.reader` object that serves every other file; the seam for an in-memory source is that call.
+
+Each pair: stages printed with elapsed seconds as they end (flushed), then in --out (default $OUT, else --work):
+seed_pairs_<pair>.json (every stage's result: load time, resident bytes and peak GPU memory; the gate's and the
+bench's documents, specpair.gate and specpair.bench/1) and seed_pairs_<pair>.md (the gate's verdict per cell and
+the bench tables). A stage that fails is recorded with its error and the next one runs. `--scale tiny` keeps every
+layout, tensor name and per-tensor type and shrinks widths, experts, layers and vocabulary (TINY_TEXT,
+tiny_draft): tests/test_seed_pairs.py runs each pair so on the CPU.
+
+With random weights τ is near 1: what this measures is exactness and the cost of the steps at real shape. The
+tokenizer is bench_gpu.py's byte-level BPE without merges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import write_byte_tokenizer  # noqa: E402
+from runtime_gpu import CONFIGS, GB, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
+from speculative_gpu import INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
+
+from specpair.formats import exl3  # noqa: E402
+from specpair.formats.codecs import codec  # noqa: E402
+from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
+
+# z-lab/Qwen3.6-35B-A3B-DFlash at c69b185 (tools/build_catalog.py's DRAFTERS row): the drafter the llama.cpp and
+# ExLlamaV3 pairs convert
+ZLAB_35B = DraftShape(2048, 6, 32, 8, 128, 6144, 5, 4096, [1, 6, 11, 16, 22, 27, 32, 37], 248077, 16)
+
+# Qwen3.5/3.6 MoE text config at tiny scale: every tensor and layout kept, widths multiples of 256 (k-quant rows),
+# two KV groups of value heads (the GGUF's tiled value-head order still moves rows)
+TINY_TEXT = {
+    "hidden_size": 256,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 256,
+    "vocab_size": 512,
+}
+TINY_DRAFT = {"layers": 2, "heads": 2, "kv_heads": 1, "ffn": 512, "window": 32}
+
+# GGUF type per output tensor, first match wins (see the docstring); `{more}` is llama.cpp's Q4_K_M "more bits"
+# layers (the first and last eighth, and every third between)
+GGUF_MIX = (
+    (r"output\.weight", "Q6_K"),
+    (r"token_embd\.weight", "Q4_K"),
+    (r"blk\.{more}\.(attn_v|ffn_down_exps)\.weight", "Q6_K"),
+    (r"blk\.\d+\.(ffn_(gate|up|down)_shexp|ssm_alpha|ssm_beta)\.weight", "Q8_0"),
+    (r"blk\.\d+\.(attn_qkv|attn_gate|attn_q|attn_k|attn_output|ssm_out)\.weight", "Q5_K"),
+)
+GGUF_DEFAULT = "Q4_K"
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafted:
+    """One drafter of a pair: how `specpair run` / `bench` name it."""
+
+    label: str
+    draft: Path | None  # None: --mtp
+    options: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    target: Path
+    drafters: list[Drafted]
+    notes: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    name: str  # real | tiny
+    device: str
+
+    def text(self, config: dict) -> dict:
+        """A multimodal Qwen3.5/3.6 config with its text_config shrunk at tiny scale (quantized layer lists cut)."""
+        if self.name == "real":
+            return config
+        t = config["text_config"]
+        layers = TINY_TEXT["num_hidden_layers"]
+        small = {**t, **TINY_TEXT, "layer_types": t["layer_types"][:layers]}
+        return cut_layers({**config, "text_config": small}, layers)
+
+    def draft(self, shape: DraftShape, real_layers: int, vocab: int, real_vocab: int) -> DraftShape:
+        if self.name == "real":
+            return shape
+        layers = TINY_TEXT["num_hidden_layers"]
+        dflash2 = shape.dflash2 and {**shape.dflash2, "selector_rank": 32, "selector_top_k": 4}
+        return dataclasses.replace(
+            shape,
+            hidden=TINY_TEXT["hidden_size"],
+            layers=TINY_DRAFT["layers"],
+            heads=TINY_DRAFT["heads"],
+            kv_heads=TINY_DRAFT["kv_heads"],
+            ffn=TINY_DRAFT["ffn"],
+            sliding_layers=min(shape.sliding_layers, TINY_DRAFT["layers"] - 1),
+            window=TINY_DRAFT["window"],
+            taps=[round(t * layers / real_layers) for t in shape.taps],
+            mask_token_id=shape.mask_token_id - real_vocab + vocab,
+            dflash2=dflash2,
+        )
+
+    def quant(self, quant: dict) -> dict:
+        return quant if self.name == "real" else cut_layers(quant, TINY_TEXT["num_hidden_layers"])
+
+
+def cut_layers(value, layers: int):
+    """`value` without the dict keys and list strings that name a layer at or past `layers`."""
+    beyond = re.compile(r"layers\.(\d+)\.")
+
+    def kept(s) -> bool:
+        return not isinstance(s, str) or not (m := beyond.search(s)) or int(m[1]) < layers
+
+    if isinstance(value, dict):
+        return {k: cut_layers(v, layers) for k, v in value.items() if kept(k)}
+    if isinstance(value, list):
+        return [cut_layers(v, layers) for v in value if kept(v)]
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ builders
+
+
+def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path, dict]:
+    """Qwen3.6-35B-A3B NVFP4 + FP8 (with its MTP head when `mtp`) and the byte tokenizer; its config."""
+    config = scale.text(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()))
+    hf_quant = scale.quant(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text()))
+    directory = work / name
+    tensors = qwen36_tensors(config, hf_quant["quantization"]["quantized_layers"])
+    write_checkpoint(
+        directory,
+        config,
+        tensors + (mtp_tensors(config) if mtp else []),
+        {"hf_quant_config.json": hf_quant},
+        scale.device,
+    )
+    write_byte_tokenizer(directory, config["text_config"]["vocab_size"], MERGES)
+    return directory, config
+
+
+def draft_shape(scale: Scale, shape: DraftShape, config: dict) -> DraftShape:
+    real = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())["text_config"]
+    return scale.draft(shape, real["num_hidden_layers"], config["text_config"]["vocab_size"], real["vocab_size"])
+
+
+def build_35b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
+    target, config = qwen36_target(work, scale, "qwen3.6-35b-a3b-nvfp4-mtp", mtp=True)
+    stage("target written (NVFP4 + FP8, MTP head BF16)")
+    t = config["text_config"]
+    draft = work / "incoai-dflash2"
+    write_checkpoint(
+        draft,
+        *dflash_tensors(draft_shape(scale, INCOAI_35B, config), t["vocab_size"], t["num_hidden_layers"]),
+        None,
+        scale.device,
+    )
+    stage("DFlash2 drafter written (BF16, affine-4 at load)")
+    return Built(
+        target,
+        [Drafted("dflash2-affine4", draft, ("--draft-bits", "4")), Drafted("mtp", None, ("--mtp",))],
+        {"target": "nvidia/Qwen3.6-35B-A3B-NVFP4 layout", "drafter": "incoai DFlash2 shape, affine-4 at load"},
+    )
+
+
+def gguf_keeps(layers: int) -> list[str]:
+    """--keep GLOB=LAYOUT options giving GGUF_MIX (a glob per tensor name: --keep matches globs, not regexes)."""
+    more = [i for i in range(layers) if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2]
+    names = ["output.weight", "token_embd.weight"]
+    per_layer = (
+        "attn_v",
+        "ffn_down_exps",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+        "ssm_alpha",
+        "ssm_beta",
+        "attn_qkv",
+        "attn_gate",
+        "attn_q",
+        "attn_k",
+        "attn_output",
+        "ssm_out",
+    )
+    names += [f"blk.{i}.{n}.weight" for i in range(layers) for n in per_layer]
+    pattern = [(re.compile(p.replace("{more}", "(" + "|".join(map(str, more)) + ")")), q) for p, q in GGUF_MIX]
+    keeps = []
+    for name in names:
+        kind = next((q for p, q in pattern if p.fullmatch(name)), GGUF_DEFAULT)
+        if kind != GGUF_DEFAULT:
+            keeps += ["--keep", f"{name}=gguf:{kind}:rtn"]
+    return keeps
+
+
+def build_gguf(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
+    source, config = qwen36_target(work, scale, "qwen3.6-35b-a3b-source", mtp=False)
+    stage("source written (NVFP4 + FP8 safetensors, no MTP: unsloth ships it apart)")
+    t = config["text_config"]
+    draft_source = work / "zlab-dflash"
+    write_checkpoint(
+        draft_source,
+        *dflash_tensors(draft_shape(scale, ZLAB_35B, config), t["vocab_size"], t["num_hidden_layers"] + 1),
+        None,
+        scale.device,
+    )
+    stage("z-lab DFlash drafter written (BF16)")
+    target, draft = work / "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf", work / "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"
+    for path in (target, draft):
+        path.unlink(missing_ok=True)
+    device = ["--device", scale.device]
+    specpair(["convert", str(draft_source), str(draft), "--to", "gguf:Q8_0", "--target", str(source), *device])
+    stage("drafter converted to the dflash GGUF arch, Q8_0")
+    keeps = gguf_keeps(t["num_hidden_layers"])
+    specpair(["convert", str(source), str(target), "--to", f"gguf:{GGUF_DEFAULT}:rtn", *keeps, *device])
+    stage(f"target converted to GGUF ({target.stat().st_size / GB:.1f} GB, {len(keeps) // 2} tensors kept off Q4_K)")
+    shutil.rmtree(source, ignore_errors=True)
+    shutil.rmtree(draft_source, ignore_errors=True)
+    return Built(
+        target,
+        [Drafted("dflash-q8_0", draft)],
+        {"target": "qwen35moe GGUF, UD-Q4_K_M-style mix (GGUF_MIX)", "keeps": len(keeps) // 2},
+    )
+
+
+MERGES = (("Ġ", "t"),)  # one merge: a GGUF's BPE vocabulary needs one (llama.cpp refuses none)
+
+QUICK_PROMPT = "def fibonacci(n):"
+
+EXL3_SCALE = 0.02  # the RMS of the drawn weights; the codebook's values have an RMS of about 1
+
+
+def exl3_codes(t: Tensor, name: str, gen: torch.Generator) -> dict[str, torch.Tensor] | None:
+    """Random EXL3 parts of weight `name` (one expert of a stack): codes uniform over int16, suh random signs at
+    EXL3_SCALE, svh random signs, the mul1 marker."""
+    form = layout_of(t.layout)
+    if form.kind != EXL3:
+        return None
+    shape = t.shape[1:] if t.experts else t.shape
+    device = gen.device
+    parts = {}
+    for key, (_, stored) in codec(t.layout).stored(shape).items():
+        if key == ".trellis":
+            parts[key] = torch.randint(-(1 << 15), 1 << 15, stored, generator=gen, device=device, dtype=torch.int32)
+            parts[key] = parts[key].to(torch.int16)
+        elif key in (".suh", ".svh"):
+            signs = torch.randint(0, 2, stored, generator=gen, device=device).to(torch.float16) * 2 - 1
+            parts[key] = signs * (EXL3_SCALE if key == ".suh" else 1.0)
+        else:  # the codebook marker, an int32 scalar
+            parts[key] = torch.tensor(exl3.MULTIPLIERS["mul1"], dtype=torch.int64).to(torch.int32)
+    return parts
+
+
+EXL3_KEPT = re.compile(r".*(mlp\.gate|shared_expert_gate)\.weight$")  # routers stay BF16 (build_catalog.EXL3_KEPT)
+
+
+def exl3_layouts(tensors: list[Tensor], bits: Callable[[str], int]) -> list[Tensor]:
+    """The quantized linears of `tensors` (every non-BF16 one, and BF16 projections) in EXL3 at `bits(name)`."""
+    out = []
+    for t in tensors:
+        matrix = len(t.shape) - (1 if t.experts else 0) == 2
+        linear = matrix and t.name.endswith(".weight") and "embed_tokens" not in t.name and "conv1d" not in t.name
+        if linear and not EXL3_KEPT.match(t.name) and "codebook" not in t.name:
+            t = dataclasses.replace(t, layout=f"exl3-{bits(t.name)}bpw")
+        out.append(t)
+    return out
+
+
+def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
+    config = scale.text(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()))
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    config["quantization_config"] = exl3.quantization_config(4.0, 6, "mul1")
+    t = config["text_config"]
+    target = work / "qwen3.6-35b-a3b-exl3-4.00bpw"
+    tensors = exl3_layouts(qwen36_tensors(config, {}), lambda n: 6 if n == "lm_head.weight" else 4)
+    write_checkpoint(target, config, tensors, None, scale.device, exl3_codes)
+    write_byte_tokenizer(target, t["vocab_size"])
+    stage("target written (EXL3 4.00 bpw, lm_head 6, random codes)")
+    draft = work / "qwen3.6-dflash-exl3-2.50bpw"
+    draft_config, draft_tensors = dflash_tensors(
+        draft_shape(scale, ZLAB_35B, config), t["vocab_size"], t["num_hidden_layers"] + 1
+    )
+    draft_config["quantization_config"] = exl3.quantization_config(2.5, 6, "mul1")
+    draft_tensors = exl3_layouts(draft_tensors, lambda n: 2 if ".mlp." in n else 3)
+    write_checkpoint(draft, draft_config, draft_tensors, None, scale.device, exl3_codes)
+    stage("DFlash drafter written (EXL3: attention and fc 3 bits, MLP 2)")
+    return Built(
+        target,
+        [Drafted("dflash-exl3", draft)],
+        {"target": "EXL3 4.00 bpw, dequantized to BF16 at load", "drafter": "EXL3 2.50 bpw average"},
+    )
+
+
+PAIRS: dict[str, Callable[[Path, Scale, Callable[[str], None]], Built]] = {
+    "35b-nvfp4": build_35b,
+    "gguf": build_gguf,
+    "exl3": build_exl3,
+}
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def specpair(args: list[str]) -> tuple[int, str]:
+    """One `specpair` command in this process: (exit code, stdout). Errors raise (BadInput names the problem)."""
+    from specpair.cli import app
+
+    out = io.StringIO()
+    argv, sys.argv = sys.argv, ["specpair", *args]  # the command line the reports name
+    try:
+        with contextlib.redirect_stdout(out):
+            code = app(args, prog_name="specpair", standalone_mode=False)
+    finally:
+        sys.argv = argv
+    return int(code or 0), out.getvalue()
+
+
+def fresh_peak(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_bytes(device: str) -> int | None:
+    return torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+
+
+def load_once(target: Path, device: str) -> dict:
+    """The target loaded alone: seconds, resident bytes, bytes read, peak GPU memory."""
+    from specpair.runtime.loading import load, plan_load
+    from specpair.sources.model import open_model
+
+    fresh_peak(device)
+    start = time.perf_counter()
+    plan = plan_load(open_model(str(target)), device)
+    model = load(plan)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    files = [target] if target.is_file() else list(target.iterdir())
+    stored = sum(f.stat().st_size for f in files)
+    layouts = sorted({plan.model.layout(n) for n in plan.model.names})
+    result = {
+        "load_s": seconds,
+        "stored_bytes": stored,
+        "resident_bytes": plan.resident_bytes,
+        "packed": sorted({plan.model.layout(n) for n in plan.packed}),
+        "layouts": layouts,
+        "peak_gpu_bytes": peak_bytes(device),
+    }
+    del model, plan
+    return result
+
+
+def run_pair(args: argparse.Namespace, out: Path) -> dict:
+    scale = Scale(args.scale, args.device)
+    work = args.work / args.pair
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    figures: dict = {"pair": args.pair, "scale": args.scale, "device": args.device, "stages": []}
+    if args.device.startswith("cuda"):
+        figures["gpu"] = torch.cuda.get_device_name()
+
+    def stage(what: str, **extra) -> None:
+        elapsed = time.perf_counter() - start
+        figures["stages"].append({"stage": what, "elapsed_s": round(elapsed, 1), **extra})
+        print(f"[{elapsed:7.1f} s] {args.pair}: {what}", flush=True)
+
+    built = PAIRS[args.pair](work, scale, stage)
+    figures["notes"] = built.notes
+    figures["load"] = attempt(stage, "target loaded alone", lambda: load_once(built.target, args.device))
+    device = ["--device", args.device]
+    for d in built.drafters:
+        pair = [str(built.target), *([str(d.draft)] if d.draft else []), *d.options]
+        gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
+        gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
+        gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
+        figures[f"gate_{d.label}"] = attempt(stage, f"gate ({d.label})", lambda gate=gate: measured(gate, args.device))
+        if args.quick:
+            continue
+        bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
+        bench += ["--plot", str(out / f"seed_pairs_{args.pair}_{d.label}_depth.png")]
+        figures[f"bench_{d.label}"] = attempt(
+            stage, f"bench ({d.label})", lambda bench=bench: measured(bench + device, args.device)
+        )
+    figures["total_s"] = time.perf_counter() - start
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures
+
+
+def measured(args: list[str], device: str) -> dict:
+    fresh_peak(device)
+    held = torch.cuda.memory_allocated() if device.startswith("cuda") else None  # what an earlier stage left
+    start = time.perf_counter()
+    code, out = specpair(args)
+    return {
+        "command": shlex.join(["specpair", *args]),
+        "exit_code": code,
+        "wall_s": time.perf_counter() - start,
+        "peak_gpu_bytes": peak_bytes(device),
+        "gpu_bytes_held_before": held,
+        "document": json.loads(out),
+    }
+
+
+def attempt(stage: Callable[..., None], what: str, work: Callable[[], dict]) -> dict:
+    """`work`'s result, or its error: one failing stage leaves the others' figures (the device call is one shot)."""
+    try:
+        result = work()
+    except Exception as e:  # noqa: BLE001 - recorded and printed; the run goes on to the next stage
+        result = {"error": f"{type(e).__name__}: {e}"}
+        stage(f"{what} FAILED: {result['error']}")
+        return result
+    code = result.get("exit_code")
+    stage(what + (f" (exit {code})" if code else ""), **({"exit_code": code} if code is not None else {}))
+    return result
+
+
+def markdown(figures: dict) -> str:
+    from specpair.cli.bench import print_report
+
+    lines = [f"# Seed pair `{figures['pair']}` ({figures['scale']} scale, {figures.get('gpu', figures['device'])})", ""]
+    lines += [f"- {k}: {v}" for k, v in figures["notes"].items()]
+    load = figures["load"]
+    if "error" in load:
+        lines.append(f"- load: FAILED {load['error']}")
+    else:
+        peak = load["peak_gpu_bytes"]
+        lines.append(
+            f"- target alone: {load['stored_bytes'] / GB:.1f} GB stored, loaded in {load['load_s']:.1f} s, resident "
+            f"{load['resident_bytes'] / GB:.1f} GB, peak GPU memory {peak / GB:.1f} GB"
+            if peak is not None
+            else f"- target alone: loaded in {load['load_s']:.1f} s, resident {load['resident_bytes'] / GB:.3f} GB"
+        )
+        lines.append(f"- kept packed: {', '.join(load['packed']) or 'none'}; stored: {', '.join(load['layouts'])}")
+    for key, value in figures.items():
+        if not key.startswith(("gate_", "bench_")):
+            continue
+        lines += ["", f"## {key.replace('_', ' ', 1)}", ""]
+        if "error" in value:
+            lines.append(f"FAILED: {value['error']}")
+            continue
+        peak = value["peak_gpu_bytes"]
+        lines.append(
+            f"`{value['command']}`: exit {value['exit_code']}, {value['wall_s']:.0f} s"
+            + (f", peak GPU memory {peak / GB:.1f} GB" if peak is not None else "")
+        )
+        document = value["document"]
+        if key.startswith("gate_"):
+            lines += ["", document["summary"], ""]
+            lines += [f"- {run_summary(r)}" for r in document["runs"]]
+        else:
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                print_report(document, md=True)
+            lines += ["", text.getvalue()]
+    lines += ["", f"total {figures['total_s']:.0f} s", ""]
+    return "\n".join(lines)
+
+
+def run_summary(run: dict) -> str:
+    """One gate cell: its setting, verdict, τ and speed."""
+    verdict = {True: "identical", False: "DIFFERENT", None: f"inconclusive ({run['inconclusive']})"}[run["identical"]]
+    rates = run["tokens_per_s"]
+    return (
+        f"T={run['sampling']['temperature']:g} seed {run['sampling']['seed']}, batch {run['batch']}: {verdict}, "
+        f"{run['compared_tokens']} tokens compared, τ {run['tau']:.2f}, {rates['drafted']:.1f} vs "
+        f"{rates['undrafted']:.1f} tok/s undrafted ({run['speedup']:.2f}×)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=list(PAIRS), required=True)
+    parser.add_argument("--scale", choices=("real", "tiny"), default="real")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/specpair-seed-pairs"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    parser.add_argument("--users", default="1,2,4,8")
+    parser.add_argument("--depth", default="0,3k,5k,8k", help="the drafters' 4096 windows are crossed by 5k and 8k")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per sequence in bench")
+    parser.add_argument("--gate-tokens", type=int, default=32, help="tokens per prompt and setting in the gate")
+    parser.add_argument("--gate-batch", type=int, help="the gate at this concurrency only (default: 1 and 4)")
+    parser.add_argument(
+        "--quick", action="store_true", help="the gate on one prompt, greedy only; no bench (the CPU test's run)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
+    args = parser.parse_args(argv)
+    out = args.out or args.work
+    out.mkdir(parents=True, exist_ok=True)
+    figures = run_pair(args, out)
+    (out / f"seed_pairs_{args.pair}.json").write_text(json.dumps(figures, indent=2, default=str))
+    (out / f"seed_pairs_{args.pair}.md").write_text(markdown(figures))
+    print(markdown(figures), flush=True)
+    gates = [v for k, v in figures.items() if k.startswith("gate_")]
+    return 0 if all(g.get("exit_code") == 0 for g in gates) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
