@@ -17,7 +17,7 @@ Pairs (one row of PAIRS each):
   (`--draft-bits 4`) and with the MTP head (`--mtp`).
 - `gguf`, the llama.cpp pair: the same target written as NVFP4 safetensors, then `specpair convert`ed to a
   `qwen35moe` GGUF with a UD-Q4_K_M-style per-tensor mix (GGUF_MIX: unsloth's exact per-tensor types are not
-  recorded in ../shared/spec; the mix is llama.cpp's Q4_K_M rule, which the catalog reconstructs the file by,
+  recorded in the project's notes on targets and formats; the mix is llama.cpp's Q4_K_M rule, which the catalog reconstructs the file by,
   plus unsloth-dynamic-style upgrades so that all four types occur: Q8_0 shared experts and SSM alpha/beta, Q5_K
   attention and SSM input projections), round to nearest (`:rtn`: same bytes layout as the search, minutes
   faster at 35B); the drafter is z-lab's Qwen3.6-35B-A3B-DFlash (c69b185 shape: 6 layers, 8 taps, block 16)

@@ -1,0 +1,102 @@
+"""benchmarks/seed_pairs_gpu.py at tiny scale on the CPU: each seed pair's builders write every tensor name, layout
+and per-tensor type of the real checkpoints, shrunk, and the pair goes through `specpair run`'s gate (one prompt,
+greedy, solo), which must find drafted == undrafted. The GPU run is the same code at real shape."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import seed_pairs_gpu  # noqa: E402
+
+from specpair.formats.gguf import read_local  # noqa: E402
+from specpair.sources.model import open_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny ops on 2 shared cores: a second torch thread only spins against the other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_tiny(pair: str, tmp_path: Path) -> dict:
+    """The script as the CPU runs it: its exit code must say every gate passed, and its figures are returned."""
+    args = ["--pair", pair, "--scale", "tiny", "--device", "cpu", "--quick", "--gate-batch", "1", "--gate-tokens", "16"]
+    code = seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--keep"])
+    figures = json.loads((tmp_path / f"seed_pairs_{pair}.json").read_text())
+    assert code == 0, figures["stages"]
+    assert (tmp_path / f"seed_pairs_{pair}.md").read_text().startswith(f"# Seed pair `{pair}` (tiny scale, cpu)")
+    return figures
+
+
+def gates(figures: dict) -> dict[str, dict]:
+    found = {k.removeprefix("gate_"): v["document"] for k, v in figures.items() if k.startswith("gate_")}
+    for label, document in found.items():
+        assert document["identical"] is True, label
+        assert [r["compared_tokens"] for r in document["runs"]] == [16], label
+    return found
+
+
+def test_35b_nvfp4_pair_with_dflash2_and_mtp(tmp_path: Path) -> None:
+    figures = run_tiny("35b-nvfp4", tmp_path)
+    assert set(gates(figures)) == {"dflash2-affine4", "mtp"}
+    assert figures["load"]["layouts"] == ["bf16", "fp8-tensor", "nvfp4-modelopt"]
+    draft = open_model(str(tmp_path / "work" / "35b-nvfp4" / "incoai-dflash2"))
+    assert draft.hf_config["architectures"] == ["DFlash2DraftModel"]
+    assert draft.hf_config["dflash_config"]["mask_token_id"] == 512 - (248320 - 248077)
+    assert "candidate_selector.successor_codebook" in draft.weights
+
+
+def test_gguf_pair_has_the_four_kquant_types_and_the_dflash_arch(tmp_path: Path) -> None:
+    figures = run_tiny("gguf", tmp_path)
+    assert set(gates(figures)) == {"dflash-q8_0"}
+    work = tmp_path / "work" / "gguf"
+    target = read_local(str(work / "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf"))
+    types = {t.name: t.dtype for t in target.tensors}
+    assert target.fields["general.architecture"] == "qwen35moe"
+    assert (types["output.weight"], types["token_embd.weight"]) == ("Q6_K", "Q4_K")
+    # layers 0 and 7 are in the first and last eighth (llama.cpp's "more bits"), layer 1 is not; 3 is full attention
+    assert (types["blk.0.ffn_down_exps.weight"], types["blk.1.ffn_down_exps.weight"]) == ("Q6_K", "Q4_K")
+    assert (types["blk.3.attn_v.weight"], types["blk.3.attn_q.weight"]) == ("Q6_K", "Q5_K")
+    assert (types["blk.0.ssm_alpha.weight"], types["blk.0.ffn_up_shexp.weight"]) == ("Q8_0", "Q8_0")
+    assert figures["load"]["layouts"] == ["f32", "gguf-Q4_K", "gguf-Q5_K", "gguf-Q6_K", "gguf-Q8_0"]
+    draft = read_local(str(work / "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"))
+    assert draft.fields["general.architecture"] == "dflash"
+    assert {t.dtype for t in draft.tensors} == {"Q8_0", "F32"}
+
+
+def test_exl3_pair_draws_codes_of_the_published_bits(tmp_path: Path) -> None:
+    figures = run_tiny("exl3", tmp_path)
+    assert set(gates(figures)) == {"dflash-exl3"}
+    assert figures["load"]["layouts"] == ["bf16", "exl3-4bpw", "exl3-6bpw"]
+    work = tmp_path / "work" / "exl3"
+    target = open_model(str(work / "qwen3.6-35b-a3b-exl3-4.00bpw"))
+    assert target.layout("lm_head.weight") == "exl3-6bpw"
+    w = target.load("layers.0.mlp.experts.down_proj.weight")  # the stack, each expert drawn apart
+    assert abs(float(w.pow(2).mean().sqrt()) - seed_pairs_gpu.EXL3_SCALE) < 0.002  # codes at the intended scale
+    draft = open_model(str(work / "qwen3.6-dflash-exl3-2.50bpw"))
+    assert (draft.layout("layers.0.self_attn.q_proj.weight"), draft.layout("layers.0.mlp.up_proj.weight")) == (
+        "exl3-3bpw",
+        "exl3-2bpw",
+    )
+    assert draft.layout("fc.weight") == "exl3-3bpw"
+
+
+def test_tiny_scale_keeps_the_published_taps_apart_and_the_layers_cut() -> None:
+    config = json.loads((seed_pairs_gpu.CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())
+    tiny = seed_pairs_gpu.Scale("tiny", "cpu")
+    shape = seed_pairs_gpu.draft_shape(tiny, seed_pairs_gpu.ZLAB_35B, tiny.text(config))
+    assert len(set(shape.taps)) == len(seed_pairs_gpu.ZLAB_35B.taps) and max(shape.taps) < 8
+    quant = json.loads((seed_pairs_gpu.CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text())
+    layers = tiny.quant(quant)["quantization"]["quantized_layers"]
+    assert layers and all(".layers.8." not in k and ".layers.39." not in k for k in layers)
+    assert any(".layers.7." in k for k in layers)
