@@ -115,11 +115,10 @@ def write_checkpoint(
         c = codec(t.layout)
         if t.experts:  # one encode for the stack (one tensor scale), written expert by expert
             parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)
-            rows = t.shape[1]
             for e in range(t.experts):
                 name = t.name.format(e=e)
-                for key, part in parts.items():
-                    one = part if part.ndim == 0 else part[e * rows : (e + 1) * rows]
+                for key, part in parts.items():  # each expert's share of a part's rows (FP8 blocks: rows / 128)
+                    one = part if part.ndim == 0 else part.reshape(t.experts, -1, *part.shape[1:])[e]
                     writer.write(name if key == "" else name.removesuffix(".weight") + key, one)
         else:
             parts = c.encode(w, t.name)
@@ -135,8 +134,12 @@ def write_checkpoint(
 # ------------------------------------------------------------------------------------------------ shapes
 
 
-def qwen36_tensors(config: dict, quantized: dict[str, dict]) -> list[Tensor]:
-    """The LM of Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (MTP and vision left out)."""
+def qwen36_tensors(
+    config: dict, quantized: dict[str, dict], layouts: Callable[[str], str] | None = None
+) -> list[Tensor]:
+    """The LM of Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (MTP and vision left out), or of any
+    Qwen3.5/3.6 MoE config; `layouts` gives a linear's layout by module (a stack of experts without `.{e}`) instead
+    of ModelOpt's `quantized` table."""
     t = config["text_config"]
     h, vocab = t["hidden_size"], t["vocab_size"]
     heads, kv, d = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
@@ -152,10 +155,14 @@ def qwen36_tensors(config: dict, quantized: dict[str, dict]) -> list[Tensor]:
 
     def linear(module: str, shape: tuple[int, int], experts: int = 0) -> Tensor:
         key = module.replace(".{e}", "") if experts else module
-        algo = quantized.get(
-            key.removesuffix(".gate_proj").removesuffix(".up_proj").removesuffix(".down_proj") if experts else key, {}
-        ).get("quant_algo")
-        layout = {"FP8": "fp8-tensor", "W4A16_NVFP4": "nvfp4-modelopt", "NVFP4": "nvfp4-modelopt"}.get(algo, "bf16")
+        if layouts is not None:
+            layout = layouts(key)
+        else:
+            algo = quantized.get(
+                key.removesuffix(".gate_proj").removesuffix(".up_proj").removesuffix(".down_proj") if experts else key,
+                {},
+            ).get("quant_algo")
+            layout = {"FP8": "fp8-tensor", "W4A16_NVFP4": "nvfp4-modelopt", "NVFP4": "nvfp4-modelopt"}.get(algo, "bf16")
         return Tensor(module + ".weight", (experts, *shape) if experts else shape, layout, experts=experts)
 
     out = [Tensor(p + "embed_tokens.weight", (vocab, h))]

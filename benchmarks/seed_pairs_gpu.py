@@ -70,11 +70,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import write_byte_tokenizer  # noqa: E402
 from runtime_gpu import CONFIGS, GB, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
-from speculative_gpu import INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
+from speculative_gpu import DFLASH2, INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
 
+from specpair.convert.quant_configs import quantization_files  # noqa: E402
 from specpair.formats import exl3  # noqa: E402
-from specpair.formats.codecs import codec  # noqa: E402
+from specpair.formats.codecs import codec, stored_nbytes  # noqa: E402
 from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
+
+QWEN36 = "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
+QWEN35_122B = "Qwen__Qwen3.5-122B-A10B.json"
+
+# coral-bricks-ai/qwen35-122b-dflash2-drafter (tools/build_catalog.py's DRAFTERS row: heads and FFN as z-lab's 122B
+# drafter, every layer sliding, incoai's DFlash2 selector)
+CORAL_122B = DraftShape(3072, 6, 32, 8, 128, 9216, 6, 8192, [1, 7, 14, 20, 26, 32, 39, 45], 248077, 12, DFLASH2)
 
 # z-lab/Qwen3.6-35B-A3B-DFlash at c69b185 (tools/build_catalog.py's DRAFTERS row): the drafter the llama.cpp and
 # ExLlamaV3 pairs convert
@@ -154,9 +162,11 @@ class Scale:
             heads=TINY_DRAFT["heads"],
             kv_heads=TINY_DRAFT["kv_heads"],
             ffn=TINY_DRAFT["ffn"],
-            sliding_layers=min(shape.sliding_layers, TINY_DRAFT["layers"] - 1),
+            sliding_layers=TINY_DRAFT["layers"]
+            if shape.sliding_layers == shape.layers
+            else min(shape.sliding_layers, TINY_DRAFT["layers"] - 1),
             window=TINY_DRAFT["window"],
-            taps=[round(t * layers / real_layers) for t in shape.taps],
+            taps=[min(round(t * layers / real_layers), layers - 1) for t in shape.taps],
             mask_token_id=shape.mask_token_id - real_vocab + vocab,
             dflash2=dflash2,
         )
@@ -184,7 +194,7 @@ def cut_layers(value, layers: int):
 
 def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path, dict]:
     """Qwen3.6-35B-A3B NVFP4 + FP8 (with its MTP head when `mtp`) and the byte tokenizer; its config."""
-    config = scale.text(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()))
+    config = scale.text(json.loads((CONFIGS / QWEN36).read_text()))
     hf_quant = scale.quant(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text()))
     directory = work / name
     tensors = qwen36_tensors(config, hf_quant["quantization"]["quantized_layers"])
@@ -199,8 +209,8 @@ def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path,
     return directory, config
 
 
-def draft_shape(scale: Scale, shape: DraftShape, config: dict) -> DraftShape:
-    real = json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())["text_config"]
+def draft_shape(scale: Scale, shape: DraftShape, config: dict, real_config: str = QWEN36) -> DraftShape:
+    real = json.loads((CONFIGS / real_config).read_text())["text_config"]
     return scale.draft(shape, real["num_hidden_layers"], config["text_config"]["vocab_size"], real["vocab_size"])
 
 
@@ -326,22 +336,23 @@ def exl3_layouts(tensors: list[Tensor], bits: Callable[[str], int]) -> list[Tens
 
 
 def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
-    config = scale.text(json.loads((CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text()))
+    config = scale.text(json.loads((CONFIGS / QWEN36).read_text()))
     config = {k: v for k, v in config.items() if k != "quantization_config"}
-    config["quantization_config"] = exl3.quantization_config(4.0, 6, "mul1")
     t = config["text_config"]
     target = work / "qwen3.6-35b-a3b-exl3-4.00bpw"
     tensors = exl3_layouts(qwen36_tensors(config, {}), lambda n: 6 if n == "lm_head.weight" else 4)
-    write_checkpoint(target, config, tensors, None, scale.device, exl3_codes)
+    keys, files = quantization_keys(tensors)
+    fits(work, [tensors])
+    write_checkpoint(target, {**config, **keys}, tensors, files, scale.device, exl3_codes)
     write_byte_tokenizer(target, t["vocab_size"])
     stage("target written (EXL3 4.00 bpw, lm_head 6, random codes)")
     draft = work / "qwen3.6-dflash-exl3-2.50bpw"
     draft_config, draft_tensors = dflash_tensors(
         draft_shape(scale, ZLAB_35B, config), t["vocab_size"], t["num_hidden_layers"] + 1
     )
-    draft_config["quantization_config"] = exl3.quantization_config(2.5, 6, "mul1")
     draft_tensors = exl3_layouts(draft_tensors, lambda n: 2 if ".mlp." in n else 3)
-    write_checkpoint(draft, draft_config, draft_tensors, None, scale.device, exl3_codes)
+    keys, files = quantization_keys(draft_tensors)
+    write_checkpoint(draft, {**draft_config, **keys}, draft_tensors, files, scale.device, exl3_codes)
     stage("DFlash drafter written (EXL3: attention and fc 3 bits, MLP 2)")
     return Built(
         target,
@@ -350,10 +361,59 @@ def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     )
 
 
+# Qwen's FP8 exports leave these linears in BF16 (targets.md §2.3, as tools/build_catalog.py reconstructs them)
+FP8_KEPT = re.compile(r".*(mlp\.gate|shared_expert_gate|linear_attn\.in_proj_a|linear_attn\.in_proj_b)$|lm_head")
+
+
+def build_122b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
+    config = scale.text(json.loads((CONFIGS / QWEN35_122B).read_text()))
+    tensors = qwen36_tensors(config, {}, lambda module: "bf16" if FP8_KEPT.match(module) else "fp8-block")
+    t = config["text_config"]
+    draft_config, draft_tensors = dflash_tensors(
+        draft_shape(scale, CORAL_122B, config, QWEN35_122B), t["vocab_size"], t["num_hidden_layers"]
+    )
+    fits(work, [tensors, draft_tensors])
+    keys, _ = quantization_keys(tensors)
+    target = work / "qwen3.5-122b-a10b-fp8"
+    write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
+    write_byte_tokenizer(target, t["vocab_size"], MERGES)
+    stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
+    draft = work / "coral-bricks-dflash2"
+    write_checkpoint(draft, draft_config, draft_tensors, None, scale.device)
+    stage("DFlash2 drafter written (BF16, block 12, window 8192)")
+    return Built(
+        target,
+        [Drafted("dflash2", draft)],
+        {"target": "Qwen/Qwen3.5-122B-A10B-FP8 layout", "drafter": "coral-bricks DFlash2 shape, BF16"},
+    )
+
+
+def quantization_keys(tensors: list[Tensor]) -> tuple[dict, dict]:
+    """(config.json keys, extra JSON files) the converter writes for these layouts (convert/quant_configs.py)."""
+    layouts, stored = {}, {}
+    for t in tensors:
+        shape = t.shape[1:] if t.experts else t.shape
+        if len(shape) != 2:
+            continue
+        for name in [t.name.format(e=e) for e in range(t.experts)] if t.experts else [t.name]:
+            layouts[name.removesuffix(".weight")] = t.layout
+            stored[name.removesuffix(".weight")] = codec(t.layout).stored(shape)
+    return quantization_files(layouts, set(), stored, None)
+
+
+def fits(work: Path, checkpoints: list[list[Tensor]]) -> None:
+    """Refuse up front (one line) when the checkpoints cannot be written under `work`."""
+    needed = sum(stored_nbytes(dtype, shape) for ts in checkpoints for t in ts for _, dtype, shape in t.planned())
+    free = shutil.disk_usage(work).free
+    if needed > free:
+        sys.exit(f"{work}: the checkpoints need {needed / GB:.0f} GB of disk, {free / GB:.0f} GB are free")
+
+
 PAIRS: dict[str, Callable[[Path, Scale, Callable[[str], None]], Built]] = {
     "35b-nvfp4": build_35b,
     "gguf": build_gguf,
     "exl3": build_exl3,
+    "122b-fp8": build_122b,
 }
 
 
@@ -428,7 +488,8 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
 
     built = PAIRS[args.pair](work, scale, stage)
     figures["notes"] = built.notes
-    figures["load"] = attempt(stage, "target loaded alone", lambda: load_once(built.target, args.device))
+    if not args.skip_load:
+        figures["load"] = attempt(stage, "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
     for d in built.drafters:
         pair = [str(built.target), *([str(d.draft)] if d.draft else []), *d.options]
@@ -482,7 +543,7 @@ def markdown(figures: dict) -> str:
 
     lines = [f"# Seed pair `{figures['pair']}` ({figures['scale']} scale, {figures.get('gpu', figures['device'])})", ""]
     lines += [f"- {k}: {v}" for k, v in figures["notes"].items()]
-    load = figures["load"]
+    load = figures.get("load", {"error": "not run (--skip-load)"})
     if "error" in load:
         lines.append(f"- load: FAILED {load['error']}")
     else:
@@ -545,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="the gate on one prompt, greedy only; no bench (the CPU test's run)"
     )
+    parser.add_argument("--skip-load", action="store_true", help="no load of the target alone (its time and memory)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
     args = parser.parse_args(argv)
     out = args.out or args.work

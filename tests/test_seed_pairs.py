@@ -100,3 +100,18 @@ def test_tiny_scale_keeps_the_published_taps_apart_and_the_layers_cut() -> None:
     layers = tiny.quant(quant)["quantization"]["quantized_layers"]
     assert layers and all(".layers.8." not in k and ".layers.39." not in k for k in layers)
     assert any(".layers.7." in k for k in layers)
+
+
+def test_122b_fp8_pair_keeps_qwens_bf16_modules_and_coral_bricks_shape(tmp_path: Path) -> None:
+    figures = run_tiny("122b-fp8", tmp_path)
+    assert set(gates(figures)) == {"dflash2"}
+    assert figures["load"]["layouts"] == ["bf16", "fp8-block"]
+    work = tmp_path / "work" / "122b-fp8"
+    target = open_model(str(work / "qwen3.5-122b-a10b-fp8"))
+    quantization = target.hf_config["quantization_config"]
+    assert (quantization["quant_method"], quantization["weight_block_size"]) == ("fp8", [128, 128])
+    assert target.layout("layers.0.mlp.experts.down_proj.weight") == "fp8-block"  # experts written one by one
+    assert {target.layout(n) for n in ("layers.0.linear_attn.in_proj_a.weight", "lm_head.weight")} == {"bf16"}
+    dflash = open_model(str(work / "coral-bricks-dflash2")).hf_config
+    assert dflash["dflash_config"]["block_size"] == 12 and set(dflash["layer_types"]) == {"sliding_attention"}
+    assert dflash["sliding_window"] == seed_pairs_gpu.TINY_DRAFT["window"]
