@@ -2,49 +2,58 @@
 `specpair run` (the gate: drafted == undrafted in every cell) and `specpair bench` (users by depth).
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
-        --pair 35b-nvfp4|gguf|exl3 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
-        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N]
+        --pair 35b-nvfp4|gguf|exl3|122b-fp8 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
+        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load]
 
-The lead's device commands, one pair per call (each under 10 minutes; `$OUT` comes back):
+On the GPU machine, one pair per device call (the repository root as the working directory; orjson, and for the
+gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other GPU benchmarks):
 
-    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4
-    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair gguf      # needs the gguf wheel (gguf-py)
-    PYTHONPATH=.. python3 benchmarks/seed_pairs_gpu.py --pair exl3
+    mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/specpair && PYTHONPATH=/tmp/pkgs:/tmp/site \
+        python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4        # likewise --pair gguf, --pair exl3
+    ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # 124 GB of disk
 
 Pairs (one row of PAIRS each):
-- `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (benchmarks/runtime_gpu.py,
-  benchmarks/speculative_gpu.py), gated and benched with incoai's DFlash2 drafter quantized to affine-4 at load
-  (`--draft-bits 4`) and with the MTP head (`--mtp`).
+- `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (runtime_gpu.py and
+  speculative_gpu.py's builders), with incoai's DFlash2 drafter quantized to affine-4 at load (`--draft-bits 4`)
+  and with the MTP head (`--mtp`).
 - `gguf`, the llama.cpp pair: the same target written as NVFP4 safetensors, then `specpair convert`ed to a
-  `qwen35moe` GGUF with a UD-Q4_K_M-style per-tensor mix (GGUF_MIX: unsloth's exact per-tensor types are not
-  recorded in the project's notes on targets and formats; the mix is llama.cpp's Q4_K_M rule, which the catalog reconstructs the file by,
-  plus unsloth-dynamic-style upgrades so that all four types occur: Q8_0 shared experts and SSM alpha/beta, Q5_K
-  attention and SSM input projections), round to nearest (`:rtn`: same bytes layout as the search, minutes
-  faster at 35B); the drafter is z-lab's Qwen3.6-35B-A3B-DFlash (c69b185 shape: 6 layers, 8 taps, block 16)
-  converted to the upstream `dflash` GGUF arch in Q8_0 with `--target` (the layout williamliao's file has).
-  Writing GGUF needs gguf-py (`pip install gguf`): carry its wheel to the GPU machine.
-- `exl3`, the ExLlamaV3 pair: UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw (4 bits every quantized linear,
-  lm_head 6, routers and embeddings BF16) with UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw (z-lab's
-  c69b185 shape, 3-bit attention and fc, 2-bit MLP), as tools/build_catalog.py reconstructs them. The trellis
-  codes are drawn at random instead of encoded (every code is a weight of the layout; the Viterbi search runs
-  at ~44k tiles/s, ~50 minutes for 35B): suh/svh are random signs at a scale that gives weights of RMS ~0.02.
-  The runtime has no EXL3 kernel: EXL3 weights are dequantized to BF16 at load (runtime/loading.py keeps packed
-  only layouts with a matmul kernel), so the target holds ~70 GB on the GPU.
+  `qwen35moe` GGUF with a UD-Q4_K_M-style per-tensor mix, GGUF_MIX. Unsloth's exact per-tensor types are recorded
+  nowhere in the project: the mix is llama.cpp's Q4_K_M rule (Q6_K output, and attn_v / ffn_down_exps in the "more
+  bits" layers; the catalog reconstructs the file by it) plus unsloth-dynamic-style upgrades so that all four
+  types occur: Q8_0 shared experts and SSM alpha/beta, Q5_K attention and SSM projections. Round to nearest
+  (`:rtn`): the same layout as the search, minutes faster at 35B. The drafter: z-lab's Qwen3.6-35B-A3B-DFlash
+  (c69b185: 6 layers, 8 taps, block 16) converted to the upstream `dflash` GGUF arch in Q8_0 with `--target`, the
+  layout of williamliao's file. Writing GGUF needs gguf-py.
+- `exl3`, the ExLlamaV3 pair: UnstableLlama/Qwen3.6-35B-A3B-exl3-4.00bpw (4 bits every quantized linear, lm_head 6,
+  routers and embeddings BF16) with UnstableLlama/Qwen3.6-35B-A3B-DFlash-exl3-2.50bpw (z-lab's c69b185 shape,
+  3-bit attention and fc, 2-bit MLP), as tools/build_catalog.py reconstructs them. The trellis codes are drawn at
+  random, not encoded: every code is a weight of the layout, and the Viterbi search (~44k tiles/s) would take ~50
+  minutes for 35B; suh carries random signs at EXL3_SCALE, svh random signs. specpair has no EXL3 matmul kernel:
+  EXL3 weights are dequantized to BF16 at load (runtime/loading.py keeps packed only layouts with a kernel), so
+  the target holds ~69 GB on the GPU against 18.4 GB stored.
+- `122b-fp8`: Qwen3.5-122B-A10B in Qwen's FP8 128x128 block layout (experts one by one; embeddings, lm_head,
+  norms, routers, shared_expert_gate and in_proj_a/b BF16), 123.7 GB, with a coral-bricks-shaped DFlash2 drafter
+  (block 12, taps [1,7,14,20,26,32,39,45], every layer sliding with window 8192, mask 248077, 6 layers; 1.86 GB,
+  as its card says). It is written to disk like the others, so it needs ~126 GB free under --work: on the
+  64 GiB machine it stops before writing, in one line. Feeding the loader tensors generated in memory instead
+  needs a seam the sources layer does not have yet: tensor bytes are read by path (formats/weights.py read_parts
+  and read_cut call safetensors.read_tensor(os.path.join(root, file), info)), not through `Model.reader`, the
+  LocalFiles object that serves every other file; and `specpair run` / `bench` open their checkpoint from a path
+  string (app/gate.py run_gate, app/bench.py run_bench -> open_model). With a reader method that returns a
+  weight's stored parts (and a cut of them), open_model taking a reader, and the app functions taking an opened
+  Model, a generated-tensors reader could stand in for LocalFiles with no special case below it.
 
-Not here: Qwen3.5-122B-A10B-FP8 with a coral-bricks DFlash2 drafter (see the report in the README's benchmark
-list): its ~125 GB cannot be written to the GPU machine's 64 GiB disk, and the loader reads tensor bytes by path
-(formats/weights.py read_parts -> safetensors.read_tensor(os.path.join(root, file))), not through the
-`Model.reader` object that serves every other file; the seam for an in-memory source is that call.
-
-Each pair: stages printed with elapsed seconds as they end (flushed), then in --out (default $OUT, else --work):
-seed_pairs_<pair>.json (every stage's result: load time, resident bytes and peak GPU memory; the gate's and the
-bench's documents, specpair.gate and specpair.bench/1) and seed_pairs_<pair>.md (the gate's verdict per cell and
-the bench tables). A stage that fails is recorded with its error and the next one runs. `--scale tiny` keeps every
-layout, tensor name and per-tensor type and shrinks widths, experts, layers and vocabulary (TINY_TEXT,
-tiny_draft): tests/test_seed_pairs.py runs each pair so on the CPU.
+Each pair: a line per stage with the elapsed seconds (flushed), and after every stage (so a run cut off keeps what
+it measured) in --out (default $OUT, else --work): seed_pairs_<pair>.json (each stage's result: the target's load
+time, resident bytes and peak GPU memory alone; each command line, its exit code, wall time, peak GPU memory and
+its document: the gate's and bench's --json) and seed_pairs_<pair>.md (the gate's cells and bench's tables), and
+bench's depth plots. Every `specpair` command runs in this process, as the CLI parses it. A stage that fails is
+recorded with its error and the next one runs. `--scale tiny` keeps every layout, tensor name and per-tensor type
+and shrinks widths, experts, layers and vocabulary (TINY_TEXT, TINY_DRAFT); tests/test_seed_pairs.py runs each
+pair so on the CPU, with `--quick` (the gate on one prompt, greedy, solo; no bench).
 
 With random weights τ is near 1: what this measures is exactness and the cost of the steps at real shape. The
-tokenizer is bench_gpu.py's byte-level BPE without merges.
+tokenizer is bench_gpu.py's byte-level BPE with one merge (a GGUF needs one).
 """
 
 from __future__ import annotations
@@ -118,6 +127,10 @@ GGUF_MIX = (
     (r"blk\.\d+\.(attn_qkv|attn_gate|attn_q|attn_k|attn_output|ssm_out)\.weight", "Q5_K"),
 )
 GGUF_DEFAULT = "Q4_K"
+CONVERT_WORKERS = (
+    "--workers",
+    "4",
+)  # tensors read, quantized and written at once (convert_speed.py used 8 on the H200)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +294,9 @@ def build_gguf(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     specpair(["convert", str(draft_source), str(draft), "--to", "gguf:Q8_0", "--target", str(source), *device])
     stage("drafter converted to the dflash GGUF arch, Q8_0")
     keeps = gguf_keeps(t["num_hidden_layers"])
-    specpair(["convert", str(source), str(target), "--to", f"gguf:{GGUF_DEFAULT}:rtn", *keeps, *device])
+    specpair(
+        ["convert", str(source), str(target), "--to", f"gguf:{GGUF_DEFAULT}:rtn", *keeps, *device, *CONVERT_WORKERS]
+    )
     stage(f"target converted to GGUF ({target.stat().st_size / GB:.1f} GB, {len(keeps) // 2} tensors kept off Q4_K)")
     shutil.rmtree(source, ignore_errors=True)
     shutil.rmtree(draft_source, ignore_errors=True)
@@ -484,7 +499,9 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
     def stage(what: str, **extra) -> None:
         elapsed = time.perf_counter() - start
         figures["stages"].append({"stage": what, "elapsed_s": round(elapsed, 1), **extra})
+        figures["total_s"] = elapsed
         print(f"[{elapsed:7.1f} s] {args.pair}: {what}", flush=True)
+        write_results(out, figures)  # after every stage: a run cut off at its time limit keeps what it measured
 
     built = PAIRS[args.pair](work, scale, stage)
     figures["notes"] = built.notes
@@ -504,7 +521,6 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         figures[f"bench_{d.label}"] = attempt(
             stage, f"bench ({d.label})", lambda bench=bench: measured(bench + device, args.device)
         )
-    figures["total_s"] = time.perf_counter() - start
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return figures
@@ -538,12 +554,21 @@ def attempt(stage: Callable[..., None], what: str, work: Callable[[], dict]) -> 
     return result
 
 
+def write_results(out: Path, figures: dict) -> None:
+    """seed_pairs_<pair>.json and .md, each written under a temporary name and renamed."""
+    for suffix, text in (("json", json.dumps(figures, indent=2, default=str)), ("md", markdown(figures))):
+        path = out / f"seed_pairs_{figures['pair']}.{suffix}"
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(text)
+        temporary.replace(path)
+
+
 def markdown(figures: dict) -> str:
     from specpair.cli.bench import print_report
 
     lines = [f"# Seed pair `{figures['pair']}` ({figures['scale']} scale, {figures.get('gpu', figures['device'])})", ""]
-    lines += [f"- {k}: {v}" for k, v in figures["notes"].items()]
-    load = figures.get("load", {"error": "not run (--skip-load)"})
+    lines += [f"- {k}: {v}" for k, v in figures.get("notes", {}).items()]
+    load = figures.get("load", {"error": "not run"})
     if "error" in load:
         lines.append(f"- load: FAILED {load['error']}")
     else:
@@ -612,8 +637,6 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.work
     out.mkdir(parents=True, exist_ok=True)
     figures = run_pair(args, out)
-    (out / f"seed_pairs_{args.pair}.json").write_text(json.dumps(figures, indent=2, default=str))
-    (out / f"seed_pairs_{args.pair}.md").write_text(markdown(figures))
     print(markdown(figures), flush=True)
     gates = [v for k, v in figures.items() if k.startswith("gate_")]
     return 0 if all(g.get("exit_code") == 0 for g in gates) else 1
