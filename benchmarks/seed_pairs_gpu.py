@@ -506,20 +506,24 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
     built = PAIRS[args.pair](work, scale, stage)
     figures["notes"] = built.notes
     if not args.skip_load:
-        figures["load"] = attempt(stage, "target loaded alone", lambda: load_once(built.target, args.device))
+        attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
     for d in built.drafters:
         pair = [str(built.target), *([str(d.draft)] if d.draft else []), *d.options]
         gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
-        figures[f"gate_{d.label}"] = attempt(stage, f"gate ({d.label})", lambda gate=gate: measured(gate, args.device))
+        attempt(stage, figures, f"gate_{d.label}", f"gate ({d.label})", lambda gate=gate: measured(gate, args.device))
         if args.quick:
             continue
         bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
         bench += ["--plot", str(out / f"seed_pairs_{args.pair}_{d.label}_depth.png")]
-        figures[f"bench_{d.label}"] = attempt(
-            stage, f"bench ({d.label})", lambda bench=bench: measured(bench + device, args.device)
+        attempt(
+            stage,
+            figures,
+            f"bench_{d.label}",
+            f"bench ({d.label})",
+            lambda bench=bench: measured(bench + device, args.device),
         )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -541,17 +545,17 @@ def measured(args: list[str], device: str) -> dict:
     }
 
 
-def attempt(stage: Callable[..., None], what: str, work: Callable[[], dict]) -> dict:
-    """`work`'s result, or its error: one failing stage leaves the others' figures (the device call is one shot)."""
+def attempt(stage: Callable[..., None], figures: dict, key: str, what: str, work: Callable[[], dict]) -> None:
+    """figures[key]: `work`'s result, or its error (one failing stage leaves the others' figures: the device call is
+    one shot); then the stage's line, which writes the results."""
     try:
-        result = work()
+        figures[key] = work()
     except Exception as e:  # noqa: BLE001 - recorded and printed; the run goes on to the next stage
-        result = {"error": f"{type(e).__name__}: {e}"}
-        stage(f"{what} FAILED: {result['error']}")
-        return result
-    code = result.get("exit_code")
+        figures[key] = {"error": f"{type(e).__name__}: {e}"}
+        stage(f"{what} FAILED: {figures[key]['error']}")
+        return
+    code = figures[key].get("exit_code")
     stage(what + (f" (exit {code})" if code else ""), **({"exit_code": code} if code is not None else {}))
-    return result
 
 
 def write_results(out: Path, figures: dict) -> None:
