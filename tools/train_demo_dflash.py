@@ -20,8 +20,9 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    itself; the final norm's rows 1..B-1 are read out by the target's head. Many blocks of a sequence train in
    one forward, each with its own mask (`block_mask`). Anchors are drawn where the replies are (the first is the
    prompt's last token, as specpair's loop drafts its first round); the loss is the cross-entropy of rows
-   1..B-1 against the target's greedy tokens, row k weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft
-   only counts when every draft before it was accepted).
+   1..B-1 against the target's greedy tokens (with --soft, partly against its whole distribution there), row k
+   weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft only counts when every draft before it was
+   accepted). The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
 4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
@@ -492,19 +493,37 @@ def written_prompts(
 @dataclass
 class Data:
     """Self-distillation sequences, right-padded: tokens [N, L], the first reply token's index and the length of
-    each, and the target's taps [N, L, len(layers), H] at `layers` (the model's dtype)."""
+    each, the target's taps [N, L, len(layers), H] at `layers` and, where soft labels are asked for, its final
+    normed hidden state [N, L, H] (the model's dtype), which the target's head turns into its distribution."""
 
     tokens: Tensor
     starts: Tensor
     lengths: Tensor
     taps: Tensor
     layers: tuple[int, ...]
+    final: Tensor | None = None
 
-    def select(self, rows: Tensor, layers: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Sequences `rows`: tokens, starts, lengths, and the taps of `layers` concatenated [n, L, len * H]."""
+    def select(self, rows: Tensor, layers: tuple[int, ...]) -> Batch:
+        """Sequences `rows`, with the taps of `layers` concatenated [n, L, len * H]."""
         index = torch.tensor([self.layers.index(k) for k in layers], device=self.taps.device)
         taps = self.taps[rows.to(self.taps.device)][:, :, index]
-        return self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2)
+        final = None if self.final is None else self.final[rows]
+        return Batch(self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2), final)
+
+
+@dataclass
+class Batch:
+    """Some sequences of `Data`, cut to the longest of them by `cut`."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    taps: Tensor
+    final: Tensor | None
+
+    def cut(self, width: int) -> Batch:
+        final = None if self.final is None else self.final[:, :width]
+        return Batch(self.tokens[:, :width], self.starts, self.lengths, self.taps[:, :width], final)
 
 
 def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -523,9 +542,11 @@ def self_distil(
     layers: tuple[int, ...],
     batch: int,
     log=print,
+    final: bool = False,
 ) -> Data:
     """The target's greedy replies (generated `batch` prompts at a time, by length so that little is padding) and
-    its taps at `layers` over each prompt + reply, from one forward per batch."""
+    its taps at `layers` over each prompt + reply (and, with `final`, its final normed hidden state), from one
+    forward per batch."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     sequences: list[list[int] | None] = [None] * len(prompts)
     for first in range(0, len(order), batch):
@@ -541,17 +562,22 @@ def self_distil(
         tokens[i, : len(s)] = torch.tensor(s)
     lengths = torch.tensor([len(s) for s in sequences])
     starts = torch.tensor([len(p) for p in prompts])
-    taps = torch.empty(len(prompts), longest, len(layers), target.config.hidden_size, dtype=target.dtype, device=device)
+    hidden = target.config.hidden_size
+    taps = torch.empty(len(prompts), longest, len(layers), hidden, dtype=target.dtype, device=device)
+    normed = torch.empty(len(prompts), longest, hidden, dtype=target.dtype, device=device) if final else None
     with torch.no_grad():
         for first in range(0, len(order), batch):
             group = torch.tensor(order[first : first + batch])
             width = int(lengths[group].max())
             rows = tokens[group, :width].to(device)
             positions = torch.arange(width, device=device).expand(len(group), -1)
-            out = target.forward(rows, positions, target.new_cache(len(group), width), taps=layers, logits=False)
+            cache = target.new_cache(len(group), width)
+            out = target.forward(rows, positions, cache, taps=layers, hidden=final, logits=False)
             taps[group.to(device), :width] = out.taps.reshape(len(group), width, len(layers), -1)
+            if normed is not None:
+                normed[group.to(device), :width] = out.hidden.reshape(len(group), width, -1)
     log(f"  taps at layers {list(layers)} over {int(lengths.sum())} tokens ({int((lengths - starts).sum())} replied)")
-    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers)
+    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers, normed)
 
 
 # ------------------------------------------------------------------------------------------------ the drafter
@@ -577,6 +603,7 @@ class Recipe:
     lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
+    soft: float = 0.0  # the loss's share on the target's whole distribution (the rest: its greedy token)
 
     def describe(self) -> str:
         return (
@@ -620,20 +647,34 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(r.head_dim, r.rms_norm_eps)
 
     def forward(self, x: Tensor, context: Tensor, positions: Tensor, context_positions: Tensor, mask: Tensor) -> Tensor:
-        """x [b, Q, H] block rows at `positions`; context [b, L, H] (hidden_norm(fc(taps))) at `context_positions`;
-        mask [b, Q, L + Q]: which context and block keys each block row sees."""
-        r, (b, q_rows, _), width = self.r, x.shape, context.shape[1]
-        q = self.q_norm(self.q_proj(x).view(b, q_rows, r.heads, r.head_dim))
-        k = torch.cat((self.k_proj(context), self.k_proj(x)), 1).view(b, width + q_rows, r.kv_heads, r.head_dim)
-        v = torch.cat((self.v_proj(context), self.v_proj(x)), 1).view(b, width + q_rows, r.kv_heads, r.head_dim)
-        q = rotate(q, positions, r.rope_theta)
-        k = rotate(self.k_norm(k), torch.cat((context_positions, positions), 1), r.rope_theta)
-        group = r.heads // r.kv_heads
-        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None]
+        """x [b, n, B, H]: n blocks of B rows at `positions` [b, n, B]; context [b, L, H] (hidden_norm(fc(taps))) at
+        `context_positions` [b, L]; mask [b, n, L + B]: the context keys and own rows a block's rows see. Each block
+        attends as a batch of its own, to the context's keys and its own rows' only: one mask over all the blocks'
+        rows would cost (n B)^2 and nearly all of it masked."""
+        r, (b, n, rows, _), width = self.r, x.shape, context.shape[1]
+        heads, kv, d = r.heads, r.kv_heads, r.head_dim
+        flat = positions.reshape(b, n * rows)
+        q = rotate(self.q_norm(self.q_proj(x).view(b, n * rows, heads, d)), flat, r.rope_theta)
+        own_k = rotate(self.k_norm(self.k_proj(x).view(b, n * rows, kv, d)), flat, r.rope_theta)
+        context_k = rotate(self.k_norm(self.k_proj(context).view(b, width, kv, d)), context_positions, r.rope_theta)
+        k = torch.cat((context_k[:, None].expand(-1, n, -1, -1, -1), own_k.view(b, n, rows, kv, d)), 2)
+        v = torch.cat(
+            (
+                self.v_proj(context).view(b, 1, width, kv, d).expand(-1, n, -1, -1, -1),
+                self.v_proj(x).view(b, n, rows, kv, d),
+            ),
+            2,
         )
-        return self.o_proj(o.transpose(1, 2).reshape(b, q_rows, -1))
+        group = heads // kv
+        k = k.view(b * n, width + rows, kv, d).repeat_interleave(group, dim=2)
+        v = v.reshape(b * n, width + rows, kv, d).repeat_interleave(group, dim=2)
+        o = F.scaled_dot_product_attention(
+            q.view(b * n, rows, heads, d).transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask.reshape(b * n, 1, 1, width + rows),
+        )
+        return self.o_proj(o.transpose(1, 2).reshape(b, n, rows, heads * d))
 
 
 class MLP(nn.Module):
@@ -672,7 +713,8 @@ class DFlashModel(nn.Module):
         self.norm = RMSNorm(hidden, r.rms_norm_eps)
 
     def forward(self, taps: Tensor, block: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        """taps [b, L, n * H] at positions 0..L-1; block [b, Q, H] embeddings at `positions` [b, Q]."""
+        """taps [b, L, len(taps) * H] at positions 0..L-1; block [b, n, B, H]: the embeddings of n blocks at
+        `positions` [b, n, B]; mask [b, n, L + B] (`block_mask`)."""
         context = self.hidden_norm(self.fc(taps))
         context_positions = torch.arange(taps.shape[1], device=taps.device).expand(taps.shape[0], -1)
         h = block
@@ -682,15 +724,10 @@ class DFlashModel(nn.Module):
 
 
 def block_mask(anchors: Tensor, width: int, block: int) -> Tensor:
-    """[b, n * block, width + n * block] for the n blocks of each sequence anchored at `anchors` [b, n]: a row of
-    the block at s sees the context positions < s and every row of its own block (z-lab's full-attention rule)."""
-    b, n = anchors.shape
-    device = anchors.device
-    row_anchor = anchors.repeat_interleave(block, dim=1)  # [b, n * block]
-    context = torch.arange(width, device=device)[None, None, :] < row_anchor[:, :, None]
-    which = torch.arange(n, device=device).repeat_interleave(block)
-    own = (which[:, None] == which[None, :]).expand(b, -1, -1)
-    return torch.cat((context, own), dim=2)
+    """[b, n, width + block] for the n blocks of each sequence anchored at `anchors` [b, n]: every row of the block
+    at s sees the context positions < s and every row of its own block (z-lab's full-attention rule)."""
+    context = torch.arange(width, device=anchors.device) < anchors[:, :, None]
+    return torch.cat((context, context.new_ones(*anchors.shape, block)), dim=2)
 
 
 def draw_anchors(starts: Tensor, lengths: Tensor, count: int, generator: torch.Generator) -> Tensor:
@@ -708,37 +745,64 @@ def block_logits(
     at `anchors` [b, n], each over the context before its anchor."""
     b, n = anchors.shape
     B = r.block_size
-    positions = (anchors[:, :, None] + torch.arange(B, device=tokens.device)).reshape(b, n * B)
+    positions = anchors[:, :, None] + torch.arange(B, device=tokens.device)
     ids = torch.full_like(positions, r.mask_token_id)
-    ids[:, ::B] = tokens.gather(1, anchors)
+    ids[:, :, 0] = tokens.gather(1, anchors)
     out = model(taps, embed[ids], positions, block_mask(anchors, taps.shape[1], B))
-    rows = out.view(b, n, B, -1)[:, :, 1:]
+    rows = out[:, :, 1:]
     return (rows @ head.T.to(rows.dtype)).float()
 
 
 def block_loss(
-    model: DFlashModel,
-    embed: Tensor,
-    head: Tensor,
-    tokens: Tensor,
-    lengths: Tensor,
-    taps: Tensor,
-    anchors: Tensor,
-    r: Recipe,
+    model: DFlashModel, embed: Tensor, head: Tensor, batch: Batch, anchors: Tensor, r: Recipe
 ) -> tuple[Tensor, Tensor]:
-    """(the weighted cross-entropy of every block's rows 1..B-1 against the sequence's tokens, and the drafts
-    each block would have had accepted, [b, n]: its leading rows whose argmax is the token)."""
+    """(the weighted loss of every block's rows 1..B-1, and the drafts each block would have had accepted,
+    [b, n]: its leading rows whose argmax is the sequence's token). A row's loss is the cross-entropy against
+    the sequence's token (the target's greedy choice) and, with `r.soft`, that share of it against the target's
+    whole distribution at that token (its head over the final hidden state one position before)."""
     b, n = anchors.shape
+    tokens = batch.tokens
     offsets = torch.arange(1, r.block_size, device=tokens.device)
-    logits = block_logits(model, embed, head, tokens, taps, anchors, r)
-    following = anchors[:, :, None] + offsets
-    labels = tokens.gather(1, following.clamp(max=tokens.shape[1] - 1).view(b, -1)).view(b, n, -1)
-    valid = following < lengths[:, None, None]
+    logits = block_logits(model, embed, head, tokens, batch.taps, anchors, r)
+    following = (anchors[:, :, None] + offsets).clamp(max=tokens.shape[1] - 1)
+    labels = tokens.gather(1, following.view(b, -1)).view(b, n, -1)
+    valid = anchors[:, :, None] + offsets < batch.lengths[:, None, None]
     weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
-    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    flat = logits.reshape(-1, logits.shape[-1])
+    losses = F.cross_entropy(flat, labels.reshape(-1), reduction="none")
+    if r.soft:
+        before = batch.final.gather(1, (following - 1).view(b, -1, 1).expand(-1, -1, batch.final.shape[-1]))
+        teacher = (before @ head.T.to(before.dtype)).float().softmax(-1).reshape_as(flat)
+        losses = (1 - r.soft) * losses + r.soft * F.cross_entropy(flat, teacher, reduction="none")
     loss = (losses.view_as(weights) * weights).sum() / weights.sum()
     hits = (logits.argmax(-1) == labels) & valid
     return loss, hits.long().cumprod(-1).sum(-1)
+
+
+@torch.no_grad()
+def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head: Tensor, r: Recipe, span: int) -> float:
+    """Tokens per round of specpair's greedy loop over the first `span` reply tokens of sequences `rows`,
+    teacher-forced: the loop's first round is anchored at the prompt's last token, and a round anchored at a that
+    has k drafts accepted commits k + 1 tokens and anchors the next round at a + k + 1; with greedy replies the
+    context before every anchor is the one the loop has, so this is the loop's tau. Drafting at every anchor of
+    the span is one forward; only the loop's walk is sequential. (An average over all anchors counts each easy
+    token of a long accepted run as an anchor of its own and says more: for the drafter shipped before, 2.05 over
+    HELD_OUT's first 64 reply tokens at block 8, where the loop's tau is 1.77.)"""
+    autocast = torch.autocast(embed.device.type, dtype=torch.bfloat16, enabled=embed.device.type == "cuda")
+    committed = rounds = 0
+    for first in range(0, len(rows), 8):
+        batch = data.select(rows[first : first + 8], r.taps)
+        ends = torch.minimum(batch.lengths, batch.starts + span)  # the loop's last token is at end - 1
+        anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
+        anchors = anchors.clamp(max=(ends - 2)[:, None])
+        with autocast:
+            _, hits = block_loss(model, embed, head, replace(batch, lengths=ends).cut(int(ends.max())), anchors, r)
+        for start, end, accepted in zip(batch.starts.tolist(), ends.tolist(), hits.tolist()):
+            anchor = start - 1
+            while anchor < end - 1:
+                commit = min(accepted[anchor - start + 1] + 1, end - 1 - anchor)
+                committed, rounds, anchor = committed + commit, rounds + 1, anchor + commit
+    return committed / max(rounds, 1)
 
 
 def train(
@@ -753,10 +817,14 @@ def train(
     log=print,
     every: int = 250,
     keep=None,
+    span: int = 64,
+    reported: Tensor | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
-    curve records the training loss and, on sequences `held` (validation), the loss and the drafts a block
-    would have had accepted (teacher-forced: the target's own tokens before each block). Matrices start as
+    curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
+    would have had accepted (teacher-forced: the target's own tokens before each block) and the loop's tau
+    over the first `span` reply tokens (`chain_tau`); on sequences `reported` (HELD_OUT: reported, never used
+    to choose), that tau too. Matrices start as
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
     target's logit scale). `keep(model)`, if given, is called at every point of the curve (a run cut short
     leaves its latest drafter)."""
@@ -789,11 +857,10 @@ def train(
     start = time.perf_counter()
     for step in range(1, r.steps + 1):
         pick = rows[torch.randint(len(rows), (r.sequences,), generator=generator, device=device)]
-        tokens, starts, lengths, taps = data.select(pick, r.taps)
-        width = int(lengths.max())
-        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        batch = data.select(pick, r.taps)
+        anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, _ = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+            loss, _ = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -803,13 +870,18 @@ def train(
         if step % every == 0 or step == r.steps:
             point = {"step": step, "loss": float(torch.stack(running).mean()), "seconds": time.perf_counter() - start}
             point.update(evaluate_blocks(model, data, held, embed, head, r, seed))
+            point["validation_tau"] = chain_tau(model, data, held, embed, head, r, span)
+            if reported is not None:
+                point["held_out_tau"] = chain_tau(model, data, reported, embed, head, r, span)
             curve.append(point)
             running = []
             if keep is not None:
                 keep(model)
             log(
                 f"    step {step}: loss {point['loss']:.3f} · validation loss {point['validation_loss']:.3f}, "
-                f"accepted drafts per block {point['validation_accepted']:.2f} · {point['seconds']:.0f} s"
+                f"accepted drafts per block {point['validation_accepted']:.2f}, tau {point['validation_tau']:.2f}"
+                + (f" · held-out tau {point['held_out_tau']:.2f}" if "held_out_tau" in point else "")
+                + f" · {point['seconds']:.0f} s"
             )
     if deterministic:
         torch.use_deterministic_algorithms(False)
@@ -825,11 +897,10 @@ def evaluate_blocks(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses, accepted = [], []
     for first in range(0, len(held), r.sequences):
-        tokens, starts, lengths, taps = data.select(held[first : first + r.sequences], r.taps)
-        width = int(lengths.max())
-        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        batch = data.select(held[first : first + r.sequences], r.taps)
+        anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, hits = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+            loss, hits = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
         losses.append(float(loss))
         accepted.append(hits.float().mean())
     return {"validation_loss": sum(losses) / len(losses), "validation_accepted": float(torch.stack(accepted).mean())}
@@ -983,6 +1054,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="sequences and blocks per step (tests: small)")
     parser.add_argument("--layers", type=int, default=BASE.layers, help="draft layers of the base recipe")
     parser.add_argument("--intermediate", type=int, default=BASE.intermediate, help="FFN width of the base recipe")
+    parser.add_argument(
+        "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
+    )
     args = parser.parse_args()
 
     if args.device.startswith("cuda"):
@@ -1012,7 +1086,7 @@ def main() -> None:
     target = loading.load(loading.plan_load(target_model, args.device))
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    base = replace(BASE, layers=args.layers, intermediate=args.intermediate)
+    base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft)
     templated, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
     written = []
     if args.questions:
@@ -1030,19 +1104,21 @@ def main() -> None:
         "validation": len(validation_prompts),
         "held_out": len(HELD_OUT),
     }
-    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts)
+    held_out_prompts = list(HELD_OUT[: args.held_out])
+    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts + held_out_prompts)
     # taps at every layer a candidate reads; without a sweep only the base recipe's (the data's memory)
     layers = tuple(sorted({k for r in SWEEP for k in r.taps})) if args.sweep else base.taps
     log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
-    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log)
+    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log, final=args.soft > 0)
     stage("data")
     device = data.taps.device
     rows = torch.arange(len(train_prompts), device=device)
-    held = torch.arange(len(train_prompts), len(all_prompts), device=device)
+    held = torch.arange(len(train_prompts), len(train_prompts) + len(validation_prompts), device=device)
+    reported = torch.arange(len(all_prompts) - len(held_out_prompts), len(all_prompts), device=device)
     embed = target.embed_tokens
     head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
     validation_ids = chat_ids(tokenizer, validation_prompts)
-    held_out_ids = chat_ids(tokenizer, list(HELD_OUT[: args.held_out]))
+    held_out_ids = chat_ids(tokenizer, held_out_prompts)
 
     chosen = base
     if args.sweep:
@@ -1056,7 +1132,17 @@ def main() -> None:
                 continue
             log(f"sweep {i + 1}/{len(SWEEP)}: {r.describe()}")
             model, curve = train(
-                data, rows, held, embed, head, target.norm.weight, r, args.seed, log, every=args.sweep_steps
+                data,
+                rows,
+                held,
+                embed,
+                head,
+                target.norm.weight,
+                r,
+                args.seed,
+                log,
+                args.sweep_steps,
+                span=args.eval_tokens,
             )
             where = write_drafter(model, r, target, out_dir / "sweep" / str(i))
             figures = speculative_tau(
@@ -1094,6 +1180,8 @@ def main() -> None:
         args.seed,
         log,
         keep=lambda m: write_drafter(m, final, target, drafter_dir),
+        span=args.eval_tokens,
+        reported=reported,
     )
     stage("train")
     log(f"wrote {drafter_dir} ({(drafter_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
