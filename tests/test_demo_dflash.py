@@ -335,3 +335,18 @@ def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny
         data, rows, rows, target.embed_tokens, target.lm_head, target.norm.weight, soft, 0, lambda _: None, 40
     )
     assert curve[-1]["loss"] < curve[0]["loss"] and curve[-1]["validation_accepted"] > 0.5
+    # a budget spent before the calibration's steps ends the schedule there
+    _, cut = tool.train(
+        data,
+        rows,
+        rows,
+        target.embed_tokens,
+        target.lm_head,
+        target.norm.weight,
+        TINY,
+        0,
+        lambda _: None,
+        40,
+        budget_s=0.0,
+    )
+    assert [p["step"] for p in cut] == [40, 80, tool.CALIBRATION_STEPS]

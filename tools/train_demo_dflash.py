@@ -805,6 +805,9 @@ def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head:
     return committed / max(rounds, 1)
 
 
+CALIBRATION_STEPS = 100
+
+
 def train(
     data: Data,
     rows: Tensor,
@@ -819,12 +822,14 @@ def train(
     keep=None,
     span: int = 64,
     reported: Tensor | None = None,
+    budget_s: float | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
     curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
     would have had accepted (teacher-forced: the target's own tokens before each block) and the loop's tau
     over the first `span` reply tokens (`chain_tau`); on sequences `reported` (HELD_OUT: reported, never used
-    to choose), that tau too. Matrices start as
+    to choose), that tau too. With `budget_s`, the schedule's length is fixed after CALIBRATION_STEPS to the steps
+    that fit in it at their pace (at most r.steps; the curve's last step says how many: --steps N repeats it). Matrices start as
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
     target's logit scale). `keep(model)`, if given, is called at every point of the curve (a run cut short
     leaves its latest drafter)."""
@@ -847,15 +852,17 @@ def train(
         lr=r.lr,
         betas=(0.9, 0.95),
     )
+    steps, step = r.steps, 0  # `steps` may be cut by budget_s: the schedule reads it at every step
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser,
-        lambda step: min(1.0, (step + 1) / r.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, r.steps) / r.steps)),
+        lambda step: min(1.0, (step + 1) / r.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)),
     )
     generator = torch.Generator(device=device).manual_seed(seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     curve, running = [], []
     start = time.perf_counter()
-    for step in range(1, r.steps + 1):
+    while step < steps:
+        step += 1
         pick = rows[torch.randint(len(rows), (r.sequences,), generator=generator, device=device)]
         batch = data.select(pick, r.taps)
         anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
@@ -867,7 +874,10 @@ def train(
         optimiser.step()
         schedule.step()
         running.append(loss.detach())
-        if step % every == 0 or step == r.steps:
+        if budget_s is not None and step == CALIBRATION_STEPS:
+            steps = max(step, min(r.steps, int(budget_s * step / (time.perf_counter() - start))))
+            log(f"    {budget_s:.0f} s of training: {steps} steps")
+        if step % every == 0 or step == steps:
             point = {"step": step, "loss": float(torch.stack(running).mean()), "seconds": time.perf_counter() - start}
             point.update(evaluate_blocks(model, data, held, embed, head, r, seed))
             point["validation_tau"] = chain_tau(model, data, held, embed, head, r, span)
@@ -1055,6 +1065,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=BASE.layers, help="draft layers of the base recipe")
     parser.add_argument("--intermediate", type=int, default=BASE.intermediate, help="FFN width of the base recipe")
     parser.add_argument(
+        "--train-budget-s", type=float, default=None, help="fit the final drafter's schedule (at most --steps) in this"
+    )
+    parser.add_argument(
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
     args = parser.parse_args()
@@ -1182,7 +1195,9 @@ def main() -> None:
         keep=lambda m: write_drafter(m, final, target, drafter_dir),
         span=args.eval_tokens,
         reported=reported,
+        budget_s=args.train_budget_s,
     )
+    record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")
     log(f"wrote {drafter_dir} ({(drafter_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
     blocks = tuple(b for b in (4, 8, 16) if b <= final.block_size)
