@@ -228,7 +228,8 @@ def tiny(tmp_path_factory):
     path = tiny_target(tmp_path_factory.mktemp("demo_dflash") / "target", "llama", mtp=False)
     model, target = load_target(path)
     asked = prompts((5, 7, 6, 9))
-    return model, target, asked, tool.self_distil(target, asked, 10, [], (0, 1, 2), batch=3, log=lambda _: None)
+    data = tool.self_distil(target, asked, 10, [], (0, 1, 2), batch=3, log=lambda _: None, final=True)
+    return model, target, asked, data
 
 
 def test_prompts_are_seeded_distinct_and_never_held_out():
@@ -261,7 +262,7 @@ def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
         rows = torch.tensor([sequence])
         positions = torch.arange(len(sequence))[None]
         alone = target.forward(rows, positions, target.new_cache(1, len(sequence)), taps=(2, 0), logits=False).taps
-        assert torch.equal(data.select(torch.tensor([i]), (2, 0))[3][:, : len(sequence)], alone)
+        assert torch.equal(data.select(torch.tensor([i]), (2, 0)).taps[:, : len(sequence)], alone)
 
 
 def test_the_training_forward_is_what_specpair_runs(tiny, tmp_path):
@@ -275,7 +276,8 @@ def test_the_training_forward_is_what_specpair_runs(tiny, tmp_path):
             p.copy_((p + torch.randn_like(p) * 0.3).bfloat16().float())  # as written: bf16
     tool.write_drafter(drafter_model, TINY, target, tmp_path / "drafter")
     drafter = load_drafter(open_model(str(tmp_path / "drafter")), model, target)
-    tokens, starts, lengths, taps = data.select(torch.tensor([3]), TINY.taps)
+    batch = data.select(torch.tensor([3]), TINY.taps)
+    tokens, starts, lengths, taps = batch.tokens, batch.starts, batch.lengths, batch.taps
     for anchor in (int(starts[0]) - 1, int(starts[0]) + 2, int(lengths[0]) - 2):
         with torch.no_grad():
             ours = tool.block_logits(
@@ -309,8 +311,36 @@ def test_a_short_training_lowers_the_loss_and_the_drafter_drafts(tiny, tmp_path)
     )
     assert [p["step"] for p in curve] == [40, 80, 120]
     assert curve[-1]["loss"] < curve[0]["loss"] / 2 and curve[-1]["validation_accepted"] > 1.0
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.copy_(p.bfloat16().float())  # as written: bf16
     where = tool.write_drafter(trained, TINY, target, tmp_path / "trained")
     figures = tool.speculative_tau(target, model, where, asked, 10, [], (4,))
     assert figures[4]["identical"] and figures[4]["tau"] > 1.5, figures
+    # teacher-forced, the loop's walk over the first 10 reply tokens is the loop's own tau
+    assert tool.chain_tau(trained, data, rows, target.embed_tokens, target.lm_head, TINY, 10) == figures[4]["tau"]
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 2.5})]).taps == (1,)
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 1.5})]).taps == TINY.taps
+
+
+def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny):
+    """Row k of a block anchored at a is the token at a + k: the target's distribution over it is its head over the
+    final hidden state at a + k - 1, whose greedy choice is the reply's token there; a drafter trained on a share of
+    soft labels learns to draft (its loss cannot fall below the share of the teacher's entropy: a random target's
+    distribution is flat)."""
+    model, target, asked, data = tiny
+    for i in range(len(asked)):
+        start, length = int(data.starts[i]), int(data.lengths[i])
+        chosen = target.head(data.final[i, start - 1 : length - 1]).argmax(-1)
+        assert chosen.tolist() == data.tokens[i, start:length].tolist()
+    rows = torch.arange(len(asked))
+    soft = replace(TINY, soft=0.5, steps=80)
+    _, curve = tool.train(
+        data, rows, rows, target.embed_tokens, target.lm_head, target.norm.weight, soft, 0, lambda _: None, 40
+    )
+    assert curve[-1]["loss"] < curve[0]["loss"] and curve[-1]["validation_accepted"] > 0.5
+    # a budget spent before the calibration's steps ends the schedule there
+    longer = replace(TINY, steps=2 * tool.CALIBRATION_STEPS)
+    embed, head, norm = target.embed_tokens, target.lm_head, target.norm.weight
+    _, cut = tool.train(data, rows, rows, embed, head, norm, longer, 0, lambda _: None, 250, budget_s=0.0)
+    assert [p["step"] for p in cut] == [250, tool.CALIBRATION_STEPS]

@@ -20,8 +20,9 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    itself; the final norm's rows 1..B-1 are read out by the target's head. Many blocks of a sequence train in
    one forward, each with its own mask (`block_mask`). Anchors are drawn where the replies are (the first is the
    prompt's last token, as specpair's loop drafts its first round); the loss is the cross-entropy of rows
-   1..B-1 against the target's greedy tokens, row k weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft
-   only counts when every draft before it was accepted).
+   1..B-1 against the target's greedy tokens (with --soft, partly against its whole distribution there), row k
+   weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft only counts when every draft before it was
+   accepted). The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
 4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
@@ -492,19 +493,37 @@ def written_prompts(
 @dataclass
 class Data:
     """Self-distillation sequences, right-padded: tokens [N, L], the first reply token's index and the length of
-    each, and the target's taps [N, L, len(layers), H] at `layers` (the model's dtype)."""
+    each, the target's taps [N, L, len(layers), H] at `layers` and, where soft labels are asked for, its final
+    normed hidden state [N, L, H] (the model's dtype), which the target's head turns into its distribution."""
 
     tokens: Tensor
     starts: Tensor
     lengths: Tensor
     taps: Tensor
     layers: tuple[int, ...]
+    final: Tensor | None = None
 
-    def select(self, rows: Tensor, layers: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Sequences `rows`: tokens, starts, lengths, and the taps of `layers` concatenated [n, L, len * H]."""
+    def select(self, rows: Tensor, layers: tuple[int, ...]) -> Batch:
+        """Sequences `rows`, with the taps of `layers` concatenated [n, L, len * H]."""
         index = torch.tensor([self.layers.index(k) for k in layers], device=self.taps.device)
         taps = self.taps[rows.to(self.taps.device)][:, :, index]
-        return self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2)
+        final = None if self.final is None else self.final[rows]
+        return Batch(self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2), final)
+
+
+@dataclass
+class Batch:
+    """Some sequences of `Data`, cut to the longest of them by `cut`."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    taps: Tensor
+    final: Tensor | None
+
+    def cut(self, width: int) -> Batch:
+        final = None if self.final is None else self.final[:, :width]
+        return Batch(self.tokens[:, :width], self.starts, self.lengths, self.taps[:, :width], final)
 
 
 def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -523,9 +542,11 @@ def self_distil(
     layers: tuple[int, ...],
     batch: int,
     log=print,
+    final: bool = False,
 ) -> Data:
     """The target's greedy replies (generated `batch` prompts at a time, by length so that little is padding) and
-    its taps at `layers` over each prompt + reply, from one forward per batch."""
+    its taps at `layers` over each prompt + reply (and, with `final`, its final normed hidden state), from one
+    forward per batch."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     sequences: list[list[int] | None] = [None] * len(prompts)
     for first in range(0, len(order), batch):
@@ -541,17 +562,22 @@ def self_distil(
         tokens[i, : len(s)] = torch.tensor(s)
     lengths = torch.tensor([len(s) for s in sequences])
     starts = torch.tensor([len(p) for p in prompts])
-    taps = torch.empty(len(prompts), longest, len(layers), target.config.hidden_size, dtype=target.dtype, device=device)
+    hidden = target.config.hidden_size
+    taps = torch.empty(len(prompts), longest, len(layers), hidden, dtype=target.dtype, device=device)
+    normed = torch.empty(len(prompts), longest, hidden, dtype=target.dtype, device=device) if final else None
     with torch.no_grad():
         for first in range(0, len(order), batch):
             group = torch.tensor(order[first : first + batch])
             width = int(lengths[group].max())
             rows = tokens[group, :width].to(device)
             positions = torch.arange(width, device=device).expand(len(group), -1)
-            out = target.forward(rows, positions, target.new_cache(len(group), width), taps=layers, logits=False)
+            cache = target.new_cache(len(group), width)
+            out = target.forward(rows, positions, cache, taps=layers, hidden=final, logits=False)
             taps[group.to(device), :width] = out.taps.reshape(len(group), width, len(layers), -1)
+            if normed is not None:
+                normed[group.to(device), :width] = out.hidden.reshape(len(group), width, -1)
     log(f"  taps at layers {list(layers)} over {int(lengths.sum())} tokens ({int((lengths - starts).sum())} replied)")
-    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers)
+    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers, normed)
 
 
 # ------------------------------------------------------------------------------------------------ the drafter
@@ -577,6 +603,7 @@ class Recipe:
     lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
+    soft: float = 0.0  # the loss's share on the target's whole distribution (the rest: its greedy token)
 
     def describe(self) -> str:
         return (
@@ -717,28 +744,61 @@ def block_logits(
 
 
 def block_loss(
-    model: DFlashModel,
-    embed: Tensor,
-    head: Tensor,
-    tokens: Tensor,
-    lengths: Tensor,
-    taps: Tensor,
-    anchors: Tensor,
-    r: Recipe,
+    model: DFlashModel, embed: Tensor, head: Tensor, batch: Batch, anchors: Tensor, r: Recipe
 ) -> tuple[Tensor, Tensor]:
-    """(the weighted cross-entropy of every block's rows 1..B-1 against the sequence's tokens, and the drafts
-    each block would have had accepted, [b, n]: its leading rows whose argmax is the token)."""
+    """(the weighted loss of every block's rows 1..B-1, and the drafts each block would have had accepted,
+    [b, n]: its leading rows whose argmax is the sequence's token). A row's loss is the cross-entropy against
+    the sequence's token (the target's greedy choice) and, with `r.soft`, that share of it against the target's
+    whole distribution at that token (its head over the final hidden state one position before)."""
     b, n = anchors.shape
+    tokens = batch.tokens
     offsets = torch.arange(1, r.block_size, device=tokens.device)
-    logits = block_logits(model, embed, head, tokens, taps, anchors, r)
-    following = anchors[:, :, None] + offsets
-    labels = tokens.gather(1, following.clamp(max=tokens.shape[1] - 1).view(b, -1)).view(b, n, -1)
-    valid = following < lengths[:, None, None]
+    logits = block_logits(model, embed, head, tokens, batch.taps, anchors, r)
+    following = (anchors[:, :, None] + offsets).clamp(max=tokens.shape[1] - 1)
+    labels = tokens.gather(1, following.view(b, -1)).view(b, n, -1)
+    valid = anchors[:, :, None] + offsets < batch.lengths[:, None, None]
     weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
-    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    flat = logits.reshape(-1, logits.shape[-1])
+    losses = F.cross_entropy(flat, labels.reshape(-1), reduction="none")
+    if r.soft:
+        before = batch.final.gather(1, (following - 1).view(b, -1, 1).expand(-1, -1, batch.final.shape[-1]))
+        teacher = (before @ head.T.to(before.dtype)).float().softmax(-1).reshape_as(flat)
+        losses = (1 - r.soft) * losses + r.soft * F.cross_entropy(flat, teacher, reduction="none")
     loss = (losses.view_as(weights) * weights).sum() / weights.sum()
     hits = (logits.argmax(-1) == labels) & valid
     return loss, hits.long().cumprod(-1).sum(-1)
+
+
+@torch.no_grad()
+def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head: Tensor, r: Recipe, span: int) -> float:
+    """Tokens per round of specpair's greedy loop over the first `span` reply tokens of sequences `rows`,
+    teacher-forced: the loop's first round is anchored at the prompt's last token, and a round anchored at a that
+    has k drafts accepted commits k + 1 tokens and anchors the next round at a + k + 1; with greedy replies the
+    context before every anchor is the one the loop has, so this is the loop's tau. Drafting at every anchor of
+    the span is one forward; only the loop's walk is sequential. (An average over all anchors counts each easy
+    token of a long accepted run as an anchor of its own and says more: for the shipped drafter, 2.05 over
+    HELD_OUT's first 64 reply tokens at block 8, where the loop's tau is 1.77.)"""
+    autocast = torch.autocast(embed.device.type, dtype=torch.bfloat16, enabled=embed.device.type == "cuda")
+    committed = rounds = 0
+    for first in range(0, len(rows), 8):
+        batch = data.select(rows[first : first + 8], r.taps)
+        ends = torch.minimum(batch.lengths, batch.starts + span)  # the loop's last token is at end - 1
+        anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
+        anchors = anchors.clamp(max=(ends - 2)[:, None])
+        with autocast:
+            _, hits = block_loss(model, embed, head, replace(batch, lengths=ends).cut(int(ends.max())), anchors, r)
+        for start, end, accepted in zip(batch.starts.tolist(), ends.tolist(), hits.tolist()):
+            anchor = start - 1
+            while anchor < end - 1:
+                commit = min(accepted[anchor - start + 1] + 1, end - 1 - anchor)
+                committed, rounds, anchor = committed + commit, rounds + 1, anchor + commit
+    return committed / max(rounds, 1)
+
+
+# With a time budget the schedule's length is set at CALIBRATION_STEPS from the pace after PACED_FROM: the first
+# steps pay for kernel choice and allocation (on the H200, 100 steps from the start said 5.6 steps/s; the run then
+# went at 23, and stopped a third into its budget), and the window holds a curve point's evaluation.
+PACED_FROM, CALIBRATION_STEPS = 50, 300
 
 
 def train(
@@ -753,10 +813,16 @@ def train(
     log=print,
     every: int = 250,
     keep=None,
+    span: int = 64,
+    reported: Tensor | None = None,
+    budget_s: float | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
-    curve records the training loss and, on sequences `held` (validation), the loss and the drafts a block
-    would have had accepted (teacher-forced: the target's own tokens before each block). Matrices start as
+    curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
+    would have had accepted (teacher-forced: the target's own tokens before each block) and the loop's tau
+    over the first `span` reply tokens (`chain_tau`); on sequences `reported` (HELD_OUT: reported, never used
+    to choose), that tau too. With `budget_s`, the schedule's length is fixed after CALIBRATION_STEPS to the steps
+    that fit in it at their pace (at most r.steps; the curve's last step says how many: --steps N repeats it). Matrices start as
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
     target's logit scale). `keep(model)`, if given, is called at every point of the curve (a run cut short
     leaves its latest drafter)."""
@@ -779,37 +845,50 @@ def train(
         lr=r.lr,
         betas=(0.9, 0.95),
     )
+    steps, step = r.steps, 0  # `steps` may be cut by budget_s: the schedule reads it at every step
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser,
-        lambda step: min(1.0, (step + 1) / r.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, r.steps) / r.steps)),
+        lambda step: min(1.0, (step + 1) / r.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)),
     )
     generator = torch.Generator(device=device).manual_seed(seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     curve, running = [], []
     start = time.perf_counter()
-    for step in range(1, r.steps + 1):
+    while step < steps:
+        step += 1
         pick = rows[torch.randint(len(rows), (r.sequences,), generator=generator, device=device)]
-        tokens, starts, lengths, taps = data.select(pick, r.taps)
-        width = int(lengths.max())
-        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        batch = data.select(pick, r.taps)
+        anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, _ = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+            loss, _ = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         schedule.step()
         running.append(loss.detach())
-        if step % every == 0 or step == r.steps:
+        if step == PACED_FROM:
+            paced = time.perf_counter()
+        if budget_s is not None and step == CALIBRATION_STEPS:
+            now = time.perf_counter()
+            pace = (now - paced) / (CALIBRATION_STEPS - PACED_FROM)
+            steps = max(step, min(r.steps, step + int((budget_s - (now - start)) / pace)))
+            log(f"    {budget_s:.0f} s of training: {steps} steps")
+        if step % every == 0 or step == steps:
             point = {"step": step, "loss": float(torch.stack(running).mean()), "seconds": time.perf_counter() - start}
             point.update(evaluate_blocks(model, data, held, embed, head, r, seed))
+            point["validation_tau"] = chain_tau(model, data, held, embed, head, r, span)
+            if reported is not None:
+                point["held_out_tau"] = chain_tau(model, data, reported, embed, head, r, span)
             curve.append(point)
             running = []
             if keep is not None:
                 keep(model)
             log(
                 f"    step {step}: loss {point['loss']:.3f} · validation loss {point['validation_loss']:.3f}, "
-                f"accepted drafts per block {point['validation_accepted']:.2f} · {point['seconds']:.0f} s"
+                f"accepted drafts per block {point['validation_accepted']:.2f}, tau {point['validation_tau']:.2f}"
+                + (f" · held-out tau {point['held_out_tau']:.2f}" if "held_out_tau" in point else "")
+                + f" · {point['seconds']:.0f} s"
             )
     if deterministic:
         torch.use_deterministic_algorithms(False)
@@ -825,11 +904,10 @@ def evaluate_blocks(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses, accepted = [], []
     for first in range(0, len(held), r.sequences):
-        tokens, starts, lengths, taps = data.select(held[first : first + r.sequences], r.taps)
-        width = int(lengths.max())
-        anchors = draw_anchors(starts, lengths, r.blocks, generator)
+        batch = data.select(held[first : first + r.sequences], r.taps)
+        anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, hits = block_loss(model, embed, head, tokens[:, :width], lengths, taps[:, :width], anchors, r)
+            loss, hits = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
         losses.append(float(loss))
         accepted.append(hits.float().mean())
     return {"validation_loss": sum(losses) / len(losses), "validation_accepted": float(torch.stack(accepted).mean())}
@@ -983,6 +1061,12 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="sequences and blocks per step (tests: small)")
     parser.add_argument("--layers", type=int, default=BASE.layers, help="draft layers of the base recipe")
     parser.add_argument("--intermediate", type=int, default=BASE.intermediate, help="FFN width of the base recipe")
+    parser.add_argument(
+        "--train-budget-s", type=float, default=None, help="fit the final drafter's schedule (at most --steps) in this"
+    )
+    parser.add_argument(
+        "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
+    )
     args = parser.parse_args()
 
     if args.device.startswith("cuda"):
@@ -1012,7 +1096,7 @@ def main() -> None:
     target = loading.load(loading.plan_load(target_model, args.device))
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    base = replace(BASE, layers=args.layers, intermediate=args.intermediate)
+    base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft)
     templated, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
     written = []
     if args.questions:
@@ -1030,19 +1114,21 @@ def main() -> None:
         "validation": len(validation_prompts),
         "held_out": len(HELD_OUT),
     }
-    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts)
+    held_out_prompts = list(HELD_OUT[: args.held_out])
+    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts + held_out_prompts)
     # taps at every layer a candidate reads; without a sweep only the base recipe's (the data's memory)
     layers = tuple(sorted({k for r in SWEEP for k in r.taps})) if args.sweep else base.taps
     log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
-    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log)
+    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log, final=args.soft > 0)
     stage("data")
     device = data.taps.device
     rows = torch.arange(len(train_prompts), device=device)
-    held = torch.arange(len(train_prompts), len(all_prompts), device=device)
+    held = torch.arange(len(train_prompts), len(train_prompts) + len(validation_prompts), device=device)
+    reported = torch.arange(len(all_prompts) - len(held_out_prompts), len(all_prompts), device=device)
     embed = target.embed_tokens
     head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
     validation_ids = chat_ids(tokenizer, validation_prompts)
-    held_out_ids = chat_ids(tokenizer, list(HELD_OUT[: args.held_out]))
+    held_out_ids = chat_ids(tokenizer, held_out_prompts)
 
     chosen = base
     if args.sweep:
@@ -1056,7 +1142,17 @@ def main() -> None:
                 continue
             log(f"sweep {i + 1}/{len(SWEEP)}: {r.describe()}")
             model, curve = train(
-                data, rows, held, embed, head, target.norm.weight, r, args.seed, log, every=args.sweep_steps
+                data,
+                rows,
+                held,
+                embed,
+                head,
+                target.norm.weight,
+                r,
+                args.seed,
+                log,
+                args.sweep_steps,
+                span=args.eval_tokens,
             )
             where = write_drafter(model, r, target, out_dir / "sweep" / str(i))
             figures = speculative_tau(
@@ -1094,7 +1190,11 @@ def main() -> None:
         args.seed,
         log,
         keep=lambda m: write_drafter(m, final, target, drafter_dir),
+        span=args.eval_tokens,
+        reported=reported,
+        budget_s=args.train_budget_s,
     )
+    record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")
     log(f"wrote {drafter_dir} ({(drafter_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
     blocks = tuple(b for b in (4, 8, 16) if b <= final.block_size)
