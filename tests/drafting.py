@@ -82,8 +82,8 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
 @contextlib.contextmanager
 def differentiable_kernels() -> Iterator[None]:
     """The runtime's matmul, norms and attention as plain differentiable torch, whole tensors at a time (for
-    training only: for batch invariance the references work row by row, or a tile of rows for matmuls, which makes
-    autograd's graph a node per row or tile; the q/k norm inside rotate_and_store's reference included)."""
+    training only: for batch invariance the attention reference works row by row and the matmuls a tile of rows at a
+    time, which makes autograd's graph a node per row or tile; the q/k norm inside rotate_and_store's reference too)."""
     swaps = [
         (linear, "matmul", _matmul),
         (linear, "matmul_experts", _matmul_experts),

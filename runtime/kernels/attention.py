@@ -43,21 +43,22 @@ def attention_reference(
     batch, tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
-    out = torch.zeros(batch, tokens, q_heads, head_dim, dtype=q.dtype)
+    queries = q.float().reshape(batch, tokens, kv_heads, group, head_dim)
+    out = torch.zeros(batch, tokens, kv_heads, group, head_dim, dtype=torch.float32)
+    starts, ends = kv_start.tolist(), kv_end.tolist()  # one read of the ranges, not two per row
     for b in range(batch):
         for t in range(tokens):
-            start, end = int(kv_start[b, t]), int(kv_end[b, t])
+            start, end = starts[b][t], ends[b][t]
             if end <= start:
                 continue
             # one batched product over the KV heads: its shape [kv_heads, group, L] depends on the model and this
             # row's range alone, and the cache slices are copied, so neither depends on which cache tensor (or
-            # batch) holds them, nor on the other rows of the step
-            queries = q[b, t].float().reshape(kv_heads, group, head_dim)
+            # batch) holds them, nor on the other rows of the step; the output goes straight to the row's place
             keys = k_cache[b, start:end].float().permute(1, 2, 0).contiguous()  # [kv_heads, head_dim, L]
             values = v_cache[b, start:end].float().transpose(0, 1).contiguous()  # [kv_heads, L, head_dim]
-            probs = torch.softmax(torch.bmm(queries, keys) * scale, dim=-1)
-            out[b, t] = torch.bmm(probs, values).reshape(q_heads, head_dim).to(q.dtype)
-    return out
+            probs = torch.softmax(torch.bmm(queries[b, t], keys) * scale, dim=-1)
+            torch.bmm(probs, values, out=out[b, t])
+    return out.reshape(batch, tokens, q_heads, head_dim).to(q.dtype)
 
 
 def attention_triton(

@@ -10,8 +10,9 @@
   promoted dtype of (w, x), as transformers' dtype promotion does.
 - `add_rms_norm(h, delta, w, eps, zero_centred)`: the residual stream's `h + delta` (rounded to h's dtype, as
   torch's add rounds it) and its `rms_norm`, in one pass: a decoder layer's add and the next norm.
-x̂ = x · rsqrt(mean(x²) + eps), with x widened to float32. Rows are independent: one row per Triton program,
-one row per reference step, so no row's bits depend on the others.
+x̂ = x · rsqrt(mean(x²) + eps), with x widened to float32. Rows are independent: one row per Triton program; the
+CPU reference norms all rows in one pass whose every op computes a row from that row alone (`_normed_rows`), so no
+row's bits depend on the others.
 """
 
 from __future__ import annotations
@@ -46,14 +47,19 @@ def _normed(row: Tensor, eps: float) -> Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def _normed_rows(rows: Tensor, eps: float) -> Tensor:
+    """_normed of each row of [M, width], in one pass over all of them with each row's bits its own: the squares
+    are elementwise, torch's CPU sum over a contiguous last dim reduces every row alone in an order set by the width
+    (unaligned vector loads, a row never split between threads), and the mean's division, + eps, rsqrt (1 / sqrt,
+    vector or scalar alike) and the product are one IEEE rounding each (tests/test_norm_rows.py)."""
+    h = rows.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
-    rows = x.reshape(-1, x.shape[-1])
-    out = torch.empty_like(rows)
-    gain = 1.0 + weight.float() if zero_centred else weight
-    for i in range(rows.shape[0]):
-        normed = _normed(rows[i], eps)
-        out[i] = normed * gain if zero_centred else gain * normed.to(x.dtype)
-    return out.reshape(x.shape)
+    normed = _normed_rows(x.reshape(-1, x.shape[-1]), eps)
+    out = normed * (1.0 + weight.float()) if zero_centred else weight * normed.to(x.dtype)
+    return out.to(x.dtype).reshape(x.shape)
 
 
 def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:

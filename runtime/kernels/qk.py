@@ -71,7 +71,9 @@ def rotate_and_store_reference(
         q = rms_norm_reference(q, q_gain, eps, zero_centred)
     if k_gain is not None:
         k = rms_norm_reference(k, k_gain, eps, zero_centred)
-    q, k = rotate(q, cos, sin, rotary_dim), rotate(k, cos, sin, rotary_dim)
+    # q's and k's heads rotated in one pass: the rotation is elementwise (+, *), an element's bits its own
+    turned = rotate(torch.cat((q, k), dim=2), cos, sin, rotary_dim)
+    q, k = turned[:, :, : q.shape[2]], turned[:, :, q.shape[2] :]
     rows = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
     # one write into the cache's shared buffer (autograd, which tests train drafters through, refuses in-place
     # writes into views taken before another write to their buffer: the caller takes its views after)
