@@ -382,6 +382,12 @@ def test_tau_is_one_plus_the_acceptance_by_position_of_the_same_rounds(pair, tmp
     assert report["draft"]["kind"] == "draft_model"
     for figures in [report, *report["runs"], *report["runs"][0]["prompts"]]:
         assert figures["acceptance_by_position"] == [1.0, 1.0, 1.0] and figures["tau"] == 4.0
+    # time per output token: the drafted run's tokens over its rounds' seconds, the prefill left out of both
+    run = report["runs"][0]
+    decode = run["decode_tokens_per_s"]
+    assert decode["drafted"] == 18 / (run["seconds"]["draft"] + run["seconds"]["verify"])
+    assert decode["undrafted"] > 0 and run["decode_speedup"] == decode["drafted"] / decode["undrafted"]
+    assert f"; after the prefill {report['decode_speedup']:.2f}×)" in report["summary"]
 
 
 def test_checks_launch_line_runs_the_block_the_gate_runs(pair, tmp_path):
