@@ -53,7 +53,9 @@ and shrinks widths, experts, layers and vocabulary (TINY_TEXT, TINY_DRAFT); test
 pair so on the CPU, with `--quick` (the gate on one prompt, greedy, solo; no bench).
 
 With random weights τ is near 1: what this measures is exactness and the cost of the steps at real shape. The
-tokenizer is bench_gpu.py's byte-level BPE with one merge (a GGUF needs one).
+tokenizer is bench_gpu.py's byte-level BPE with one merge (a GGUF needs one), as long as Qwen's against the
+embedding rows at every scale (tokenizer_ids: 248077 ids for 248320 rows; the GGUF converter refuses a tokenizer
+far shorter than the rows).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
 
 QWEN36 = "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
 QWEN35_122B = "Qwen__Qwen3.5-122B-A10B.json"
+# len(tokenizer) of Qwen3.5/3.6 (248044 BPE tokens and 33 added ones) against their 248320 embedding rows
+# (targets.md): every scale writes a tokenizer covering its rows in this ratio (tokenizer_ids)
+QWEN_TOKENIZER_IDS, QWEN_VOCAB_ROWS = 248077, 248320
 
 # coral-bricks-ai/qwen35-122b-dflash2-drafter (tools/build_catalog.py's DRAFTERS row: heads and FFN as z-lab's 122B
 # drafter, every layer sliding, incoai's DFlash2 selector)
@@ -180,12 +185,18 @@ class Scale:
             else min(shape.sliding_layers, TINY_DRAFT["layers"] - 1),
             window=TINY_DRAFT["window"],
             taps=[min(round(t * layers / real_layers), layers - 1) for t in shape.taps],
-            mask_token_id=shape.mask_token_id - real_vocab + vocab,
+            mask_token_id=shape.mask_token_id - tokenizer_ids(real_vocab) + tokenizer_ids(vocab),
             dflash2=dflash2,
         )
 
     def quant(self, quant: dict) -> dict:
         return quant if self.name == "real" else cut_layers(quant, TINY_TEXT["num_hidden_layers"])
+
+
+def tokenizer_ids(vocab: int) -> int:
+    """The length of the tokenizer written for `vocab` embedding rows: Qwen's ratio at every scale, so that the
+    tiny scale's tokenizer covers its rows as the real one does (the GGUF converter pads it to the rows)."""
+    return vocab * QWEN_TOKENIZER_IDS // QWEN_VOCAB_ROWS
 
 
 def cut_layers(value, layers: int):
@@ -218,7 +229,8 @@ def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path,
         {"hf_quant_config.json": hf_quant},
         scale.device,
     )
-    write_byte_tokenizer(directory, config["text_config"]["vocab_size"], MERGES)
+    vocab = config["text_config"]["vocab_size"]
+    write_byte_tokenizer(directory, vocab, MERGES, tokenizer_ids(vocab))
     return directory, config
 
 
@@ -359,7 +371,7 @@ def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     keys, files = quantization_keys(tensors)
     fits(work, [tensors])
     write_checkpoint(target, {**config, **keys}, tensors, files, scale.device, exl3_codes)
-    write_byte_tokenizer(target, t["vocab_size"])
+    write_byte_tokenizer(target, t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
     stage("target written (EXL3 4.00 bpw, lm_head 6, random codes)")
     draft = work / "qwen3.6-dflash-exl3-2.50bpw"
     draft_config, draft_tensors = dflash_tensors(
@@ -391,7 +403,7 @@ def build_122b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     keys, _ = quantization_keys(tensors)
     target = work / "qwen3.5-122b-a10b-fp8"
     write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
-    write_byte_tokenizer(target, t["vocab_size"], MERGES)
+    write_byte_tokenizer(target, t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
     stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
     draft = work / "coral-bricks-dflash2"
     write_checkpoint(draft, draft_config, draft_tensors, None, scale.device)
@@ -505,7 +517,9 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
 
     built = PAIRS[args.pair](work, scale, stage)
     figures["notes"] = built.notes
-    if not args.skip_load:
+    if args.skip_load:
+        figures["load"] = {"skipped": "--skip-load"}
+    else:
         attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
     for d in built.drafters:
@@ -573,7 +587,9 @@ def markdown(figures: dict) -> str:
     lines = [f"# Seed pair `{figures['pair']}` ({figures['scale']} scale, {figures.get('gpu', figures['device'])})", ""]
     lines += [f"- {k}: {v}" for k, v in figures.get("notes", {}).items()]
     load = figures.get("load", {"error": "not run"})
-    if "error" in load:
+    if "skipped" in load:
+        lines.append(f"- load: skipped ({load['skipped']})")
+    elif "error" in load:
         lines.append(f"- load: FAILED {load['error']}")
     else:
         peak = load["peak_gpu_bytes"]

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import seed_pairs_gpu  # noqa: E402
 
+from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields  # noqa: E402
 from specpair.formats.gguf import read_local  # noqa: E402
 from specpair.sources.model import open_model  # noqa: E402
 
@@ -52,7 +53,8 @@ def test_35b_nvfp4_pair_with_dflash2_and_mtp(tmp_path: Path) -> None:
     assert figures["load"]["layouts"] == ["bf16", "fp8-tensor", "nvfp4-modelopt"]
     draft = open_model(str(tmp_path / "work" / "35b-nvfp4" / "incoai-dflash2"))
     assert draft.hf_config["architectures"] == ["DFlash2DraftModel"]
-    assert draft.hf_config["dflash_config"]["mask_token_id"] == 512 - (248320 - 248077)
+    # the first row past the tokenizer, as 248077 is Qwen's
+    assert draft.hf_config["dflash_config"]["mask_token_id"] == seed_pairs_gpu.tokenizer_ids(512) == 511
     assert "candidate_selector.successor_codebook" in draft.weights
 
 
@@ -69,9 +71,25 @@ def test_gguf_pair_has_the_four_kquant_types_and_the_dflash_arch(tmp_path: Path)
     assert (types["blk.3.attn_v.weight"], types["blk.3.attn_q.weight"]) == ("Q6_K", "Q5_K")
     assert (types["blk.0.ssm_alpha.weight"], types["blk.0.ffn_up_shexp.weight"]) == ("Q8_0", "Q8_0")
     assert figures["load"]["layouts"] == ["f32", "gguf-Q4_K", "gguf-Q5_K", "gguf-Q6_K", "gguf-Q8_0"]
+    # the tokenizer covers the rows in Qwen's ratio (248077 of 248320): the converter padded one row, not half
+    tokens = target.fields["tokenizer.ggml.tokens"]
+    assert len(tokens) == 512 and sum(t.startswith("[PAD") for t in tokens) == 1
     draft = read_local(str(work / "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"))
     assert draft.fields["general.architecture"] == "dflash"
     assert {t.dtype for t in draft.tensors} == {"Q8_0", "F32"}
+
+
+def test_the_real_scale_tokenizer_converts_to_gguf(tmp_path: Path) -> None:
+    """The tokenizer the real-scale pairs write, through the GGUF converter's tokenizer path at 248320 rows (a
+    tokenizer of the bytes alone is refused there: 'vocab_size 248320 does not fit the tokenizer's 260 ids')."""
+    rows = seed_pairs_gpu.QWEN_VOCAB_ROWS
+    seed_pairs_gpu.write_byte_tokenizer(tmp_path, rows, seed_pairs_gpu.MERGES, seed_pairs_gpu.tokenizer_ids(rows))
+    configs = [json.loads((tmp_path / f"{n}_config.json").read_text()) for n in ("tokenizer", "generation")]
+    raw = (tmp_path / "tokenizer.json").read_bytes()
+    fields = dict((k, v) for k, v, _ in gguf_tokenizer_fields(raw, *configs, None, rows, "tokenizer.json").fields)
+    tokens = fields["tokenizer.ggml.tokens"]
+    assert len(tokens) == rows and tokens.index("[PAD248077]") == 248077 == seed_pairs_gpu.QWEN_TOKENIZER_IDS
+    assert fields["tokenizer.ggml.eos_token_id"] == 258  # <|im_end|>, the last of the special tokens after the bytes
 
 
 def test_exl3_pair_draws_codes_of_the_published_bits(tmp_path: Path) -> None:
