@@ -48,8 +48,16 @@ SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 def write_byte_tokenizer(
     directory: Path, vocab_size: int, merges: tuple[tuple[str, str], ...] = (), ids: int | None = None
 ) -> None:
+    """byte_tokenizer's files written into `directory`."""
+    for name, raw in byte_tokenizer(vocab_size, merges, ids).items():
+        (directory / name).write_bytes(raw)
+
+
+def byte_tokenizer(
+    vocab_size: int, merges: tuple[tuple[str, str], ...] = (), ids: int | None = None
+) -> dict[str, bytes]:
     """tokenizer.json (byte-level BPE; `merges` joins tokens of the vocabulary: a GGUF needs at least one),
-    tokenizer_config.json and generation_config.json.
+    tokenizer_config.json and generation_config.json, by name.
 
     `ids`: the tokenizer's length (default: the 256 byte tokens, the special ones after them, then the merges').
     Past those the vocabulary is filled with strings of two, then three byte-level characters, as a real
@@ -103,21 +111,20 @@ def write_byte_tokenizer(
         },
     }
     stops = [first_special + SPECIAL.index("<|im_end|>"), first_special + SPECIAL.index("<|endoftext|>")]
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "TokenizersBackend",
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "bos_token": None,
-                "unk_token": None,
-                "add_prefix_space": False,
-                "model_max_length": 131072,
-            }
-        )
-    )
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
+    config = {
+        "tokenizer_class": "TokenizersBackend",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "unk_token": None,
+        "add_prefix_space": False,
+        "model_max_length": 131072,
+    }
+    return {
+        "tokenizer.json": json.dumps(tokenizer).encode(),
+        "tokenizer_config.json": json.dumps(config).encode(),
+        "generation_config.json": json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}).encode(),
+    }
 
 
 def build(work: Path) -> tuple[Path, Path]:

@@ -79,14 +79,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import write_byte_tokenizer  # noqa: E402
-from runtime_gpu import CONFIGS, GB, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
+from bench_gpu import byte_tokenizer, write_byte_tokenizer  # noqa: E402
+from runtime_gpu import CONFIGS, GB, GeneratedFiles, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
 from speculative_gpu import DFLASH2, INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
 
 from specpair.convert.quant_configs import quantization_files  # noqa: E402
 from specpair.formats import exl3  # noqa: E402
 from specpair.formats.codecs import codec, stored_nbytes  # noqa: E402
 from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
+from specpair.sources.model import Model, open_files, open_model  # noqa: E402
 
 QWEN36 = "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
 QWEN35_122B = "Qwen__Qwen3.5-122B-A10B.json"
@@ -149,7 +150,7 @@ class Drafted:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    target: Path
+    target: Path | Model  # written, or generated in memory (runtime_gpu.GeneratedFiles)
     drafters: list[Drafted]
     notes: dict
 
@@ -158,6 +159,7 @@ class Built:
 class Scale:
     name: str  # real | tiny
     device: str
+    in_memory: bool = False  # generate the 122B target in memory even where the disk could hold it (--in-memory)
 
     def text(self, config: dict) -> dict:
         """A multimodal Qwen3.5/3.6 config with its text_config shrunk at tiny scale (quantized layer lists cut)."""
@@ -399,19 +401,34 @@ def build_122b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     draft_config, draft_tensors = dflash_tensors(
         draft_shape(scale, CORAL_122B, config, QWEN35_122B), t["vocab_size"], t["num_hidden_layers"]
     )
-    fits(work, [tensors, draft_tensors])
+    fits(work, [draft_tensors])
     keys, _ = quantization_keys(tensors)
-    target = work / "qwen3.5-122b-a10b-fp8"
-    write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
-    write_byte_tokenizer(target, t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
-    stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
+    tokenizer = byte_tokenizer(t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
+    name = "qwen3.5-122b-a10b-fp8"
+    target: Path | Model
+    if scale.in_memory or needed([tensors, draft_tensors]) > shutil.disk_usage(work).free:
+        # the loader reads the same tensors through the same code path, from the files' generator instead of a disk
+        target = open_files(
+            GeneratedFiles(f"generated:{name}", {**config, **keys}, tensors, None, scale.device, files=tokenizer)
+        )
+        stage(f"target generated in memory ({needed([tensors]) / GB:.1f} GB, drawn per tensor as it is read)")
+    else:
+        target = work / name
+        write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
+        for file, raw in tokenizer.items():
+            (target / file).write_bytes(raw)
+        stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
     draft = work / "coral-bricks-dflash2"
     write_checkpoint(draft, draft_config, draft_tensors, None, scale.device)
     stage("DFlash2 drafter written (BF16, block 12, window 8192)")
     return Built(
         target,
         [Drafted("dflash2", draft)],
-        {"target": "Qwen/Qwen3.5-122B-A10B-FP8 layout", "drafter": "coral-bricks DFlash2 shape, BF16"},
+        {
+            "target": "Qwen/Qwen3.5-122B-A10B-FP8 layout"
+            + (", generated in memory (runtime_gpu.GeneratedFiles)" if isinstance(target, Model) else ""),
+            "drafter": "coral-bricks DFlash2 shape, BF16",
+        },
     )
 
 
@@ -428,12 +445,16 @@ def quantization_keys(tensors: list[Tensor]) -> tuple[dict, dict]:
     return quantization_files(layouts, set(), stored, None)
 
 
+def needed(checkpoints: list[list[Tensor]]) -> int:
+    """Bytes of the checkpoints' tensors as stored."""
+    return sum(stored_nbytes(dtype, shape) for ts in checkpoints for t in ts for _, dtype, shape in t.planned())
+
+
 def fits(work: Path, checkpoints: list[list[Tensor]]) -> None:
     """Refuse up front (one line) when the checkpoints cannot be written under `work`."""
-    needed = sum(stored_nbytes(dtype, shape) for ts in checkpoints for t in ts for _, dtype, shape in t.planned())
     free = shutil.disk_usage(work).free
-    if needed > free:
-        sys.exit(f"{work}: the checkpoints need {needed / GB:.0f} GB of disk, {free / GB:.0f} GB are free")
+    if needed(checkpoints) > free:
+        sys.exit(f"{work}: the checkpoints need {needed(checkpoints) / GB:.0f} GB of disk, {free / GB:.0f} GB are free")
 
 
 PAIRS: dict[str, Callable[[Path, Scale, Callable[[str], None]], Built]] = {
@@ -472,20 +493,18 @@ def peak_bytes(device: str) -> int | None:
     return torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
 
-def load_once(target: Path, device: str) -> dict:
+def load_once(target: Path | Model, device: str) -> dict:
     """The target loaded alone: seconds, resident bytes, bytes read, peak GPU memory."""
     from specpair.runtime.loading import load, plan_load
-    from specpair.sources.model import open_model
 
     fresh_peak(device)
     start = time.perf_counter()
-    plan = plan_load(open_model(str(target)), device)
+    plan = plan_load(target if isinstance(target, Model) else open_model(str(target)), device)
     model = load(plan)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    files = [target] if target.is_file() else list(target.iterdir())
-    stored = sum(f.stat().st_size for f in files)
+    stored = sum(e.size for e in plan.model.reader.list())
     layouts = sorted({plan.model.layout(n) for n in plan.model.names})
     result = {
         "load_s": seconds,
@@ -500,7 +519,7 @@ def load_once(target: Path, device: str) -> dict:
 
 
 def run_pair(args: argparse.Namespace, out: Path) -> dict:
-    scale = Scale(args.scale, args.device)
+    scale = Scale(args.scale, args.device, args.in_memory)
     work = args.work / args.pair
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -522,33 +541,92 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
     else:
         attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
+    target = built.target.ref if isinstance(built.target, Model) else str(built.target)
     for d in built.drafters:
-        pair = [str(built.target), *([str(d.draft)] if d.draft else []), *d.options]
+        pair = [target, *([str(d.draft)] if d.draft else []), *d.options]
         gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
-        attempt(stage, figures, f"gate_{d.label}", f"gate ({d.label})", lambda gate=gate: measured(gate, args.device))
+        run = (lambda gate=gate: specpair(gate)) if isinstance(built.target, Path) else gate_of(built.target, d, args)
+        attempt(
+            stage, figures, f"gate_{d.label}", f"gate ({d.label})", lambda g=gate, r=run: measured(g, r, args.device)
+        )
         if args.quick:
             continue
+        plot = out / f"seed_pairs_{args.pair}_{d.label}_depth.png"
         bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
-        bench += ["--plot", str(out / f"seed_pairs_{args.pair}_{d.label}_depth.png")]
+        bench += ["--plot", str(plot), *device]
+        run = (
+            (lambda bench=bench: specpair(bench))
+            if isinstance(built.target, Path)
+            else bench_of(built.target, d, args, shlex.join(["specpair", *bench]), plot)
+        )
         attempt(
-            stage,
-            figures,
-            f"bench_{d.label}",
-            f"bench ({d.label})",
-            lambda bench=bench: measured(bench + device, args.device),
+            stage, figures, f"bench_{d.label}", f"bench ({d.label})", lambda b=bench, r=run: measured(b, r, args.device)
         )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return figures
 
 
-def measured(args: list[str], device: str) -> dict:
+def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[], tuple[int, str]]:
+    """`specpair run`'s gate as the command line would run it, on a target opened from generated files: the app
+    function the CLI calls, given the opened Model."""
+    from specpair.app.gate import run_gate
+
+    def run() -> tuple[int, str]:
+        report = run_gate(
+            target,
+            str(d.draft) if d.draft else None,
+            mtp="--mtp" in d.options,
+            draft_bits=draft_bits(d),
+            prompt=QUICK_PROMPT if args.quick else None,
+            sampling=(0.0, 0, 1.0, 0) if args.quick else None,
+            max_tokens=args.gate_tokens,
+            device=args.device,
+            batch=args.gate_batch,
+        )
+        return report.exit_code, json.dumps(report.to_json())
+
+    return run
+
+
+def bench_of(
+    target: Model, d: Drafted, args: argparse.Namespace, command: str, plot: Path
+) -> Callable[[], tuple[int, str]]:
+    """`specpair bench` as the command line would run it (`command`), on a target opened from generated files."""
+    from specpair.app.bench import run_bench
+    from specpair.cli.bench import parse_counts, write_plot
+
+    def run() -> tuple[int, str]:
+        report = run_bench(
+            target,
+            str(d.draft) if d.draft else None,
+            command=command,
+            mtp="--mtp" in d.options,
+            draft_bits=draft_bits(d),
+            depths=parse_counts("--depth", args.depth, 0),
+            user_counts=parse_counts("--users", args.users, 1),
+            tokens=args.tokens,
+            device=args.device,
+        )
+        write_plot(str(plot), report.depth)
+        report.plot = str(plot)
+        return report.exit_code, json.dumps(report.to_json())
+
+    return run
+
+
+def draft_bits(d: Drafted) -> int | None:
+    return int(d.options[d.options.index("--draft-bits") + 1]) if "--draft-bits" in d.options else None
+
+
+def measured(args: list[str], run: Callable[[], tuple[int, str]], device: str) -> dict:
+    """`run` (the command `args`, in this process): its exit code, wall time, peak GPU memory and JSON document."""
     fresh_peak(device)
     held = torch.cuda.memory_allocated() if device.startswith("cuda") else None  # what an earlier stage left
     start = time.perf_counter()
-    code, out = specpair(args)
+    code, out = run()
     return {
         "command": shlex.join(["specpair", *args]),
         "exit_code": code,
@@ -653,6 +731,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-load", action="store_true", help="no load of the target alone (its time and memory)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="122b-fp8: generate the target in memory even where the disk could hold it (it is, where it cannot)",
+    )
     args = parser.parse_args(argv)
     out = args.out or args.work
     out.mkdir(parents=True, exist_ok=True)

@@ -363,18 +363,21 @@ class Writer:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if len(self.files) > 1:
-            weight_map = {t[0]: file for file, t in self._order}
-            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
-            with open(
-                os.path.join(self.directory, self.files[0].split("-00001-of-")[0] + ".safetensors.index.json"), "w"
-            ) as f:
-                json.dump(index, f, indent=2)
-                f.write("\n")
+        index = self.index()
+        if index is not None:
+            with open(os.path.join(self.directory, index[0]), "w") as f:
+                f.write(index[1])
 
-    def _open(self, k: int) -> None:
-        if self._file is not None:
-            self._file.close()
+    def index(self) -> tuple[str, str] | None:
+        """(name, text) of the index file the plan's shards need; None for one file."""
+        if len(self.files) == 1:
+            return None
+        weight_map = {t[0]: file for file, t in self._order}
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        return self.files[0].split("-00001-of-")[0] + ".safetensors.index.json", json.dumps(index, indent=2) + "\n"
+
+    def header(self, k: int) -> bytes:
+        """The bytes shard `k` starts with (its length, then its header as JSON), before its tensors' data."""
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, dtype, shape, nbytes in self._shards[k]:
@@ -382,6 +385,15 @@ class Writer:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
+        return struct.pack("<Q", len(raw)) + raw
+
+    def shard_bytes(self, k: int) -> int:
+        """The size of shard `k`'s file."""
+        return len(self.header(k)) + sum(t[3] for t in self._shards[k])
+
+    def _open(self, k: int) -> None:
+        if self._file is not None:
+            self._file.close()
         self._file = open(os.path.join(self.directory, self.files[k]), "wb")
-        self._file.write(struct.pack("<Q", len(raw)) + raw)
+        self._file.write(self.header(k))
         self._file_index = k

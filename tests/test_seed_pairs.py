@@ -17,7 +17,7 @@ import seed_pairs_gpu  # noqa: E402
 
 from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields  # noqa: E402
 from specpair.formats.gguf import read_local  # noqa: E402
-from specpair.sources.model import open_model  # noqa: E402
+from specpair.sources.model import Model, open_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,10 +29,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def run_tiny(pair: str, tmp_path: Path) -> dict:
+def run_tiny(pair: str, tmp_path: Path, *options: str) -> dict:
     """The script as the CPU runs it: its exit code must say every gate passed, and its figures are returned."""
     args = ["--pair", pair, "--scale", "tiny", "--device", "cpu", "--quick", "--gate-batch", "1", "--gate-tokens", "16"]
-    code = seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--keep"])
+    code = seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--keep", *options])
     figures = json.loads((tmp_path / f"seed_pairs_{pair}.json").read_text())
     assert code == 0, figures["stages"]
     assert (tmp_path / f"seed_pairs_{pair}.md").read_text().startswith(f"# Seed pair `{pair}` (tiny scale, cpu)")
@@ -121,15 +121,30 @@ def test_tiny_scale_keeps_the_published_taps_apart_and_the_layers_cut() -> None:
 
 
 def test_122b_fp8_pair_keeps_qwens_bf16_modules_and_coral_bricks_shape(tmp_path: Path) -> None:
-    figures = run_tiny("122b-fp8", tmp_path)
+    """Its target generated in memory, as on the GPU machine whose disk cannot hold it: the gate runs on it through
+    the app functions, the drafter written."""
+    figures = run_tiny("122b-fp8", tmp_path, "--in-memory")
     assert set(gates(figures)) == {"dflash2"}
     assert figures["load"]["layouts"] == ["bf16", "fp8-block"]
+    assert figures["stages"][0]["stage"].startswith("target generated in memory")
+    assert figures["gate_dflash2"]["document"]["target"]["ref"] == "generated:qwen3.5-122b-a10b-fp8"
     work = tmp_path / "work" / "122b-fp8"
-    target = open_model(str(work / "qwen3.5-122b-a10b-fp8"))
+    assert sorted(p.name for p in work.iterdir()) == ["coral-bricks-dflash2"]  # nothing of the target on disk
+    built = seed_pairs_gpu.build_122b(work, seed_pairs_gpu.Scale("tiny", "cpu", in_memory=True), lambda _: None)
+    target = built.target
+    assert isinstance(target, Model)
     quantization = target.hf_config["quantization_config"]
     assert (quantization["quant_method"], quantization["weight_block_size"]) == ("fp8", [128, 128])
-    assert target.layout("layers.0.mlp.experts.down_proj.weight") == "fp8-block"  # experts written one by one
+    assert target.layout("layers.0.mlp.experts.down_proj.weight") == "fp8-block"  # experts stored one by one
     assert {target.layout(n) for n in ("layers.0.linear_attn.in_proj_a.weight", "lm_head.weight")} == {"bf16"}
     dflash = open_model(str(work / "coral-bricks-dflash2")).hf_config
     assert dflash["dflash_config"]["block_size"] == 12 and set(dflash["layer_types"]) == {"sliding_attention"}
     assert dflash["sliding_window"] == seed_pairs_gpu.TINY_DRAFT["window"]
+
+
+def test_122b_fp8_target_written_where_the_disk_holds_it(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    built = seed_pairs_gpu.build_122b(work, seed_pairs_gpu.Scale("tiny", "cpu"), lambda _: None)
+    assert built.target == work / "qwen3.5-122b-a10b-fp8" and (built.target / "tokenizer.json").is_file()
+    assert open_model(str(built.target)).layout("lm_head.weight") == "bf16"
