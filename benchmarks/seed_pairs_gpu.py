@@ -3,14 +3,15 @@
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
         --pair 35b-nvfp4|gguf|exl3|122b-fp8 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
-        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load]
+        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load] \
+        [--in-memory]
 
 On the GPU machine, one pair per device call (the repository root as the working directory; orjson, and for the
 gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other GPU benchmarks):
 
     mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/specpair && PYTHONPATH=/tmp/pkgs:/tmp/site \
         python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4        # likewise --pair gguf, --pair exl3
-    ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # 124 GB of disk
+    ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # target in memory
 
 Pairs (one row of PAIRS each):
 - `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (runtime_gpu.py and
@@ -34,14 +35,14 @@ Pairs (one row of PAIRS each):
 - `122b-fp8`: Qwen3.5-122B-A10B in Qwen's FP8 128x128 block layout (experts one by one; embeddings, lm_head,
   norms, routers, shared_expert_gate and in_proj_a/b BF16), 123.7 GB, with a coral-bricks-shaped DFlash2 drafter
   (block 12, taps [1,7,14,20,26,32,39,45], every layer sliding with window 8192, mask 248077, 6 layers; 1.86 GB,
-  as its card says). It is written to disk like the others, so it needs ~126 GB free under --work: on the
-  64 GiB machine it stops before writing, in one line. Feeding the loader tensors generated in memory instead
-  needs a seam the sources layer does not have yet: tensor bytes are read by path (formats/weights.py read_parts
-  and read_cut call safetensors.read_tensor(os.path.join(root, file), info)), not through `Model.reader`, the
-  LocalFiles object that serves every other file; and `specpair run` / `bench` open their checkpoint from a path
-  string (app/gate.py run_gate, app/bench.py run_bench -> open_model). With a reader method that returns a
-  weight's stored parts (and a cut of them), open_model taking a reader, and the app functions taking an opened
-  Model, a generated-tensors reader could stand in for LocalFiles with no special case below it.
+  as its card says). Where the disk under --work cannot hold both (the GPU machine's 64 GiB), or with
+  --in-memory, the target is not written: runtime_gpu.GeneratedFiles serves the files write_checkpoint would
+  write (config.json and the shards' headers and index from the same Writer plan, the tokenizer) and draws each
+  tensor's bytes when the loader reads it, from a generator seeded by the tensor's name, on --device, handed over
+  in host memory one tensor (one stack of experts) at a time. sources/model.open_files opens it; the loader reads
+  it through the same code as a directory (Model.reader.tensor: formats/weights.read_parts / read_cut); the gate
+  and bench run through the app functions the CLI calls (app/gate.run_gate, app/bench.run_bench), given the opened
+  Model; each load draws the tensors again. The drafter is written.
 
 Each pair: a line per stage with the elapsed seconds (flushed), and after every stage (so a run cut off keeps what
 it measured) in --out (default $OUT, else --work): seed_pairs_<pair>.json (each stage's result: the target's load

@@ -244,7 +244,7 @@ def read_bytes(path: str, info: TensorInfo) -> torch.Tensor:
     buffer = torch.empty(info.nbytes, dtype=torch.uint8)
     try:
         with open(path, "rb") as f:
-            _read_at(f.fileno(), memoryview(buffer.numpy()), info.offset, path, info.name)
+            read_at(f.fileno(), memoryview(buffer.numpy()), info.offset, path, info.name)
     except OSError as e:
         raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
     return buffer
@@ -264,7 +264,7 @@ def read_cut(path: str, info: TensorInfo, cut: PartCut) -> torch.Tensor:
                 rows = torch.empty(cut.read_nbytes, dtype=torch.uint8) if cut.byte_runs else buffer
                 at = 0
                 for offset, length in cut.ranges():
-                    _read_at(
+                    read_at(
                         f.fileno(), memoryview(rows.numpy())[at : at + length], info.offset + offset, path, info.name
                     )
                     at += length
@@ -273,14 +273,14 @@ def read_cut(path: str, info: TensorInfo, cut: PartCut) -> torch.Tensor:
                 return buffer
             at = 0
             for offset, length in cut.spans():
-                _read_at(f.fileno(), view[at : at + length], info.offset + offset, path, info.name)
+                read_at(f.fileno(), view[at : at + length], info.offset + offset, path, info.name)
                 at += length
     except OSError as e:
         raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
     return buffer
 
 
-def _read_at(fd: int, into: memoryview, offset: int, path: str, name: str) -> None:
+def read_at(fd: int, into: memoryview, offset: int, path: str, name: str) -> None:
     """Fill `into` from `offset` of the file (every byte specpair reads of a tensor passes here)."""
     got = 0
     while got < len(into):

@@ -90,15 +90,12 @@ class LocalFiles:
 
     def sha256(self, path: str) -> str:
         """The file's sha256: an HF cache blob's name where the file links to one, else hashed here."""
-        from specpair.sources.lockfile import hash_file
-
         full = self.inside(path)
         blob = os.path.basename(os.path.realpath(full))
         if os.path.islink(full) and BLOB.match(blob):
             return blob
-        digest = hashlib.sha256()
-        hash_file(full, [digest])
-        return digest.hexdigest()
+        with open(full, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def inside(self, path: str) -> str:
         """`root/path`, refused when it resolves outside `boundary` or is not a regular file (opening a

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from specpair.checkpoint import speculators
+from specpair.checkpoint import Checkpoint, speculators
 from specpair.checkpoint.config import ModelConfig, parse_config
 from specpair.checkpoint.hf import WEIGHT_PICKLE, from_pickle_command
 from specpair.checkpoint.names import canonical_maps
@@ -218,7 +218,7 @@ class Model:
         """The stored parts of one stored weight (a name of `weights`)."""
         return read_parts(self.weights[source], self.reader)
 
-    def checkpoint(self):
+    def checkpoint(self) -> Checkpoint:
         """The metadata `specpair check` judges (checkpoint.Checkpoint), read from the same files."""
         from specpair.sources.reading import read_checkpoint
 
