@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -53,6 +54,9 @@ from specpair.sources.model import open_model  # noqa: E402
 DEVICE = "cuda"
 BANDWIDTH = 4.3e12  # H200 HBM bytes/s (runtime.md §1: 4.27 TB/s measured copy)
 SHARD = 4 * 10**9
+# Floats drawn at once for a stack of experts whose layout has no per-tensor scale (~1 GB of float32): encoding's
+# temporaries stay a few GB beside a model loading from GeneratedFiles on the same GPU
+CHUNK_VALUES = 1 << 28
 GB = 1e9
 
 
@@ -135,17 +139,23 @@ def drawn(t: Tensor, device: str, codes: Codes | None = None, seed: int = 0) -> 
         for name, parts in zip(names, chosen):
             out |= {stored_name(name, key): part for key, part in parts.items()}
         return out
-    w = values(t, gen, device)
     c = codec(t.layout)
-    if t.experts:  # one encode for the stack (one tensor scale), stored expert by expert
-        parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)
-        for e, name in enumerate(names):
-            # each expert's share of a part's rows (FP8 blocks: rows / 128)
-            out |= {
-                stored_name(name, key): part if part.ndim == 0 else part.reshape(t.experts, -1, *part.shape[1:])[e]
-                for key, part in parts.items()
-            }
+    if t.experts:  # stored expert by expert, encoded in chunks of experts (one chunk for one tensor scale)
+        per = t.experts if c.tensor_amax else max(1, CHUNK_VALUES // math.prod(t.shape[1:]))
+        for first in range(0, t.experts, per):
+            chunk = dataclasses.replace(t, shape=(min(per, t.experts - first), *t.shape[1:]))
+            w = values(chunk, gen, device)
+            parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)
+            for e, name in enumerate(names[first : first + chunk.shape[0]]):
+                # each expert's share of a part's rows (FP8 blocks: rows / 128)
+                out |= {
+                    stored_name(name, key): part
+                    if part.ndim == 0
+                    else part.reshape(chunk.shape[0], -1, *part.shape[1:])[e]
+                    for key, part in parts.items()
+                }
         return out
+    w = values(t, gen, device)
     return {stored_name(t.name, key): part for key, part in c.encode(w, t.name).items()}
 
 

@@ -37,8 +37,10 @@ QWEN3_TINY = {
 
 @pytest.fixture(autouse=True)
 def small_shards(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Shards of 256 kB: several files and an index, as a real checkpoint has them."""
+    """Shards of 256 kB: several files and an index, as a real checkpoint has them; stacks of experts drawn 3 experts
+    at a time (the tiny 122B's 8: chunks of 3, 3 and 2), as the real ones are."""
     monkeypatch.setattr(runtime_gpu, "SHARD", 256 * 1024)
+    monkeypatch.setattr(runtime_gpu, "CHUNK_VALUES", 3 * 256 * 256)
 
 
 def checkpoint(kind: str) -> tuple[dict, list[runtime_gpu.Tensor], dict | None]:
