@@ -4,7 +4,7 @@
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
         --pair 35b-nvfp4|gguf|exl3|122b-fp8 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
         [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load] \
-        [--in-memory]
+        [--in-memory] [--only gate|bench]
 
 On the GPU machine, one pair per device call (the repository root as the working directory; orjson, and for the
 gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other GPU benchmarks):
@@ -549,10 +549,15 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
         run = (lambda gate=gate: specpair(gate)) if isinstance(built.target, Path) else gate_of(built.target, d, args)
-        attempt(
-            stage, figures, f"gate_{d.label}", f"gate ({d.label})", lambda g=gate, r=run: measured(g, r, args.device)
-        )
-        if args.quick:
+        if args.only != "bench":
+            attempt(
+                stage,
+                figures,
+                f"gate_{d.label}",
+                f"gate ({d.label})",
+                lambda g=gate, r=run: measured(g, r, args.device),
+            )
+        if args.quick or args.only == "gate":
             continue
         plot = out / f"seed_pairs_{args.pair}_{d.label}_depth.png"
         bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
@@ -732,6 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-load", action="store_true", help="no load of the target alone (its time and memory)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
+    parser.add_argument(
+        "--only", choices=("gate", "bench"), help="run only the gate, or only bench (a pair split over two calls)"
+    )
     parser.add_argument(
         "--in-memory",
         action="store_true",

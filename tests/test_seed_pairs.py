@@ -148,3 +148,18 @@ def test_122b_fp8_target_written_where_the_disk_holds_it(tmp_path: Path) -> None
     built = seed_pairs_gpu.build_122b(work, seed_pairs_gpu.Scale("tiny", "cpu"), lambda _: None)
     assert built.target == work / "qwen3.5-122b-a10b-fp8" and (built.target / "tokenizer.json").is_file()
     assert open_model(str(built.target)).layout("lm_head.weight") == "bf16"
+
+
+def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
+    """bench through the app function on the generated target (--only bench: a pair split over two device calls)."""
+    args = ["--pair", "122b-fp8", "--scale", "tiny", "--device", "cpu", "--in-memory", "--only", "bench", "--skip-load"]
+    args += ["--users", "1", "--depth", "0", "--tokens", "16", "--work", str(tmp_path / "work"), "--out", str(tmp_path)]
+    assert seed_pairs_gpu.main(args) == 0
+    figures = json.loads((tmp_path / "seed_pairs_122b-fp8.json").read_text())
+    assert not any(k.startswith("gate_") for k in figures)
+    bench = figures["bench_dflash2"]
+    assert bench["exit_code"] == 0 and bench["document"]["target"]["ref"] == "generated:qwen3.5-122b-a10b-fp8"
+    assert bench["command"].startswith("specpair bench generated:qwen3.5-122b-a10b-fp8 ")
+    assert [r["drafted"]["identical"] for r in bench["document"]["users"]] == [True]
+    assert (tmp_path / "seed_pairs_122b-fp8_dflash2_depth.png").is_file()
+    assert "- load: skipped (--skip-load)" in (tmp_path / "seed_pairs_122b-fp8.md").read_text()
