@@ -5,7 +5,8 @@ here prints. Long work reports through a `progress.Progress` it is given (stages
 silent by default. Heavy imports (torch, the runtime) stay inside functions: `check` must not pay for them.
 
 - `check.check_pair`: open a target and its drafter (or a specpair.lock) and judge them on each stack.
-- `pair.gate_pair`: which pair the gate runs (TARGET DRAFT, TARGET --mtp, a specpair.lock, or the demo).
+- `pair.gate_pair`: which pair the gate runs (TARGET DRAFT, TARGET --mtp, a specpair.lock, or the demo); the gate
+  and bench take a checkpoint opened already (`sources/model.open_files`) wherever they take a ref (`pair.opened`).
 - `device.choose_device`, `memory.check_fits` / `memory.does_not_fit`: where the runtime runs and whether it fits.
 - `models.load_target`: plan and load a target with progress; `models.revision` / `file_hashes`: provenance.
 - `generation.generate_text`: one undrafted generation, its text streamed as it grows.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from specpair.app.device import place_runtime
 from specpair.app.gate import MIN_COMPARED
 from specpair.app.models import dtype_name, load_target
+from specpair.app.pair import opened
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt
 from specpair.app.timing import Spread, alternate
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from specpair.runtime.drafters import Drafter
     from specpair.runtime.loading import LoadPlan
     from specpair.runtime.model import Transformer
+    from specpair.sources.model import Model
 
 SCHEMA = "specpair.bench/1"
 FIT_BLOCK = 16  # verify positions counted in the memory check when the drafter's block is not known yet
@@ -124,8 +126,8 @@ class BenchReport:
 
 
 def run_bench(
-    target: str,
-    draft: str | None = None,
+    target: str | Model,
+    draft: str | Model | None = None,
     *,
     command: str,
     mtp: bool = False,
@@ -147,20 +149,20 @@ def run_bench(
     """Decode tok/s of `target` (and drafted with `draft` or its MTP head) for each users count and depth, greedy,
     `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
     the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
-    table's figure for this GPU. `command` is the command line the report names."""
+    table's figure for this GPU. `command` is the command line the report names. `target` and `draft`: refs, or
+    checkpoints opened already (sources/model.open_files: files from any source)."""
     import torch
 
     from specpair.compat.memory import gpu_named
     from specpair.runtime import loading
     from specpair.runtime.drafters.loading import drafter_kind, load_drafter
-    from specpair.sources.model import open_model
 
     if mtp and draft is not None:
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
     where, parallel = place_runtime(device, threads)
     graphs = where.type == "cuda" if graphs is None else graphs
-    target_model = open_model(target, gguf_file)
-    draft_model = open_model(draft, draft_gguf_file) if draft is not None else None
+    target_model = opened(target, gguf_file)
+    draft_model = opened(draft, draft_gguf_file) if draft is not None else None
     plan = loading.plan_load(target_model, where, parallel=parallel)
     tokenizer = target_model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
@@ -168,12 +170,14 @@ def run_bench(
     user_prompts = [encode_prompt(tokenizer, prompt, chat, name) for name, prompt in named]
     text = tokenizer.encode("\n\n".join(text for _, text in BUILTIN_PROMPTS) + "\n\n")
     if not text:
-        raise BadInput(target, "its tokenizer encodes the built-in prompts to no tokens")
+        raise BadInput(target_model.ref, "its tokenizer encodes the built-in prompts to no tokens")
     context = max(depths + [len(p) for p in user_prompts]) + tokens + (block_size or FIT_BLOCK)
     runtime = load_target(plan, progress, context).runtime
     drafter = None
     if draft_model is not None or mtp:
-        progress.stage(f"loading the {drafter_kind(draft_model)} drafter" + (f" from {draft}" if draft else ""))
+        progress.stage(
+            f"loading the {drafter_kind(draft_model)} drafter" + (f" from {draft_model.ref}" if draft_model else "")
+        )
         drafter = load_drafter(draft_model, target_model, runtime, draft_bits)
     block = block_size or (drafter.block_size if drafter else None)
     gpu = torch.cuda.get_device_name(where) if where.type == "cuda" else None
@@ -199,10 +203,15 @@ def run_bench(
         versions=versions(),
         bytes_per_s=bytes_per_s,
         bandwidth_source="--bandwidth" if bandwidth else (f"table: {known.name}" if known else None),
-        target={"ref": target, "family": target_model.config.family, "resident_bytes": plan.resident_bytes},
+        target={"ref": target_model.ref, "family": target_model.config.family, "resident_bytes": plan.resident_bytes},
         draft=None
         if drafter is None
-        else {"ref": draft, "kind": drafter.kind, "resident_bytes": drafter.resident_bytes, "block_size": block},
+        else {
+            "ref": draft_model.ref if draft_model else None,
+            "kind": drafter.kind,
+            "resident_bytes": drafter.resident_bytes,
+            "block_size": block,
+        },
         tokens=tokens,
         chat=chat,
         prompts=names,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from specpair.app.device import place_runtime
 from specpair.app.generation import SCHEMA, SamplingArgs
 from specpair.app.models import describe, load_target
-from specpair.app.pair import GatePair, gate_pair
+from specpair.app.pair import GatePair, gate_pair, metadata, opened
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt, prompt_text
 from specpair.app.timing import Spread, in_turn
@@ -280,8 +280,8 @@ class GateReport:
 
 
 def run_gate(
-    target: str | None,
-    draft: str | None,
+    target: str | Model | None,
+    draft: str | Model | None,
     *,
     mtp: bool = False,
     demo: bool = False,
@@ -303,11 +303,11 @@ def run_gate(
 ) -> GateReport:
     """The gate on the pair the arguments name (`pair.gate_pair`): `prompt`, `prompts` (name, text or chat) or the
     built-in ones, through the target's chat template unless `chat` is False (None: when it has one), `sampling`
-    or the gate's three settings, `batch` or solo and CONCURRENT at once."""
+    or the gate's three settings, `batch` or solo and CONCURRENT at once. `target` and `draft`: refs, or checkpoints
+    opened already (sources/model.open_files: files from any source)."""
     from specpair.runtime import loading
     from specpair.runtime.drafters.loading import drafter_kind, load_drafter
     from specpair.runtime.speculative import RULES
-    from specpair.sources.model import open_model
 
     if rule not in RULES:
         raise BadInput("--rule", f"{rule!r} is not one of {', '.join(RULES)}")
@@ -315,8 +315,8 @@ def run_gate(
     where, parallel = place_runtime(device, threads)
     if block_size is None and where.type == "cpu":
         block_size = pair.cpu_block
-    target_model = open_model(pair.target, gguf_file)
-    draft_model = open_model(pair.draft, draft_gguf_file) if pair.draft is not None else None
+    target_model = opened(pair.target, gguf_file)
+    draft_model = opened(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)
     tokenizer = target_model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
@@ -383,16 +383,15 @@ def judged(
     from specpair.compat.pair import Deployment
     from specpair.compat.stacks import STACK_NAMES
     from specpair.compat.verdict import judge
-    from specpair.sources import open_checkpoint
 
-    target_checkpoint = open_checkpoint(pair.target, gguf_file, True)
-    draft_checkpoint = open_checkpoint(pair.draft, draft_gguf_file, True) if pair.draft is not None else None
+    target_checkpoint = metadata(pair.target, gguf_file)
+    draft_checkpoint = metadata(pair.draft, draft_gguf_file) if pair.draft is not None else None
     _, verdicts = judge(target_checkpoint, draft_checkpoint, Deployment(context=context), list(STACK_NAMES))
     verdict = verdicts["specpair"]
     if verdict.status == "fail":
         errors = [f for f in verdict.reasons if f.severity == "error"]
         raise BadInput(
-            pair.target,
+            target_checkpoint.ref,
             f"`specpair check` refuses this pair on the specpair stack: {errors[0].rule}: "
             f"{errors[0].message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
         )

@@ -3,7 +3,6 @@ identifies it in a report (revision, file hashes, layouts)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from specpair.sources.model import Model
 
 SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 FLOAT_LAYOUTS = ("bf16", "f16", "f32")
 
 
@@ -96,20 +94,8 @@ def describe(model: Model, locked: LockedRepo | None = None) -> dict[str, Any]:
 
 
 def file_hashes(model: Model, locked: LockedRepo | None = None) -> dict[str, str]:
-    """sha256 of each file of the checkpoint: from its specpair.lock, from the HF cache's blob names (an LFS
-    file's blob is named by its sha256), else hashed here."""
-    from specpair.sources.lockfile import hash_file
-
+    """sha256 of each file of the checkpoint: from its specpair.lock, else as its source gives them (the HF cache's
+    blob names, or hashed; a source that makes its files, none for those)."""
     if locked is not None:
         return {f.path: f.sha256 for f in locked.files}
-    out = {}
-    for name in model.files:
-        path = os.path.join(model.root, name)
-        blob = os.path.basename(os.path.realpath(path))
-        if os.path.islink(path) and SHA256.match(blob):
-            out[name] = blob
-            continue
-        digest = hashlib.sha256()
-        hash_file(path, [digest])
-        out[name] = digest.hexdigest()
-    return out
+    return {name: digest for name in model.files if (digest := model.reader.sha256(name)) is not None}

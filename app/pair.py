@@ -10,21 +10,28 @@ from specpair.app.progress import SILENT, Progress
 from specpair.errors import BadInput
 
 if TYPE_CHECKING:
+    from specpair.checkpoint import Checkpoint
     from specpair.sources.lockfile import LockedRepo
+    from specpair.sources.model import Model
 
 DEMO_CPU_MAX_TOKENS = 16  # --demo on a CPU: the exact CPU kernels run SmolLM2 at a few tok/s, six settings
 
 
 @dataclass
 class GatePair:
-    target: str
-    draft: str | None  # None: the target's own MTP head
+    target: str | Model  # a checkpoint's ref, or one opened already (sources/model.open_files)
+    draft: str | Model | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
     cpu_block: int | None = None  # the demo drafter's block on a CPU (a verify step: a weight pass per 4 rows)
 
 
 def gate_pair(
-    target: str | None, draft: str | None, *, mtp: bool = False, demo: bool = False, progress: Progress = SILENT
+    target: str | Model | None,
+    draft: str | Model | None,
+    *,
+    mtp: bool = False,
+    demo: bool = False,
+    progress: Progress = SILENT,
 ) -> GatePair:
     """The refs the gate opens, refused with a one-line BadInput when the arguments do not name one pair."""
     if demo:
@@ -32,7 +39,7 @@ def gate_pair(
     if target is None:
         raise BadInput("TARGET", "give a target checkpoint (or --demo for the built-in pair)")
     locked = {}
-    if target.endswith(".lock") and draft is None:
+    if isinstance(target, str) and target.endswith(".lock") and draft is None:
         from specpair.sources.lockfile import read_lock
 
         locked = {r.role: r for r in read_lock(target)}
@@ -43,6 +50,20 @@ def gate_pair(
     if draft is None and not mtp:
         raise BadInput("DRAFT", "give a drafter or draft model, or --mtp for the target's own MTP head")
     return GatePair(target, draft, locked)
+
+
+def opened(ref: str | Model, gguf_file: str | None = None) -> Model:
+    """The checkpoint as the runtime reads it: `ref` opened, or the Model given."""
+    from specpair.sources.model import open_model
+
+    return open_model(ref, gguf_file) if isinstance(ref, str) else ref
+
+
+def metadata(ref: str | Model, gguf_file: str | None = None) -> Checkpoint:
+    """The checkpoint as `specpair check` judges it (offline), from what `ref` names or from the Model's files."""
+    from specpair.sources import open_checkpoint
+
+    return open_checkpoint(ref, gguf_file, True) if isinstance(ref, str) else ref.checkpoint()
 
 
 def demo_pair(name: str | None, draft: str | None, mtp: bool, progress: Progress) -> GatePair:

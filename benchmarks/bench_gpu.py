@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -44,14 +45,40 @@ from specpair.checkpoint.gguf_tokenizer import BYTE_SPELLING  # noqa: E402
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def write_byte_tokenizer(directory: Path, vocab_size: int, merges: tuple[tuple[str, str], ...] = ()) -> None:
-    """tokenizer.json (byte-level BPE; `merges`, their tokens after the special ones: a GGUF needs at least one),
-    tokenizer_config.json and generation_config.json."""
+def write_byte_tokenizer(
+    directory: Path, vocab_size: int, merges: tuple[tuple[str, str], ...] = (), ids: int | None = None
+) -> None:
+    """byte_tokenizer's files written into `directory`."""
+    for name, raw in byte_tokenizer(vocab_size, merges, ids).items():
+        (directory / name).write_bytes(raw)
+
+
+def byte_tokenizer(
+    vocab_size: int, merges: tuple[tuple[str, str], ...] = (), ids: int | None = None
+) -> dict[str, bytes]:
+    """tokenizer.json (byte-level BPE; `merges` joins tokens of the vocabulary: a GGUF needs at least one),
+    tokenizer_config.json and generation_config.json, by name.
+
+    `ids`: the tokenizer's length (default: the 256 byte tokens, the special ones after them, then the merges').
+    Past those the vocabulary is filled with strings of two, then three byte-level characters, as a real
+    vocabulary's entries that no merge reaches (text encodes as without them)."""
     tokens = sorted(BYTE_SPELLING)  # the byte-level vocabulary's first 256 tokens, in its order
+    first_special = len(tokens)
+    tokens += list(SPECIAL) + [a + b for a, b in merges]
+    ids = len(tokens) if ids is None else ids
+    assert len(tokens) <= ids <= vocab_size
+    taken = set(tokens)
+    fill = (
+        "".join(chars)
+        for width in (2, 3)
+        for chars in itertools.product(BYTE_SPELLING, repeat=width)
+        if "".join(chars) not in taken
+    )
+    tokens += itertools.islice(fill, ids - len(tokens))
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
     added = [
         {
-            "id": len(tokens) + i,
+            "id": first_special + i,
             "content": t,
             "single_word": False,
             "lstrip": False,
@@ -79,28 +106,25 @@ def write_byte_tokenizer(directory: Path, vocab_size: int, merges: tuple[tuple[s
             "fuse_unk": False,
             "byte_fallback": False,
             "ignore_merges": False,
-            "vocab": {t: i for i, t in enumerate(tokens)}
-            | {a + b: len(tokens) + len(SPECIAL) + i for i, (a, b) in enumerate(merges)},
+            "vocab": {t: i for i, t in enumerate(tokens) if t not in SPECIAL},
             "merges": [[a, b] for a, b in merges],
         },
     }
-    stops = [len(tokens) + SPECIAL.index("<|im_end|>"), len(tokens) + SPECIAL.index("<|endoftext|>")]
-    assert max(stops) < vocab_size and len(tokens) + len(SPECIAL) + len(merges) <= vocab_size
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "TokenizersBackend",
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "bos_token": None,
-                "unk_token": None,
-                "add_prefix_space": False,
-                "model_max_length": 131072,
-            }
-        )
-    )
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
+    stops = [first_special + SPECIAL.index("<|im_end|>"), first_special + SPECIAL.index("<|endoftext|>")]
+    config = {
+        "tokenizer_class": "TokenizersBackend",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "unk_token": None,
+        "add_prefix_space": False,
+        "model_max_length": 131072,
+    }
+    return {
+        "tokenizer.json": json.dumps(tokenizer).encode(),
+        "tokenizer_config.json": json.dumps(config).encode(),
+        "generation_config.json": json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}).encode(),
+    }
 
 
 def build(work: Path) -> tuple[Path, Path]:

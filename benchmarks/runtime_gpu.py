@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -37,8 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gdn_rollback import measure, qwen36_shape, report  # noqa: E402
 
+from specpair.checkpoint import FileEntry  # noqa: E402
 from specpair.convert.quant_configs import quantization_files  # noqa: E402
+from specpair.errors import BadInput  # noqa: E402
+from specpair.formats import TensorInfo, TensorTable, safetensors  # noqa: E402
 from specpair.formats.codecs import codec  # noqa: E402
+from specpair.formats.regions import PartCut  # noqa: E402
 from specpair.formats.safetensors import Writer  # noqa: E402
 from specpair.runtime.generate import generate, prefill  # noqa: E402
 from specpair.runtime.loading import load, plan_load  # noqa: E402
@@ -48,6 +54,9 @@ from specpair.sources.model import open_model  # noqa: E402
 DEVICE = "cuda"
 BANDWIDTH = 4.3e12  # H200 HBM bytes/s (runtime.md §1: 4.27 TB/s measured copy)
 SHARD = 4 * 10**9
+# Floats drawn at once for a stack of experts whose layout has no per-tensor scale (~1 GB of float32): encoding's
+# temporaries stay a few GB beside a model loading from GeneratedFiles on the same GPU
+CHUNK_VALUES = 1 << 28
 GB = 1e9
 
 
@@ -96,39 +105,132 @@ def write_checkpoint(
     device: str = DEVICE,
     codes: Codes | None = None,
 ) -> float:
-    """Write `tensors` (random values, quantized on `device`; or random stored parts where `codes` gives them) and
-    the config files; seconds taken."""
+    """Write `tensors` (drawn: random values quantized on `device`, or random stored parts where `codes` gives them)
+    and the config files; seconds taken. GeneratedFiles serves the same files without writing them."""
     start = time.perf_counter()
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     writer = Writer(str(directory), [p for t in tensors for p in t.planned()], shard_bytes=SHARD)
-    gen = torch.Generator(device).manual_seed(0)
     for t in tensors:
-        names = [t.name.format(e=e) for e in range(t.experts)] if t.experts else [t.name]
-        drawn = [codes(t, name, gen) for name in names] if codes else [None]
-        if drawn[0] is not None:
-            for name, parts in zip(names, drawn):
-                for key, part in parts.items():
-                    writer.write(name if key == "" else name.removesuffix(".weight") + key, part)
-            continue
-        w = values(t, gen, device)
-        c = codec(t.layout)
-        if t.experts:  # one encode for the stack (one tensor scale), written expert by expert
-            parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)
-            for e in range(t.experts):
-                name = t.name.format(e=e)
-                for key, part in parts.items():  # each expert's share of a part's rows (FP8 blocks: rows / 128)
-                    one = part if part.ndim == 0 else part.reshape(t.experts, -1, *part.shape[1:])[e]
-                    writer.write(name if key == "" else name.removesuffix(".weight") + key, one)
-        else:
-            parts = c.encode(w, t.name)
-            for key, part in parts.items():
-                writer.write(t.name if key == "" else t.name.removesuffix(".weight") + key, part)
+        for name, part in drawn(t, device, codes).items():
+            writer.write(name, part)
     writer.close()
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    for name, document in (extra or {}).items():
-        (directory / name).write_text(json.dumps(document, indent=2))
+    for name, raw in config_files(config, extra).items():
+        (directory / name).write_bytes(raw)
     return time.perf_counter() - start
+
+
+def config_files(config: dict, extra: dict[str, dict] | None) -> dict[str, bytes]:
+    """config.json and the `extra` JSON files, by name, as a checkpoint holds them."""
+    return {name: json.dumps(doc, indent=2).encode() for name, doc in {"config.json": config, **(extra or {})}.items()}
+
+
+def drawn(t: Tensor, device: str, codes: Codes | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The stored tensors of `t` by name, in Writer's order (t.planned()): random values encoded on `device`, or the
+    stored parts `codes` draws, from a generator seeded by `t`'s name and `seed` alone, so that the same tensor is
+    drawn alike whatever was drawn before it (GeneratedFiles draws one when it is read)."""
+    gen = torch.Generator(device).manual_seed(
+        int.from_bytes(hashlib.sha256(f"{seed}:{t.name}".encode()).digest()[:8]) >> 1
+    )
+    names = [t.name.format(e=e) for e in range(t.experts)] if t.experts else [t.name]
+    out = {}
+    chosen = [codes(t, name, gen) for name in names] if codes else [None]
+    if chosen[0] is not None:
+        for name, parts in zip(names, chosen):
+            out |= {stored_name(name, key): part for key, part in parts.items()}
+        return out
+    c = codec(t.layout)
+    if t.experts:  # stored expert by expert, encoded in chunks of experts (one chunk for one tensor scale)
+        per = t.experts if c.tensor_amax else max(1, CHUNK_VALUES // math.prod(t.shape[1:]))
+        for first in range(0, t.experts, per):
+            chunk = dataclasses.replace(t, shape=(min(per, t.experts - first), *t.shape[1:]))
+            w = values(chunk, gen, device)
+            parts = c.encode(w.reshape(-1, w.shape[-1]), t.name, float(w.abs().max()) if c.tensor_amax else None)
+            for e, name in enumerate(names[first : first + chunk.shape[0]]):
+                # each expert's share of a part's rows (FP8 blocks: rows / 128)
+                out |= {
+                    stored_name(name, key): part
+                    if part.ndim == 0
+                    else part.reshape(chunk.shape[0], -1, *part.shape[1:])[e]
+                    for key, part in parts.items()
+                }
+        return out
+    w = values(t, gen, device)
+    return {stored_name(t.name, key): part for key, part in c.encode(w, t.name).items()}
+
+
+def stored_name(weight: str, key: str) -> str:
+    """The stored tensor of part `key` of a weight (a module's `.weight`, or a companion of the module)."""
+    return weight if key == "" else weight.removesuffix(".weight") + key
+
+
+class GeneratedFiles:
+    """The checkpoint write_checkpoint writes for these arguments, served from memory as sources/local.py's
+    LocalFiles serves a directory (sources/model.open_files opens it; the app functions take the Model): config.json,
+    the `extra` and `files` files, the safetensors headers and index of the same Writer plan, and each tensor's
+    bytes drawn (on `device`) when it is read, in host memory one Tensor at a time: a loader reads in file order,
+    so a stack of experts is drawn once, and a re-read draws the same bytes again. Nothing is written."""
+
+    def __init__(
+        self,
+        where: str,
+        config: dict,
+        tensors: list[Tensor],
+        extra: dict[str, dict] | None = None,
+        device: str = DEVICE,
+        codes: Codes | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        self.where, self.device, self.codes = where, device, codes
+        self.plan = Writer(where, [p for t in tensors for p in t.planned()], shard_bytes=SHARD)
+        self.small = config_files(config, extra) | (files or {})
+        if (index := self.plan.index()) is not None:
+            self.small[index[0]] = index[1].encode()
+        self.owner = {name: t for t in tensors for name, _, _ in t.planned()}
+        self.held: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the Tensor drawn last: its parts not yet read
+
+    def list(self) -> list[FileEntry]:
+        shards = [FileEntry(f, self.plan.shard_bytes(k)) for k, f in enumerate(self.plan.files)]
+        return sorted([*shards, *(FileEntry(n, len(raw)) for n, raw in self.small.items())], key=lambda e: e.path)
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        if path in self.plan.files:
+            raise BadInput(f"{self.where}/{path}", "is generated tensor by tensor: read its tensors")
+        raw = self.small.get(path)
+        if raw is not None and len(raw) > limit:
+            raise BadInput(f"{self.where}/{path}", f"is {len(raw)} bytes, over the {limit}-byte limit for this file")
+        return raw
+
+    def safetensors_headers(self, shards: list[str]) -> list[TensorInfo]:
+        return self.safetensors_table(shards).infos()
+
+    def safetensors_table(self, shards: list[str]) -> TensorTable:
+        table = TensorTable.empty()
+        for shard in shards:
+            k = self.plan.files.index(shard)
+            raw = self.plan.header(k)
+            read = lambda offset, length, raw=raw: raw[offset : offset + length]  # noqa: E731
+            table.extend(safetensors.read_table(read, self.plan.shard_bytes(k), f"{self.where}/{shard}", shard)[0])
+        return table
+
+    def header_lengths(self, shards: list[str]) -> None:
+        return None  # no file a forked child could read
+
+    def gguf_header(self, path: str) -> None:
+        raise BadInput(f"{self.where}/{path}", "is not a GGUF file")
+
+    def tensor(self, info: TensorInfo, cut: PartCut | None = None) -> torch.Tensor:
+        t = self.owner[info.name]
+        if self.held[0] != t.name or info.name not in self.held[1]:
+            self.held = (t.name, {n: part.cpu() for n, part in drawn(t, self.device, self.codes).items()})
+        data = self.held[1].pop(info.name)  # served once: what the reader is given is its own
+        if cut is None:
+            return data.reshape(info.shape)
+        return cut.of(data).view(data.dtype).reshape(cut.shape)
+
+    def sha256(self, path: str) -> str | None:
+        raw = self.small.get(path)
+        return hashlib.sha256(raw).hexdigest() if raw is not None else None  # a shard is never made whole
 
 
 # ------------------------------------------------------------------------------------------------ shapes

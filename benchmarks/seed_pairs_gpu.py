@@ -3,14 +3,15 @@
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
         --pair 35b-nvfp4|gguf|exl3|122b-fp8 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
-        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load]
+        [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load] \
+        [--in-memory] [--only gate|bench]
 
 On the GPU machine, one pair per device call (the repository root as the working directory; orjson, and for the
 gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other GPU benchmarks):
 
     mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/specpair && PYTHONPATH=/tmp/pkgs:/tmp/site \
         python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4        # likewise --pair gguf, --pair exl3
-    ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # 124 GB of disk
+    ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # target in memory
 
 Pairs (one row of PAIRS each):
 - `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (runtime_gpu.py and
@@ -34,14 +35,14 @@ Pairs (one row of PAIRS each):
 - `122b-fp8`: Qwen3.5-122B-A10B in Qwen's FP8 128x128 block layout (experts one by one; embeddings, lm_head,
   norms, routers, shared_expert_gate and in_proj_a/b BF16), 123.7 GB, with a coral-bricks-shaped DFlash2 drafter
   (block 12, taps [1,7,14,20,26,32,39,45], every layer sliding with window 8192, mask 248077, 6 layers; 1.86 GB,
-  as its card says). It is written to disk like the others, so it needs ~126 GB free under --work: on the
-  64 GiB machine it stops before writing, in one line. Feeding the loader tensors generated in memory instead
-  needs a seam the sources layer does not have yet: tensor bytes are read by path (formats/weights.py read_parts
-  and read_cut call safetensors.read_tensor(os.path.join(root, file), info)), not through `Model.reader`, the
-  LocalFiles object that serves every other file; and `specpair run` / `bench` open their checkpoint from a path
-  string (app/gate.py run_gate, app/bench.py run_bench -> open_model). With a reader method that returns a
-  weight's stored parts (and a cut of them), open_model taking a reader, and the app functions taking an opened
-  Model, a generated-tensors reader could stand in for LocalFiles with no special case below it.
+  as its card says). Where the disk under --work cannot hold both (the GPU machine's 64 GiB), or with
+  --in-memory, the target is not written: runtime_gpu.GeneratedFiles serves the files write_checkpoint would
+  write (config.json and the shards' headers and index from the same Writer plan, the tokenizer) and draws each
+  tensor's bytes when the loader reads it, from a generator seeded by the tensor's name, on --device, handed over
+  in host memory one tensor (one stack of experts) at a time. sources/model.open_files opens it; the loader reads
+  it through the same code as a directory (Model.reader.tensor: formats/weights.read_parts / read_cut); the gate
+  and bench run through the app functions the CLI calls (app/gate.run_gate, app/bench.run_bench), given the opened
+  Model; each load draws the tensors again. The drafter is written.
 
 Each pair: a line per stage with the elapsed seconds (flushed), and after every stage (so a run cut off keeps what
 it measured) in --out (default $OUT, else --work): seed_pairs_<pair>.json (each stage's result: the target's load
@@ -53,7 +54,9 @@ and shrinks widths, experts, layers and vocabulary (TINY_TEXT, TINY_DRAFT); test
 pair so on the CPU, with `--quick` (the gate on one prompt, greedy, solo; no bench).
 
 With random weights τ is near 1: what this measures is exactness and the cost of the steps at real shape. The
-tokenizer is bench_gpu.py's byte-level BPE with one merge (a GGUF needs one).
+tokenizer is bench_gpu.py's byte-level BPE with one merge (a GGUF needs one), as long as Qwen's against the
+embedding rows at every scale (tokenizer_ids: 248077 ids for 248320 rows; the GGUF converter refuses a tokenizer
+far shorter than the rows).
 """
 
 from __future__ import annotations
@@ -77,17 +80,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import write_byte_tokenizer  # noqa: E402
-from runtime_gpu import CONFIGS, GB, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
+from bench_gpu import byte_tokenizer, write_byte_tokenizer  # noqa: E402
+from runtime_gpu import CONFIGS, GB, GeneratedFiles, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
 from speculative_gpu import DFLASH2, INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
 
 from specpair.convert.quant_configs import quantization_files  # noqa: E402
 from specpair.formats import exl3  # noqa: E402
 from specpair.formats.codecs import codec, stored_nbytes  # noqa: E402
 from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
+from specpair.sources.model import Model, open_files, open_model  # noqa: E402
 
 QWEN36 = "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
 QWEN35_122B = "Qwen__Qwen3.5-122B-A10B.json"
+# len(tokenizer) of Qwen3.5/3.6 (248044 BPE tokens and 33 added ones) against their 248320 embedding rows
+# (targets.md): every scale writes a tokenizer covering its rows in this ratio (tokenizer_ids)
+QWEN_TOKENIZER_IDS, QWEN_VOCAB_ROWS = 248077, 248320
 
 # coral-bricks-ai/qwen35-122b-dflash2-drafter (tools/build_catalog.py's DRAFTERS row: heads and FFN as z-lab's 122B
 # drafter, every layer sliding, incoai's DFlash2 selector)
@@ -144,7 +151,7 @@ class Drafted:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    target: Path
+    target: Path | Model  # written, or generated in memory (runtime_gpu.GeneratedFiles)
     drafters: list[Drafted]
     notes: dict
 
@@ -153,6 +160,7 @@ class Built:
 class Scale:
     name: str  # real | tiny
     device: str
+    in_memory: bool = False  # generate the 122B target in memory even where the disk could hold it (--in-memory)
 
     def text(self, config: dict) -> dict:
         """A multimodal Qwen3.5/3.6 config with its text_config shrunk at tiny scale (quantized layer lists cut)."""
@@ -180,12 +188,18 @@ class Scale:
             else min(shape.sliding_layers, TINY_DRAFT["layers"] - 1),
             window=TINY_DRAFT["window"],
             taps=[min(round(t * layers / real_layers), layers - 1) for t in shape.taps],
-            mask_token_id=shape.mask_token_id - real_vocab + vocab,
+            mask_token_id=shape.mask_token_id - tokenizer_ids(real_vocab) + tokenizer_ids(vocab),
             dflash2=dflash2,
         )
 
     def quant(self, quant: dict) -> dict:
         return quant if self.name == "real" else cut_layers(quant, TINY_TEXT["num_hidden_layers"])
+
+
+def tokenizer_ids(vocab: int) -> int:
+    """The length of the tokenizer written for `vocab` embedding rows: Qwen's ratio at every scale, so that the
+    tiny scale's tokenizer covers its rows as the real one does (the GGUF converter pads it to the rows)."""
+    return vocab * QWEN_TOKENIZER_IDS // QWEN_VOCAB_ROWS
 
 
 def cut_layers(value, layers: int):
@@ -218,7 +232,8 @@ def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path,
         {"hf_quant_config.json": hf_quant},
         scale.device,
     )
-    write_byte_tokenizer(directory, config["text_config"]["vocab_size"], MERGES)
+    vocab = config["text_config"]["vocab_size"]
+    write_byte_tokenizer(directory, vocab, MERGES, tokenizer_ids(vocab))
     return directory, config
 
 
@@ -359,7 +374,7 @@ def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     keys, files = quantization_keys(tensors)
     fits(work, [tensors])
     write_checkpoint(target, {**config, **keys}, tensors, files, scale.device, exl3_codes)
-    write_byte_tokenizer(target, t["vocab_size"])
+    write_byte_tokenizer(target, t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
     stage("target written (EXL3 4.00 bpw, lm_head 6, random codes)")
     draft = work / "qwen3.6-dflash-exl3-2.50bpw"
     draft_config, draft_tensors = dflash_tensors(
@@ -387,19 +402,34 @@ def build_122b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     draft_config, draft_tensors = dflash_tensors(
         draft_shape(scale, CORAL_122B, config, QWEN35_122B), t["vocab_size"], t["num_hidden_layers"]
     )
-    fits(work, [tensors, draft_tensors])
+    fits(work, [draft_tensors])
     keys, _ = quantization_keys(tensors)
-    target = work / "qwen3.5-122b-a10b-fp8"
-    write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
-    write_byte_tokenizer(target, t["vocab_size"], MERGES)
-    stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
+    tokenizer = byte_tokenizer(t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
+    name = "qwen3.5-122b-a10b-fp8"
+    target: Path | Model
+    if scale.in_memory or needed([tensors, draft_tensors]) > shutil.disk_usage(work).free:
+        # the loader reads the same tensors through the same code path, from the files' generator instead of a disk
+        target = open_files(
+            GeneratedFiles(f"generated:{name}", {**config, **keys}, tensors, None, scale.device, files=tokenizer)
+        )
+        stage(f"target generated in memory ({needed([tensors]) / GB:.1f} GB, drawn per tensor as it is read)")
+    else:
+        target = work / name
+        write_checkpoint(target, {**config, **keys}, tensors, None, scale.device)
+        for file, raw in tokenizer.items():
+            (target / file).write_bytes(raw)
+        stage("target written (FP8 128x128 blocks, Qwen's BF16 modules)")
     draft = work / "coral-bricks-dflash2"
     write_checkpoint(draft, draft_config, draft_tensors, None, scale.device)
     stage("DFlash2 drafter written (BF16, block 12, window 8192)")
     return Built(
         target,
         [Drafted("dflash2", draft)],
-        {"target": "Qwen/Qwen3.5-122B-A10B-FP8 layout", "drafter": "coral-bricks DFlash2 shape, BF16"},
+        {
+            "target": "Qwen/Qwen3.5-122B-A10B-FP8 layout"
+            + (", generated in memory (runtime_gpu.GeneratedFiles)" if isinstance(target, Model) else ""),
+            "drafter": "coral-bricks DFlash2 shape, BF16",
+        },
     )
 
 
@@ -416,12 +446,16 @@ def quantization_keys(tensors: list[Tensor]) -> tuple[dict, dict]:
     return quantization_files(layouts, set(), stored, None)
 
 
+def needed(checkpoints: list[list[Tensor]]) -> int:
+    """Bytes of the checkpoints' tensors as stored."""
+    return sum(stored_nbytes(dtype, shape) for ts in checkpoints for t in ts for _, dtype, shape in t.planned())
+
+
 def fits(work: Path, checkpoints: list[list[Tensor]]) -> None:
     """Refuse up front (one line) when the checkpoints cannot be written under `work`."""
-    needed = sum(stored_nbytes(dtype, shape) for ts in checkpoints for t in ts for _, dtype, shape in t.planned())
     free = shutil.disk_usage(work).free
-    if needed > free:
-        sys.exit(f"{work}: the checkpoints need {needed / GB:.0f} GB of disk, {free / GB:.0f} GB are free")
+    if needed(checkpoints) > free:
+        sys.exit(f"{work}: the checkpoints need {needed(checkpoints) / GB:.0f} GB of disk, {free / GB:.0f} GB are free")
 
 
 PAIRS: dict[str, Callable[[Path, Scale, Callable[[str], None]], Built]] = {
@@ -460,20 +494,18 @@ def peak_bytes(device: str) -> int | None:
     return torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
 
-def load_once(target: Path, device: str) -> dict:
+def load_once(target: Path | Model, device: str) -> dict:
     """The target loaded alone: seconds, resident bytes, bytes read, peak GPU memory."""
     from specpair.runtime.loading import load, plan_load
-    from specpair.sources.model import open_model
 
     fresh_peak(device)
     start = time.perf_counter()
-    plan = plan_load(open_model(str(target)), device)
+    plan = plan_load(target if isinstance(target, Model) else open_model(str(target)), device)
     model = load(plan)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    files = [target] if target.is_file() else list(target.iterdir())
-    stored = sum(f.stat().st_size for f in files)
+    stored = sum(e.size for e in plan.model.reader.list())
     layouts = sorted({plan.model.layout(n) for n in plan.model.names})
     result = {
         "load_s": seconds,
@@ -488,7 +520,7 @@ def load_once(target: Path, device: str) -> dict:
 
 
 def run_pair(args: argparse.Namespace, out: Path) -> dict:
-    scale = Scale(args.scale, args.device)
+    scale = Scale(args.scale, args.device, args.in_memory)
     work = args.work / args.pair
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -505,36 +537,102 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
 
     built = PAIRS[args.pair](work, scale, stage)
     figures["notes"] = built.notes
-    if not args.skip_load:
+    if args.skip_load:
+        figures["load"] = {"skipped": "--skip-load"}
+    else:
         attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
+    target = built.target.ref if isinstance(built.target, Model) else str(built.target)
     for d in built.drafters:
-        pair = [str(built.target), *([str(d.draft)] if d.draft else []), *d.options]
+        pair = [target, *([str(d.draft)] if d.draft else []), *d.options]
         gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
-        attempt(stage, figures, f"gate_{d.label}", f"gate ({d.label})", lambda gate=gate: measured(gate, args.device))
-        if args.quick:
+        run = (lambda gate=gate: specpair(gate)) if isinstance(built.target, Path) else gate_of(built.target, d, args)
+        if args.only != "bench":
+            attempt(
+                stage,
+                figures,
+                f"gate_{d.label}",
+                f"gate ({d.label})",
+                lambda g=gate, r=run: measured(g, r, args.device),
+            )
+        if args.quick or args.only == "gate":
             continue
+        plot = out / f"seed_pairs_{args.pair}_{d.label}_depth.png"
         bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
-        bench += ["--plot", str(out / f"seed_pairs_{args.pair}_{d.label}_depth.png")]
+        bench += ["--plot", str(plot), *device]
+        run = (
+            (lambda bench=bench: specpair(bench))
+            if isinstance(built.target, Path)
+            else bench_of(built.target, d, args, shlex.join(["specpair", *bench]), plot)
+        )
         attempt(
-            stage,
-            figures,
-            f"bench_{d.label}",
-            f"bench ({d.label})",
-            lambda bench=bench: measured(bench + device, args.device),
+            stage, figures, f"bench_{d.label}", f"bench ({d.label})", lambda b=bench, r=run: measured(b, r, args.device)
         )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return figures
 
 
-def measured(args: list[str], device: str) -> dict:
+def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[], tuple[int, str]]:
+    """`specpair run`'s gate as the command line would run it, on a target opened from generated files: the app
+    function the CLI calls, given the opened Model."""
+    from specpair.app.gate import run_gate
+
+    def run() -> tuple[int, str]:
+        report = run_gate(
+            target,
+            str(d.draft) if d.draft else None,
+            mtp="--mtp" in d.options,
+            draft_bits=draft_bits(d),
+            prompt=QUICK_PROMPT if args.quick else None,
+            sampling=(0.0, 0, 1.0, 0) if args.quick else None,
+            max_tokens=args.gate_tokens,
+            device=args.device,
+            batch=args.gate_batch,
+        )
+        return report.exit_code, json.dumps(report.to_json())
+
+    return run
+
+
+def bench_of(
+    target: Model, d: Drafted, args: argparse.Namespace, command: str, plot: Path
+) -> Callable[[], tuple[int, str]]:
+    """`specpair bench` as the command line would run it (`command`), on a target opened from generated files."""
+    from specpair.app.bench import run_bench
+    from specpair.cli.bench import parse_counts, write_plot
+
+    def run() -> tuple[int, str]:
+        report = run_bench(
+            target,
+            str(d.draft) if d.draft else None,
+            command=command,
+            mtp="--mtp" in d.options,
+            draft_bits=draft_bits(d),
+            depths=parse_counts("--depth", args.depth, 0),
+            user_counts=parse_counts("--users", args.users, 1),
+            tokens=args.tokens,
+            device=args.device,
+        )
+        write_plot(str(plot), report.depth)
+        report.plot = str(plot)
+        return report.exit_code, json.dumps(report.to_json())
+
+    return run
+
+
+def draft_bits(d: Drafted) -> int | None:
+    return int(d.options[d.options.index("--draft-bits") + 1]) if "--draft-bits" in d.options else None
+
+
+def measured(args: list[str], run: Callable[[], tuple[int, str]], device: str) -> dict:
+    """`run` (the command `args`, in this process): its exit code, wall time, peak GPU memory and JSON document."""
     fresh_peak(device)
     held = torch.cuda.memory_allocated() if device.startswith("cuda") else None  # what an earlier stage left
     start = time.perf_counter()
-    code, out = specpair(args)
+    code, out = run()
     return {
         "command": shlex.join(["specpair", *args]),
         "exit_code": code,
@@ -573,7 +671,9 @@ def markdown(figures: dict) -> str:
     lines = [f"# Seed pair `{figures['pair']}` ({figures['scale']} scale, {figures.get('gpu', figures['device'])})", ""]
     lines += [f"- {k}: {v}" for k, v in figures.get("notes", {}).items()]
     load = figures.get("load", {"error": "not run"})
-    if "error" in load:
+    if "skipped" in load:
+        lines.append(f"- load: skipped ({load['skipped']})")
+    elif "error" in load:
         lines.append(f"- load: FAILED {load['error']}")
     else:
         peak = load["peak_gpu_bytes"]
@@ -637,6 +737,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-load", action="store_true", help="no load of the target alone (its time and memory)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
+    parser.add_argument(
+        "--only", choices=("gate", "bench"), help="run only the gate, or only bench (a pair split over two calls)"
+    )
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="122b-fp8: generate the target in memory even where the disk could hold it (it is, where it cannot)",
+    )
     args = parser.parse_args(argv)
     out = args.out or args.work
     out.mkdir(parents=True, exist_ok=True)

@@ -1123,7 +1123,7 @@ def _convert_by_rows(
 
     def decoded(start: int, stop: int) -> torch.Tensor:
         if whole is None:
-            parts = read_rows(weight, source.root, source.file_format, start, stop)
+            parts = read_rows(weight, source.reader, start, stop)
         else:
             parts = {key: _stored_rows(part, weight.parts[key].shape, rows, start, stop) for key, part in whole.items()}
         return source_codec.decode(

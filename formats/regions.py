@@ -225,6 +225,13 @@ class PartCut:
                     merged.append((offset, length))
         return merged
 
+    def of(self, data: Tensor) -> Tensor:
+        """The cut's bytes (uint8, flat) out of the whole part held in memory (`data`, any dtype and device): what a
+        positioned read of the cut gives."""
+        entries = data.contiguous().view(torch.uint8).reshape(self.lead, self.entries, self.row_bytes)
+        rows = torch.cat([entries[:, a:b] for a, b in self.entry_runs], dim=1)
+        return torch.cat([rows[:, :, x:y] for x, y in self.byte_runs or ((0, self.row_bytes),)], dim=2).reshape(-1)
+
     def take(self, rows: np.ndarray) -> np.ndarray:
         """The cut's bytes (flat) out of its entries read whole (`ranges`: uint8, flat, in order)."""
         rows = rows.reshape(self.lead, _count(self.entry_runs), self.row_bytes)

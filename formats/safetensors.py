@@ -244,7 +244,7 @@ def read_bytes(path: str, info: TensorInfo) -> torch.Tensor:
     buffer = torch.empty(info.nbytes, dtype=torch.uint8)
     try:
         with open(path, "rb") as f:
-            _read_at(f.fileno(), memoryview(buffer.numpy()), info.offset, path, info.name)
+            read_at(f.fileno(), memoryview(buffer.numpy()), info.offset, path, info.name)
     except OSError as e:
         raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
     return buffer
@@ -264,7 +264,7 @@ def read_cut(path: str, info: TensorInfo, cut: PartCut) -> torch.Tensor:
                 rows = torch.empty(cut.read_nbytes, dtype=torch.uint8) if cut.byte_runs else buffer
                 at = 0
                 for offset, length in cut.ranges():
-                    _read_at(
+                    read_at(
                         f.fileno(), memoryview(rows.numpy())[at : at + length], info.offset + offset, path, info.name
                     )
                     at += length
@@ -273,14 +273,14 @@ def read_cut(path: str, info: TensorInfo, cut: PartCut) -> torch.Tensor:
                 return buffer
             at = 0
             for offset, length in cut.spans():
-                _read_at(f.fileno(), view[at : at + length], info.offset + offset, path, info.name)
+                read_at(f.fileno(), view[at : at + length], info.offset + offset, path, info.name)
                 at += length
     except OSError as e:
         raise BadInput(path, f"cannot read tensor {info.name!r} ({e.strerror})") from None
     return buffer
 
 
-def _read_at(fd: int, into: memoryview, offset: int, path: str, name: str) -> None:
+def read_at(fd: int, into: memoryview, offset: int, path: str, name: str) -> None:
     """Fill `into` from `offset` of the file (every byte specpair reads of a tensor passes here)."""
     got = 0
     while got < len(into):
@@ -363,18 +363,21 @@ class Writer:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if len(self.files) > 1:
-            weight_map = {t[0]: file for file, t in self._order}
-            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
-            with open(
-                os.path.join(self.directory, self.files[0].split("-00001-of-")[0] + ".safetensors.index.json"), "w"
-            ) as f:
-                json.dump(index, f, indent=2)
-                f.write("\n")
+        index = self.index()
+        if index is not None:
+            with open(os.path.join(self.directory, index[0]), "w") as f:
+                f.write(index[1])
 
-    def _open(self, k: int) -> None:
-        if self._file is not None:
-            self._file.close()
+    def index(self) -> tuple[str, str] | None:
+        """(name, text) of the index file the plan's shards need; None for one file."""
+        if len(self.files) == 1:
+            return None
+        weight_map = {t[0]: file for file, t in self._order}
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        return self.files[0].split("-00001-of-")[0] + ".safetensors.index.json", json.dumps(index, indent=2) + "\n"
+
+    def header(self, k: int) -> bytes:
+        """The bytes shard `k` starts with (its length, then its header as JSON), before its tensors' data."""
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, dtype, shape, nbytes in self._shards[k]:
@@ -382,6 +385,15 @@ class Writer:
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
+        return struct.pack("<Q", len(raw)) + raw
+
+    def shard_bytes(self, k: int) -> int:
+        """The size of shard `k`'s file."""
+        return len(self.header(k)) + sum(t[3] for t in self._shards[k])
+
+    def _open(self, k: int) -> None:
+        if self._file is not None:
+            self._file.close()
         self._file = open(os.path.join(self.directory, self.files[k]), "wb")
-        self._file.write(struct.pack("<Q", len(raw)) + raw)
+        self._file.write(self.header(k))
         self._file_index = k

@@ -3,22 +3,21 @@
 A quantized linear is stored as several tensors (codes, scales, ...); a `Weight` gathers them under the
 weight's name (module + ".weight") with its layout and its float shape, from headers alone. Float tensors,
 GGUF tensors and anything without companions are their own weight, with the single part "". Readers and
-the runtime go through this view, so they never care how a layout splits a tensor.
+the runtime go through this view, so they never care how a layout splits a tensor. Their bytes come from a
+`TensorReader` (sources/local.py's LocalFiles reads files; any other source of the same tensors serves alike).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
 from specpair.errors import BadInput
-from specpair.formats import TensorInfo, gguf, safetensors
+from specpair.formats import TensorInfo, gguf
 from specpair.formats.layouts import (
     COMPANION_SUFFIXES,
     EXL3,
@@ -31,7 +30,15 @@ from specpair.formats.layouts import (
 )
 
 if TYPE_CHECKING:
-    from specpair.formats.regions import Cut
+    from specpair.formats.regions import Cut, PartCut
+
+
+class TensorReader(Protocol):
+    """Where a checkpoint's stored tensors come from."""
+
+    def tensor(self, info: TensorInfo, cut: PartCut | None = None) -> Tensor:
+        """One stored tensor (a header's entry) in its stored dtype and shape; with `cut`, only the cut's bytes, in
+        the cut's shape (formats/regions.py)."""
 
 
 @dataclass(frozen=True)
@@ -90,47 +97,43 @@ def gguf_weights(header: gguf.GGUFHeader) -> list[Weight]:
     return weights
 
 
-def read_parts(weight: Weight, root: str, file_format: str) -> dict[str, Tensor]:
-    """The stored tensors of one weight, read from the files under `root` (safetensors or gguf)."""
-    read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
-    return {key: read(os.path.join(root, info.file), info) for key, info in weight.parts.items()}
+def read_parts(weight: Weight, reader: TensorReader) -> dict[str, Tensor]:
+    """The stored tensors of one weight."""
+    return {key: reader.tensor(info) for key, info in weight.parts.items()}
 
 
-def read_rows(weight: Weight, root: str, file_format: str, start: int, stop: int) -> dict[str, Tensor]:
-    """Rows start:stop of a weight's stored parts (its leading dims flattened into rows), reading only their
-    bytes; per-tensor values are read whole. See codecs.row_slice for which parts split how."""
+def read_rows(weight: Weight, reader: TensorReader, start: int, stop: int) -> dict[str, Tensor]:
+    """Rows start:stop of a weight's stored parts (its leading dims flattened into rows, each part seen as
+    [entries, last]), reading only their bytes; per-tensor values are read whole. See codecs.row_slice for which
+    parts split how."""
     from specpair.formats.codecs import row_slice
+    from specpair.formats.regions import PartCut
 
     rows = math.prod(weight.shape[:-1])
-    read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
     parts = {}
     for key, info in weight.parts.items():
         where = row_slice(info.shape, rows, start, stop)
-        if where is not None:
-            lead = math.prod(info.shape[:-1])
-            row_bytes = info.nbytes // lead
-            info = dataclasses.replace(
-                info,
-                shape=(where.stop - where.start, info.shape[-1]),
-                nbytes=(where.stop - where.start) * row_bytes,
-                offset=info.offset + where.start * row_bytes,
-            )
-        parts[key] = read(os.path.join(root, info.file), info)
+        if where is None:
+            parts[key] = reader.tensor(info)
+            continue
+        entries = math.prod(info.shape[:-1])
+        taken = (where.start, where.stop)
+        shape = (where.stop - where.start, info.shape[-1])
+        parts[key] = reader.tensor(info, PartCut(1, entries, info.nbytes // entries, (taken,), None, shape))
     return parts
 
 
-def read_cut(weight: Weight, root: str, file_format: str, cut: Cut) -> dict[str, Tensor]:
+def read_cut(weight: Weight, reader: TensorReader, cut: Cut) -> dict[str, Tensor]:
     """The stored parts of a weight that hold `cut` of it (its rows and columns, formats/regions.py), reading only
     their bytes; per-tensor values are read whole. Unaligned where the cut ends inside a block of a part."""
     from specpair.formats.codecs import grains
     from specpair.formats.regions import part_cut
 
-    read = safetensors.read_tensor if file_format == "safetensors" else gguf.read_tensor
     table = grains(weight.layout) or {}
     parts = {}
     for key, info in weight.parts.items():
         where = part_cut(info.shape, info.nbytes, weight.shape, table[key], cut, weight.part_name(key))
-        parts[key] = read(os.path.join(root, info.file), info, where)
+        parts[key] = reader.tensor(info, where)
     return parts
 
 

@@ -10,13 +10,23 @@ the user's own choice and is followed wherever it points.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import stat
+from typing import TYPE_CHECKING
 
 from specpair.checkpoint import Checkpoint, FileEntry
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo, TensorTable, gguf, safetensors
 from specpair.sources.reading import read_checkpoint
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from specpair.formats.regions import PartCut
+
+BLOB = re.compile(r"^[0-9a-f]{64}$")  # an LFS file's blob in the HF cache is named by its sha256
 
 
 class LocalFiles:
@@ -72,6 +82,20 @@ class LocalFiles:
 
     def gguf_header(self, path: str) -> gguf.GGUFHeader:
         return gguf.read_local(self.inside(path))
+
+    def tensor(self, info: TensorInfo, cut: PartCut | None = None) -> Tensor:
+        """A stored tensor's data (or `cut` of it) by positioned reads of its file (formats/weights.TensorReader)."""
+        read = gguf.read_tensor if info.file.endswith(".gguf") else safetensors.read_tensor
+        return read(self.inside(info.file), info, cut)
+
+    def sha256(self, path: str) -> str:
+        """The file's sha256: an HF cache blob's name where the file links to one, else hashed here."""
+        full = self.inside(path)
+        blob = os.path.basename(os.path.realpath(full))
+        if os.path.islink(full) and BLOB.match(blob):
+            return blob
+        with open(full, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def inside(self, path: str) -> str:
         """`root/path`, refused when it resolves outside `boundary` or is not a regular file (opening a

@@ -20,12 +20,12 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from specpair.checkpoint import speculators
+from specpair.checkpoint import Checkpoint, speculators
 from specpair.checkpoint.config import ModelConfig, parse_config
 from specpair.checkpoint.hf import WEIGHT_PICKLE, from_pickle_command
 from specpair.checkpoint.names import canonical_maps
@@ -37,9 +37,18 @@ from specpair.formats.layouts import EXL3, layout_of
 from specpair.formats.packed import Packed
 from specpair.formats.regions import Cut, Region, Unaligned, part_cut, trace
 from specpair.formats.transforms import Step, TensorMap, compose, identity
-from specpair.formats.weights import Weight, gguf_weights, hf_weights, read_cut
+from specpair.formats.weights import TensorReader, Weight, gguf_weights, hf_weights, read_cut, read_parts
+from specpair.sources.reading import RepoFiles
 
 MAX_SMALL_FILE = 256 * 1024 * 1024
+
+
+class ModelFiles(RepoFiles, TensorReader, Protocol):
+    """A checkpoint's files as `open_model` reads them: LocalFiles (sources/local.py), or any source serving the
+    same files and tensors (a benchmark's generated checkpoint)."""
+
+    def sha256(self, path: str) -> str | None:
+        """A file's sha256; None where the source makes the file rather than holds it."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,7 @@ class Model:
     files: list[str] = field(default_factory=list)  # files of an HF directory (relative), or the GGUF file
     header: GGUFHeader | None = None
     notes: list[str] = field(default_factory=list)
-    reader: Any = None  # sources.local.LocalFiles over `root`
+    reader: ModelFiles | None = None  # where the files and tensor bytes come from: sources.local.LocalFiles over `root`
     weights_only: bool = False  # a drafter GGUF with no tokenizer and no embedding: its vocabulary is its
     # target's, and config.vocab_size a placeholder until it is opened with `target_vocab`
 
@@ -123,7 +132,7 @@ class Model:
                 if read not in held:
                     source, cut = read
                     w = self.weights[source]
-                    held[read] = self.read(source) if cut is None else read_cut(w, self.root, self.file_format, cut)
+                    held[read] = self.read(source) if cut is None else read_cut(w, self.reader, cut)
                     if progress:
                         progress(self.read_nbytes(source, cut))  # what was asked of the files
             stored = [held[read] for read in r.reads]
@@ -207,9 +216,13 @@ class Model:
 
     def read(self, source: str) -> dict[str, Tensor]:
         """The stored parts of one stored weight (a name of `weights`)."""
-        from specpair.formats.weights import read_parts
+        return read_parts(self.weights[source], self.reader)
 
-        return read_parts(self.weights[source], self.root, self.file_format)
+    def checkpoint(self) -> Checkpoint:
+        """The metadata `specpair check` judges (checkpoint.Checkpoint), read from the same files."""
+        from specpair.sources.reading import read_checkpoint
+
+        return read_checkpoint(self.reader, self.ref, "local", self.files[0] if self.header is not None else None)
 
     def decode(
         self,
@@ -449,7 +462,12 @@ def open_model(ref: str, gguf_file: str | None = None, target_vocab: int | None 
     return _open_hf(ref, path, files, names)
 
 
-def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
+def open_files(files: ModelFiles) -> Model:
+    """An HF-layout checkpoint from any source of its files (`files.where` names it), read as from a directory."""
+    return _open_hf(files.where, files.where, files, sorted(e.path for e in files.list()))
+
+
+def _open_hf(ref: str, path: str, files: ModelFiles, names: list[str]) -> Model:
     from specpair.checkpoint.mlx_names import from_mlx, is_mlx_layout
     from specpair.sources.reading import check_index, read_json, safetensors_shards
 
@@ -505,7 +523,6 @@ def _open_hf(ref: str, path: str, files: Any, names: list[str]) -> Model:
 
 def _open_gguf(ref: str, path: str, target_vocab: int | None) -> Model:
     from specpair.checkpoint import gguf_arch
-    from specpair.formats.weights import read_parts
     from specpair.sources.local import LocalFiles
 
     directory, name = os.path.split(path)
@@ -513,7 +530,7 @@ def _open_gguf(ref: str, path: str, target_vocab: int | None) -> Model:
     header = files.gguf_header(name)
     weights = {w.name: w for w in gguf_weights(header)}
     rope = weights.get("rope_freqs.weight")  # Llama 3 rope scaling lives in this tensor's data
-    values = read_parts(rope, directory, "gguf")[""].float().tolist() if rope is not None else None
+    values = read_parts(rope, files)[""].float().tolist() if rope is not None else None
     fields = header.fields
     weights_only = target_vocab is None and gguf_arch.weights_only_drafter(
         fields, {n: w.shape for n, w in weights.items()}

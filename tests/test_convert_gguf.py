@@ -117,7 +117,7 @@ def test_nvfp4_moves_between_modelopt_and_gguf_as_bits(tmp_path):
     for name, weight in first.weights.items():
         if weight.layout != "nvfp4-modelopt":
             continue
-        a, b = read_parts(weight, first.root, "safetensors"), read_parts(last.weights[name], last.root, "safetensors")
+        a, b = read_parts(weight, first.reader), read_parts(last.weights[name], last.reader)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     decoded = tmp_path / "decoded"
     convert(gguf_path, decoded, "f32")

@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import seed_pairs_gpu  # noqa: E402
 
+from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields  # noqa: E402
 from specpair.formats.gguf import read_local  # noqa: E402
-from specpair.sources.model import open_model  # noqa: E402
+from specpair.sources.model import Model, open_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -28,10 +29,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def run_tiny(pair: str, tmp_path: Path) -> dict:
+def run_tiny(pair: str, tmp_path: Path, *options: str) -> dict:
     """The script as the CPU runs it: its exit code must say every gate passed, and its figures are returned."""
     args = ["--pair", pair, "--scale", "tiny", "--device", "cpu", "--quick", "--gate-batch", "1", "--gate-tokens", "16"]
-    code = seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--keep"])
+    code = seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path), "--keep", *options])
     figures = json.loads((tmp_path / f"seed_pairs_{pair}.json").read_text())
     assert code == 0, figures["stages"]
     assert (tmp_path / f"seed_pairs_{pair}.md").read_text().startswith(f"# Seed pair `{pair}` (tiny scale, cpu)")
@@ -52,7 +53,8 @@ def test_35b_nvfp4_pair_with_dflash2_and_mtp(tmp_path: Path) -> None:
     assert figures["load"]["layouts"] == ["bf16", "fp8-tensor", "nvfp4-modelopt"]
     draft = open_model(str(tmp_path / "work" / "35b-nvfp4" / "incoai-dflash2"))
     assert draft.hf_config["architectures"] == ["DFlash2DraftModel"]
-    assert draft.hf_config["dflash_config"]["mask_token_id"] == 512 - (248320 - 248077)
+    # the first row past the tokenizer, as 248077 is Qwen's
+    assert draft.hf_config["dflash_config"]["mask_token_id"] == seed_pairs_gpu.tokenizer_ids(512) == 511
     assert "candidate_selector.successor_codebook" in draft.weights
 
 
@@ -69,9 +71,25 @@ def test_gguf_pair_has_the_four_kquant_types_and_the_dflash_arch(tmp_path: Path)
     assert (types["blk.3.attn_v.weight"], types["blk.3.attn_q.weight"]) == ("Q6_K", "Q5_K")
     assert (types["blk.0.ssm_alpha.weight"], types["blk.0.ffn_up_shexp.weight"]) == ("Q8_0", "Q8_0")
     assert figures["load"]["layouts"] == ["f32", "gguf-Q4_K", "gguf-Q5_K", "gguf-Q6_K", "gguf-Q8_0"]
+    # the tokenizer covers the rows in Qwen's ratio (248077 of 248320): the converter padded one row, not half
+    tokens = target.fields["tokenizer.ggml.tokens"]
+    assert len(tokens) == 512 and sum(t.startswith("[PAD") for t in tokens) == 1
     draft = read_local(str(work / "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"))
     assert draft.fields["general.architecture"] == "dflash"
     assert {t.dtype for t in draft.tensors} == {"Q8_0", "F32"}
+
+
+def test_the_real_scale_tokenizer_converts_to_gguf(tmp_path: Path) -> None:
+    """The tokenizer the real-scale pairs write, through the GGUF converter's tokenizer path at 248320 rows (a
+    tokenizer of the bytes alone is refused there: 'vocab_size 248320 does not fit the tokenizer's 260 ids')."""
+    rows = seed_pairs_gpu.QWEN_VOCAB_ROWS
+    seed_pairs_gpu.write_byte_tokenizer(tmp_path, rows, seed_pairs_gpu.MERGES, seed_pairs_gpu.tokenizer_ids(rows))
+    configs = [json.loads((tmp_path / f"{n}_config.json").read_text()) for n in ("tokenizer", "generation")]
+    raw = (tmp_path / "tokenizer.json").read_bytes()
+    fields = dict((k, v) for k, v, _ in gguf_tokenizer_fields(raw, *configs, None, rows, "tokenizer.json").fields)
+    tokens = fields["tokenizer.ggml.tokens"]
+    assert len(tokens) == rows and tokens.index("[PAD248077]") == 248077 == seed_pairs_gpu.QWEN_TOKENIZER_IDS
+    assert fields["tokenizer.ggml.eos_token_id"] == 258  # <|im_end|>, the last of the special tokens after the bytes
 
 
 def test_exl3_pair_draws_codes_of_the_published_bits(tmp_path: Path) -> None:
@@ -103,15 +121,45 @@ def test_tiny_scale_keeps_the_published_taps_apart_and_the_layers_cut() -> None:
 
 
 def test_122b_fp8_pair_keeps_qwens_bf16_modules_and_coral_bricks_shape(tmp_path: Path) -> None:
-    figures = run_tiny("122b-fp8", tmp_path)
+    """Its target generated in memory, as on the GPU machine whose disk cannot hold it: the gate runs on it through
+    the app functions, the drafter written."""
+    figures = run_tiny("122b-fp8", tmp_path, "--in-memory")
     assert set(gates(figures)) == {"dflash2"}
     assert figures["load"]["layouts"] == ["bf16", "fp8-block"]
+    assert figures["stages"][0]["stage"].startswith("target generated in memory")
+    assert figures["gate_dflash2"]["document"]["target"]["ref"] == "generated:qwen3.5-122b-a10b-fp8"
     work = tmp_path / "work" / "122b-fp8"
-    target = open_model(str(work / "qwen3.5-122b-a10b-fp8"))
+    assert sorted(p.name for p in work.iterdir()) == ["coral-bricks-dflash2"]  # nothing of the target on disk
+    built = seed_pairs_gpu.build_122b(work, seed_pairs_gpu.Scale("tiny", "cpu", in_memory=True), lambda _: None)
+    target = built.target
+    assert isinstance(target, Model)
     quantization = target.hf_config["quantization_config"]
     assert (quantization["quant_method"], quantization["weight_block_size"]) == ("fp8", [128, 128])
-    assert target.layout("layers.0.mlp.experts.down_proj.weight") == "fp8-block"  # experts written one by one
+    assert target.layout("layers.0.mlp.experts.down_proj.weight") == "fp8-block"  # experts stored one by one
     assert {target.layout(n) for n in ("layers.0.linear_attn.in_proj_a.weight", "lm_head.weight")} == {"bf16"}
     dflash = open_model(str(work / "coral-bricks-dflash2")).hf_config
     assert dflash["dflash_config"]["block_size"] == 12 and set(dflash["layer_types"]) == {"sliding_attention"}
     assert dflash["sliding_window"] == seed_pairs_gpu.TINY_DRAFT["window"]
+
+
+def test_122b_fp8_target_written_where_the_disk_holds_it(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    built = seed_pairs_gpu.build_122b(work, seed_pairs_gpu.Scale("tiny", "cpu"), lambda _: None)
+    assert built.target == work / "qwen3.5-122b-a10b-fp8" and (built.target / "tokenizer.json").is_file()
+    assert open_model(str(built.target)).layout("lm_head.weight") == "bf16"
+
+
+def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
+    """bench through the app function on the generated target (--only bench: a pair split over two device calls)."""
+    args = ["--pair", "122b-fp8", "--scale", "tiny", "--device", "cpu", "--in-memory", "--only", "bench", "--skip-load"]
+    args += ["--users", "1", "--depth", "0", "--tokens", "16", "--work", str(tmp_path / "work"), "--out", str(tmp_path)]
+    assert seed_pairs_gpu.main(args) == 0
+    figures = json.loads((tmp_path / "seed_pairs_122b-fp8.json").read_text())
+    assert not any(k.startswith("gate_") for k in figures)
+    bench = figures["bench_dflash2"]
+    assert bench["exit_code"] == 0 and bench["document"]["target"]["ref"] == "generated:qwen3.5-122b-a10b-fp8"
+    assert bench["command"].startswith("specpair bench generated:qwen3.5-122b-a10b-fp8 ")
+    assert [r["drafted"]["identical"] for r in bench["document"]["users"]] == [True]
+    assert (tmp_path / "seed_pairs_122b-fp8_dflash2_depth.png").is_file()
+    assert "- load: skipped (--skip-load)" in (tmp_path / "seed_pairs_122b-fp8.md").read_text()
