@@ -1,4 +1,4 @@
-"""Fixtures shared by the Hub, download and verify tests."""
+"""Fixtures shared by test modules: the fake Hub (Hub, download and verify tests), one torch thread."""
 
 import pytest
 from hubserver import VALID_TOKENS, FakeHub
@@ -11,3 +11,16 @@ def fake_hub():
     hub.valid_tokens |= VALID_TOKENS
     yield hub
     hub.stop()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch at one thread for a module (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): tests of many
+    small ops (reference kernels, the speculative loop, the EXL3 search's ~1500 ops a tile) on a shared 2-core machine
+    only wait on a second thread, whose pool stalls at every barrier when another process holds its core."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-import torch
 from fixtures import build_draft_model, build_target
 from typer.testing import CliRunner
 
@@ -29,12 +28,7 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
     return build_target(root / "target", "qwen3", layers=2), build_draft_model(root / "draft")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def png_pixels(data: bytes) -> tuple[int, int, bytes]:

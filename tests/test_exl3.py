@@ -39,14 +39,7 @@ def codebook_of(module: str) -> str:
     return module.split(".")[0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The search runs ~1500 small torch ops per tile; two threads on a busy 2-core machine spend most of
-    their time waiting on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_fixtures_cover_every_codebook_and_rate():

@@ -39,12 +39,7 @@ from specpair.sources.model import Model, open_model
 WORKER = Path(__file__).with_name("tp_worker.py")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_ranks(tmp_path: Path, job: dict, size: int) -> dict[str, torch.Tensor]:

@@ -28,14 +28,7 @@ HYBRIDS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The reference kernels make many small calls; on a shared 2-core machine torch's thread pool only
-    adds waiting to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def flavour(family: str) -> str:

@@ -26,12 +26,7 @@ LAYOUTS = ["bf16", "gguf:F32", "gguf:Q8_0", "affine4", "nvfp4", "nvfp4:ct", "nvf
 EXL3_KEEP = ("lm_head.weight=bf16", "*.mlp.*=bf16", "*.layers.[123].*=bf16")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

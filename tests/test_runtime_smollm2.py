@@ -17,12 +17,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time,
 NEW_TOKENS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_greedy_continuations_equal_transformers():

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -19,14 +18,7 @@ from specpair.checkpoint.gguf_tokenizer import gguf_tokenizer_fields  # noqa: E4
 from specpair.formats.gguf import read_local  # noqa: E402
 from specpair.sources.model import Model, open_model  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on 2 shared cores: a second torch thread only spins against the other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_tiny(pair: str, tmp_path: Path, *options: str) -> dict:

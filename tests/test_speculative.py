@@ -60,13 +60,7 @@ SOLO = {"dflash": "qwen3_5_moe", "dflash2": "qwen3", "eagle3": "qwen3_moe", "mtp
 GREEDY = Sampling()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on 2 shared cores: a second torch thread only spins against the other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @dataclasses.dataclass

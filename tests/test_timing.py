@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from fixtures import build_dflash, build_draft_model, build_target
 from typer.testing import CliRunner
 
@@ -16,13 +15,7 @@ from specpair.app import timing
 from specpair.app.timing import Spread, alternate, in_turn, spread
 from specpair.cli import app
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_runs_alternate_ab_ba():
