@@ -1,4 +1,4 @@
-"""Fixtures shared by test modules: the fake Hub (Hub, download and verify tests), one torch thread."""
+"""Fixtures shared by test modules: the fake Hub (Hub, download and verify tests), torch at one thread, or at 1 then 2."""
 
 import pytest
 from hubserver import VALID_TOKENS, FakeHub
@@ -24,3 +24,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
+def threads(request):
+    """Each test that asks for it at 1 and at 2 torch threads (a row's bits must not depend on the split)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

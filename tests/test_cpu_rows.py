@@ -4,7 +4,7 @@ products, which tile an expert's tokens together, keep a token's bits too. CPU, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,14 +21,6 @@ OPERANDS: dict[str, Callable[[int, int], Tensor]] = {
     "contiguous": lambda k, n: torch.randn(k, n),
 }
 SHAPES = [(576, 960), (1536, 576), (64, 37), (37, 64), (64, 7)]
-
-
-@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
-def threads(request) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("operand", sorted(OPERANDS))

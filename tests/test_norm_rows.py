@@ -5,8 +5,6 @@ CPU, exact."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import Tensor
@@ -15,14 +13,6 @@ from specpair.runtime.kernels import norm
 
 EPS = 1e-5
 WIDTHS = [576, 64, 37, 7, 1536, 2053]
-
-
-@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
-def threads(request) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 def transformers_norm(row: Tensor, weight: Tensor, zero_centred: bool) -> Tensor:

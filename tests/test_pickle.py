@@ -56,6 +56,16 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
+def refused_leaving_nothing(draft: Path, pickled: Path, problem: str, destination: Path, marker: Path) -> None:
+    """`convert --from-pickle` refuses `pickled` in one line naming it and `problem`, exit 2, with nothing written
+    (no destination, no partial one) and nothing run (no marker)."""
+    done = specpair("convert", draft, destination, "--from-pickle")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert error_line(done).startswith(f"error: {pickled}: ") and problem in error_line(done), done.stderr
+    assert not destination.exists() and not Path(str(destination) + PARTIAL_SUFFIX).exists()
+    assert not marker.exists()
+
+
 def pickled(directory: Path, state: object) -> Path:
     """An EAGLE-3 checkpoint whose weights file is pytorch_model.bin holding `state` (its own tensors when None)."""
     build_eagle3(directory)
@@ -119,12 +129,7 @@ def test_hostile_pickles_are_refused_with_nothing_written(tmp_path: Path, hostil
         "not a state dict": "holds a list, not a state dict",
         "truncated": "not a complete torch.save file, refused",
     }[hostile]
-    destination = tmp_path / "out"
-    done = specpair("convert", draft, destination, "--from-pickle")
-    assert done.returncode == 2 and done.stdout == "", done.stderr
-    assert error_line(done).startswith(f"error: {weights}: ") and problem in error_line(done), done.stderr
-    assert not destination.exists() and not Path(str(destination) + PARTIAL_SUFFIX).exists()
-    assert not marker.exists()
+    refused_leaving_nothing(draft, weights, problem, tmp_path / "out", marker)
 
 
 def test_the_conversion_is_never_implicit(tmp_path: Path) -> None:
@@ -254,9 +259,4 @@ def test_hostile_mask_embedding_pickles_are_refused_with_nothing_written(tmp_pat
         "another mask token": f"was saved for mask_token_id {mask - 1}, but the drafter's config has {mask}",
         "per position": "holds per-position mask embeddings (per_position), which no stack drafts with",
     }[hostile]
-    destination = tmp_path / "out"
-    done = specpair("convert", draft, destination, "--from-pickle")
-    assert done.returncode == 2 and done.stdout == "", done.stderr
-    assert error_line(done).startswith(f"error: {pickled}: ") and problem in error_line(done), done.stderr
-    assert not destination.exists() and not Path(str(destination) + PARTIAL_SUFFIX).exists()
-    assert not marker.exists()
+    refused_leaving_nothing(draft, pickled, problem, tmp_path / "out", marker)
