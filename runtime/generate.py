@@ -22,6 +22,7 @@ from torch import Tensor
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed
 from specpair.runtime.graphs import ForwardGraph
+from specpair.runtime.kernels.cpu_rows import prompt_tiles
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 
@@ -128,35 +129,39 @@ def prefill(
     `chunk` tokens per sequence; the one prefill of both loops. `observe` sees each chunk as a drafter does
     (runtime/drafters: its rows, the tokens after them, how many each sequence kept, the `taps` and the final
     normed hidden when `hidden`). Returns, with `hidden`, the final normed hidden state of each prompt's last run
-    token, [B, H] (None when a sequence ran none)."""
+    token, [B, H] (None when a sequence ran none). Its products are prompt rows' (cpu_rows.prompt_tiles), the
+    drafter's observation of them too."""
     device, batch = model.device, len(prompts)
     lengths = [len(p) for p in prompts] if lengths is None else list(lengths)
     done = [0] * batch
     last: list[Tensor | None] = [None] * batch
-    while any(d < n for d, n in zip(done, lengths)):
-        steps = min(chunk, max(n - d for d, n in zip(done, lengths)))
-        kept = [min(steps, n - d) for d, n in zip(done, lengths)]
-        # padding repeats a valid id at positions past the prompt (kept inside the cache): committed away below
-        tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
-        positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
-        padded = any(k < steps for k in kept)
-        tokens_t, positions_t = torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
-        out = model.forward(tokens_t, positions_t, cache, taps=taps, hidden=hidden, logits=False, verify=padded)
-        kept_t = torch.tensor(kept, device=device)
-        if padded:
-            out.pending.commit(kept_t, kept)
-        if observe is not None:
-            following = [
-                [p[d + t + 1] if t < k and d + t + 1 < len(p) else 0 for t in range(steps)]
-                for p, d, k in zip(prompts, done, kept)
-            ]
-            observe(
-                Committed(tokens_t, positions_t, torch.tensor(following, device=device), kept_t, out.taps, out.hidden)
-            )
-        for b, k in enumerate(kept):
-            if hidden and k and done[b] + k == lengths[b]:
-                last[b] = out.hidden[b, k - 1]
-            done[b] += k
+    with prompt_tiles():
+        while any(d < n for d, n in zip(done, lengths)):
+            steps = min(chunk, max(n - d for d, n in zip(done, lengths)))
+            kept = [min(steps, n - d) for d, n in zip(done, lengths)]
+            # padding repeats a valid id at positions past the prompt (kept inside the cache): committed away below
+            tokens = [[p[d + t] if t < k else 0 for t in range(steps)] for p, d, k in zip(prompts, done, kept)]
+            positions = [[min(d + t, cache.context - 1) for t in range(steps)] for d in done]
+            padded = any(k < steps for k in kept)
+            tokens_t, positions_t = torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
+            out = model.forward(tokens_t, positions_t, cache, taps=taps, hidden=hidden, logits=False, verify=padded)
+            kept_t = torch.tensor(kept, device=device)
+            if padded:
+                out.pending.commit(kept_t, kept)
+            if observe is not None:
+                following = [
+                    [p[d + t + 1] if t < k and d + t + 1 < len(p) else 0 for t in range(steps)]
+                    for p, d, k in zip(prompts, done, kept)
+                ]
+                observe(
+                    Committed(
+                        tokens_t, positions_t, torch.tensor(following, device=device), kept_t, out.taps, out.hidden
+                    )
+                )
+            for b, k in enumerate(kept):
+                if hidden and k and done[b] + k == lengths[b]:
+                    last[b] = out.hidden[b, k - 1]
+                done[b] += k
     return torch.stack(last) if hidden and all(x is not None for x in last) else None
 
 

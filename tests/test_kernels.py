@@ -8,6 +8,7 @@ TRITON_INTERPRET=1 set before anything imports Triton, and this module reports e
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -22,6 +23,28 @@ def test_every_kernel_file_has_checks() -> None:
     kernels = Path(__file__).parents[1] / "runtime" / "kernels"
     public = {p.stem for p in kernels.glob("*.py")} - {"__init__", "cpu_rows", "triton_common"}
     assert {p.stem.removeprefix("check_") for p in CHECKS} == public
+
+
+def test_every_kernel_waits_for_the_previous_one_and_every_launch_says_how() -> None:
+    """Under programmatic dependent launch (triton_common.py) a kernel may start before the previous one ends: one
+    that read its inputs before `after_previous_kernel(PDL)` would race. So every Triton kernel's first statement is
+    that call, with PDL its last parameter, and every launch passes `**launch_options()` (which sets PDL and the
+    launch together)."""
+    kernels, launches = [], []
+    for path in sorted((Path(__file__).parents[1] / "runtime" / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                if node.name.endswith("_kernel"):
+                    docstring = ast.get_docstring(node) is not None
+                    body = node.body[1:] if docstring else node.body
+                    kernels.append((path.name, node.name, ast.unparse(body[0]), node.args.args[-1].arg))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):  # kernel[grid](...)
+                unpacked = [ast.unparse(k.value) for k in node.keywords if k.arg is None]
+                launches.append((path.name, ast.unparse(node.func.value), unpacked))
+    assert len(kernels) >= 14 and len(launches) >= 14
+    assert [k for k in kernels if k[2:] != ("after_previous_kernel(PDL)", "PDL")] == []
+    assert [k for k in launches if k[2] != ["launch_options()"]] == []
+    assert {k[1] for k in kernels} == {k[1] for k in launches}
 
 
 @pytest.mark.parametrize("checks", CHECKS, ids=lambda p: p.stem)

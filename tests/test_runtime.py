@@ -19,6 +19,7 @@ from specpair.errors import BadInput
 from specpair.runtime.blocks import Projections
 from specpair.runtime.generate import generate, prefill
 from specpair.runtime.kernels import linear
+from specpair.runtime.kernels.cpu_rows import PROMPT_TILE_ROWS, TILE_ROWS, tile_rows
 from specpair.runtime.loading import load, plan_load
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -271,6 +272,22 @@ def test_a_sequence_has_the_same_bits_alone_in_a_batch_and_in_a_verify_block(che
         dim=1,
     )
     assert torch.equal(decoded, blocks)
+
+
+def test_a_prefill_takes_prompt_tiles_and_the_steps_after_it_generated_ones(checkpoints, monkeypatch):
+    """On the CPU what generate.prefill runs is tiled as prompt rows (cpu_rows.py), a drafter's observation of it
+    included; the steps after it are generated rows'."""
+    seen: list[tuple[str, int]] = []
+    model = runtime(checkpoints["qwen3_5_moe"][1])
+    real = linear.rows_mm
+    monkeypatch.setattr(linear, "rows_mm", lambda a, b: seen.append(("product", tile_rows())) or real(a, b))
+    cache = model.new_cache(2, 16)
+    observed = []
+    prefill(model, cache, [[1, 2, 3], [4, 5]], observe=lambda c: observed.append(tile_rows()))
+    assert seen and {t for _, t in seen} == {PROMPT_TILE_ROWS} and observed == [PROMPT_TILE_ROWS]
+    seen.clear()
+    model.forward(torch.tensor([[6], [7]]), torch.tensor([[3], [2]]), cache)
+    assert seen and {t for _, t in seen} == {TILE_ROWS}
 
 
 def test_generation_alone_and_in_a_batch_pick_the_same_tokens(checkpoints):

@@ -16,7 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 BLOCK = 1024  # columns per program
 
@@ -43,7 +50,14 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
     out = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     if out.numel():
         _silu_mul_kernel[(out.shape[0], triton.cdiv(width, BLOCK))](
-            gate, up, out, width, gate.stride(0), up.stride(0), BLOCK=BLOCK
+            gate,
+            up,
+            out,
+            width,
+            gate.stride(0),
+            up.stride(0),
+            BLOCK=BLOCK,
+            **launch_options(),
         )
     return out.reshape(shape)
 
@@ -77,6 +91,7 @@ def sigmoid_mul_triton(x: Tensor, gate: Tensor) -> Tensor:
             gate_rows.stride(0),
             gate_rows.stride(1),
             BLOCK_D=triton.next_power_of_2(width),
+            **launch_options(),
         )
     return out.reshape(x.shape)
 
@@ -90,7 +105,10 @@ def _rows(x: Tensor) -> Tensor:
 if triton is not None:
 
     @triton.jit(do_not_specialize_on_alignment=["gate_ptr", "up_ptr", "out_ptr"])
-    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, width, gate_stride, up_stride, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(
+        gate_ptr, up_ptr, out_ptr, width, gate_stride, up_stride, BLOCK: tl.constexpr, PDL: tl.constexpr
+    ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
@@ -101,7 +119,10 @@ if triton is not None:
         tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)
 
     @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
-    def _sigmoid_mul_kernel(x_ptr, gate_ptr, out_ptr, width, row_stride, head_stride, BLOCK_D: tl.constexpr):
+    def _sigmoid_mul_kernel(
+        x_ptr, gate_ptr, out_ptr, width, row_stride, head_stride, BLOCK_D: tl.constexpr, PDL: tl.constexpr
+    ):
+        after_previous_kernel(PDL)
         row, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
         inside = cols < width

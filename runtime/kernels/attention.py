@@ -23,7 +23,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import dot, dot_in_float32, require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    dot,
+    dot_in_float32,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 BLOCK_M = 16  # query rows per tile
 BLOCK_N = 64  # cache positions per block
@@ -127,6 +136,7 @@ def attention_triton(
             F32=f32,
             # float32 tiles of a 256-wide head overflow shared memory with the default 3 pipeline stages
             num_stages=1 if f32 and block_d > 128 else 3,
+            **launch_options(),
         )
         if splits > 1:
             _merge_kernel[(batch * kv_heads * (t1 - t0) * group,)](
@@ -146,6 +156,7 @@ def attention_triton(
                 SPLITS=splits,
                 SPLIT_LEN=SPLIT,
                 BLOCK_D=block_d,
+                **launch_options(),
             )
     return out
 
@@ -193,7 +204,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
         F32: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         bh = tl.program_id(0)
         b = bh // kv_heads
         kv_head = bh % kv_heads
@@ -276,7 +289,9 @@ if triton is not None:
         SPLITS: tl.constexpr,
         SPLIT_LEN: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0)  # (b, kv head, token in chunk, head in group), as the first kernel numbers them
         bh = row // (chunk * group)
         in_tile = row % (chunk * group)

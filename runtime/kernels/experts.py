@@ -18,7 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 BLOCK = 1024  # hidden columns per program
 
@@ -59,6 +66,7 @@ def route_triton(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor,
             RENORMALISE=renormalise,
             BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(top_k),
+            **launch_options(),
         )
     return weights, ids
 
@@ -109,6 +117,7 @@ def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None,
         TOP_K=top_k,
         SHARED=shared_logit is not None,
         BLOCK=BLOCK,
+        **launch_options(),
     )
     return out
 
@@ -127,7 +136,9 @@ if triton is not None:
         TOP_K: tl.constexpr,
         SHARED: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < hidden
@@ -156,7 +167,9 @@ if triton is not None:
         RENORMALISE: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         inside = cols < experts

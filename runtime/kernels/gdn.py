@@ -35,7 +35,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 L2_EPS = 1e-6
 BLOCK_V = 32  # value columns per program: the [dk, BLOCK_V] float32 state tile stays in registers
@@ -119,6 +126,7 @@ def conv_silu_triton(
             TAPS=taps,
             COLUMNS=keep_columns,
             BLOCK_C=BLOCK_C,
+            **launch_options(),
         )
     return q, k, v, columns
 
@@ -146,6 +154,7 @@ def gates_triton(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[
             rows_b.stride(0),
             SOFTPLUS_THRESHOLD,
             BLOCK_H=triton.next_power_of_2(heads),
+            **launch_options(),
         )
     return g, beta
 
@@ -257,6 +266,7 @@ def gdn_recurrent_triton(
         LENGTHS=lengths is not None,
         BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=BLOCK_V,
+        **launch_options(),
     )
     return out
 
@@ -288,7 +298,9 @@ if triton is not None:
         LENGTHS: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         bh = tl.program_id(0)
         b = bh // value_heads
         head = bh % value_heads
@@ -342,7 +354,9 @@ if triton is not None:
         TAPS: tl.constexpr,
         COLUMNS: tl.constexpr,
         BLOCK_C: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         inside = c < channels
@@ -404,7 +418,9 @@ if triton is not None:
         stride_b,
         threshold,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         h = tl.arange(0, BLOCK_H)
         inside = h < heads

@@ -66,10 +66,12 @@ from specpair.formats.packed import Packed
 from specpair.runtime.kernels.cpu_rows import rows_mm
 from specpair.runtime.kernels.triton_common import (
     INTERPRETED,
+    after_previous_kernel,
     device_function,
     dot,
     dot3,
     dot3_acc,
+    launch_options,
     require_triton,
     rounded,
     tl,
@@ -468,6 +470,7 @@ def _launch(
             TOPK=WINDOW_TOP_K,
             num_warps=tiling.warps,
             num_stages=tiling.stages,
+            **launch_options(),
         )
     else:
         _matmul_kernel[grid](
@@ -501,9 +504,12 @@ def _launch(
             BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.code in (AFFINE4, AFFINE8) else 1,
             num_warps=tiling.warps,
             num_stages=tiling.stages,
+            **launch_options(),
         )
     if splits > 1:
-        _sum_splits_kernel[(out_rows, triton.cdiv(op.n, 256))](partial, y, splits, out_rows * op.n, op.n, BLOCK=256)
+        _sum_splits_kernel[(out_rows, triton.cdiv(op.n, 256))](
+            partial, y, splits, out_rows * op.n, op.n, BLOCK=256, **launch_options()
+        )
     return y
 
 
@@ -928,7 +934,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         TOPK: tl.constexpr,
         BIAS_PARTS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         expert, x_rows, y_rows, valid = _tile_rows(
             table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK
         )
@@ -1175,6 +1183,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         ROW_GROUPS: tl.constexpr,
         TOPK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """GGUF weights as planes (formats/gguf_planes.py). The BLOCK_N rows of a program are ROW_GROUPS groups
         of rows, the batch axis of every dot (Triton lays a batched dot's warps along its batch and runs it on
@@ -1182,6 +1191,7 @@ if triton is not None:
         step is STEP values: for each group of GROUP values, in static order, the codes (and high bits) of the
         rows decoded with constant shifts, one dot with x's group (the same for every row group), scaled per
         row into acc, less the min times Σx (a dot with ones) for the affine k-quants."""
+        after_previous_kernel(PDL)
         expert, x_rows, y_rows, valid = _tile_rows(
             table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK
         )
@@ -1255,7 +1265,8 @@ if triton is not None:
         )
 
     @triton.jit(do_not_specialize=["plane"])
-    def _sum_splits_kernel(partial_ptr, y_ptr, splits, plane, N, BLOCK: tl.constexpr):
+    def _sum_splits_kernel(partial_ptr, y_ptr, splits, plane, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = n < N

@@ -20,7 +20,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> Tensor:
@@ -106,6 +113,7 @@ def _launch(
             MIDDLE=middle,
             BLOCK=triton.next_power_of_2(width),
             num_warps=max(4, min(16, triton.next_power_of_2(width) // 256)),  # a wide row is one program's work
+            **launch_options(),
         )
     return out.reshape(x.shape), summed.reshape(x.shape)
 
@@ -143,7 +151,9 @@ if triton is not None:
         ADD: tl.constexpr,
         MIDDLE: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < width

@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 from specpair.runtime.kernels.norm import rms_norm_reference
-from specpair.runtime.kernels.triton_common import require_triton, rounded, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    launch_options,
+    require_triton,
+    rounded,
+    tl,
+    triton,
+)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int) -> Tensor:
@@ -144,6 +151,7 @@ def rotate_and_store_triton(
         ZERO_CENTRED=zero_centred,
         BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
+        **launch_options(),
     )
     return out
 
@@ -184,7 +192,9 @@ if triton is not None:
         ZERO_CENTRED: tl.constexpr,
         BLOCK_HALF: tl.constexpr,
         BLOCK_PASS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        after_previous_kernel(PDL)
         bt = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         b = bt // tokens

@@ -1,5 +1,5 @@
-"""What every Triton kernel here shares: the import guard, whether kernels run in Triton's interpreter, and
-the store that rounds to the output dtype.
+"""What every Triton kernel here shares: the import guard, whether kernels run in Triton's interpreter, how
+kernels are launched (programmatic dependent launch), and the store that rounds to the output dtype.
 
 Triton decides at decoration time whether a kernel is compiled or interpreted (TRITON_INTERPRET=1), so
 `INTERPRETED` is read when this module is imported, beside the kernels it describes. The interpreter computes
@@ -22,6 +22,42 @@ except ImportError:  # no Triton on this platform: the torch references still ru
 from specpair.errors import BadInput
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+# Programmatic dependent launch (Hopper and later): a kernel may be launched while the one before it in the stream
+# still runs, so its launch and scheduling overlap that kernel's tail instead of following it. Each kernel here
+# first waits for the previous kernel's writes to be visible (griddepcontrol.wait), then lets the next one launch
+# (launch_dependents): its arithmetic and its bits are those of a plain launch, only its start moves. A decode
+# step is ~900 short kernels whose fixed costs, not their bytes, set its time (benchmarks/results/
+# step_profile.md); benchmarks/pdl_gpu.py measures it against plain launches. Off until measured
+# (SPECPAIR_PDL=1 at start, or `use_pdl`); it cannot compile for a GPU before Hopper.
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # no Triton, or one before 3.5
+    gdc_wait = gdc_launch_dependents = None
+PDL_AVAILABLE = gdc_wait is not None and not INTERPRETED
+_pdl = {"on": PDL_AVAILABLE and os.environ.get("SPECPAIR_PDL", "0") == "1"}
+
+
+def use_pdl(on: bool) -> None:
+    """Launch the kernels with programmatic dependent launch from now on, or not (CUDA graphs captured before
+    keep the launches they captured)."""
+    if on and not PDL_AVAILABLE:
+        raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs compiled Triton 3.5 or later")
+    if on:
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+            raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs a Hopper or later GPU")
+    _pdl["on"] = on
+
+
+def pdl_on() -> bool:
+    return _pdl["on"]
+
+
+def launch_options() -> dict:
+    """Every kernel launch's options: the launch itself, and the kernel's PDL (compiled in: its waits)."""
+    return {"launch_pdl": True, "PDL": True} if _pdl["on"] else {"PDL": False}
 
 
 def require_triton(what: str) -> None:
@@ -46,6 +82,23 @@ def device_function(fn):
 
 if triton is not None:
     _INTERPRETED = tl.constexpr(INTERPRETED)
+
+    if gdc_wait is not None:
+
+        @device_function
+        def after_previous_kernel(PDL: tl.constexpr):
+            """A kernel's first statement. Launched with PDL: the previous kernel's writes are visible past it,
+            and the next kernel may launch once every program of this one has passed it."""
+            if PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+
+    else:
+
+        @device_function
+        def after_previous_kernel(PDL: tl.constexpr):
+            """No PDL in this Triton: launches are plain (use_pdl refuses to turn it on)."""
+            pass
 
     @device_function
     def rounded(x, dtype: tl.constexpr):

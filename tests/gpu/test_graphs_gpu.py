@@ -1,7 +1,8 @@
 """CUDA-graph replay against eager steps, bit for bit, on every target family at tiny shapes (bf16, weights as
 `specpair run` loads them on CUDA): decode steps, verify steps and the commit of each verify step's Pending (its
 rollback replayed as a graph of its own), across rounds that keep different prefixes per sequence; then the
-generation loop with graphs against the loop without."""
+generation loop with graphs against the loop without; then both with the kernels launched by programmatic dependent
+launch against plain launches."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from drafting import FAMILIES
 from fixtures import build_target
 from gpu_tier import DEVICE
 
+from specpair.errors import BadInput
 from specpair.runtime.generate import generate, prefill
 from specpair.runtime.graphs import ForwardGraph
+from specpair.runtime.kernels import triton_common
 from specpair.runtime.loading import load, plan_load
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -93,3 +96,38 @@ def test_generate_with_graphs_is_generate_without(targets, family, sampling):
     off, _ = generate(model, prompts, 12, sampling, graphs=False)
     on, _ = generate(model, prompts, 12, sampling, graphs=True)
     assert [g.tokens for g in on] == [g.tokens for g in off]
+
+
+def hopper() -> bool:
+    return DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pdl_launches_change_no_bit(targets, family):
+    """The same greedy generation (prefill, graphed decode steps) and the same eager verify step, launched plainly
+    and with PDL: the same tokens and logits. A kernel reading its inputs before the previous kernel's writes
+    landed would differ somewhere here. Before Hopper, use_pdl refuses."""
+    if not hopper():
+        with pytest.raises(BadInput):
+            triton_common.use_pdl(True)
+        return
+    model = targets[family]
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (9, 5)]
+    block = torch.randint(0, model.config.vocab_size, (2, 4), generator=gen).to(DEVICE)
+
+    def run() -> tuple[list[list[int]], torch.Tensor]:
+        out, _ = generate(model, prompts, 8, Sampling(), graphs=True)
+        cache = model.new_cache(2, 32)
+        prefill(model, cache, prompts)
+        rows = torch.tensor([[9], [5]], device=DEVICE) + torch.arange(4, device=DEVICE)
+        return [g.tokens for g in out], model.forward(block, rows, cache, verify=True).logits
+
+    plain = run()
+    try:
+        triton_common.use_pdl(True)
+        assert triton_common.pdl_on()
+        launched = run()
+    finally:
+        triton_common.use_pdl(False)
+    assert launched[0] == plain[0] and torch.equal(launched[1], plain[1])

@@ -17,9 +17,12 @@ import pytest
 CHECKS = sorted((Path(__file__).resolve().parents[1] / "kernel_checks").glob("check_*.py"))
 
 
+@pytest.mark.parametrize("launch", ["plain", "pdl"])
 @pytest.mark.parametrize("checks", CHECKS, ids=lambda p: p.stem)
-def test_compiled_kernels_on_cuda(checks: Path) -> None:
+def test_compiled_kernels_on_cuda(checks: Path, launch: str) -> None:
+    """`pdl`: every kernel launched with programmatic dependent launch (runtime/kernels/triton_common.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"SPECPAIR_KERNEL_CHECKS": "cuda"}
+    env["SPECPAIR_PDL"] = "1" if launch == "pdl" else "0"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider", "-o", "addopts="]
         + ["-k", "not is_transformers"],
