@@ -1,4 +1,5 @@
-"""Programmatic dependent launch against plain launches (runtime/kernels/triton_common.py), on one GPU, in one run.
+"""Programmatic dependent launch, with and without the weight prefetch, against plain launches
+(runtime/kernels/triton_common.py PDL_MODES), on one GPU, in one run.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/pdl_gpu.py \
         [--only 8b,35b-nvfp4,35b-bf16] [--tokens 1,4,8,16] [--passes 4] [--out DIR]
@@ -6,10 +7,10 @@
 Targets as benchmarks/step_profile.py builds them, random weights at real shape in GPU memory (8b: Qwen3-8B in
 BF16; 35b-nvfp4: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout; 35b-bf16: the same model in BF16). For each, after a
 32-token prompt, steps of batch 1 and T tokens (T = 1: the decode step; T > 1: the forward of a verify block of T),
-each captured into a CUDA graph and replayed 200 times, with the kernels launched plainly and with PDL in passes
-that alternate the order (plain, PDL, then PDL, plain: the GPU's clocks drift), a fresh capture per pass. Prints
-ms per step (median of the passes), PDL's ratio to plain launches, and whether both launches gave the same logits
-bit for bit. Writes pdl_gpu.md and pdl_gpu.json to --out (default $OUT, else the working directory).
+each captured into a CUDA graph and replayed 200 times, in each mode (plain launches; PDL; PDL and the matmuls'
+weight prefetch) in passes that alternate the order (0 1 2, then 2 1 0: the GPU's clocks drift), a fresh capture
+per pass. Prints ms per step (median of the passes), each mode's ratio to plain launches, and whether every mode
+gave the plain launches' logits bit for bit. Writes pdl_gpu.md and pdl_gpu.json to --out (default $OUT, else the working directory).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def build(which: str) -> Transformer:
     return Transformer.build(config, FAMILIES[config.family].decoder_layer, fetch, torch.bfloat16, torch.device("cuda"))
 
 
-def timed(model: Transformer, prompt: list[int], tokens: int, pdl: bool) -> tuple[float, torch.Tensor]:
-    """(seconds per replay, the step's logits) of a T-token step captured with `pdl` launches."""
-    triton_common.use_pdl(pdl)
+def timed(model: Transformer, prompt: list[int], tokens: int, mode: int) -> tuple[float, torch.Tensor]:
+    """(seconds per replay, the step's logits) of a T-token step captured with launches of PDL mode `mode`."""
+    triton_common.use_pdl(mode)
     try:
         cache = model.new_cache(1, PROMPT + tokens)
         prefill(model, cache, [prompt])
@@ -67,47 +68,57 @@ def timed(model: Transformer, prompt: list[int], tokens: int, pdl: bool) -> tupl
         torch.cuda.synchronize()
         return (time.perf_counter() - start) / REPLAYS, logits
     finally:
-        triton_common.use_pdl(False)
+        triton_common.use_pdl(0)
 
 
 def measure(which: str, tokens: list[int], passes: int) -> dict:
     model = build(which)
     prompt = torch.randint(0, 150000, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
-    times: dict[tuple[int, bool], list[float]] = {(t, p): [] for t in tokens for p in (False, True)}
-    same = {t: True for t in tokens}
+    modes = sorted(triton_common.PDL_MODES)
+    times: dict[tuple[int, int], list[float]] = {(t, m): [] for t in tokens for m in modes}
+    same = {(t, m): True for t in tokens for m in modes}
     plain_logits: dict[int, torch.Tensor] = {}
     for n in range(passes):
-        for pdl in (False, True) if n % 2 == 0 else (True, False):
+        for mode in modes if n % 2 == 0 else modes[::-1]:
             for t in tokens:
-                seconds, logits = timed(model, prompt, t, pdl)
-                times[t, pdl].append(seconds)
-                if pdl:  # the first pass runs plain first
-                    same[t] &= torch.equal(logits, plain_logits[t])
-                else:
+                seconds, logits = timed(model, prompt, t, mode)
+                times[t, mode].append(seconds)
+                if t not in plain_logits:  # the first pass runs plain launches first
                     plain_logits[t] = logits
+                same[t, mode] &= torch.equal(logits, plain_logits[t])
         print(f"{which}: pass {n + 1} of {passes}", file=sys.stderr, flush=True)
     del model
     torch.cuda.empty_cache()
     rows = []
     for t in tokens:
-        plain, pdl = (statistics.median(times[t, p]) * 1e3 for p in (False, True))
-        rows.append({"tokens": t, "plain_ms": plain, "pdl_ms": pdl, "pdl_over_plain": pdl / plain, "same": same[t]})
+        ms = {m: statistics.median(times[t, m]) * 1e3 for m in modes}
+        rows.append(
+            {
+                "tokens": t,
+                "ms": {triton_common.PDL_MODES[m]: ms[m] for m in modes},
+                "over_plain": {triton_common.PDL_MODES[m]: ms[m] / ms[0] for m in modes[1:]},
+                "same_logits": all(same[t, m] for m in modes),
+            }
+        )
     return {"target": which, "rows": rows}
 
 
 def markdown(results: list[dict], device: str) -> str:
+    names = list(triton_common.PDL_MODES.values())
     lines = [
         f"# Programmatic dependent launch against plain launches (benchmarks/pdl_gpu.py)\n\nGPU: {device} · "
         f"torch {torch.__version__} · batch 1 after a {PROMPT}-token prompt, CUDA graphs, {REPLAYS} replays a pass\n",
-        "| target | tokens a step | plain ms | PDL ms | PDL / plain | same logits |",
-        "|---|---|---|---|---|---|",
+        "| target | tokens a step | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | "
+        + " | ".join(f"{n} / plain" for n in names[1:])
+        + " | same logits |",
+        "|---" * (3 + 2 * len(names) - 1) + "|",
     ]
     for r in results:
         for row in r["rows"]:
-            lines.append(
-                f"| {r['target']} | {row['tokens']} | {row['plain_ms']:.3f} | {row['pdl_ms']:.3f} | "
-                f"{row['pdl_over_plain']:.3f} | {row['same']} |"
-            )
+            cells = [f"{row['ms'][n]:.3f}" for n in names] + [f"{row['over_plain'][n]:.3f}" for n in names[1:]]
+            lines.append(f"| {r['target']} | {row['tokens']} | " + " | ".join(cells) + f" | {row['same_logits']} |")
     return "\n".join(lines) + "\n"
 
 

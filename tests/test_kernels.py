@@ -28,8 +28,8 @@ def test_every_kernel_file_has_checks() -> None:
 def test_every_kernel_waits_for_the_previous_one_and_every_launch_says_how() -> None:
     """Under programmatic dependent launch (triton_common.py) a kernel may start before the previous one ends: one
     that read its inputs before `after_previous_kernel(PDL)` would race. So every Triton kernel's first statement is
-    that call, with PDL its last parameter, and every launch passes `**launch_options()` (which sets PDL and the
-    launch together)."""
+    that call, with PDL its last parameter, or before it only a weight prefetch under `if PDL == 2` (a weight is
+    no kernel's output); and every launch passes `**launch_options()` (which sets PDL and the launch together)."""
     kernels, launches = [], []
     for path in sorted((Path(__file__).parents[1] / "runtime" / "kernels").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -37,6 +37,10 @@ def test_every_kernel_waits_for_the_previous_one_and_every_launch_says_how() -> 
                 if node.name.endswith("_kernel"):
                     docstring = ast.get_docstring(node) is not None
                     body = node.body[1:] if docstring else node.body
+                    while isinstance(body[0], ast.If) and ast.unparse(body[0].test).startswith("PDL == 2"):
+                        calls = {ast.unparse(c.func) for c in ast.walk(body[0]) if isinstance(c, ast.Call)}
+                        assert calls == {"_prefetch_part0"} and not body[0].orelse, (node.name, calls)
+                        body = body[1:]
                     kernels.append((path.name, node.name, ast.unparse(body[0]), node.args.args[-1].arg))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):  # kernel[grid](...)
                 unpacked = [ast.unparse(k.value) for k in node.keywords if k.arg is None]

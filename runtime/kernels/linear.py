@@ -72,6 +72,7 @@ from specpair.runtime.kernels.triton_common import (
     dot3,
     dot3_acc,
     launch_options,
+    prefetch_to_l2,
     require_triton,
     rounded,
     tl,
@@ -881,6 +882,21 @@ if triton is not None:
         return expert.to(tl.int64), x_rows.to(tl.int64), y_rows.to(tl.int64), valid
 
     @device_function
+    def _prefetch_part0(p0, r0, N, K, split_steps, LAYOUT: tl.constexpr, STEP: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Ask L2 for this program's stretch of part 0 (codes, or the dense weight) of each of its rows: the
+        K values of its split, as part 0's elements of the layout (values per element: 1 dense, 4 FP8 and
+        affine-8, 8 NVFP4 and affine-4; Q4_K and Q5_K: 36 and 44 words per 256)."""
+        NUM: tl.constexpr = 36 if LAYOUT == 7 else (44 if LAYOUT == 8 else 1)
+        DEN: tl.constexpr = 1 if LAYOUT == 0 else (8 if LAYOUT == 3 or LAYOUT == 4 else (256 if LAYOUT >= 7 else 4))
+        ELEMENT_BYTES: tl.constexpr = p0.dtype.element_ty.primitive_bitwidth // 8
+        n = tl.minimum(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+        k_lo = tl.program_id(2).to(tl.int64) * split_steps * STEP
+        k_hi = tl.minimum(K, k_lo + split_steps * STEP)
+        first = p0 + n * r0 + k_lo * NUM // DEN
+        nbytes = (k_hi - k_lo) * NUM // DEN * ELEMENT_BYTES + n * 0
+        prefetch_to_l2(first, nbytes)
+
+    @device_function
     def _store_tile(acc, y_ptr, partial_ptr, n64, n_in, y_rows, valid, out_rows, N, splits):
         """acc [..., BLOCK_M] (weight rows n64 [..., 1], in n_in; y rows y_rows [..., BLOCK_M], in valid) into
         y, rounded once, or as this split's float32 partials [splits, out_rows, N], which _sum_splits_kernel
@@ -936,6 +952,9 @@ if triton is not None:
         BIAS_PARTS: tl.constexpr,
         PDL: tl.constexpr,
     ):
+        if PDL == 2 and LAYOUT != 6 and LAYOUT != 9:  # not REALIGNED: part 0's rows start at whole elements
+            if routing == 0:  # a routed call's experts come from the previous kernel
+                _prefetch_part0(p0, r0, N, K, split_steps, LAYOUT, STEP, BLOCK_N)
         after_previous_kernel(PDL)
         expert, x_rows, y_rows, valid = _tile_rows(
             table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK

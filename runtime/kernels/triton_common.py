@@ -26,38 +26,43 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "
 # Programmatic dependent launch (Hopper and later): a kernel may be launched while the one before it in the stream
 # still runs, so its launch and scheduling overlap that kernel's tail instead of following it. Each kernel here
 # first waits for the previous kernel's writes to be visible (griddepcontrol.wait), then lets the next one launch
-# (launch_dependents): its arithmetic and its bits are those of a plain launch, only its start moves. A decode
-# step is ~900 short kernels whose fixed costs, not their bytes, set its time (benchmarks/results/
-# step_profile.md); benchmarks/pdl_gpu.py measures it against plain launches. Off until measured
-# (SPECPAIR_PDL=1 at start, or `use_pdl`); it cannot compile for a GPU before Hopper.
+# (launch_dependents): its arithmetic and its bits are those of a plain launch, only its start moves. Mode 2 also
+# has a matmul ask L2 for its program's rows of an unrouted weight before it waits (a weight is no kernel's
+# output), so the stream of a step's next weight starts during the previous kernel. A decode step is ~900 short
+# kernels whose fixed costs, not their bytes, set its time (benchmarks/results/step_profile.md);
+# benchmarks/pdl_gpu.py measures each mode against plain launches. Off until measured (SPECPAIR_PDL=1 or 2 at
+# start, or `use_pdl`); it cannot compile for a GPU before Hopper.
+PDL_MODES = {0: "plain launches", 1: "PDL", 2: "PDL and weight prefetch"}
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # no Triton, or one before 3.5
     gdc_wait = gdc_launch_dependents = None
 PDL_AVAILABLE = gdc_wait is not None and not INTERPRETED
-_pdl = {"on": PDL_AVAILABLE and os.environ.get("SPECPAIR_PDL", "0") == "1"}
+_pdl = {"mode": int(os.environ.get("SPECPAIR_PDL", "0") or 0) if PDL_AVAILABLE else 0}
 
 
-def use_pdl(on: bool) -> None:
-    """Launch the kernels with programmatic dependent launch from now on, or not (CUDA graphs captured before
-    keep the launches they captured)."""
-    if on and not PDL_AVAILABLE:
+def use_pdl(mode: int) -> None:
+    """Launch the kernels in PDL_MODES[mode] from now on (CUDA graphs captured before keep the launches they
+    captured)."""
+    if mode not in PDL_MODES:
+        raise BadInput("SPECPAIR_PDL", f"{mode} is not one of {', '.join(map(str, PDL_MODES))}")
+    if mode and not PDL_AVAILABLE:
         raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs compiled Triton 3.5 or later")
-    if on:
+    if mode:
         import torch
 
         if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
             raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs a Hopper or later GPU")
-    _pdl["on"] = on
+    _pdl["mode"] = mode
 
 
-def pdl_on() -> bool:
-    return _pdl["on"]
+def pdl_mode() -> int:
+    return _pdl["mode"]
 
 
 def launch_options() -> dict:
-    """Every kernel launch's options: the launch itself, and the kernel's PDL (compiled in: its waits)."""
-    return {"launch_pdl": True, "PDL": True} if _pdl["on"] else {"PDL": False}
+    """Every kernel launch's options: the launch itself, and the kernel's PDL mode (compiled in: its waits)."""
+    return {"launch_pdl": True, "PDL": _pdl["mode"]} if _pdl["mode"] else {"PDL": 0}
 
 
 def require_triton(what: str) -> None:
@@ -89,7 +94,7 @@ if triton is not None:
         def after_previous_kernel(PDL: tl.constexpr):
             """A kernel's first statement. Launched with PDL: the previous kernel's writes are visible past it,
             and the next kernel may launch once every program of this one has passed it."""
-            if PDL:
+            if PDL > 0:
                 gdc_wait()
                 gdc_launch_dependents()
 
@@ -99,6 +104,31 @@ if triton is not None:
         def after_previous_kernel(PDL: tl.constexpr):
             """No PDL in this Triton: launches are plain (use_pdl refuses to turn it on)."""
             pass
+
+    @device_function
+    def prefetch_to_l2(first, nbytes):
+        """Ask L2 for `nbytes` [R] bytes from each pointer of `first` [R] (Hopper's bulk prefetch, widened to whole
+        16-byte units, which stay inside the allocation: torch's are 512-byte aligned and sized). A hint: it
+        changes no value, only where the bytes wait."""
+        tl.inline_asm_elementwise(
+            """{
+            .reg .u64 %start, %end;
+            .reg .u32 %size;
+            and.b64 %start, $1, -16;
+            add.u64 %end, $1, $2;
+            add.u64 %end, %end, 15;
+            and.b64 %end, %end, -16;
+            sub.u64 %end, %end, %start;
+            cvt.u32.u64 %size, %end;
+            cp.async.bulk.prefetch.L2.global [%start], %size;
+            mov.u32 $0, 0;
+            }""",
+            "=r,l,l",
+            [first, nbytes],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @device_function
     def rounded(x, dtype: tl.constexpr):

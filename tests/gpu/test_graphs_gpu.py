@@ -104,30 +104,31 @@ def hopper() -> bool:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pdl_launches_change_no_bit(targets, family):
-    """The same greedy generation (prefill, graphed decode steps) and the same eager verify step, launched plainly
-    and with PDL: the same tokens and logits. A kernel reading its inputs before the previous kernel's writes
-    landed would differ somewhere here. Before Hopper, use_pdl refuses."""
+    """The same greedy generation (prefill, graphed decode steps) and the same eager verify step, launched plainly,
+    with PDL, and with PDL and the weight prefetch: the same tokens and logits. A kernel reading its inputs before
+    the previous kernel's writes landed would differ somewhere here. Before Hopper, use_pdl refuses."""
     if not hopper():
         with pytest.raises(BadInput):
-            triton_common.use_pdl(True)
+            triton_common.use_pdl(1)
         return
     model = targets[family]
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (9, 5)]
     block = torch.randint(0, model.config.vocab_size, (2, 4), generator=gen).to(DEVICE)
 
-    def run() -> tuple[list[list[int]], torch.Tensor]:
-        out, _ = generate(model, prompts, 8, Sampling(), graphs=True)
-        cache = model.new_cache(2, 32)
-        prefill(model, cache, prompts)
-        rows = torch.tensor([[9], [5]], device=DEVICE) + torch.arange(4, device=DEVICE)
-        return [g.tokens for g in out], model.forward(block, rows, cache, verify=True).logits
+    def run(mode: int) -> tuple[list[list[int]], torch.Tensor]:
+        triton_common.use_pdl(mode)
+        try:
+            assert triton_common.pdl_mode() == mode
+            out, _ = generate(model, prompts, 8, Sampling(), graphs=True)
+            cache = model.new_cache(2, 32)
+            prefill(model, cache, prompts)
+            rows = torch.tensor([[9], [5]], device=DEVICE) + torch.arange(4, device=DEVICE)
+            return [g.tokens for g in out], model.forward(block, rows, cache, verify=True).logits
+        finally:
+            triton_common.use_pdl(0)
 
-    plain = run()
-    try:
-        triton_common.use_pdl(True)
-        assert triton_common.pdl_on()
-        launched = run()
-    finally:
-        triton_common.use_pdl(False)
-    assert launched[0] == plain[0] and torch.equal(launched[1], plain[1])
+    plain = run(0)
+    for mode in (1, 2):
+        launched = run(mode)
+        assert launched[0] == plain[0] and torch.equal(launched[1], plain[1]), mode

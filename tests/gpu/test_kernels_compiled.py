@@ -17,12 +17,13 @@ import pytest
 CHECKS = sorted((Path(__file__).resolve().parents[1] / "kernel_checks").glob("check_*.py"))
 
 
-@pytest.mark.parametrize("launch", ["plain", "pdl"])
+@pytest.mark.parametrize("pdl", [0, 1, 2], ids=["plain", "pdl", "pdl-prefetch"])
 @pytest.mark.parametrize("checks", CHECKS, ids=lambda p: p.stem)
-def test_compiled_kernels_on_cuda(checks: Path, launch: str) -> None:
-    """`pdl`: every kernel launched with programmatic dependent launch (runtime/kernels/triton_common.py)."""
+def test_compiled_kernels_on_cuda(checks: Path, pdl: int) -> None:
+    """With every kernel launched plainly, with programmatic dependent launch, and with it and the matmuls' weight
+    prefetch (runtime/kernels/triton_common.py PDL_MODES)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"SPECPAIR_KERNEL_CHECKS": "cuda"}
-    env["SPECPAIR_PDL"] = "1" if launch == "pdl" else "0"
+    env["SPECPAIR_PDL"] = str(pdl)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider", "-o", "addopts="]
         + ["-k", "not is_transformers"],
