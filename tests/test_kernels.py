@@ -62,3 +62,28 @@ def test_kernels_in_triton_interpreter(checks: Path) -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+
+
+@pytest.mark.parametrize(
+    "asked, said",
+    [
+        ("yes", "SPECPAIR_PDL: is 'yes': give 0 (plain launches), 1 (PDL) or 2 (PDL and weight prefetch)"),
+        ("2", "SPECPAIR_PDL: programmatic dependent launch needs a Hopper or later GPU"),
+        ("0", "{'PDL': 0}"),
+    ],
+)
+def test_what_specpair_pdl_asks_is_checked_before_a_kernel_launches(asked: str, said: str) -> None:
+    """A value that is no mode is refused when the kernels are imported; a mode this machine (no CUDA, or before
+    Hopper) cannot compile is refused at the first launch, by name, not by a compiler's traceback."""
+    script = (
+        "from specpair.errors import BadInput\n"
+        "try:\n"
+        "    from specpair.runtime.kernels import triton_common\n"
+        "    print(triton_common.launch_options())\n"
+        "except BadInput as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+    env |= {"SPECPAIR_PDL": asked, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, whatever this machine has
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == said, result.stdout + result.stderr

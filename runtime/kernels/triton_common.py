@@ -38,7 +38,16 @@ try:
 except ImportError:  # no Triton, or one before 3.5
     gdc_wait = gdc_launch_dependents = None
 PDL_AVAILABLE = gdc_wait is not None and not INTERPRETED
-_pdl = {"mode": int(os.environ.get("SPECPAIR_PDL", "0") or 0) if PDL_AVAILABLE else 0}
+
+
+def _mode_asked() -> int:
+    value = os.environ.get("SPECPAIR_PDL", "").strip() or "0"
+    if value not in ("0", "1", "2"):
+        raise BadInput("SPECPAIR_PDL", f"is {value!r}: give 0 (plain launches), 1 (PDL) or 2 (PDL and weight prefetch)")
+    return int(value)
+
+
+_pdl = {"mode": _mode_asked(), "checked": False}  # checked: use_pdl has accepted the mode for this process
 
 
 def use_pdl(mode: int) -> None:
@@ -53,7 +62,7 @@ def use_pdl(mode: int) -> None:
 
         if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
             raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs a Hopper or later GPU")
-    _pdl["mode"] = mode
+    _pdl["mode"], _pdl["checked"] = mode, True
 
 
 def pdl_mode() -> int:
@@ -61,8 +70,13 @@ def pdl_mode() -> int:
 
 
 def launch_options() -> dict:
-    """Every kernel launch's options: the launch itself, and the kernel's PDL mode (compiled in: its waits)."""
-    return {"launch_pdl": True, "PDL": _pdl["mode"]} if _pdl["mode"] else {"PDL": 0}
+    """Every kernel launch's options: the launch itself, and the kernel's PDL mode (compiled in: its waits).
+    SPECPAIR_PDL's mode is checked at the first launch (use_pdl refuses it where it cannot compile)."""
+    if not _pdl["mode"]:
+        return {"PDL": 0}
+    if not _pdl["checked"]:
+        use_pdl(_pdl["mode"])
+    return {"launch_pdl": True, "PDL": _pdl["mode"]}
 
 
 def require_triton(what: str) -> None:
