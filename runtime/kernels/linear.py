@@ -619,6 +619,7 @@ def matmul_experts_triton(
 if triton is not None:
     # bit patterns of 2^k as float constants for exact power-of-two scalings
     _ASM = tl.constexpr(not INTERPRETED)
+    _PREFETCH_STEPS = tl.constexpr(4)  # PDL mode 2: K steps of each row a program asks L2 for before it waits
     _TWO_118 = tl.constexpr(2.0**118)  # E2M1 bits in bf16 places read as value·2^-126; the block scale brings 2^118
 
     @device_function
@@ -883,15 +884,17 @@ if triton is not None:
 
     @device_function
     def _prefetch_part0(p0, r0, N, K, split_steps, LAYOUT: tl.constexpr, STEP: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Ask L2 for this program's stretch of part 0 (codes, or the dense weight) of each of its rows: the
-        K values of its split, as part 0's elements of the layout (values per element: 1 dense, 4 FP8 and
-        affine-8, 8 NVFP4 and affine-4; Q4_K and Q5_K: 36 and 44 words per 256)."""
+        """Ask L2 for the start of this program's stretch of part 0 (codes, or the dense weight) of each of its
+        rows: the first _PREFETCH_STEPS steps of its split's K values (what its pipeline loads first; all of a
+        wide weight's programs asking for whole rows would pass L2's size: an LM head's first wave alone is 67
+        MB), as part 0's elements of the layout (values per element: 1 dense, 4 FP8 and affine-8, 8 NVFP4 and
+        affine-4; Q4_K and Q5_K: 36 and 44 words per 256)."""
         NUM: tl.constexpr = 36 if LAYOUT == 7 else (44 if LAYOUT == 8 else 1)
         DEN: tl.constexpr = 1 if LAYOUT == 0 else (8 if LAYOUT == 3 or LAYOUT == 4 else (256 if LAYOUT >= 7 else 4))
         ELEMENT_BYTES: tl.constexpr = p0.dtype.element_ty.primitive_bitwidth // 8
         n = tl.minimum(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         k_lo = tl.program_id(2).to(tl.int64) * split_steps * STEP
-        k_hi = tl.minimum(K, k_lo + split_steps * STEP)
+        k_hi = tl.minimum(K, k_lo + tl.minimum(split_steps, _PREFETCH_STEPS) * STEP)
         first = p0 + n * r0 + k_lo * NUM // DEN
         nbytes = (k_hi - k_lo) * NUM // DEN * ELEMENT_BYTES + n * 0
         prefetch_to_l2(first, nbytes)

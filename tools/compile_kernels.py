@@ -1,0 +1,172 @@
+"""Compile every Triton kernel launch the kernel checks make for a GPU this machine need not have (sm_90 by default),
+in every PDL mode (runtime/kernels/triton_common.py), with the Triton installed here: what a GPU machine would
+compile first, checked on a CPU.
+
+    python3 tools/compile_kernels.py [--arch 90] [--modes 0,1,2] [--checks tests/kernel_checks] [-k EXPR] [--sample]
+
+Two processes. The first runs the kernel checks (tests/kernel_checks/check_*.py, pytest, `-k`) under Triton's
+interpreter with each kernel's launch recorded instead of run (the checks' own results are not looked at): the
+kernel, its arguments' types, its constexprs, num_warps and num_stages. The second, without the interpreter, compiles
+each distinct launch for the target in each mode (triton.compile with ptxas from Triton's wheel: PTX, then SASS), and
+prints one line per kernel: launches compiled, failures with their first error line. Exit status 1 on any failure.
+A launch compiles as one of unspecialised arguments (no divisibility hints): the same code paths, slower SASS.
+`--sample`: the first launch of each kernel and layout only (CI's test: tests/test_kernels.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {  # torch dtype name -> Triton pointer element type
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float64": "fp64",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "bool": "i1",
+    "float8_e4m3fn": "fp8e4nv",
+    "float8_e5m2": "fp8e5",
+}
+
+
+def record(checks: str, expression: str | None, out: Path) -> None:
+    """Run the checks under the interpreter, writing each distinct launch to `out` (JSON lines)."""
+    import inspect
+
+    import pytest
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen: set[str] = set()
+    stream = out.open("w")
+
+    def describe(value) -> str | None:
+        if isinstance(value, torch.Tensor):
+            return "*" + DTYPES[str(value.dtype).removeprefix("torch.")]
+        if isinstance(value, bool):
+            return "i1"
+        if isinstance(value, int):
+            return "i32" if -(2**31) <= value < 2**31 else "i64"
+        if isinstance(value, float):
+            return "fp32"
+        return None
+
+    def constant(value):
+        name = getattr(value, "name", None)  # a tl.dtype
+        return {"dtype": name} if name is not None and not isinstance(value, (bool, int, float, str)) else value
+
+    def run(self, *args, grid, warmup, **kwargs):
+        parameters = inspect.signature(self.fn).parameters
+        names = list(parameters)
+        constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
+        bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in parameters}
+        launch = {
+            "module": self.fn.__module__,
+            "kernel": self.fn.__name__,
+            "signature": {n: "constexpr" if n in constexprs else describe(bound[n]) for n in names},
+            "constexprs": {n: constant(bound[n]) for n in names if n in constexprs},
+            "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs},
+        }
+        key = json.dumps(launch, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            stream.write(key + "\n")
+
+    InterpretedFunction.run = run
+    files = sorted(str(f) for f in Path(checks).glob("check_*.py"))  # not test_*.py: named, they are collected
+    arguments = [*files, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    if expression:
+        arguments += ["-k", expression]
+    pytest.main(arguments)  # the checks fail without kernel results: only the launches matter here
+    stream.close()
+
+
+def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = False) -> int:
+    import importlib
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    done: dict[str, int] = defaultdict(int)
+    failed: dict[str, list[str]] = defaultdict(list)
+    sampled: set[tuple] = set()
+    for line in launches.read_text().splitlines():
+        launch = json.loads(line)
+        key = (launch["kernel"], launch["constexprs"].get("LAYOUT"), launch["constexprs"].get("SCALES"))
+        if sample and key in sampled:
+            continue
+        sampled.add(key)
+        kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+        for mode in modes:
+            constexprs = {
+                n: getattr(tl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[v["dtype"]])
+                if isinstance(v, dict)
+                else v
+                for n, v in launch["constexprs"].items()
+            }
+            if "PDL" in constexprs:
+                constexprs["PDL"] = mode
+            source = ASTSource(kernel, dict(launch["signature"]), constexprs)
+            options = dict(launch["options"]) | ({"launch_pdl": True} if mode else {})
+            try:
+                triton.compile(source, target=target, options=options)
+                done[launch["kernel"]] += 1
+            except Exception as error:  # every failure is reported, the rest still compile
+                first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
+                failed[launch["kernel"]].append(f"PDL {mode}, {launch['constexprs']}: {first}")
+    for name in sorted(set(done) | set(failed)):
+        print(
+            f"{name}: {done[name]} compiled for sm_{arch}" + (f", {len(failed[name])} failed" if failed[name] else "")
+        )
+        for message in failed[name][:5]:
+            print(f"  {message}")
+    print(f"triton {triton.__version__}: {sum(done.values())} compiled, {sum(map(len, failed.values()))} failed")
+    return 1 if any(failed.values()) else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--modes", default="0,1,2")
+    parser.add_argument("--checks", default=str(ROOT / "tests" / "kernel_checks"))
+    parser.add_argument("-k", dest="expression", default=None)
+    parser.add_argument("--sample", action="store_true", help="the first launch of each kernel and layout only")
+    parser.add_argument("--record", type=Path, default=None, help=argparse.SUPPRESS)  # the first process
+    parser.add_argument("--launches", type=Path, default=None, help=argparse.SUPPRESS)  # the second
+    args = parser.parse_args()
+    modes = [int(m) for m in args.modes.split(",")]
+    if args.record:
+        record(args.checks, args.expression, args.record)
+        return 0
+    if args.launches:
+        return compile_all(args.launches, args.arch, modes, args.sample)
+    with tempfile.TemporaryDirectory() as scratch:
+        launches = Path(scratch) / "launches.jsonl"
+        recorder = [sys.executable, __file__, "--record", str(launches), "--checks", args.checks]
+        recorder += ["-k", args.expression] if args.expression else []
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        subprocess.run(recorder, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+        print(f"{len(launches.read_text().splitlines())} distinct launches recorded", flush=True)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        compiler = [sys.executable, __file__, "--launches", str(launches), "--arch", str(args.arch)]
+        compiler += ["--modes", args.modes] + (["--sample"] if args.sample else [])
+        return subprocess.run(compiler, env=env, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
