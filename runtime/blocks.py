@@ -301,6 +301,7 @@ class MoE:
     top_k: int
     renormalise: bool
     shared: MLP | None
+    prefetch: list[Tensor]  # the experts' largest tensors, which routing may ask L2 for (experts.route)
 
     @classmethod
     def build(cls, config: ModelConfig, layer: int, fetch: Fetch, shared_expert: bool) -> MoE:
@@ -314,20 +315,22 @@ class MoE:
         if shared_expert:
             shared = MLP.build(config, p + "shared_expert.", config.shared_expert_intermediate_size, fetch)
             router.append(fetch(p + "shared_expert_gate.weight", (1, hidden), matmul=True))
+        gate_up = [gate, up] if fused is None else [fused]
         return cls(
             Projections.of(router),
-            [gate, up] if fused is None else [fused],
+            gate_up,
             down,
             config.experts_per_token,
             config.norm_topk_prob,
             shared,
+            linear.expert_stacks([*gate_up, down])[: experts.PREFETCHED],
         )
 
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.router(x)
-        weights, ids = experts.route(logits[0], self.top_k, self.renormalise)
+        weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch)
         if len(self.gate_up) == 1:
             gate, up = linear.matmul_experts(x, self.gate_up[0], ids).chunk(2, dim=-1)
         else:

@@ -7,7 +7,9 @@ top-k, and 2k + 4 elementwise ops torch launches for them):
 `route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
 stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id; int32,
 the expert matmuls' index type), renormalised to sum to one where the family says so (the total summed left to
-right). `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
+right). Given `prefetch` (the stacked expert weights' tensors, linear.expert_stacks) and PDL mode 2
+(triton_common.py), it also asks L2 for the chosen experts' bytes of each, the moment it has chosen them: the
+expert matmuls that follow find their weights on the way instead of starting their stream. `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
 shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the
 activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
 order a row's sum by the row count), so a row's bits depend on its own inputs alone.
@@ -15,12 +17,15 @@ order a row's sum by the row count), so a row's bits depend on its own inputs al
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     launch_options,
+    prefetch_to_l2,
     require_triton,
     rounded,
     tl,
@@ -28,11 +33,12 @@ from specpair.runtime.kernels.triton_common import (
 )
 
 BLOCK = 1024  # hidden columns per program
+PREFETCHED = 4  # stacked expert tensors route can prefetch: gate|up's and down's codes and scales
 
 
-def route(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+def route(logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
     if logits.is_cuda:
-        return route_triton(logits, top_k, renormalise)
+        return route_triton(logits, top_k, renormalise, prefetch)
     return route_reference(logits, top_k, renormalise)
 
 
@@ -48,11 +54,19 @@ def route_reference(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tens
     return weights, ids
 
 
-def route_triton(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+def route_triton(
+    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()
+) -> tuple[Tensor, Tensor]:
     require_triton("route")
     tokens, experts = logits.shape
     if logits.stride(-1) != 1 or not 0 < top_k <= experts:
         raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
+    if len(prefetch) > PREFETCHED or any(t.shape[0] != experts or not t.is_contiguous() for t in prefetch):
+        raise ValueError(f"route: prefetch {[list(t.shape) for t in prefetch]}: at most {PREFETCHED} stacks")
+    # each expert's bytes of a stack, as bytes: contiguous, one stride of dim 0 apart (unused slots repeat one)
+    stacks = [t.view(torch.uint8) for t in prefetch]
+    stacks += [stacks[0] if stacks else logits.view(torch.uint8)] * (PREFETCHED - len(stacks))
+    expert_bytes = [t.stride(0) for t in stacks]
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     if tokens:
@@ -62,8 +76,11 @@ def route_triton(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor,
             ids,
             experts,
             logits.stride(0),
+            *stacks,
+            *expert_bytes,
             TOP_K=top_k,
             RENORMALISE=renormalise,
+            PREFETCH=len(prefetch),
             BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(top_k),
             **launch_options(),
@@ -156,15 +173,24 @@ if triton is not None:
             out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
         tl.store(out_ptr + row * hidden + cols, rounded(out, out_ptr.dtype.element_ty), mask=inside)
 
-    @triton.jit(do_not_specialize_on_alignment=["logit_ptr"])
+    @triton.jit(do_not_specialize_on_alignment=["logit_ptr", "s0", "s1", "s2", "s3"])
     def _route_kernel(
         logit_ptr,
         w_ptr,
         id_ptr,
         experts,
         logit_stride,
+        s0,
+        s1,
+        s2,
+        s3,
+        b0,
+        b1,
+        b2,
+        b3,
         TOP_K: tl.constexpr,
         RENORMALISE: tl.constexpr,
+        PREFETCH: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_K: tl.constexpr,
         PDL: tl.constexpr,
@@ -194,3 +220,13 @@ if triton is not None:
         kept = slots < TOP_K
         tl.store(w_ptr + row * TOP_K + slots, chosen, mask=kept)
         tl.store(id_ptr + row * TOP_K + slots, ids, mask=kept)
+        if PDL == 2:  # the chosen experts' bytes of each stack (a slot past TOP_K repeats expert ids[0])
+            first = tl.where(kept, ids, tl.max(tl.where(slots == 0, ids, 0), axis=0))
+            if PREFETCH > 0:
+                prefetch_to_l2(s0 + first * b0, first * 0 + b0)
+            if PREFETCH > 1:
+                prefetch_to_l2(s1 + first * b1, first * 0 + b1)
+            if PREFETCH > 2:
+                prefetch_to_l2(s2 + first * b2, first * 0 + b2)
+            if PREFETCH > 3:
+                prefetch_to_l2(s3 + first * b3, first * 0 + b3)

@@ -127,6 +127,15 @@ def matmul(x: Tensor, w: Tensor | Packed) -> Tensor:
     return matmul_reference(x, w)
 
 
+def expert_stacks(weights: Sequence[Tensor | Packed], smallest: int = 1024) -> list[Tensor]:
+    """The tensors of stacked expert weights ([E, ...] each, an expert's bytes contiguous) whose expert holds at
+    least `smallest` bytes, largest first: what a router can ask L2 for once it knows the experts
+    (experts.route's prefetch)."""
+    tensors = [t for w in weights for t in (w.parts.values() if isinstance(w, Packed) else [w])]
+    stacked = [t for t in tensors if t.ndim >= 2 and t.is_contiguous() and t.stride(0) * t.element_size() >= smallest]
+    return sorted(stacked, key=lambda t: -t.stride(0) * t.element_size())
+
+
 def matmul_experts(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
     if x.is_cuda:
         return matmul_experts_triton(x, w, expert_ids)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpair.runtime.kernels import experts
+from specpair.formats.packed import Packed
+from specpair.runtime.kernels import experts, linear
 
 
 def assert_within_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -75,3 +76,25 @@ def test_mismatched_shapes_are_refused() -> None:
         experts.combine_experts_triton(weights[:, :2], down, None, None)
     with pytest.raises(ValueError, match="route: top 9"):
         experts.route_triton(torch.randn(2, 8), 9, False)
+
+
+def test_route_given_expert_stacks_to_prefetch_routes_alike() -> None:
+    """The stacks route may ask L2 for (PDL mode 2, never under the interpreter) change none of its results; what
+    it is given is checked: at most PREFETCHED stacks, each [E, ...] and contiguous. linear.expert_stacks gives a
+    MoE's, largest first, leaving out what is smaller than a kilobyte an expert."""
+    torch.manual_seed(5)
+    logits = torch.randn(3, 16) * 3
+    codes = torch.randint(0, 255, (16, 64, 32), dtype=torch.uint8)  # 2 KB an expert
+    scales = torch.randn(16, 64, 8).bfloat16()  # 1 KB
+    dense = torch.randn(16, 32, 16).bfloat16()  # 1 KB
+    per_tensor = torch.ones(16)
+    packed = Packed("experts.gate_up_proj", "nvfp4-modelopt", (16, 64, 64), {"codes": codes, "scale": per_tensor})
+    stacks = linear.expert_stacks([packed, scales, dense])
+    assert [t.data_ptr() for t in stacks] == [codes.data_ptr(), scales.data_ptr(), dense.data_ptr()]
+    plain = experts.route_triton(logits, 4, True)
+    given = experts.route_triton(logits, 4, True, stacks)
+    assert all(torch.equal(a, b) for a, b in zip(plain, given))
+    with pytest.raises(ValueError, match="at most 4"):
+        experts.route_triton(logits, 4, True, [codes] * 5)
+    with pytest.raises(ValueError, match="at most 4"):
+        experts.route_triton(logits, 4, True, [codes[:8]])
