@@ -563,8 +563,10 @@ def self_distil(
     lengths = torch.tensor([len(s) for s in sequences])
     starts = torch.tensor([len(p) for p in prompts])
     hidden = target.config.hidden_size
-    taps = torch.empty(len(prompts), longest, len(layers), hidden, dtype=target.dtype, device=device)
-    normed = torch.empty(len(prompts), longest, hidden, dtype=target.dtype, device=device) if final else None
+    # zeros past each sequence's end: blocks near an end read rows there, weighted 0 but still multiplied, and
+    # uninitialised memory may hold NaN (0 · NaN is NaN: the loss of the whole step)
+    taps = torch.zeros(len(prompts), longest, len(layers), hidden, dtype=target.dtype, device=device)
+    normed = torch.zeros(len(prompts), longest, hidden, dtype=target.dtype, device=device) if final else None
     with torch.no_grad():
         for first in range(0, len(order), batch):
             group = torch.tensor(order[first : first + batch])
