@@ -20,13 +20,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_profile import CONFIGS, LAYOUTS, PROMPT, REPLAYS, random_fetch  # noqa: E402
+from step_profile import CONFIGS, LAYOUTS, PROMPT, REPLAYS, random_fetch, seconds_per_replay  # noqa: E402
 
 from specpair.checkpoint.config import parse_config  # noqa: E402
 from specpair.runtime.generate import prefill  # noqa: E402
@@ -61,12 +60,7 @@ def timed(model: Transformer, prompt: list[int], tokens: int, mode: int) -> tupl
         step = ForwardGraph(model, cache, 1, tokens)
         step.prepare(ids, positions)
         logits = step(ids, positions).logits.clone()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(REPLAYS):
-            step.graph.graph.replay()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / REPLAYS, logits
+        return seconds_per_replay(step), logits
     finally:
         triton_common.use_pdl(0)
 

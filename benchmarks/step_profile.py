@@ -178,6 +178,16 @@ def hf_rate(hf: torch.nn.Module, prompt: list[int], tokens: int) -> float:
     return (out.shape[1] - len(prompt)) / (time.perf_counter() - start)
 
 
+def seconds_per_replay(step: ForwardGraph) -> float:
+    """A captured step replayed REPLAYS times back to back: seconds a replay."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(REPLAYS):
+        step.graph.graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / REPLAYS
+
+
 def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dict:
     cache = model.new_cache(1, 256)
     token = model.head(prefill(model, cache, [prompt])).argmax(-1)[:, None]
@@ -189,12 +199,7 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dic
     decode = ForwardGraph(model, cache, 1, 1)
     decode.prepare(token, position)
     graphed = decode(token, position).logits.clone()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(REPLAYS):
-        decode.graph.graph.replay()
-    torch.cuda.synchronize()
-    step_s = (time.perf_counter() - start) / REPLAYS
+    step_s = seconds_per_replay(decode)
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED):

@@ -7,9 +7,10 @@ top-k, and 2k + 4 elementwise ops torch launches for them):
 `route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
 stride), its top_k probabilities and their experts [N, k] (largest first; a tie goes to the lower expert id; int32,
 the expert matmuls' index type), renormalised to sum to one where the family says so (the total summed left to
-right). Given `prefetch` (the stacked expert weights' tensors, linear.expert_stacks) and PDL mode 2
-(triton_common.py), it also asks L2 for the chosen experts' bytes of each, the moment it has chosen them: the
-expert matmuls that follow find their weights on the way instead of starting their stream. `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
+right). Given `prefetch` (the stacked expert weights' tensors, largest first: linear.expert_stacks) and PDL mode 2
+(triton_common.py), it also asks L2 for the chosen experts' bytes of as many of them as PREFETCH_BUDGET holds
+for all its tokens, the moment it has chosen them: the expert matmuls that follow find their weights on the way
+instead of starting their stream. `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
 shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the
 activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
 order a row's sum by the row count), so a row's bits depend on its own inputs alone.
@@ -34,6 +35,9 @@ from specpair.runtime.kernels.triton_common import (
 
 BLOCK = 1024  # hidden columns per program
 PREFETCHED = 4  # stacked expert tensors route can prefetch: gate|up's and down's codes and scales
+# bytes route may ask L2 for: half of an H100's or H200's 50 MB, so that what it asks for stays until it is read
+# (a verify step's 8 tokens x 8 experts of the 35B-A3B in NVFP4 would be 113 MB: a prefix of the stacks, or none)
+PREFETCH_BUDGET = 24 << 20
 
 
 def route(logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
@@ -54,6 +58,17 @@ def route_reference(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tens
     return weights, ids
 
 
+def within_budget(stacks: Sequence[Tensor], chosen: int) -> list[Tensor]:
+    """The longest prefix of `stacks` whose bytes for `chosen` (tokens x top_k) experts fit PREFETCH_BUDGET."""
+    kept, asked = [], 0
+    for t in stacks:
+        asked += chosen * t.stride(0) * t.element_size()
+        if asked > PREFETCH_BUDGET:
+            break
+        kept.append(t)
+    return kept
+
+
 def route_triton(
     logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()
 ) -> tuple[Tensor, Tensor]:
@@ -63,6 +78,7 @@ def route_triton(
         raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
     if len(prefetch) > PREFETCHED or any(t.shape[0] != experts or not t.is_contiguous() for t in prefetch):
         raise ValueError(f"route: prefetch {[list(t.shape) for t in prefetch]}: at most {PREFETCHED} stacks")
+    prefetch = within_budget(prefetch, tokens * top_k)
     # each expert's bytes of a stack, as bytes: contiguous, one stride of dim 0 apart (unused slots repeat one)
     stacks = [t.view(torch.uint8) for t in prefetch]
     stacks += [stacks[0] if stacks else logits.view(torch.uint8)] * (PREFETCHED - len(stacks))

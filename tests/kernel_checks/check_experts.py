@@ -98,3 +98,8 @@ def test_route_given_expert_stacks_to_prefetch_routes_alike() -> None:
         experts.route_triton(logits, 4, True, [codes] * 5)
     with pytest.raises(ValueError, match="at most 4"):
         experts.route_triton(logits, 4, True, [codes[:8]])
+    # what a route's tokens x top_k experts ask of L2 stays within its budget: a prefix of the stacks, or none
+    budget = experts.PREFETCH_BUDGET
+    assert experts.within_budget(stacks, budget // (4 << 10)) == stacks  # 4 KB an expert in all: all fit
+    assert experts.within_budget(stacks, budget // (3 << 10)) == stacks[:2]
+    assert experts.within_budget(stacks, budget // (2 << 10) + 1) == []
