@@ -893,18 +893,25 @@ if triton is not None:
 
     @device_function
     def _prefetch_part0(p0, r0, N, K, split_steps, LAYOUT: tl.constexpr, STEP: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Ask L2 for the start of this program's stretch of part 0 (codes, or the dense weight) of each of its
-        rows: the first _PREFETCH_STEPS steps of its split's K values (what its pipeline loads first; all of a
-        wide weight's programs asking for whole rows would pass L2's size: an LM head's first wave alone is 67
-        MB), as part 0's elements of the layout (values per element: 1 dense, 4 FP8 and affine-8, 8 NVFP4 and
-        affine-4; Q4_K and Q5_K: 36 and 44 words per 256)."""
+        """`_prefetch_rows` of a layout's part 0 (codes, or the dense weight): values per element 1 dense, 4 FP8
+        and affine-8, 8 NVFP4 and affine-4; Q4_K and Q5_K: 36 and 44 words per 256."""
         NUM: tl.constexpr = 36 if LAYOUT == 7 else (44 if LAYOUT == 8 else 1)
         DEN: tl.constexpr = 1 if LAYOUT == 0 else (8 if LAYOUT == 3 or LAYOUT == 4 else (256 if LAYOUT >= 7 else 4))
-        ELEMENT_BYTES: tl.constexpr = p0.dtype.element_ty.primitive_bitwidth // 8
+        _prefetch_rows(p0, r0, N, K, split_steps, NUM, DEN, STEP, BLOCK_N)
+
+    @device_function
+    def _prefetch_rows(
+        p, r, N, K, split_steps, NUM: tl.constexpr, DEN: tl.constexpr, STEP: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        """Ask L2 for the start of this program's stretch of each of its rows of a weight's array `p` (rows `r`
+        elements apart, NUM elements per DEN values): the first _PREFETCH_STEPS steps of its split's K values
+        (what its pipeline loads first; all of a wide weight's programs asking for whole rows would pass L2's
+        size: an LM head's first wave alone is 67 MB)."""
+        ELEMENT_BYTES: tl.constexpr = p.dtype.element_ty.primitive_bitwidth // 8
         n = tl.minimum(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         k_lo = tl.program_id(2).to(tl.int64) * split_steps * STEP
         k_hi = tl.minimum(K, k_lo + tl.minimum(split_steps, _PREFETCH_STEPS) * STEP)
-        first = p0 + n * r0 + k_lo * NUM // DEN
+        first = p + n * r + k_lo * NUM // DEN
         nbytes = (k_hi - k_lo) * NUM // DEN * ELEMENT_BYTES + n * 0
         prefetch_to_l2(first, nbytes)
 
@@ -1222,6 +1229,9 @@ if triton is not None:
         step is STEP values: for each group of GROUP values, in static order, the codes (and high bits) of the
         rows decoded with constant shifts, one dot with x's group (the same for every row group), scaled per
         row into acc, less the min times Σx (a dot with ones) for the affine k-quants."""
+        if PDL == 2:  # the code plane, the largest: LOW_FIELDS values an element
+            if routing == 0:  # a routed call's experts come from the previous kernel
+                _prefetch_rows(codes_ptr, r0, N, K, split_steps, 1, LOW_FIELDS, STEP, BLOCK_N)
         after_previous_kernel(PDL)
         expert, x_rows, y_rows, valid = _tile_rows(
             table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M, TOPK

@@ -28,9 +28,9 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "
 # first waits for the previous kernel's writes to be visible (griddepcontrol.wait), then lets the next one launch
 # (launch_dependents): its arithmetic and its bits are those of a plain launch, only its start moves. Mode 2 also
 # has a matmul ask L2 for its program's rows of an unrouted weight before it waits (a weight is no kernel's
-# output), so the stream of a step's next weight starts during the previous kernel (linear.py's _matmul_kernel;
-# not yet the planes kernel of GGUF weights, nor the Q8_0 and Q6_K bytes it realigns), and a MoE router asks for
-# its chosen experts' bytes as soon as it has chosen them (experts.py). A decode step is ~900 short
+# output), so the stream of a step's next weight starts during the previous kernel (linear.py: every layout but
+# the GGUF Q8_0 and Q6_K bytes the older kernel realigns; GGUF planes by their code plane), and a MoE router asks
+# for its chosen experts' bytes as soon as it has chosen them (experts.py). A decode step is ~900 short
 # kernels whose fixed costs, not their bytes, set its time (benchmarks/results/step_profile.md);
 # benchmarks/pdl_gpu.py measures each mode against plain launches. Off until measured (SPECPAIR_PDL=1 or 2 at
 # start, or `use_pdl`); it cannot compile for a GPU before Hopper.
