@@ -237,9 +237,16 @@ def qwen36_target(work: Path, scale: Scale, name: str, mtp: bool) -> tuple[Path,
     return directory, config
 
 
-def draft_shape(scale: Scale, shape: DraftShape, config: dict, real_config: str = QWEN36) -> DraftShape:
+def drafter_tensors(
+    scale: Scale, shape: DraftShape, config: dict, target_layers: int, real_config: str = QWEN36
+) -> tuple[dict, list[Tensor]]:
+    """config.json and tensors (BF16) of a drafter of the published `shape` at this scale, for the target `config`
+    (its vocabulary), reading `target_layers` (its config's num_target_layers)."""
     real = json.loads((CONFIGS / real_config).read_text())["text_config"]
-    return scale.draft(shape, real["num_hidden_layers"], config["text_config"]["vocab_size"], real["vocab_size"])
+    vocab = config["text_config"]["vocab_size"]
+    return dflash_tensors(
+        scale.draft(shape, real["num_hidden_layers"], vocab, real["vocab_size"]), vocab, target_layers
+    )
 
 
 def build_35b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
@@ -247,12 +254,7 @@ def build_35b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     stage("target written (NVFP4 + FP8, MTP head BF16)")
     t = config["text_config"]
     draft = work / "incoai-dflash2"
-    write_checkpoint(
-        draft,
-        *dflash_tensors(draft_shape(scale, INCOAI_35B, config), t["vocab_size"], t["num_hidden_layers"]),
-        None,
-        scale.device,
-    )
+    write_checkpoint(draft, *drafter_tensors(scale, INCOAI_35B, config, t["num_hidden_layers"]), None, scale.device)
     stage("DFlash2 drafter written (BF16, affine-4 at load)")
     return Built(
         target,
@@ -295,12 +297,8 @@ def build_gguf(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     stage("source written (NVFP4 + FP8 safetensors, no MTP: unsloth ships it apart)")
     t = config["text_config"]
     draft_source = work / "zlab-dflash"
-    write_checkpoint(
-        draft_source,
-        *dflash_tensors(draft_shape(scale, ZLAB_35B, config), t["vocab_size"], t["num_hidden_layers"] + 1),
-        None,
-        scale.device,
-    )
+    zlab = drafter_tensors(scale, ZLAB_35B, config, t["num_hidden_layers"] + 1)
+    write_checkpoint(draft_source, *zlab, None, scale.device)
     stage("z-lab DFlash drafter written (BF16)")
     target, draft = work / "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf", work / "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"
     for path in (target, draft):
@@ -377,9 +375,7 @@ def build_exl3(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     write_byte_tokenizer(target, t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))
     stage("target written (EXL3 4.00 bpw, lm_head 6, random codes)")
     draft = work / "qwen3.6-dflash-exl3-2.50bpw"
-    draft_config, draft_tensors = dflash_tensors(
-        draft_shape(scale, ZLAB_35B, config), t["vocab_size"], t["num_hidden_layers"] + 1
-    )
+    draft_config, draft_tensors = drafter_tensors(scale, ZLAB_35B, config, t["num_hidden_layers"] + 1)
     draft_tensors = exl3_layouts(draft_tensors, lambda n: 2 if ".mlp." in n else 3)
     keys, files = quantization_keys(draft_tensors)
     write_checkpoint(draft, {**draft_config, **keys}, draft_tensors, files, scale.device, exl3_codes)
@@ -399,9 +395,7 @@ def build_122b(work: Path, scale: Scale, stage: Callable[[str], None]) -> Built:
     config = scale.text(json.loads((CONFIGS / QWEN35_122B).read_text()))
     tensors = qwen36_tensors(config, {}, lambda module: "bf16" if FP8_KEPT.match(module) else "fp8-block")
     t = config["text_config"]
-    draft_config, draft_tensors = dflash_tensors(
-        draft_shape(scale, CORAL_122B, config, QWEN35_122B), t["vocab_size"], t["num_hidden_layers"]
-    )
+    draft_config, draft_tensors = drafter_tensors(scale, CORAL_122B, config, t["num_hidden_layers"], QWEN35_122B)
     fits(work, [draft_tensors])
     keys, _ = quantization_keys(tensors)
     tokenizer = byte_tokenizer(t["vocab_size"], MERGES, tokenizer_ids(t["vocab_size"]))

@@ -104,8 +104,11 @@ def test_exl3_pair_draws_codes_of_the_published_bits(tmp_path: Path) -> None:
 def test_tiny_scale_keeps_the_published_taps_apart_and_the_layers_cut() -> None:
     config = json.loads((seed_pairs_gpu.CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.json").read_text())
     tiny = seed_pairs_gpu.Scale("tiny", "cpu")
-    shape = seed_pairs_gpu.draft_shape(tiny, seed_pairs_gpu.ZLAB_35B, tiny.text(config))
-    assert len(set(shape.taps)) == len(seed_pairs_gpu.ZLAB_35B.taps) and max(shape.taps) < 8
+    text = tiny.text(config)
+    target_layers = text["text_config"]["num_hidden_layers"] + 1
+    draft_config, _ = seed_pairs_gpu.drafter_tensors(tiny, seed_pairs_gpu.ZLAB_35B, text, target_layers)
+    taps = draft_config["dflash_config"]["target_layer_ids"]
+    assert len(set(taps)) == len(seed_pairs_gpu.ZLAB_35B.taps) and max(taps) < 8
     quant = json.loads((seed_pairs_gpu.CONFIGS / "nvidia__Qwen3.6-35B-A3B-NVFP4.hf_quant_config.json").read_text())
     layers = tiny.quant(quant)["quantization"]["quantized_layers"]
     assert layers and all(".layers.8." not in k and ".layers.39." not in k for k in layers)

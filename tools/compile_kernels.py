@@ -39,6 +39,7 @@ DTYPES = {  # torch dtype name -> Triton pointer element type
     "float8_e4m3fn": "fp8e4nv",
     "float8_e5m2": "fp8e5",
 }
+TL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # a recorded tl.dtype constexpr's name
 
 
 def record(checks: str, expression: str | None, out: Path) -> None:
@@ -50,7 +51,6 @@ def record(checks: str, expression: str | None, out: Path) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     seen: set[str] = set()
-    stream = out.open("w")
 
     def describe(value) -> str | None:
         if isinstance(value, torch.Tensor):
@@ -89,8 +89,8 @@ def record(checks: str, expression: str | None, out: Path) -> None:
     arguments = [*files, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     if expression:
         arguments += ["-k", expression]
-    pytest.main(arguments)  # the checks fail without kernel results: only the launches matter here
-    stream.close()
+    with out.open("w") as stream:
+        pytest.main(arguments)  # the checks fail without kernel results: only the launches matter here
 
 
 def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = False) -> int:
@@ -112,15 +112,11 @@ def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = Fals
             continue
         sampled.add(key)
         kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+        recorded = {
+            n: getattr(tl, TL_DTYPES[v["dtype"]]) if isinstance(v, dict) else v for n, v in launch["constexprs"].items()
+        }
         for mode in modes:
-            constexprs = {
-                n: getattr(tl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[v["dtype"]])
-                if isinstance(v, dict)
-                else v
-                for n, v in launch["constexprs"].items()
-            }
-            if "PDL" in constexprs:
-                constexprs["PDL"] = mode
+            constexprs = recorded | ({"PDL": mode} if "PDL" in recorded else {})
             source = ASTSource(kernel, dict(launch["signature"]), constexprs)
             options = dict(launch["options"]) | ({"launch_pdl": True} if mode else {})
             try:

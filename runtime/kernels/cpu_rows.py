@@ -52,14 +52,14 @@ def tile_rows() -> int:
 
 def rows_mm(a: Tensor, b: Tensor) -> Tensor:
     """a [M, K] @ b [K, N] in float32, in tiles of the rows' role (b may be a transposed view, e.g. W.T)."""
-    tile_rows = _tile_rows.get()
+    rows_per_tile = tile_rows()
     a = a.float()
     w = b.float().T  # [N, K]: a weight in its own layout when b is W.T
     out = torch.empty(a.shape[0], w.shape[0], dtype=torch.float32)
-    tile_out = torch.empty(w.shape[0], tile_rows, dtype=torch.float32)
-    for start in range(0, a.shape[0], tile_rows):
-        rows = min(tile_rows, a.shape[0] - start)
-        tile = torch.zeros(tile_rows, a.shape[1], dtype=torch.float32)
+    tile_out = torch.empty(w.shape[0], rows_per_tile, dtype=torch.float32)
+    for start in range(0, a.shape[0], rows_per_tile):
+        rows = min(rows_per_tile, a.shape[0] - start)
+        tile = torch.zeros(rows_per_tile, a.shape[1], dtype=torch.float32)
         tile[:rows] = a[start : start + rows]
         torch.mm(w, tile.T, out=tile_out)
         out[start : start + rows] = tile_out.T[:rows]

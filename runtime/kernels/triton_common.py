@@ -57,11 +57,11 @@ def use_pdl(mode: int) -> None:
     captured)."""
     if mode not in PDL_MODES:
         raise BadInput("SPECPAIR_PDL", f"{mode} is not one of {', '.join(map(str, PDL_MODES))}")
-    if mode and not PDL_AVAILABLE:
-        raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs compiled Triton 3.5 or later")
     if mode:
         import torch
 
+        if not PDL_AVAILABLE:
+            raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs compiled Triton 3.5 or later")
         if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
             raise BadInput("SPECPAIR_PDL", "programmatic dependent launch needs a Hopper or later GPU")
     _pdl["mode"], _pdl["checked"] = mode, True
