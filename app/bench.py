@@ -139,6 +139,7 @@ def run_bench(
     block_size: int | None = None,
     device: str | None = None,
     threads: int | None = None,
+    dtype: str | None = None,
     gguf_file: str | None = None,
     draft_gguf_file: str | None = None,
     draft_bits: int | None = None,
@@ -159,11 +160,12 @@ def run_bench(
 
     if mtp and draft is not None:
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
-    where, parallel = place_runtime(device, threads)
+    placed = place_runtime(device, threads, dtype)
+    where, parallel = placed.device, placed.parallel
     graphs = where.type == "cuda" if graphs is None else graphs
     target_model = opened(target, gguf_file)
     draft_model = opened(draft, draft_gguf_file) if draft is not None else None
-    plan = loading.plan_load(target_model, where, parallel=parallel)
+    plan = loading.plan_load(target_model, where, placed.dtype, parallel=parallel)
     tokenizer = target_model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
     named = prompts or list(BUILTIN_PROMPTS)

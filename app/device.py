@@ -1,11 +1,12 @@
 """Where the runtime runs: `--device` checked once for every command that runs a model, the CPU threads it
-uses there (`--threads`), and its ranks under tensor parallelism (`--tp`)."""
+uses there (`--threads`), the dtype it serves in (`--dtype`), and its ranks under tensor parallelism (`--tp`)."""
 
 from __future__ import annotations
 
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specpair.errors import BadInput, RankFailed
@@ -16,6 +17,14 @@ if TYPE_CHECKING:
     from specpair.runtime.parallel import Parallel
 
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    parallel: Parallel  # this process's rank under tensor parallelism (one of one outside a group)
+    dtype: torch.dtype  # what the model is held and run in
 
 
 def choose_device(asked: str | None, option: str = "--device") -> torch.device:
@@ -39,21 +48,27 @@ def on_cpu(asked: str | None) -> bool:
     return not torch.cuda.is_available()
 
 
-def place_runtime(asked: str | None, threads: int | None = None) -> tuple[torch.device, Parallel]:
-    """The device (`choose_device`) and this process's rank under tensor parallelism (one of one outside a group).
-    On the CPU, torch's thread count: `threads`, else OMP_NUM_THREADS, else the usable cores idle now, shared among
-    the ranks (runtime/threads.py: a thread on a core another process holds stalls every op)."""
+def place_runtime(asked: str | None, threads: int | None = None, dtype: str | None = None) -> Placement:
+    """The device (`choose_device`), this process's rank under tensor parallelism, and the dtype: `dtype`, else
+    bfloat16 on CUDA and on a CPU that multiplies bf16 natively (runtime/kernels/cpu_rows.py: there a bf16 product
+    of 16 rows costs what float32's of 4 does, and streams half the bytes), float32 on other CPUs. On the CPU,
+    torch's thread count: `threads`, else OMP_NUM_THREADS, else the usable cores idle now, shared among the ranks
+    (runtime/threads.py: a thread on a core another process holds stalls every op)."""
     import torch
 
+    from specpair.runtime.kernels.cpu_rows import native_bf16
     from specpair.runtime.parallel import Parallel
     from specpair.runtime.threads import pick_threads
 
+    if dtype is not None and dtype not in DTYPES:
+        raise BadInput("--dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
     where = choose_device(asked)
     parallel = Parallel.from_environment(where)
     if where.type == "cpu":
         count = pick_threads(threads)
         torch.set_num_threads(count if threads is not None else max(1, count // parallel.size))
-    return where, parallel
+    served = dtype or ("bfloat16" if where.type == "cuda" or native_bf16() else "float32")
+    return Placement(where, parallel, getattr(torch, served))
 
 
 def start_ranks(size: int) -> int | None:

@@ -279,6 +279,14 @@ class GateReport:
         }
 
 
+def tile_block(dtype: torch.dtype) -> int:
+    """The block that fills one CPU product tile of `dtype` (cpu_rows.PRODUCTS) with the verify rows of CONCURRENT
+    sequences, at least 2: their verify step is then one weight pass, as their decode step is."""
+    from specpair.runtime.kernels.cpu_rows import PRODUCTS
+
+    return max(2, PRODUCTS[dtype].generated // CONCURRENT)
+
+
 def run_gate(
     target: str | Model | None,
     draft: str | Model | None,
@@ -292,6 +300,7 @@ def run_gate(
     chat: bool | None = None,
     device: str | None = None,
     threads: int | None = None,
+    dtype: str | None = None,
     gguf_file: str | None = None,
     draft_gguf_file: str | None = None,
     block_size: int | None = None,
@@ -312,9 +321,10 @@ def run_gate(
     if rule not in RULES:
         raise BadInput("--rule", f"{rule!r} is not one of {', '.join(RULES)}")
     pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
-    where, parallel = place_runtime(device, threads)
-    if block_size is None and where.type == "cpu":
-        block_size = pair.cpu_block
+    placed = place_runtime(device, threads, dtype)
+    where, parallel = placed.device, placed.parallel
+    if block_size is None and where.type == "cpu" and pair.tile_block:
+        block_size = tile_block(placed.dtype)
     target_model = opened(pair.target, gguf_file)
     draft_model = opened(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)
@@ -327,7 +337,7 @@ def run_gate(
     context = max(len(p.ids) for p in gate_prompts) + max_tokens
     verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
 
-    plan = loading.plan_load(target_model, where, parallel=parallel)
+    plan = loading.plan_load(target_model, where, placed.dtype, parallel=parallel)
     target_run = load_target(plan, progress, context).runtime
     progress.stage(
         f"loading the {kind} drafter"

@@ -76,6 +76,7 @@ def generate_text(
     chat: bool | None = None,
     device: str | None = None,
     threads: int | None = None,
+    dtype: str | None = None,
     gguf_file: str | None = None,
     graphs: bool | None = None,
     on_text: Callable[[str], None] | None = None,
@@ -91,11 +92,12 @@ def generate_text(
     from specpair.runtime.sampling import Sampling
     from specpair.sources.model import open_model
 
-    where, parallel = place_runtime(device, threads)
+    placed = place_runtime(device, threads, dtype)
+    where, parallel = placed.device, placed.parallel
     if sampling[2] == 0:
         raise BadInput("--top-p", "0 keeps no token; give a value in (0, 1]")
     model = open_model(target, gguf_file)
-    plan = loading.plan_load(model, where, parallel=parallel)
+    plan = loading.plan_load(model, where, placed.dtype, parallel=parallel)
     tokenizer = model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
     ids = encode_prompt(tokenizer, prompt, chat)

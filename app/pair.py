@@ -22,7 +22,7 @@ class GatePair:
     target: str | Model  # a checkpoint's ref, or one opened already (sources/model.open_files)
     draft: str | Model | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
-    cpu_block: int | None = None  # the demo drafter's block on a CPU (a verify step: a weight pass per 4 rows)
+    tile_block: bool = False  # the demo drafter's: on a CPU, its block fills a product tile (convert/demo.py)
 
 
 def gate_pair(
@@ -77,4 +77,4 @@ def demo_pair(name: str | None, draft: str | None, mtp: bool, progress: Progress
     chosen = drafter(name)
     progress.stage(f"setting up the demo pair (SmolLM2-135M-Instruct, {chosen.describe})")
     target, draft = demo_files(name)
-    return GatePair(target, draft, cpu_block=chosen.cpu_block)
+    return GatePair(target, draft, tile_block=chosen.tile_block)

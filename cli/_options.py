@@ -49,6 +49,13 @@ ThreadsOpt = Annotated[
         help="CPU threads for the runtime (default: OMP_NUM_THREADS, else the cores idle now: a thread on a busy core stalls every op).",
     ),
 ]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="What the model runs in: bfloat16 or float32 (default: bfloat16 on a GPU and on a CPU with native bf16 products, else float32; float32 on a CPU gives transformers' float32 bits).",
+    ),
+]
 TpOpt = Annotated[
     int,
     typer.Option(

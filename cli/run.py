@@ -17,6 +17,7 @@ from specpair.cli._options import (
     DeviceOpt,
     DraftBitsOpt,
     DraftGgufFileOpt,
+    DtypeOpt,
     GgufFileOpt,
     GraphsOpt,
     JsonOpt,
@@ -127,6 +128,7 @@ def run(
     chat: ChatOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    dtype: DtypeOpt = None,
     tp: TpOpt = 1,
     gguf_file: GgufFileOpt = None,
     mtp: MtpOpt = False,
@@ -171,6 +173,7 @@ def run(
             chat=chat,
             device=device,
             threads=threads,
+            dtype=dtype,
             gguf_file=gguf_file,
             draft_gguf_file=draft_gguf_file,
             block_size=block_size,
@@ -189,7 +192,7 @@ def run(
     if prompts is not None or profile is not None:
         raise BadInput("--prompts" if prompts is not None else "--profile", "needs a drafter: give DRAFT or --mtp")
     text = read_prompt(prompt, prompt_file)
-    _generate(out, target, text, max_tokens or MAX_TOKENS, sampling, chat, device, threads, gguf_file, graphs)
+    _generate(out, target, text, max_tokens or MAX_TOKENS, sampling, chat, device, threads, dtype, gguf_file, graphs)
 
 
 def _gate_prompts(
@@ -210,7 +213,7 @@ def _gate_prompts(
 
 
 def _generate(
-    out: Output, target: str, prompt: str, max_tokens: int, sampling, chat, device, threads, gguf_file, graphs
+    out: Output, target: str, prompt: str, max_tokens: int, sampling, chat, device, threads, dtype, gguf_file, graphs
 ) -> None:
     from specpair.app.generation import generate_text
 
@@ -226,6 +229,7 @@ def _generate(
         chat=chat,
         device=device,
         threads=threads,
+        dtype=dtype,
         gguf_file=gguf_file,
         graphs=graphs,
         on_text=None if out.json else write,

@@ -36,14 +36,14 @@ class DemoDrafter:
     describe: str  # what the gate's first stage line calls it
     path: str  # shipped with specpair: its directory; converted: its file name in cache_directory()
     layout: str | None = None  # the target converted to this layout is the drafter; None: shipped
-    cpu_block: int | None = None  # tokens verified per round on a CPU (None: the drafter's block size)
+    # on a CPU, verify per round as many tokens as fill one product tile for the gate's concurrent sequences (at
+    # least 2) instead of the drafter's block size: a verify step then costs one weight pass, as a decode step does
+    tile_block: bool = False
 
 
 DRAFTERS = {
-    # on a CPU a verify step streams the weights once per tile of 4 rows (cpu_rows.py): solo, blocks 2 and 3 tie
-    # (predicted 1.22× and 1.24×, benchmarks/results/demo_dflash.md; 0.98× at 4, 0.69× at 8), and 4 concurrent
-    # sequences verify 8 rows (2 tiles) at block 2 against 12 (3 tiles) at block 3: block 2
-    "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, cpu_block=2),
+    # block 4 in bf16 (tiles of 16 rows), 2 in float32 (tiles of 4): benchmarks/results/demo_dflash.md
+    "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, tile_block=True),
     "draft-model": DemoDrafter("draft model: the target requantized to Q8_0", DRAFT_FILE, DRAFT_LAYOUT),
 }
 DEFAULT = "dflash"

@@ -25,6 +25,7 @@ from specpair.formats import nvfp4
 from specpair.formats.codecs import FLOAT_LAYOUTS
 from specpair.formats.packed import Packed
 from specpair.formats.regions import Region
+from specpair.runtime.blocks import fused_projections
 from specpair.runtime.kernels import linear
 from specpair.runtime.model import Transformer
 from specpair.runtime.models import FAMILIES
@@ -190,14 +191,15 @@ def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Trans
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
         return loaded.pop(name)  # the model holds it now: a weight fused with others is freed once they are
 
-    return Transformer.build(
-        parallel.config(config, model.ref),
-        FAMILIES[config.family].decoder_layer,
-        take,
-        plan.dtype,
-        plan.device,
-        parallel,
-    )
+    with fused_projections():  # a target's weights are never trained in place
+        return Transformer.build(
+            parallel.config(config, model.ref),
+            FAMILIES[config.family].decoder_layer,
+            take,
+            plan.dtype,
+            plan.device,
+            parallel,
+        )
 
 
 def supported(model: Model) -> ModelConfig:

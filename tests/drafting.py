@@ -82,7 +82,7 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
 @contextlib.contextmanager
 def differentiable_kernels() -> Iterator[None]:
     """The runtime's matmul, norms and attention as plain differentiable torch, whole tensors at a time (for
-    training only: for batch invariance the attention reference works row by row and the matmuls a tile of rows at a
+    training only: for batch invariance the attention reference and the matmuls work a fixed tile of rows at a
     time, which makes autograd's graph a node per row or tile; the q/k norm inside rotate_and_store's reference too)."""
     swaps = [
         (linear, "matmul", _matmul),

@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures import build_dflash, save, tiny_model
 from jsonschema import Draft202012Validator
 
 from specpair.runtime.generate import generate
+from specpair.runtime.kernels.cpu_rows import native_bf16
 from specpair.runtime.loading import load, plan_load
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -43,8 +45,10 @@ def test_json_document_holds_the_generation(target):
     Draft202012Validator(schema).validate(report)
     model = open_model(str(target))
     tokenizer = model.tokenizer()
+    served = getattr(torch, report["dtype"])  # bfloat16 on a CPU with native bf16 products, else float32
+    assert served == (torch.bfloat16 if native_bf16() else torch.float32)
     (expected,), _ = generate(
-        load(plan_load(model, "cpu")), [tokenizer.encode(prompt)], 5, Sampling(), tokenizer.stop_ids
+        load(plan_load(model, "cpu", served)), [tokenizer.encode(prompt)], 5, Sampling(), tokenizer.stop_ids
     )
     assert report["schema"] == "specpair.run/1"
     assert report["tokens"] == expected.tokens
@@ -54,9 +58,37 @@ def test_json_document_holds_the_generation(target):
         "tokens": len(tokenizer.encode(prompt)),
         "chat": False,
     }
-    assert report["device"] == "cpu" and report["dtype"] == "float32"
+    assert report["device"] == "cpu"
     assert report["target"]["revision"] is None and report["target"]["family"] == "qwen3_5"
     assert report["tokens_per_s"] > 0 and set(report["seconds"]) == {"load", "prefill", "decode"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dtype_asked_is_the_dtype_run(target, dtype):
+    """--dtype float32 on any CPU gives the float32 runtime's tokens (transformers' bits), bfloat16 the bf16 one's."""
+    prompt = "Hello there"
+    done = run(
+        str(target), "--prompt", prompt, "--max-tokens", "5", "--device", "cpu", "--json", "--no-chat", "--dtype", dtype
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["dtype"] == dtype
+    model = open_model(str(target))
+    tokenizer = model.tokenizer()
+    (expected,), _ = generate(
+        load(plan_load(model, "cpu", getattr(torch, dtype))),
+        [tokenizer.encode(prompt)],
+        5,
+        Sampling(),
+        tokenizer.stop_ids,
+    )
+    assert report["tokens"] == expected.tokens
+
+
+def test_a_dtype_the_runtime_does_not_serve_is_one_line(target):
+    done = run(str(target), "--prompt", "Hi", "--device", "cpu", "--dtype", "float16")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == "error: --dtype: 'float16' is not one of bfloat16, float32"
 
 
 def test_text_streams_to_stdout_and_speed_to_stderr(target, tmp_path):

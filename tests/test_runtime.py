@@ -19,7 +19,7 @@ from specpair.errors import BadInput
 from specpair.runtime.blocks import Projections
 from specpair.runtime.generate import generate, prefill
 from specpair.runtime.kernels import linear
-from specpair.runtime.kernels.cpu_rows import PROMPT_TILE_ROWS, TILE_ROWS, tile_rows
+from specpair.runtime.kernels.cpu_rows import PRODUCTS, tile_rows
 from specpair.runtime.loading import load, plan_load
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -284,10 +284,11 @@ def test_a_prefill_takes_prompt_tiles_and_the_steps_after_it_generated_ones(chec
     cache = model.new_cache(2, 16)
     observed = []
     prefill(model, cache, [[1, 2, 3], [4, 5]], observe=lambda c: observed.append(tile_rows()))
-    assert seen and {t for _, t in seen} == {PROMPT_TILE_ROWS} and observed == [PROMPT_TILE_ROWS]
+    prompt, generated = PRODUCTS[torch.float32].prompt, PRODUCTS[torch.float32].generated
+    assert seen and {t for _, t in seen} == {prompt} and observed == [prompt]
     seen.clear()
     model.forward(torch.tensor([[6], [7]]), torch.tensor([[3], [2]]), cache)
-    assert seen and {t for _, t in seen} == {TILE_ROWS}
+    assert seen and {t for _, t in seen} == {generated}
 
 
 def test_generation_alone_and_in_a_batch_pick_the_same_tokens(checkpoints):

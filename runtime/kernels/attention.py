@@ -14,15 +14,19 @@ into splits of SPLIT positions, also at absolute positions, whose count depends 
 merges each row's own splits in order. Rows of a call are grouped (t, query head of one KV head) into tiles of
 BLOCK_M, a fixed size. Cache entries between a sequence's smallest kv_start and largest kv_end in one call are
 read (and multiplied by zero where masked), so they must be finite: written entries, or zeros.
-The GPU path rounds the probabilities to the cache dtype for the product with V, as transformers' eager
-attention and flash attention do; the reference keeps them in float32.
+Both paths round the probabilities to the cache dtype for the product with V, as transformers' eager attention and
+flash attention do (the CPU's through torch's fused CPU attention); the CPU reads whole spans of SPAN positions
+around the ranges (attention_reference), which must be finite likewise: the runtime's cache holds zeros past
+every commit.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn import functional
 
+from specpair.runtime.kernels.cpu_rows import tile_rows
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     dot,
@@ -38,6 +42,7 @@ BLOCK_M = 16  # query rows per tile
 BLOCK_N = 64  # cache positions per block
 SPLIT = 1024  # cache positions per split: the merge reads only the splits a row's range touches
 SCRATCH_BYTES = 1 << 28  # float32 partials of one launch; longer calls go in chunks of query rows
+SPAN = 64  # the CPU reference's cache positions per span: its products' lengths are multiples of it
 
 
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float) -> Tensor:
@@ -49,25 +54,54 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_
 def attention_reference(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float
 ) -> Tensor:
+    """The CPU's attention (torch's fused CPU attention, masked), over spans of the cache at absolute positions, as
+    the Triton kernel's blocks are: a row's span runs from its kv_start rounded down to a multiple of SPAN to its
+    kv_end rounded up, so the shapes it goes through and the place of each of its keys follow from its own range
+    alone. A sequence's rows go in tiles of a fixed number of query rows (their role's: cpu_rows.tile_rows),
+    zero-padded, the rows of a tile sharing a span (a verify block's, a drafted block's, a prompt's within SPAN);
+    the tiles of one span, of every sequence, go in one call, where each tile is an item of its batch, computed
+    alone. Each row is masked to its own range: entries of the span outside it get probability 0 and add nothing,
+    but are read, so they must be finite (the runtime's cache is: zeros past every commit); a span past the
+    cache's end is read from a zero-padded copy."""
     batch, tokens, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    group = q_heads // kv_heads
-    queries = q.float().reshape(batch, tokens, kv_heads, group, head_dim)
-    out = torch.zeros(batch, tokens, kv_heads, group, head_dim, dtype=torch.float32)
+    cache_len = k_cache.shape[1]
+    per_tile = tile_rows()
+    out = torch.zeros(batch, tokens, q_heads, head_dim, dtype=q.dtype)
     starts, ends = kv_start.tolist(), kv_end.tolist()  # one read of the ranges, not two per row
+    tiles: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # span -> (sequence, its rows) per tile
     for b in range(batch):
+        rows: dict[tuple[int, int], list[int]] = {}
         for t in range(tokens):
             start, end = starts[b][t], ends[b][t]
-            if end <= start:
-                continue
-            # one batched product over the KV heads: its shape [kv_heads, group, L] depends on the model and this
-            # row's range alone, and the cache slices are copied, so neither depends on which cache tensor (or
-            # batch) holds them, nor on the other rows of the step; the output goes straight to the row's place
-            keys = k_cache[b, start:end].float().permute(1, 2, 0).contiguous()  # [kv_heads, head_dim, L]
-            values = v_cache[b, start:end].float().transpose(0, 1).contiguous()  # [kv_heads, L, head_dim]
-            probs = torch.softmax(torch.bmm(queries[b, t], keys) * scale, dim=-1)
-            torch.bmm(probs, values, out=out[b, t])
-    return out.reshape(batch, tokens, q_heads, head_dim).to(q.dtype)
+            if end > start:
+                rows.setdefault((start // SPAN * SPAN, -(-end // SPAN) * SPAN), []).append(t)
+        for span, ts in rows.items():
+            tiles.setdefault(span, []).extend((b, ts[i : i + per_tile]) for i in range(0, len(ts), per_tile))
+    for (first, last), items in tiles.items():
+        sequences = [b for b, _ in items]
+        if sequences == list(range(sequences[0], sequences[-1] + 1)):  # a tile a sequence: views, no copies
+            sequences = slice(sequences[0], sequences[-1] + 1)
+        keys, values = k_cache[sequences, first:last], v_cache[sequences, first:last]  # [tiles, span, Hkv, D]
+        if last > cache_len:
+            keys, values = (functional.pad(c, (0, 0, 0, 0, 0, last - cache_len)) for c in (keys, values))
+        queries = torch.zeros(len(items), per_tile, q_heads, head_dim, dtype=q.dtype)
+        outside = torch.full((len(items), per_tile, last - first), float("-inf"), dtype=q.dtype)  # added to scores
+        for i, (b, ts) in enumerate(items):
+            queries[i, : len(ts)] = q[b, ts[0] : ts[-1] + 1] if ts[-1] - ts[0] == len(ts) - 1 else q[b, ts]
+            outside[i, len(ts) :] = 0.0  # padding rows: a finite softmax, never read
+            for slot, t in enumerate(ts):
+                outside[i, slot, starts[b][t] - first : ends[b][t] - first] = 0.0
+        attended = functional.scaled_dot_product_attention(
+            queries.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=outside[:, None],
+            scale=scale,
+            enable_gqa=True,
+        ).transpose(1, 2)  # [tiles, per_tile, Hq, D]
+        for i, (b, ts) in enumerate(items):
+            out[b, ts] = attended[i, : len(ts)]
+    return out
 
 
 def attention_triton(

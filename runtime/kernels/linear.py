@@ -142,19 +142,20 @@ def matmul_experts(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
     return matmul_experts_reference(x, w, expert_ids)
 
 
-def _float_weight(w: Tensor | Packed) -> Tensor:
-    return w.dequantize() if isinstance(w, Packed) else w.float()
+def _product_weight(w: Tensor | Packed) -> Tensor:
+    """A CPU product's weight: a packed one decoded (float32, exact), a tensor as held (its dtype picks the product)."""
+    return w.dequantize() if isinstance(w, Packed) else w
 
 
 def matmul_reference(x: Tensor, w: Tensor | Packed) -> Tensor:
-    return rows_mm(x, _float_weight(w).T).to(x.dtype)
+    return rows_mm(x, _product_weight(w).T).to(x.dtype)
 
 
 def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
     out = torch.empty(*expert_ids.shape, w.shape[1], dtype=x.dtype)
     for e in expert_ids.unique().tolist():  # an expert's tokens in tiles: a row's bits are its own (cpu_rows.py)
         tokens, slots = (expert_ids == e).nonzero(as_tuple=True)
-        weight = _float_weight(w.expert(e) if isinstance(w, Packed) else w[e])
+        weight = _product_weight(w.expert(e) if isinstance(w, Packed) else w[e])
         out[tokens, slots] = rows_mm(x[tokens], weight.T).to(x.dtype)
     return out
 

@@ -67,7 +67,12 @@ def test_attention(kind: str, split: int, monkeypatch: pytest.MonkeyPatch) -> No
         got = fn(q, k, v, start, end, scale)
         assert not got.isnan().any(), name
         assert ((got.double() - want).abs() <= 1e-5).all(), name
-        for b, t in ((0, 0), (2, TOKENS - 1), (1, 2)):  # a query alone (decode) vs in its verify block and batch
+        # a query alone (decode) vs in its verify block and batch: every one for the reference, whose rows share
+        # products where their spans are the same; three for the (interpreted) kernel
+        picks = (
+            [(b, t) for b in range(BATCH) for t in range(TOKENS)] if name == "reference" else [(0, 0), (2, 4), (1, 2)]
+        )
+        for b, t in picks:
             alone = fn(
                 q[b : b + 1, t : t + 1].clone(),
                 k[b : b + 1].clone(),
@@ -99,18 +104,24 @@ def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
 
 
 def test_cache_outside_the_ranges_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NaN before each sequence's smallest kv_start and from its largest kv_end on: the same bits."""
+    """NaN before each sequence's smallest kv_start and from its largest kv_end on (the kernel), or outside the
+    spans of SPAN positions those fall in (the reference, whose products read whole spans): the same bits."""
     monkeypatch.setattr(attention, "SPLIT", 128)
     k, v = cache(32, torch.float32)
     q = torch.randn(BATCH, TOKENS, Q_HEADS, 32)
     start, end = ranges("window")
-    clean = {name: fn(q, k, v, start, end, 0.2) for name, fn in FUNCTIONS.items()}
-    for b in range(BATCH):
-        for c in (k, v):
-            c[b, : int(start[b].min())] = float("nan")
-            c[b, int(end[b].max()) :] = float("nan")
+    span = attention.SPAN
     for name, fn in FUNCTIONS.items():
-        assert torch.equal(fn(q, k, v, start, end, 0.2), clean[name]), name
+        clean = fn(q, k, v, start, end, 0.2)
+        poisoned_k, poisoned_v = k.clone(), v.clone()
+        for b in range(BATCH):
+            low, high = int(start[b].min()), int(end[b].max())
+            if name == "reference":
+                low, high = low // span * span, -(-high // span) * span
+            for c in (poisoned_k, poisoned_v):
+                c[b, :low] = float("nan")
+                c[b, high:] = float("nan")
+        assert torch.equal(fn(q, poisoned_k, poisoned_v, start, end, 0.2), clean), name
 
 
 def test_query_rows_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
