@@ -145,7 +145,7 @@ def run(
     """Generate text from TARGET with specpair's runtime, streamed as it comes, then the speed. With DRAFT, --mtp or
     --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts),
     greedy and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
-    from specpair.app.device import start_ranks
+    from specpair.app.device import on_cpu, start_ranks
     from specpair.app.prompts import read_prompt
     from specpair.errors import BadInput
 
@@ -155,7 +155,6 @@ def run(
     out = Output(json_output, quiet)
     sampling = (temperature, top_k, top_p, seed)
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
-        from specpair.app.device import on_cpu
         from specpair.app.gate import run_gate
         from specpair.app.profile import write_profile
 

