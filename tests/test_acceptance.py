@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specpair.runtime import acceptance
-from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, keyed_sample, uniform
+from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, keyed_choice, keyed_sample, uniform
 
 DRAWS = 20_000
 VOCAB = 5
@@ -153,3 +153,34 @@ def test_keyed_draws_depend_on_seed_position_and_token_alone():
     assert not torch.equal(sampling.choose(many, at + 1), sampling.choose(many, at))
     u = uniform(0, 0, torch.arange(100_000), torch.zeros(1, dtype=torch.int64))[:, 0]
     assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.005
+
+
+def test_the_top_hash_is_a_uniform_below_one_and_finite_noise():
+    """Seed 0, position 2, token 4603156 hash to 0xffffff1b: 24 bits of it made (2^24 - 1/2) / 2^24, which float32
+    rounds to 1.0, whose Gumbel noise is +inf (that token then won any draw it was allowed in)."""
+    u = uniform(0, 0, torch.tensor([2]), torch.tensor([4603156]))
+    assert float(u) == 1 - 2.0**-24
+    assert torch.isfinite(gumbel(0, 0, torch.tensor([2]), 4603157)).all()
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(0.7, seed=1), Sampling(1.0, 40, 0.95, seed=2), Sampling(1.5, seed=3), Sampling(0.05, 5, seed=4)],
+    ids=["t0.7", "topk-topp", "t1.5", "t0.05-topk5"],
+)
+def test_keyed_choice_is_the_draw_from_every_tokens_noise(sampling: Sampling):
+    """On the CPU keyed_choice makes noise only for the tokens that can win; its token is the one keyed_sample draws
+    with every token's noise: over bf16 logits (ties common), rows with one token left, and rows of other spreads."""
+    generator = torch.Generator().manual_seed(5)
+    logits = (torch.randn(64, 4096, generator=generator) * torch.linspace(0.5, 12, 64)[:, None]).bfloat16().float()
+    logits[0, :] = 0.0  # every token tied
+    logits[1, 7] = 1e4  # one token left after top-k / top-p, or all but one near zero
+    positions = torch.randint(0, 1 << 20, (64,), generator=generator)
+    probs = sampling.probabilities(logits)
+    every = keyed_sample(probs, gumbel(sampling.seed, TOKEN_STREAM, positions, logits.shape[-1]))
+    assert torch.equal(keyed_choice(probs, sampling.seed, TOKEN_STREAM, positions), every)
+    assert torch.equal(sampling.choose(logits, positions), every)
+    # [B, k] rows as the verify step has them
+    assert torch.equal(
+        keyed_choice(probs.reshape(8, 8, -1), sampling.seed, TOKEN_STREAM, positions.reshape(8, 8)), every.reshape(8, 8)
+    )

@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from specpair.runtime.sampling import Sampling, gumbel, keyed_sample, uniform
+from specpair.runtime.sampling import Sampling, keyed_choice, keyed_sample, uniform
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Drafting:
         if not self.sampled:
             return Proposal(logits.argmax(dim=-1))
         probs = self.sampling.probabilities(logits)
-        tokens = keyed_sample(probs, gumbel(self.sampling.seed, self.stream, positions, logits.shape[-1]))
+        tokens = keyed_choice(probs, self.sampling.seed, self.stream, positions)
         ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(probs)
         return Proposal(tokens, ids, probs)
 
