@@ -87,7 +87,8 @@ def plan_load(
     parallel: Parallel = SINGLE,
 ) -> LoadPlan:
     """What loading `model` on `device` takes; BadInput naming what is missing where the runtime cannot run it.
-    dtype: bfloat16 on CUDA, float32 on CPU by default; packed: on CUDA by default. Under tensor parallelism a
+    dtype: bfloat16 on CUDA, float32 on CPU by default (transformers' float32 bits: what a run serves in is the app's
+    choice, app/device.place_runtime); packed: on CUDA by default. Under tensor parallelism a
     weight whose region this rank cannot read alone is read whole, decoded and cut, and not kept packed
     (`read_whole`: exact either way, so a split that cuts a quantization block costs bytes, not a refusal; uneven
     KV-group splits make such cuts common on small models)."""
