@@ -53,7 +53,8 @@ _prompt_rows = contextvars.ContextVar("prompt_rows", default=False)
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo); none elsewhere."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux: no flags read, no native bf16 assumed
@@ -66,7 +67,7 @@ def _cpu_flags() -> frozenset[str]:
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16), where oneDNN's bf16 products stream
     half the bytes of float32 at no more instructions; elsewhere torch emulates them, slower than float32."""
-    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags()) and torch.backends.mkldnn.is_available()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) and torch.backends.mkldnn.is_available()
 
 
 @contextlib.contextmanager
