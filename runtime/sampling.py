@@ -66,7 +66,8 @@ def keyed_choice(probs: Tensor, seed: int, stream: int, positions: Tensor) -> Te
         return keyed_sample(probs, gumbel(seed, stream, positions, width))
     logp = probs.reshape(-1, width).log()  # -inf where p = 0: never a candidate
     row, ids = (logp >= logp.max(dim=-1, keepdim=True).values - REACH).nonzero(as_tuple=True)
-    noise = -torch.log(-torch.log(uniform(seed, stream, positions.reshape(-1)[row], ids[:, None])[:, 0]))
+    at = positions.expand(probs.shape[:-1]).reshape(-1)[row]  # gumbel broadcasts positions against the rows too
+    noise = -torch.log(-torch.log(uniform(seed, stream, at, ids[:, None])[:, 0]))
     scores = logp[row, ids] + noise
     rows = logp.shape[0]
     best = torch.full((rows,), float("-inf")).scatter_reduce(0, row, scores, "amax")
