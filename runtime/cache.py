@@ -131,6 +131,17 @@ class Cache:
         ]
         return sum(t.nbytes for t in buffers)
 
+    def reorder(self, order: Tensor) -> None:
+        """Row b of every buffer becomes what row order[b] holds, between steps (the speculative loop puts its
+        finished sequences behind its live ones, which then run as a prefix of the batch: a step over B rows reads
+        and writes rows 0..B-1)."""
+        if self.open is not None:
+            raise RuntimeError("reorder() between steps: decide the open verify step first")
+        self.kv.copy_(self.kv[:, :, order])
+        for buffers in (self.conv, self.state, self.snapshot):
+            for buffer in buffers.values():
+                buffer.copy_(buffer[order])
+
     # -------------------------------------------------------------------------------------- used by a step
 
     def begin(self, positions: Tensor, verify: bool) -> Pending | None:

@@ -171,27 +171,33 @@ def speculative_generate(
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
-    while not all(r.finished for r in results):
+    # slots[i]: the sequence in batch row i. Without graphs, finished sequences leave the rounds: moved behind the
+    # live ones (cache and drafter rows with them), which run as a prefix of the batch; a round's cost then follows
+    # the sequences still generating, not the batch it started with. A graphed verify step keeps its batch.
+    slots, live_rows = list(range(batch)), batch
+    while live_rows:
         clock.mark("draft")
+        step_anchors, step_positions = anchors[:live_rows], positions[:live_rows]
         if drafts:
-            proposal = drafter.propose(anchors, positions, drafts, drafting)
+            proposal = drafter.propose(step_anchors, step_positions, drafts, drafting)
             proposed = proposal.tokens
         else:
-            proposal, proposed = None, anchors[:, None][:, :0]
+            proposal, proposed = None, step_anchors[:, None][:, :0]
 
         clock.mark("verify")
-        tokens = torch.cat((anchors[:, None], proposed), dim=1)
-        rows = positions[:, None] + offsets
+        tokens = torch.cat((step_anchors[:, None], proposed), dim=1)
+        rows = step_positions[:, None] + offsets
         out = verify(tokens, rows)
         accepted, following = _verify(out.logits, proposed, proposal, rows, sampling, rule)
         read = torch.cat((accepted[:, None], following[:, None], proposed), dim=1).tolist()  # the round's one read
         kept = []
-        for b, r in enumerate(results):
+        for row, b in enumerate(slots[:live_rows]):
+            r = results[b]
             if r.finished:
                 kept.append(0)
                 continue
-            count, after_drafts = read[b][0], read[b][1]
-            emitted = read[b][2 : 2 + count] + [after_drafts]
+            count, after_drafts = read[row][0], read[row][1]
+            emitted = read[row][2 : 2 + count] + [after_drafts]
             room = max_tokens - len(r.tokens)
             taken = emitted[:room]
             for i, t in enumerate(taken):
@@ -213,11 +219,22 @@ def speculative_generate(
 
         clock.mark("draft")
         after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
-        after[torch.arange(batch, device=device), accepted] = following
+        after[torch.arange(live_rows, device=device), accepted] = following
         drafter.observe(Committed(tokens, rows, after, kept_t, out.taps, out.hidden))
-        live = on_device([not r.finished for r in results], device).bool()  # the finished keep their place
-        anchors = torch.where(live, following, anchors)
-        positions = torch.where(live, positions + kept_t, positions)
+        finished = [results[b].finished for b in slots[:live_rows]]
+        live = on_device([not f for f in finished], device).bool()
+        anchors[:live_rows] = torch.where(live, following, step_anchors)
+        positions[:live_rows] = torch.where(live, step_positions + kept_t, step_positions)
+        if graphs:
+            live_rows = 0 if all(finished) else live_rows
+        elif any(finished):
+            order = [i for i in range(live_rows) if not finished[i]] + [i for i in range(live_rows) if finished[i]]
+            order += list(range(live_rows, batch))
+            moved = torch.tensor(order, device=device)
+            cache.reorder(moved)
+            drafter.reorder(moved)
+            anchors, positions, slots = anchors[moved], positions[moved], [slots[i] for i in order]
+            live_rows -= sum(finished)
     clock.mark("end")
     spent = clock.totals()
     timing.draft_s, timing.verify_s = spent.get("draft", 0.0), spent.get("verify", 0.0)

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from specpair.convert import converter as conv
 from specpair.runtime import acceptance
+from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
@@ -219,6 +220,29 @@ def test_rounds_at_the_end_of_max_tokens_and_at_stop_ids(workshop):
     out, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, [stop], block_size=4)
     assert [r.tokens for r in out] == [r.tokens for r in undrafted]
     assert [r.stopped for r in out] == [r.stopped for r in undrafted] and out[1].stopped
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_finished_sequences_leave_the_rounds_and_the_rest_stay_exact(workshop, kind, monkeypatch):
+    """A sequence that stops early is moved behind the live ones (cache and drafter rows with it), and the rounds
+    after run the live ones alone: each sequence's tokens are still the undrafted run's, and fewer rows run."""
+    family = "qwen3_5" if kind == "mtp" else "llama"
+    s = workshop.setup(family)
+    drafter = workshop.load(family, kind)
+    stop = s.reference[0][3]  # the first prompt stops early; the others run on
+    undrafted, _ = generate(s.target, s.prompts, TOKENS, GREEDY, [stop])
+    orders, widths, forward = [], [], s.target.forward
+    monkeypatch.setattr(
+        Cache, "reorder", lambda cache, order, real=Cache.reorder: orders.append(order.tolist()) or real(cache, order)
+    )
+    monkeypatch.setattr(
+        s.target, "forward", lambda tokens, *a, **k: widths.append(tokens.shape[0]) or forward(tokens, *a, **k)
+    )
+    out, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, [stop], block_size=4)
+    assert [r.tokens for r in out] == [r.tokens for r in undrafted]
+    assert out[0].stopped and len(out[0].tokens) < len(out[1].tokens)
+    assert orders and all(sorted(o) == list(range(len(s.prompts))) for o in orders)  # rows moved, none lost
+    assert widths[-1] < len(s.prompts)  # the last rounds ran fewer rows than the batch
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2", "eagle3", "mtp", "draft_model"])

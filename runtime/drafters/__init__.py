@@ -5,6 +5,7 @@ Every drafter speaks the same three calls to the speculative loop (runtime/specu
     drafter.start(batch, context, graphs)   # preallocate its caches; graphs: capture its fixed-shape steps
     drafter.observe(committed)              # after every target step: the rows the target kept, with their features
     drafter.propose(anchors, positions, drafts, drafting) -> Proposal
+    drafter.reorder(order)                  # between rounds: sequence rows moved (the finished behind the live)
 
 Positions are the target's. The anchor of sequence b is the last token chosen and not yet run through the
 target, at `positions[b]`; a proposal is `drafts` tokens for positions[b] + 1 .. positions[b] + drafts.
@@ -94,3 +95,6 @@ class Drafter(Protocol):
     def observe(self, committed: Committed) -> None: ...
 
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal: ...
+
+    def reorder(self, order: Tensor) -> None:
+        """Its per-sequence state's row b becomes row order[b]'s (Cache.reorder), between rounds."""

@@ -75,6 +75,11 @@ class ChainDrafter(ABC):
         self.last_feature[:batch] = torch.where(some, out[index, last], self.last_feature[:batch])
         self.last_logits[:batch] = torch.where(some, logits[index, last], self.last_logits[:batch])
 
+    def reorder(self, order: Tensor) -> None:
+        self.cache.reorder(order)
+        self.last_feature.copy_(self.last_feature[order])
+        self.last_logits.copy_(self.last_logits[order])
+
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
         batch = anchors.shape[0]
         self.round = drafts + 1

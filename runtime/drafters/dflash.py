@@ -208,6 +208,9 @@ class DFlash:
         self.drafting, self.observing = StepGraphs(self._drafted, graphs), StepGraphs(self._context, graphs)
         self.round = 0
 
+    def reorder(self, order: Tensor) -> None:
+        self.cache.reorder(order)
+
     def observe(self, committed: Committed) -> None:
         rows = self.observing if committed.tokens.shape[1] == self.round else self._context  # prefill: as they come
         rows(committed.taps, committed.positions)

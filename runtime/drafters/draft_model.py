@@ -59,6 +59,10 @@ class DraftModel:
         self.ahead = 0
         self.steps = StepGraphs(self._step, graphs)
 
+    def reorder(self, order: Tensor) -> None:
+        self.cache.reorder(order)
+        self.covered.copy_(self.covered[order])
+
     def _step(self, tokens: Tensor, positions: Tensor, logits: bool) -> Tensor | None:
         return self.model.forward(tokens, positions, self.cache, logits=logits).logits
 
