@@ -223,8 +223,8 @@ def speculative_generate(
         drafter.observe(Committed(tokens, rows, after, kept_t, out.taps, out.hidden))
         finished = [results[b].finished for b in slots[:live_rows]]
         live = on_device([not f for f in finished], device).bool()
-        anchors[:live_rows] = torch.where(live, following, step_anchors)
-        positions[:live_rows] = torch.where(live, step_positions + kept_t, step_positions)
+        anchors = torch.cat((torch.where(live, following, step_anchors), anchors[live_rows:]))
+        positions = torch.cat((torch.where(live, step_positions + kept_t, step_positions), positions[live_rows:]))
         if graphs:
             live_rows = 0 if all(finished) else live_rows
         elif any(finished):
