@@ -59,8 +59,9 @@ def keyed_sample(probs: Tensor, noise: Tensor) -> Tensor:
 def keyed_choice(probs: Tensor, seed: int, stream: int, positions: Tensor) -> Tensor:
     """keyed_sample(probs, gumbel(seed, stream, positions, V)), the same token. On the CPU the noise is made only for
     the tokens that can win: one whose log p is more than REACH below its row's largest cannot, since noise spans
-    less than REACH (a row of 49,152 tokens at temperature 0.7 keeps a few hundred; top-k 40, at most its ties).
-    On CUDA every token's, in fixed shapes (CUDA graphs)."""
+    less than REACH (SmolLM2's rows of 49,152 tokens on the built-in prompts keep a median of 2,000-3,300 at
+    temperature 0.7 and 18,000-27,000 at 1.0; top-k 40, at most its ties). On CUDA every token's, in fixed shapes
+    (CUDA graphs)."""
     width = probs.shape[-1]
     if probs.is_cuda:
         return keyed_sample(probs, gumbel(seed, stream, positions, width))

@@ -87,7 +87,7 @@ def attention_reference(
         queries = torch.zeros(len(items), per_tile, q_heads, head_dim, dtype=q.dtype)
         outside = torch.full((len(items), per_tile, last - first), float("-inf"), dtype=q.dtype)  # added to scores
         for i, (b, ts) in enumerate(items):
-            queries[i, : len(ts)] = q[b, ts[0] : ts[-1] + 1] if ts[-1] - ts[0] == len(ts) - 1 else q[b, ts]
+            queries[i, : len(ts)] = q[b, ts]
             outside[i, len(ts) :] = 0.0  # padding rows: a finite softmax, never read
             for slot, t in enumerate(ts):
                 outside[i, slot, starts[b][t] - first : ends[b][t] - first] = 0.0

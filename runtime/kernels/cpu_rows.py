@@ -66,7 +66,7 @@ def cpu_flags() -> frozenset[str]:
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16), where oneDNN's bf16 products stream
-    half the bytes of float32 at no more instructions; elsewhere torch emulates them, slower than float32."""
+    half the bytes of float32's; elsewhere torch emulates them, slower than float32."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags()) and torch.backends.mkldnn.is_available()
 
 

@@ -124,6 +124,20 @@ def test_cache_outside_the_ranges_is_never_read(monkeypatch: pytest.MonkeyPatch)
         assert torch.equal(fn(q, poisoned_k, poisoned_v, start, end, 0.2), clean), name
 
 
+def test_a_span_past_the_caches_end_gives_the_bits_of_a_longer_cache() -> None:
+    """The reference reads a row's whole span: where it passes the cache's end (a run whose cache is only as long as
+    it needs) it reads a zero-padded copy, and a row has the bits it has in a longer cache (a drafted run's, longer
+    by a block) whose span lies inside."""
+    k, v = cache(32, torch.float32)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, 32)
+    start, end = ranges("causal")
+    short = 70  # sequence 1's rows end at 61..65: spans [0, 64) and [64, 128), the second past 70
+    k[:, short:], v[:, short:] = 0.0, 0.0  # as the runtime's cache holds past what was committed
+    inside = attention.attention_reference(q[:2], k[:2], v[:2], start[:2], end[:2], 0.2)
+    past = attention.attention_reference(q[:2], k[:2, :short].clone(), v[:2, :short].clone(), start[:2], end[:2], 0.2)
+    assert torch.equal(past, inside)
+
+
 def test_query_rows_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scratch budget of one token per launch: launches of one token each give the bits of one launch."""
     monkeypatch.setattr(attention, "SPLIT", 128)
