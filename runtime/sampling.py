@@ -38,11 +38,32 @@ class Sampling:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         if self.top_p < 1.0:
-            ordered, order = torch.sort(scores, dim=-1)  # ascending: the tail to drop comes first
-            tail = torch.softmax(ordered, dim=-1).cumsum(dim=-1) <= 1 - self.top_p
-            tail[..., -1] = False
-            scores = scores.masked_fill(tail.scatter(-1, order, tail), float("-inf"))
+            scores = scores.masked_fill(self._top_p_tail(scores), float("-inf"))
         return torch.softmax(scores, dim=-1)
+
+    def _top_p_tail(self, scores: Tensor) -> Tensor:
+        """Where the tokens outside top-p's set are: those of the lowest scores whose mass stays within 1 - top_p.
+        On the CPU after top-k, a row at a time, only the tokens top-k kept in it are sorted (its ties included),
+        not the whole vocabulary (SmolLM2's 49,152: 0.5 ms a row); a row's sums have its own length whatever the
+        other rows kept, so its bits are its own. On CUDA every row whole, in fixed shapes (CUDA graphs)."""
+        width = scores.shape[-1]
+        if scores.is_cuda or not 0 < self.top_k < width:
+            ordered, order = torch.sort(scores, dim=-1)  # ascending: the tail to drop comes first
+            tail = self._tail_of(ordered)
+            return tail.scatter(-1, order, tail)
+        flat = scores.reshape(-1, width)
+        best = flat.topk(self.top_k, dim=-1)  # a row's k best in descending order: what it kept, but for ties
+        outside = torch.ones_like(flat, dtype=torch.bool)
+        for row, kept in enumerate((flat > float("-inf")).sum(dim=-1).tolist()):
+            top = (best.values[row], best.indices[row]) if kept == self.top_k else flat[row].topk(kept)
+            outside[row, top[1].flip(0)] = self._tail_of(top[0].flip(0))
+        return outside.view(scores.shape)
+
+    def _tail_of(self, ordered: Tensor) -> Tensor:
+        """Over scores in ascending order: those whose mass, with all below them, stays within 1 - top_p."""
+        tail = torch.softmax(ordered, dim=-1).cumsum(dim=-1) <= 1 - self.top_p
+        tail[..., -1] = False
+        return tail
 
     def choose(self, logits: Tensor, positions: Tensor) -> Tensor:
         """The token at each of `positions` [...] from the logits that predict it [..., V] -> [...] int64."""
@@ -65,12 +86,13 @@ def keyed_choice(probs: Tensor, seed: int, stream: int, positions: Tensor) -> Te
     width = probs.shape[-1]
     if probs.is_cuda:
         return keyed_sample(probs, gumbel(seed, stream, positions, width))
-    logp = probs.reshape(-1, width).log()  # -inf where p = 0: never a candidate
-    row, ids = (logp >= logp.max(dim=-1, keepdim=True).values - REACH).nonzero(as_tuple=True)
+    flat = probs.reshape(-1, width)
+    # log p >= log max - REACH, compared as probabilities: no log of every token (a p of 0 is never a candidate)
+    row, ids = (flat >= flat.amax(dim=-1, keepdim=True) * math.exp(-REACH)).nonzero(as_tuple=True)
     at = positions.expand(probs.shape[:-1]).reshape(-1)[row]  # gumbel broadcasts positions against the rows too
     noise = -torch.log(-torch.log(uniform(seed, stream, at, ids[:, None])[:, 0]))
-    scores = logp[row, ids] + noise
-    rows = logp.shape[0]
+    scores = flat[row, ids].log() + noise
+    rows = flat.shape[0]
     best = torch.full((rows,), float("-inf")).scatter_reduce(0, row, scores, "amax")
     won = scores == best[row]
     first = torch.full((rows,), width, dtype=torch.int64).scatter_reduce(0, row[won], ids[won], "amin")  # argmax's tie

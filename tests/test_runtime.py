@@ -279,8 +279,9 @@ def test_a_prefill_takes_prompt_tiles_and_the_steps_after_it_generated_ones(chec
     included; the steps after it are generated rows'."""
     seen: list[tuple[str, int]] = []
     model = runtime(checkpoints["qwen3_5_moe"][1])
-    real = linear.rows_mm
-    monkeypatch.setattr(linear, "rows_mm", lambda a, b: seen.append(("product", tile_rows())) or real(a, b))
+    for name in ("rows_mm", "weight_mm"):  # products of any operand, and of a model's weight
+        real = getattr(linear, name)
+        monkeypatch.setattr(linear, name, lambda a, b, real=real: seen.append(("product", tile_rows())) or real(a, b))
     cache = model.new_cache(2, 16)
     observed = []
     prefill(model, cache, [[1, 2, 3], [4, 5]], observe=lambda c: observed.append(tile_rows()))
@@ -324,6 +325,46 @@ def test_sampling_filters_as_transformers_warpers():
     assert (probs[0] > 0).tolist() == [False, False, False, False, True]  # 3.0 alone holds 0.63 > 0.5
     probs = Sampling(temperature=0.5).probabilities(logits)
     assert torch.allclose(probs, torch.softmax(logits / 0.5, dim=-1))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 40, 300])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_top_p_after_top_k_keeps_what_sorting_the_whole_row_keeps(top_k: int, top_p: float):
+    """On the CPU top-p after top-k sorts only what top-k kept; the set is transformers' (their warpers: top-k, then
+    the whole row sorted for top-p): over rows of several spreads, bf16 ties at the k-th value, a row where
+    every token ties."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    generator = torch.Generator().manual_seed(top_k)
+    logits = (torch.randn(24, 3000, generator=generator) * torch.linspace(0.3, 8, 24)[:, None]).bfloat16().float()
+    logits[0] = 0.0
+    warped = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(top_k)(None, logits.clone()))
+    probs = Sampling(temperature=1.0, top_k=top_k, top_p=top_p).probabilities(logits)
+    kept = warped > float("-inf")
+    # where a token left out ties the lowest one kept, which of the tied ones stay is the sort's order of equal
+    # scores: there the same number of tokens, elsewhere the same tokens
+    lowest = logits.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True)
+    edge = ((logits == lowest) & ~kept).any(dim=-1)
+    assert bool(edge[0]) and int(edge.sum()) < len(edge) // 2
+    assert torch.equal((probs > 0)[~edge], kept[~edge])
+    assert torch.equal((probs > 0).sum(-1), kept.sum(-1))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(0.7), Sampling(1.0, 40, 0.95), Sampling(1.0, 0, 0.9), Sampling(0.8, 3000, 0.95)],
+    ids=["t0.7", "topk-topp", "topp", "wide-topk-topp"],
+)
+def test_a_rows_distribution_is_its_own_in_any_batch(sampling: Sampling):
+    """A row's probabilities have the same bits alone and beside rows that keep more or fewer tokens (flat rows
+    keep every tie of top-k): a verify block's rows and a decode step's row then sample alike."""
+    generator = torch.Generator().manual_seed(2)
+    logits = (torch.randn(12, 3000, generator=generator) * torch.linspace(0.05, 8, 12)[:, None]).bfloat16().float()
+    logits[3] = 0.0
+    together = sampling.probabilities(logits.reshape(3, 4, -1)).reshape(12, -1)
+    for i in range(12):
+        assert torch.equal(sampling.probabilities(logits[i : i + 1])[0], together[i]), i
+        assert torch.equal(sampling.probabilities(logits[[i, 3]])[0], together[i]), i
 
 
 def test_what_the_runtime_cannot_run_is_named(checkpoints, tmp_path):

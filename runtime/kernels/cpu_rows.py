@@ -14,6 +14,13 @@ natively: `native_bf16()`) runs in bf16: oneDNN sums the exact products in float
 bf16, as a GPU's bf16 product is. Any other product runs in float32 on the operands' values (MKL's sgemm): float32
 activations with a bf16 or float16 weight too. Each kind has its row of PRODUCTS.
 
+A model's own weight (`weight_mm`) in bf16 on such a CPU is multiplied through a copy of it reordered once into
+oneDNN's blocked layout (`_reorder_linear_weight`): torch.mm reorders the weight at every call, which costs about
+what the product does (SmolLM2's LM head, 16 rows, 2 threads: 5.8 ms against 3.2). The copy is kept beside the
+weight while the weight lives and is made again if the weight is written in place (its version counter: a drafter
+trained in place). A reordered product is not row-invariant across row counts either (K = 1536 differs in the last
+bit between 11 and 10 rows), so it takes the same fixed tiles.
+
 A tile's row count is set by what its rows are, never by how many there are: generated tokens (decode steps,
 verify blocks, drafters' rounds) take the row's `generated`, prompt tokens (a prefill, entered with
 `prompt_tiles()`) its `prompt`. The weight is streamed once per tile instead of once per row: the cost per tile
@@ -26,7 +33,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +50,8 @@ class Product:
 
 # rows per tile, measured on the 2-core benchmark machine (benchmarks/results/demo_dflash.md; SmolLM2's matmuls, ms a
 # pass at 2 threads). float32: MKL's kernel for 4 columns costs about what one row costs (32 ms), 8 twice that; 32
-# columns 95 ms, 3 against 8 ms a row. bfloat16 (AVX512-BF16): 1 to 16 columns cost one pass alike (29 ms), so a
-# verify block of 16 rows costs a decode step's weight pass; 64 columns 53 ms, 0.8 ms a row
+# columns 95 ms, 3 against 8 ms a row. bfloat16 (AVX512-BF16, reordered weights): 1 or 4 rows 7.4 ms, 16 rows
+# 15.4, 64 rows 47: a tile of 16 lets a verify block of 4 sequences x 4 cost one decode step's products
 PRODUCTS = {
     torch.float32: Product(generated=4, prompt=32),
     torch.bfloat16: Product(generated=16, prompt=64),
@@ -86,18 +94,51 @@ def tile_rows(dtype: torch.dtype = torch.float32) -> int:
     return product.prompt if _prompt_rows.get() else product.generated
 
 
-def rows_mm(a: Tensor, b: Tensor) -> Tensor:
-    """a [M, K] @ b [K, N] -> float32 [M, N] in tiles of the rows' role: in bf16 when both are bf16, else in float32
-    (b may be a transposed view, e.g. W.T)."""
-    dtype = torch.bfloat16 if a.dtype == b.dtype == torch.bfloat16 else torch.float32
+def weight_mm(x: Tensor, w: Tensor) -> Tensor:
+    """x [M, K] @ w.T -> float32 [M, N] for a model's weight w [N, K], in tiles of the rows' role (`rows_mm`); a bf16
+    product on a CPU that multiplies bf16 natively goes through w's reordered copy."""
+    if not (x.dtype == w.dtype == torch.bfloat16 and native_bf16()):
+        return rows_mm(x, w.T)
+    reordered = reordered_weight(w)
+    return _tiled(
+        x,
+        w.shape[0],
+        torch.bfloat16,
+        lambda tile: torch.ops.mkldnn._linear_pointwise(tile, reordered, None, "none", [], ""),
+    )
+
+
+# id(weight) -> (a weak reference to it, its version when reordered, the reordered copy); an entry leaves with its
+# weight (the reference's callback), so an id reused by a later tensor never finds an old copy
+_REORDERED: dict[int, tuple[weakref.ref, int, Tensor]] = {}
+
+
+def reordered_weight(w: Tensor) -> Tensor:
+    """w [N, K] bf16 in oneDNN's blocked layout for tiles of generated rows: one copy while w lives and is unchanged."""
+    key = id(w)
+    weight, version, reordered = _REORDERED.get(key, (None, -1, None))
+    if reordered is not None and weight() is w and version == w._version:
+        return reordered
+    reordered = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PRODUCTS[torch.bfloat16].generated)
+    _REORDERED[key] = (weakref.ref(w, lambda _: _REORDERED.pop(key, None)), w._version, reordered)
+    return reordered
+
+
+def _tiled(a: Tensor, n: int, dtype: torch.dtype, product: Callable[[Tensor], Tensor]) -> Tensor:
+    """product(tile) [rows, n] of each zero-padded tile of a's rows in `dtype`, gathered as float32 [M, n]."""
     rows_per_tile = tile_rows(dtype)
-    w = b.to(dtype).T  # [N, K]: a weight in its own layout when b is W.T
-    out = torch.empty(a.shape[0], w.shape[0], dtype=torch.float32)
-    tile_out = torch.empty(w.shape[0], rows_per_tile, dtype=dtype)
+    out = torch.empty(a.shape[0], n, dtype=torch.float32)
     for start in range(0, a.shape[0], rows_per_tile):
         rows = min(rows_per_tile, a.shape[0] - start)
         tile = torch.zeros(rows_per_tile, a.shape[1], dtype=dtype)
         tile[:rows] = a[start : start + rows]
-        torch.mm(w, tile.T, out=tile_out)
-        out[start : start + rows] = tile_out.T[:rows]
+        out[start : start + rows] = product(tile)[:rows]
     return out
+
+
+def rows_mm(a: Tensor, b: Tensor) -> Tensor:
+    """a [M, K] @ b [K, N] -> float32 [M, N] in tiles of the rows' role: in bf16 when both are bf16, else in float32
+    (b may be a transposed view, e.g. W.T)."""
+    dtype = torch.bfloat16 if a.dtype == b.dtype == torch.bfloat16 else torch.float32
+    w = b.to(dtype).T  # [N, K]: a weight in its own layout when b is W.T
+    return _tiled(a, w.shape[0], dtype, lambda tile: torch.mm(w, tile.T).T)

@@ -63,7 +63,7 @@ from specpair.formats import gguf_planes, nvfp4
 from specpair.formats.codecs import FLOAT_LAYOUTS, codec, nvfp4_read
 from specpair.formats.layouts import layout_of
 from specpair.formats.packed import Packed
-from specpair.runtime.kernels.cpu_rows import rows_mm
+from specpair.runtime.kernels.cpu_rows import rows_mm, weight_mm
 from specpair.runtime.kernels.triton_common import (
     INTERPRETED,
     after_previous_kernel,
@@ -148,7 +148,9 @@ def _product_weight(w: Tensor | Packed) -> Tensor:
 
 
 def matmul_reference(x: Tensor, w: Tensor | Packed) -> Tensor:
-    return rows_mm(x, _product_weight(w).T).to(x.dtype)
+    if isinstance(w, Packed):
+        return rows_mm(x, w.dequantize().T).to(x.dtype)
+    return weight_mm(x, w).to(x.dtype)
 
 
 def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
