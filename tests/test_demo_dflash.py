@@ -318,6 +318,22 @@ def test_a_short_training_lowers_the_loss_and_the_drafter_drafts(tiny, tmp_path)
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 1.5})]).taps == TINY.taps
 
 
+def test_training_goes_on_from_a_written_drafter_of_the_same_recipe(tiny, tmp_path):
+    """--init: the drafter starts as written (its curve's first point below a fresh start's at the same step) and a
+    drafter of other taps is refused, naming its config."""
+    model, target, asked, data = tiny
+    rows = torch.arange(len(asked))
+    fixed = (data, rows, rows, target.embed_tokens, target.lm_head, target.norm.weight)
+    first, _ = tool.train(*fixed, TINY, 0, lambda _: None, 40)
+    where = tool.write_drafter(first, TINY, target, tmp_path / "first")
+    short = replace(TINY, steps=10)
+    _, fresh = tool.train(*fixed, short, 1, lambda _: None, 10)
+    _, resumed = tool.train(*fixed, short, 1, lambda _: None, 10, init=where)
+    assert resumed[0]["loss"] < fresh[0]["loss"] / 2 and resumed[0]["validation_accepted"] > 1.0
+    with pytest.raises(SystemExit, match="config.json: not this recipe's drafter: target_layer_ids"):
+        tool.train(*fixed, replace(short, taps=(1, 2)), 1, lambda _: None, 10, init=where)
+
+
 def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny):
     """Row k of a block anchored at a is the token at a + k: the target's distribution over it is its head over the
     final hidden state at a + k - 1, whose greedy choice is the reply's token there; a drafter trained on a share of

@@ -27,6 +27,9 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
 
+--init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
+weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
+
 --sweep trains each candidate of SWEEP (one choice changed at a time from the first) for SWEEP_STEPS and picks
 the best value of each choice by validation tau, then trains the chosen drafter for STEPS. Seeded: prompts,
 initialisation and anchors come from --seed; on CUDA, deterministic algorithms are asked for (warn only).
@@ -47,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specpair.runtime import loading
@@ -818,6 +821,7 @@ def train(
     span: int = 64,
     reported: Tensor | None = None,
     budget_s: float | None = None,
+    init: Path | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
     curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
@@ -826,8 +830,9 @@ def train(
     to choose), that tau too. With `budget_s`, the schedule's length is fixed after CALIBRATION_STEPS to the steps
     that fit in it at their pace (at most r.steps; the curve's last step says how many: --steps N repeats it). Matrices start as
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
-    target's logit scale). `keep(model)`, if given, is called at every point of the curve (a run cut short
-    leaves its latest drafter)."""
+    target's logit scale); with `init`, a drafter directory of the same recipe (write_drafter's), its weights
+    instead. `keep(model)`, if given, is called at every point of the curve (a run cut short leaves its latest
+    drafter)."""
     device = data.taps.device
     torch.manual_seed(seed)
     model = DFlashModel(embed.shape[1], r).to(device)
@@ -836,6 +841,8 @@ def train(
             nn.init.normal_(p, std=0.02)
     with torch.no_grad():
         model.norm.weight.copy_(final_norm.float())
+        if init is not None:
+            model.load_state_dict({n: t.float() for n, t in initial_weights(init, r).items()})
     deterministic = device.type == "cuda"  # only here: the runtime's own steps are left as they are
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -916,6 +923,24 @@ def evaluate_blocks(
 
 
 # ------------------------------------------------------------------------------------------------ the layout
+
+
+def initial_weights(directory: Path, r: Recipe) -> dict[str, Tensor]:
+    """A written drafter's tensors, to go on training it: its config's block, taps, mask token and shape must be
+    the recipe's (a drafter of other taps reads other hidden states with the same weights' shapes)."""
+    config = json.loads((directory / "config.json").read_text())
+    wanted = {
+        "block_size": r.block_size,
+        "target_layer_ids": list(r.taps),
+        "mask_token_id": r.mask_token_id,
+        "num_hidden_layers": r.layers,
+        "intermediate_size": r.intermediate,
+    }
+    found = {**config["dflash_config"], **config}
+    odd = [f"{k} {found.get(k)} (the recipe's {v})" for k, v in wanted.items() if found.get(k) != v]
+    if odd:
+        raise SystemExit(f"{directory / 'config.json'}: not this recipe's drafter: {', '.join(odd)}")
+    return load_file(str(directory / "model.safetensors"))
 
 
 def config_json(r: Recipe, target: Transformer) -> dict:
@@ -1069,6 +1094,9 @@ def main() -> None:
     parser.add_argument(
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
+    parser.add_argument(
+        "--init", type=Path, default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
+    )
     args = parser.parse_args()
 
     if args.device.startswith("cuda"):
@@ -1195,6 +1223,7 @@ def main() -> None:
         span=args.eval_tokens,
         reported=reported,
         budget_s=args.train_budget_s,
+        init=args.init,
     )
     record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")
