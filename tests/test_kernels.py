@@ -80,6 +80,7 @@ def test_kernels_in_triton_interpreter(checks: Path) -> None:
         ("yes", "SPECPAIR_PDL: is 'yes': give 0 (plain launches), 1 (PDL) or 2 (PDL and weight prefetch)"),
         ("2", "SPECPAIR_PDL: programmatic dependent launch needs a Hopper or later GPU"),
         ("0", "{'PDL': 0}"),
+        ("", "{'PDL': 0}"),  # unset: PDL where it compiles, plain launches here (no GPU)
     ],
 )
 def test_what_specpair_pdl_asks_is_checked_before_a_kernel_launches(asked: str, said: str) -> None:

@@ -1095,7 +1095,7 @@ def main() -> None:
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
     parser.add_argument(
-        "--init", type=Path, default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
+        "--init", default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
     )
     args = parser.parse_args()
 
@@ -1223,7 +1223,7 @@ def main() -> None:
         span=args.eval_tokens,
         reported=reported,
         budget_s=args.train_budget_s,
-        init=args.init,
+        init=Path(args.init) if args.init else None,
     )
     record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")

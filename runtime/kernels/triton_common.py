@@ -32,8 +32,11 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "
 # the GGUF Q8_0 and Q6_K bytes the older kernel realigns; GGUF planes by their code plane), and a MoE router asks
 # for its chosen experts' bytes as soon as it has chosen them (experts.py). A decode step is ~900 short
 # kernels whose fixed costs, not their bytes, set its time (benchmarks/results/step_profile.md);
-# benchmarks/pdl_gpu.py measures each mode against plain launches. Off until measured (SPECPAIR_PDL=1 or 2 at
-# start, or `use_pdl`); it cannot compile for a GPU before Hopper.
+# benchmarks/pdl_gpu.py measures each mode against plain launches (results/pdl_gpu.md, H200, CUDA graphs, the same
+# logits in every mode): PDL 0.90-0.98x plain launches' step time on Qwen3-8B and Qwen3.6-35B-A3B (BF16, NVFP4) at
+# 1-16 tokens; the prefetch 0.93-1.54x, slower than PDL alone everywhere. So PDL (mode 1) is the default where it
+# compiles (a Hopper or later GPU, compiled Triton 3.5 or later), plain launches elsewhere; SPECPAIR_PDL=0, 1 or 2
+# at start, or `use_pdl`, asks for a mode.
 PDL_MODES = {0: "plain launches", 1: "PDL", 2: "PDL and weight prefetch"}
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -42,11 +45,22 @@ except ImportError:  # no Triton, or one before 3.5
 PDL_AVAILABLE = gdc_wait is not None and not INTERPRETED
 
 
-def _mode_asked() -> int:
-    value = os.environ.get("SPECPAIR_PDL", "").strip() or "0"
+def _mode_asked() -> int | None:
+    """SPECPAIR_PDL's mode; None when it is not set (the default, decided at the first launch)."""
+    value = os.environ.get("SPECPAIR_PDL", "").strip()
+    if not value:
+        return None
     if value not in ("0", "1", "2"):
         raise BadInput("SPECPAIR_PDL", f"is {value!r}: give 0 (plain launches), 1 (PDL) or 2 (PDL and weight prefetch)")
     return int(value)
+
+
+def default_pdl_mode() -> int:
+    """PDL where it compiles (a Hopper or later GPU, compiled Triton 3.5 or later), else plain launches."""
+    import torch
+
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    return 1 if PDL_AVAILABLE and hopper else 0
 
 
 _pdl = {"mode": _mode_asked(), "checked": False}  # checked: use_pdl has accepted the mode for this process
@@ -68,17 +82,20 @@ def use_pdl(mode: int) -> None:
 
 
 def pdl_mode() -> int:
+    if _pdl["mode"] is None:
+        use_pdl(default_pdl_mode())
     return _pdl["mode"]
 
 
 def launch_options() -> dict:
     """Every kernel launch's options: the launch itself, and the kernel's PDL mode (compiled in: its waits).
     SPECPAIR_PDL's mode is checked at the first launch (use_pdl refuses it where it cannot compile)."""
-    if not _pdl["mode"]:
+    mode = pdl_mode()
+    if not mode:
         return {"PDL": 0}
     if not _pdl["checked"]:
-        use_pdl(_pdl["mode"])
-    return {"launch_pdl": True, "PDL": _pdl["mode"]}
+        use_pdl(mode)
+    return {"launch_pdl": True, "PDL": mode}
 
 
 def require_triton(what: str) -> None:

@@ -116,6 +116,8 @@ def test_pdl_launches_change_no_bit(targets, family):
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (9, 5)]
     block = torch.randint(0, model.config.vocab_size, (2, 4), generator=gen).to(DEVICE)
 
+    before = triton_common.pdl_mode()
+
     def run(mode: int) -> tuple[list[list[int]], torch.Tensor]:
         triton_common.use_pdl(mode)
         try:
@@ -126,7 +128,7 @@ def test_pdl_launches_change_no_bit(targets, family):
             rows = torch.tensor([[9], [5]], device=DEVICE) + torch.arange(4, device=DEVICE)
             return [g.tokens for g in out], model.forward(block, rows, cache, verify=True).logits
         finally:
-            triton_common.use_pdl(0)
+            triton_common.use_pdl(before)
 
     plain = run(0)
     for mode in (1, 2):
