@@ -50,8 +50,10 @@ class Product:
 
 # rows per tile, measured on the 2-core benchmark machine (benchmarks/results/demo_dflash.md; SmolLM2's matmuls, ms a
 # pass at 2 threads). float32: MKL's kernel for 4 columns costs about what one row costs (32 ms), 8 twice that; 32
-# columns 95 ms, 3 against 8 ms a row. bfloat16 (AVX512-BF16, reordered weights): 1 or 4 rows 7.4 ms, 16 rows
-# 15.4, 64 rows 47: a tile of 16 lets a verify block of 4 sequences x 4 cost one decode step's products
+# columns 95 ms, 3 against 8 ms a row. bfloat16 (AVX512-BF16, reordered weights): the products of a decode step
+# stream 270 MB in about 21 ms whether a tile holds 1 or 16 rows (a decode step in tiles of 16, 46 ms, costs what
+# products a row at a time do, 47), so a verify block of 4 sequences x 4 costs one decode step's products; 64
+# rows cost about 3 times 16 (weights in cache: 15.4 against 47 ms a pass)
 PRODUCTS = {
     torch.float32: Product(generated=4, prompt=32),
     torch.bfloat16: Product(generated=16, prompt=64),
