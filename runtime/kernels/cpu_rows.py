@@ -99,7 +99,7 @@ def tile_rows(dtype: torch.dtype = torch.float32) -> int:
 def weight_mm(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] @ w.T -> float32 [M, N] for a model's weight w [N, K], in tiles of the rows' role (`rows_mm`); a bf16
     product on a CPU that multiplies bf16 natively goes through w's reordered copy."""
-    if not (x.dtype == w.dtype == torch.bfloat16 and native_bf16()):
+    if not (x.dtype == w.dtype == torch.bfloat16 and reorders_weights()):
         return rows_mm(x, w.T)
     reordered = reordered_weight(w)
     return _tiled(
@@ -108,6 +108,14 @@ def weight_mm(x: Tensor, w: Tensor) -> Tensor:
         torch.bfloat16,
         lambda tile: torch.ops.mkldnn._linear_pointwise(tile, reordered, None, "none", [], ""),
     )
+
+
+@functools.cache
+def reorders_weights() -> bool:
+    """Whether weight_mm multiplies bf16 weights through reordered copies here: a CPU with native bf16 products and a
+    torch whose oneDNN ops for them exist (private ops: a torch without them multiplies as rows_mm does)."""
+    ops = torch.ops.mkldnn
+    return native_bf16() and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
 
 
 # id(weight) -> (a weak reference to it, its version when reordered, the reordered copy); an entry leaves with its
