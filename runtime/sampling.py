@@ -34,28 +34,29 @@ class Sampling:
         """The distribution sampled from, [..., V] float32: softmax(logits / T) restricted to the top-k tokens and
         to the smallest set whose mass reaches top_p (transformers' warpers; at least one token survives)."""
         scores = logits.float() / self.temperature
+        best = None
         if self.top_k and self.top_k < scores.shape[-1]:
-            kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
+            best = torch.topk(scores, self.top_k, dim=-1)
+            scores = scores.masked_fill(scores < best.values[..., -1:], float("-inf"))
         if self.top_p < 1.0:
-            scores = scores.masked_fill(self._top_p_tail(scores), float("-inf"))
+            scores = scores.masked_fill(self._top_p_tail(scores, best), float("-inf"))
         return torch.softmax(scores, dim=-1)
 
-    def _top_p_tail(self, scores: Tensor) -> Tensor:
+    def _top_p_tail(self, scores: Tensor, best: torch.return_types.topk | None) -> Tensor:
         """Where the tokens outside top-p's set are: those of the lowest scores whose mass stays within 1 - top_p.
-        On the CPU after top-k, a row at a time, only the tokens top-k kept in it are sorted (its ties included),
-        not the whole vocabulary (SmolLM2's 49,152: 0.5 ms a row); a row's sums have its own length whatever the
-        other rows kept, so its bits are its own. On CUDA every row whole, in fixed shapes (CUDA graphs)."""
-        width = scores.shape[-1]
-        if scores.is_cuda or not 0 < self.top_k < width:
+        On the CPU after top-k (`best`: its topk, a row's k best in descending order: what the row kept, but for
+        ties), a row at a time, only the tokens top-k kept in it are sorted, not the whole vocabulary (SmolLM2's
+        49,152: 0.5 ms a row); a row's sums have its own length whatever the other rows kept, so its bits are its
+        own. On CUDA every row whole, in fixed shapes (CUDA graphs)."""
+        if scores.is_cuda or best is None:
             ordered, order = torch.sort(scores, dim=-1)  # ascending: the tail to drop comes first
             tail = self._tail_of(ordered)
             return tail.scatter(-1, order, tail)
-        flat = scores.reshape(-1, width)
-        best = flat.topk(self.top_k, dim=-1)  # a row's k best in descending order: what it kept, but for ties
+        flat = scores.reshape(-1, scores.shape[-1])
+        values, indices = best.values.reshape(-1, self.top_k), best.indices.reshape(-1, self.top_k)
         outside = torch.ones_like(flat, dtype=torch.bool)
         for row, kept in enumerate((flat > float("-inf")).sum(dim=-1).tolist()):
-            top = (best.values[row], best.indices[row]) if kept == self.top_k else flat[row].topk(kept)
+            top = (values[row], indices[row]) if kept == self.top_k else flat[row].topk(kept)
             outside[row, top[1].flip(0)] = self._tail_of(top[0].flip(0))
         return outside.view(scores.shape)
 
