@@ -32,6 +32,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from specpair.app.device import DTYPES, place_runtime
 from specpair.app.prompts import BUILTIN_PROMPTS
 from specpair.convert.demo import DFLASH_DIRECTORY, target_path
 from specpair.runtime import loading
@@ -79,10 +80,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
+    parser.add_argument("--dtype", choices=DTYPES, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cpu_rows.native_bf16() else torch.float32)
+    dtype = place_runtime("cpu", args.threads, args.dtype).dtype  # `specpair run`'s choice; its threads set
     configs = ["rows", *args.tiles.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
     print(f"load average before: {os.getloadavg()[0]:.2f}; torch threads {args.threads}; {dtype}", flush=True)

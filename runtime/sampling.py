@@ -91,8 +91,7 @@ def keyed_choice(probs: Tensor, seed: int, stream: int, positions: Tensor) -> Te
     # log p >= log max - REACH, compared as probabilities: no log of every token (a p of 0 is never a candidate)
     row, ids = (flat >= flat.amax(dim=-1, keepdim=True) * math.exp(-REACH)).nonzero(as_tuple=True)
     at = positions.expand(probs.shape[:-1]).reshape(-1)[row]  # gumbel broadcasts positions against the rows too
-    noise = -torch.log(-torch.log(uniform(seed, stream, at, ids[:, None])[:, 0]))
-    scores = flat[row, ids].log() + noise
+    scores = flat[row, ids].log() + gumbel_of(seed, stream, at, ids[:, None])[:, 0]
     rows = flat.shape[0]
     best = torch.full((rows,), float("-inf")).scatter_reduce(0, row, scores, "amax")
     won = scores == best[row]
@@ -102,7 +101,12 @@ def keyed_choice(probs: Tensor, seed: int, stream: int, positions: Tensor) -> Te
 
 def gumbel(seed: int, stream: int, positions: Tensor, width: int) -> Tensor:
     """Gumbel noise [..., width] float32 for token ids 0..width-1 at `positions` [...]."""
-    return -torch.log(-torch.log(uniform(seed, stream, positions, torch.arange(width, device=positions.device))))
+    return gumbel_of(seed, stream, positions, torch.arange(width, device=positions.device))
+
+
+def gumbel_of(seed: int, stream: int, positions: Tensor, ids: Tensor) -> Tensor:
+    """Gumbel noise for token `ids` at `positions`, broadcast as `uniform`'s."""
+    return -torch.log(-torch.log(uniform(seed, stream, positions, ids)))
 
 
 # 23, not 24: every (k + 1/2) / 2^23 is a float32 below 1, where the top value of 24 bits, 1 - 2^-25, rounds to 1.0,
