@@ -122,6 +122,14 @@ class GateReport:
     stops: list[int]
 
     @property
+    def block_label(self) -> str:
+        """"block 4", or each batch's block where the settings' blocks differ: "block 4 solo, 2 at 4 concurrent"."""
+        blocks = {c.batch: c.block for c in self.cells}
+        if len(set(blocks.values())) == 1:
+            return f"block {self.block}"
+        return "block " + ", ".join(f"{b} {'solo' if n == 1 else f'at {n} concurrent'}" for n, b in blocks.items())
+
+    @property
     def compared(self) -> list[Cell]:
         return [c for c in self.cells if compared(c, self.rule)]
 
@@ -181,7 +189,7 @@ class GateReport:
         return (
             f"{verdict} · τ {overall['tau']:.2f} · "
             + (speed if timing.reliable else f"{timing.warning()}: {speed}")
-            + f" · {self.kind} block {self.block} · {self.target.config.family} on {self.device} · "
+            + f" · {self.kind} {self.block_label} · {self.target.config.family} on {self.device} · "
             + " ".join(f"{stack} {v.status}" for stack, v in self.verdicts.items() if stack != "specpair")
         )
 
@@ -279,12 +287,12 @@ class GateReport:
         }
 
 
-def tile_block(dtype: torch.dtype) -> int:
-    """The block that fills one CPU product tile of `dtype` (cpu_rows.PRODUCTS) with the verify rows of CONCURRENT
-    sequences, at least 2: their verify step is then one weight pass, as their decode step is."""
+def tile_block(dtype: torch.dtype, sequences: int, most: int) -> int:
+    """The block that fills one CPU product tile of `dtype` (cpu_rows.PRODUCTS) with the verify rows of `sequences`,
+    at least 2 and at most `most`: their verify step is then one weight pass, as their decode step is."""
     from specpair.runtime.kernels.cpu_rows import PRODUCTS
 
-    return max(2, PRODUCTS[dtype].generated // CONCURRENT)
+    return max(2, min(most, PRODUCTS[dtype].generated // sequences))
 
 
 def run_gate(
@@ -323,8 +331,9 @@ def run_gate(
     pair = gate_pair(target, draft, mtp=mtp, demo=demo, progress=progress)
     placed = place_runtime(device, threads, dtype)
     where, parallel = placed.device, placed.parallel
-    if block_size is None and where.type == "cpu" and pair.tile_block:
-        block_size = tile_block(placed.dtype)
+    sizes = [batch] if batch else [1, CONCURRENT]
+    tiled = block_size is None and where.type == "cpu" and pair.tile_block
+    chosen = {size: tile_block(placed.dtype, size, pair.tile_block) if tiled else block_size for size in sizes}
     target_model = opened(pair.target, gguf_file)
     draft_model = opened(pair.draft, draft_gguf_file) if pair.draft is not None else None
     kind = drafter_kind(draft_model)
@@ -345,7 +354,8 @@ def run_gate(
         + (", quantized to affine-4" if draft_bits == 4 else "")
     )
     drafter = load_drafter(draft_model, target_model, target_run, draft_bits)
-    block = block_size or drafter.block_size
+    blocks = {size: block or drafter.block_size for size, block in chosen.items()}
+    block = max(blocks.values())
     if drafter.max_positions and context + block > drafter.max_positions:
         warnings.append(
             f"context: {context + block} positions exceed the drafter's max_position_embeddings "
@@ -355,11 +365,11 @@ def run_gate(
         progress.warn(w)
 
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    runner = CellRunner(target_run, drafter, gate_prompts, max_tokens, stops, block, rule, graphs)
+    runner = CellRunner(target_run, drafter, gate_prompts, max_tokens, stops, blocks, rule, graphs)
     runner.warm_up()
     cells = []
     for setting in [sampling] if sampling is not None else list(GATE_TEMPERATURES):
-        for size in [batch] if batch else [1, CONCURRENT]:
+        for size in sizes:
             cell = runner.run(setting, size, progress)
             cells.append(cell)
             why = inconclusive(cell, stops, max_tokens, chat) if compared(cell, rule) else None
@@ -409,11 +419,12 @@ def judged(
 
 
 class CellRunner:
-    """Runs the gate's settings on one loaded pair."""
+    """Runs the gate's settings on one loaded pair, a setting of N sequences at a time verifying blocks[N] tokens a
+    round."""
 
-    def __init__(self, target, drafter, prompts, max_tokens, stops, block, rule, graphs) -> None:
+    def __init__(self, target, drafter, prompts, max_tokens, stops, blocks: dict[int, int], rule, graphs) -> None:
         self.target, self.drafter, self.prompts, self.max_tokens = target, drafter, prompts, max_tokens
-        self.stops, self.block, self.rule, self.graphs = stops, block, rule, graphs
+        self.stops, self.blocks, self.rule, self.graphs = stops, blocks, rule, graphs
         self.turn = 0  # undrafted first on even turns, drafted first on odd ones
 
     def warm_up(self) -> None:
@@ -424,22 +435,23 @@ class CellRunner:
 
         ids = self.prompts[0].ids
         generate(self.target, [ids], 2, Sampling(), self.stops, graphs=self.graphs)
-        speculative_generate(
-            self.target,
-            self.drafter,
-            [ids],
-            self.block + 1,
-            Sampling(),
-            self.stops,
-            block_size=self.block,
-            rule=self.rule,
-            graphs=self.graphs,
-        )
+        for block in sorted(set(self.blocks.values())):
+            speculative_generate(
+                self.target,
+                self.drafter,
+                [ids],
+                block + 1,
+                Sampling(),
+                self.stops,
+                block_size=block,
+                rule=self.rule,
+                graphs=self.graphs,
+            )
 
     def run(self, setting: SamplingArgs, size: int, progress: Progress) -> Cell:
         from specpair.runtime.sampling import Sampling
 
-        cell = Cell(Sampling(*setting), size, self.block)
+        cell = Cell(Sampling(*setting), size, self.blocks[size])
         progress.stage(cell.label)
         count = len(self.prompts)
         # a batch of `size` prompts at a time; fewer prompts than that are repeated to fill one
@@ -468,7 +480,7 @@ class CellRunner:
                 self.max_tokens,
                 cell.sampling,
                 self.stops,
-                block_size=self.block,
+                block_size=cell.block,
                 rule=self.rule,
                 graphs=self.graphs,
             ),
@@ -511,7 +523,7 @@ class CellRunner:
                     },
                     "tokens": len(d.tokens),
                     "tau": d.tau,
-                    "acceptance_by_position": accepted_by_position(d.measured, self.block - 1),
+                    "acceptance_by_position": accepted_by_position(d.measured, cell.block - 1),
                     "tokens_per_s": {"drafted": d_timing.tokens_per_s, "undrafted": u_timing.tokens_per_s},
                     "speedup": d_timing.tokens_per_s / u_timing.tokens_per_s if u_timing.tokens_per_s else None,
                 }
@@ -541,7 +553,8 @@ def inconclusive(cell: Cell, stops: list[int], max_tokens: int, chat: bool) -> s
 
 
 def totals(cells: list[Cell]) -> dict[str, Any]:
-    """tau and acceptance by position over the same rounds (Drafted.measured): tau = 1 + their sum. Speed end to
+    """tau and acceptance by position over the same rounds (Drafted.measured): tau = 1 + their sum (positions up to
+    the largest block of `cells`; a round of a smaller block kept none past its own). Speed end to
     end (the prefill in both runs' seconds, as gpt-fast counts it) and after the prefill (time per output token:
     the undrafted run's tokens after its first over its decode steps, the drafted run's over its rounds, whose
     first verify also takes the prompt's last token, which the undrafted prefill takes)."""
@@ -552,7 +565,7 @@ def totals(cells: list[Cell]) -> dict[str, Any]:
     drafted = drafted_tokens / drafted_s if drafted_s else 0.0
     undrafted = undrafted_tokens / undrafted_s if undrafted_s else 0.0
     accepted = [a for c in cells for a in c.accepted]
-    block = cells[0].block
+    block = max(c.block for c in cells)
     draft_s, verify_s = sum(c.draft_s for c in cells), sum(c.verify_s for c in cells)
     decode_s = sum(c.undrafted_decode_s for c in cells)
     decode_drafted = drafted_tokens / (draft_s + verify_s) if draft_s + verify_s else 0.0
@@ -581,6 +594,7 @@ def cell_json(c: Cell, rule: str, reason: str | None) -> dict[str, Any]:
     return {
         "sampling": sampling_json(c.sampling),
         "batch": c.batch,
+        "block_size": c.block,
         "identical": (c.identical and (None if reason else True)) if compared(c, rule) else None,
         "compared_tokens": c.compared_tokens,
         "inconclusive": reason,

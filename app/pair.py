@@ -24,7 +24,7 @@ class GatePair:
     target: str | Model  # a checkpoint's ref, or one opened already (sources/model.open_files)
     draft: str | Model | None  # None: the target's own MTP head
     locked: dict[str, LockedRepo] = field(default_factory=dict)  # role -> what a specpair.lock pins
-    tile_block: bool = False  # the demo drafter's: on a CPU, its block fills a product tile (convert/demo.py)
+    tile_block: int | None = None  # the demo drafter's: on a CPU, its block fills a product tile (convert/demo.py)
 
 
 def gate_pair(

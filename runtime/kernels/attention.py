@@ -22,6 +22,9 @@ every commit.
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from torch.nn import functional
@@ -62,46 +65,83 @@ def attention_reference(
     the tiles of one span, of every sequence, go in one call, where each tile is an item of its batch, computed
     alone. Each row is masked to its own range: entries of the span outside it get probability 0 and add nothing,
     but are read, so they must be finite (the runtime's cache is: zeros past every commit); a span past the
-    cache's end is read from a zero-padded copy."""
+    cache's end is read from a zero-padded copy. Which rows go where and the masks are worked out once per ranges
+    (`_span_tiles`): every layer of a step reads the same ones."""
     batch, tokens, q_heads, head_dim = q.shape
     cache_len = k_cache.shape[1]
-    per_tile = tile_rows()
-    out = torch.zeros(batch, tokens, q_heads, head_dim, dtype=q.dtype)
-    starts, ends = kv_start.tolist(), kv_end.tolist()  # one read of the ranges, not two per row
-    tiles: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # span -> (sequence, its rows) per tile
-    for b in range(batch):
-        rows: dict[tuple[int, int], list[int]] = {}
-        for t in range(tokens):
-            start, end = starts[b][t], ends[b][t]
-            if end > start:
-                rows.setdefault((start // SPAN * SPAN, -(-end // SPAN) * SPAN), []).append(t)
-        for span, ts in rows.items():
-            tiles.setdefault(span, []).extend((b, ts[i : i + per_tile]) for i in range(0, len(ts), per_tile))
-    for (first, last), items in tiles.items():
-        sequences = [b for b, _ in items]
-        if sequences == list(range(sequences[0], sequences[-1] + 1)):  # a tile a sequence: views, no copies
-            sequences = slice(sequences[0], sequences[-1] + 1)
-        keys, values = k_cache[sequences, first:last], v_cache[sequences, first:last]  # [tiles, span, Hkv, D]
-        if last > cache_len:
-            keys, values = (functional.pad(c, (0, 0, 0, 0, 0, last - cache_len)) for c in (keys, values))
-        queries = torch.zeros(len(items), per_tile, q_heads, head_dim, dtype=q.dtype)
-        outside = torch.full((len(items), per_tile, last - first), float("-inf"), dtype=q.dtype)  # added to scores
-        for i, (b, ts) in enumerate(items):
-            queries[i, : len(ts)] = q[b, ts]
-            outside[i, len(ts) :] = 0.0  # padding rows: a finite softmax, never read
-            for slot, t in enumerate(ts):
-                outside[i, slot, starts[b][t] - first : ends[b][t] - first] = 0.0
+    rows = q.reshape(batch * tokens, q_heads, head_dim)
+    out = torch.zeros(batch * tokens, q_heads, head_dim, dtype=q.dtype)
+    for span in _span_tiles(kv_start, kv_end, tile_rows(), q.dtype):
+        keys, values = k_cache[span.sequences, span.first : span.last], v_cache[span.sequences, span.first : span.last]
+        if span.last > cache_len:
+            keys, values = (functional.pad(c, (0, 0, 0, 0, 0, span.last - cache_len)) for c in (keys, values))
+        queries = torch.zeros(span.outside.shape[0] * span.outside.shape[2], q_heads, head_dim, dtype=q.dtype)
+        queries[span.slots] = rows[span.rows]
         attended = functional.scaled_dot_product_attention(
-            queries.transpose(1, 2),
+            queries.view(span.outside.shape[0], -1, q_heads, head_dim).transpose(1, 2),
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            attn_mask=outside[:, None],
+            attn_mask=span.outside,
             scale=scale,
             enable_gqa=True,
         ).transpose(1, 2)  # [tiles, per_tile, Hq, D]
+        out[span.rows] = attended.reshape(-1, q_heads, head_dim)[span.slots]
+    return out.view(batch, tokens, q_heads, head_dim)
+
+
+@dataclass(frozen=True)
+class _SpanTiles:
+    """The tiles of one span of the cache, positions first .. last, in one call of the fused attention."""
+
+    first: int
+    last: int
+    sequences: slice | list[int]  # each tile's sequence: its keys and values
+    rows: Tensor  # the query rows (b * T + t) the tiles hold, in tile order
+    slots: Tensor  # their places in the tiles (tile * rows per tile + slot)
+    outside: Tensor  # [tiles, 1, rows per tile, last - first]: -inf outside each row's range, added to its scores
+
+
+# the last ranges' tiles: (weak references to kv_start and kv_end, their versions, rows per tile, dtype, tiles);
+# a step's layers all attend over the same two tensors, so they share one plan
+_LAST_TILES: list[tuple] = []
+
+
+def _span_tiles(kv_start: Tensor, kv_end: Tensor, per_tile: int, dtype: torch.dtype) -> list[_SpanTiles]:
+    key = (kv_start._version, kv_end._version, per_tile, dtype)
+    if _LAST_TILES:
+        start_ref, end_ref, last_key, tiles = _LAST_TILES[0]
+        if start_ref() is kv_start and end_ref() is kv_end and last_key == key:
+            return tiles
+    tiles = _plan_span_tiles(kv_start.tolist(), kv_end.tolist(), per_tile, dtype)
+    _LAST_TILES[:] = [(weakref.ref(kv_start), weakref.ref(kv_end), key, tiles)]
+    return tiles
+
+
+def _plan_span_tiles(starts: list[list[int]], ends: list[list[int]], per_tile: int, dtype: torch.dtype) -> list[_SpanTiles]:
+    tokens = len(starts[0])
+    by_span: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # span -> (sequence, its rows) per tile
+    for b, (row_starts, row_ends) in enumerate(zip(starts, ends)):
+        rows: dict[tuple[int, int], list[int]] = {}
+        for t, (start, end) in enumerate(zip(row_starts, row_ends)):
+            if end > start:
+                rows.setdefault((start // SPAN * SPAN, -(-end // SPAN) * SPAN), []).append(t)
+        for span, ts in rows.items():
+            by_span.setdefault(span, []).extend((b, ts[i : i + per_tile]) for i in range(0, len(ts), per_tile))
+    plans = []
+    for (first, last), items in by_span.items():
+        sequences: slice | list[int] = [b for b, _ in items]
+        if sequences == list(range(sequences[0], sequences[-1] + 1)):  # a tile a sequence: views, no copies
+            sequences = slice(sequences[0], sequences[-1] + 1)
+        outside = torch.full((len(items), per_tile, last - first), float("-inf"), dtype=dtype)
+        rows, slots = [], []
         for i, (b, ts) in enumerate(items):
-            out[b, ts] = attended[i, : len(ts)]
-    return out
+            outside[i, len(ts) :] = 0.0  # padding rows: a finite softmax, never read
+            for slot, t in enumerate(ts):
+                outside[i, slot, starts[b][t] - first : ends[b][t] - first] = 0.0
+                rows.append(b * tokens + t)
+                slots.append(i * per_tile + slot)
+        plans.append(_SpanTiles(first, last, sequences, torch.tensor(rows), torch.tensor(slots), outside[:, None]))
+    return plans
 
 
 def attention_triton(
