@@ -123,7 +123,8 @@ class GateReport:
 
     @property
     def block_label(self) -> str:
-        """"block 4", or each batch's block where the settings' blocks differ: "block 4 solo, 2 at 4 concurrent"."""
+        """The blocks as the summary says them: "block 4", or each batch's where they differ ("block 4 solo, 2 at 4
+        concurrent")."""
         blocks = {c.batch: c.block for c in self.cells}
         if len(set(blocks.values())) == 1:
             return f"block {self.block}"

@@ -117,7 +117,9 @@ def _span_tiles(kv_start: Tensor, kv_end: Tensor, per_tile: int, dtype: torch.dt
     return tiles
 
 
-def _plan_span_tiles(starts: list[list[int]], ends: list[list[int]], per_tile: int, dtype: torch.dtype) -> list[_SpanTiles]:
+def _plan_span_tiles(
+    starts: list[list[int]], ends: list[list[int]], per_tile: int, dtype: torch.dtype
+) -> list[_SpanTiles]:
     tokens = len(starts[0])
     by_span: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # span -> (sequence, its rows) per tile
     for b, (row_starts, row_ends) in enumerate(zip(starts, ends)):
