@@ -147,3 +147,37 @@ def test_query_rows_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     whole = attention.attention_triton(q, k, v, start, end, 0.2)
     monkeypatch.setattr(attention, "SCRATCH_BYTES", 1)
     assert torch.equal(attention.attention_triton(q, k, v, start, end, 0.2), whole)
+
+
+def test_the_reference_plans_each_ranges_once_and_only_for_those_ranges() -> None:
+    """The reference's tiles and masks are worked out once per pair of range tensors: a second call on the same
+    tensors reuses them (what every layer of a step does), while the same ranges in another role's tiles, ranges
+    written in place and new tensors get plans of their own: each result is what fresh copies of the ranges give."""
+    from specpair.runtime.kernels.cpu_rows import prompt_tiles
+
+    k, v = cache(32, torch.float32)
+    q = torch.randn(BATCH, TOKENS, Q_HEADS, 32)
+    start, end = ranges("causal")
+    first = attention.attention_reference(q, k, v, start, end, 0.2)
+    plan = attention._span_tiles(start, end, attention.tile_rows(), q.dtype)
+    assert attention._span_tiles(start, end, attention.tile_rows(), q.dtype) is plan
+    assert torch.equal(attention.attention_reference(q, k, v, start, end, 0.2), first)
+    with prompt_tiles():
+        assert attention._span_tiles(start, end, attention.tile_rows(), q.dtype) is not plan
+        assert torch.equal(
+            attention.attention_reference(q, k, v, start, end, 0.2), on_fresh_ranges(q, k, v, start, end)
+        )
+    window_start, window_end = ranges("window")
+    start.copy_(window_start)  # the same tensors, written in place
+    end.copy_(window_end)
+    windowed = attention.attention_reference(q, k, v, start, end, 0.2)
+    assert torch.equal(windowed, on_fresh_ranges(q, k, v, window_start, window_end)) and not torch.equal(
+        windowed, first
+    )
+
+
+def on_fresh_ranges(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor
+) -> torch.Tensor:
+    """The reference on copies of the ranges: tensors no plan was made for."""
+    return attention.attention_reference(q, k, v, start.clone(), end.clone(), 0.2)
