@@ -75,10 +75,11 @@ def attention_reference(
         keys, values = k_cache[span.sequences, span.first : span.last], v_cache[span.sequences, span.first : span.last]
         if span.last > cache_len:
             keys, values = (functional.pad(c, (0, 0, 0, 0, 0, span.last - cache_len)) for c in (keys, values))
-        queries = torch.zeros(span.outside.shape[0] * span.outside.shape[2], q_heads, head_dim, dtype=q.dtype)
+        tiles, _, per_tile, _ = span.outside.shape
+        queries = torch.zeros(tiles * per_tile, q_heads, head_dim, dtype=q.dtype)
         queries[span.slots] = rows[span.rows]
         attended = functional.scaled_dot_product_attention(
-            queries.view(span.outside.shape[0], -1, q_heads, head_dim).transpose(1, 2),
+            queries.view(tiles, per_tile, q_heads, head_dim).transpose(1, 2),
             keys.transpose(1, 2),
             values.transpose(1, 2),
             attn_mask=span.outside,
