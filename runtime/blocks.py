@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -129,16 +129,6 @@ class Step:
     kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
     kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
     reduce: Callable[[Tensor], Tensor]  # the sum of a row-parallel output over the ranks (runtime/parallel.py)
-    window_starts: dict[int, Tensor] = field(default_factory=dict)  # window -> where its sliding layers start reading
-
-    def start_of(self, window: int | None) -> Tensor:
-        """Where a layer's attention starts reading: kv_start, or its window's start, made once per step and window
-        (every layer of a kind then passes the attention the same ranges, whose CPU tiles it plans once)."""
-        if not window:
-            return self.kv_start
-        if window not in self.window_starts:
-            self.window_starts[window] = (self.kv_end - window).clamp(min=0)
-        return self.window_starts[window]
 
     @classmethod
     def of(
@@ -220,7 +210,7 @@ class Attention:
             q, k, v, *gains, eps, zero_centred, step.cos, step.sin, self.rope.rotary_dim, cache.kv, slot, step.positions
         )
         end = step.kv_end
-        start = step.start_of(self.window)
+        start = (end - self.window).clamp(min=0) if self.window else step.kv_start
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5)
         if self.gated:
             o = activation.sigmoid_mul(o, gate)

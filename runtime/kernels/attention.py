@@ -22,7 +22,7 @@ every commit.
 
 from __future__ import annotations
 
-import weakref
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -102,25 +102,18 @@ class _SpanTiles:
     outside: Tensor  # [tiles, 1, rows per tile, last - first]: -inf outside each row's range, added to its scores
 
 
-# the latest ranges' tiles, newest first: (weak references to kv_start and kv_end, their versions, rows per tile,
-# dtype, tiles); a step's layers attend over the same tensors (Step: one start per window), so they share plans
-_LAST_TILES: list[tuple] = []
-KEPT_PLANS = 4  # a step's full and sliding layers, a drafter's beside them
+KEPT_PLANS = 4  # a step's full and sliding layers' ranges, a drafter's beside them
 
 
-def _span_tiles(kv_start: Tensor, kv_end: Tensor, per_tile: int, dtype: torch.dtype) -> list[_SpanTiles]:
-    key = (kv_start._version, kv_end._version, per_tile, dtype)
-    for start_ref, end_ref, kept_key, tiles in _LAST_TILES:
-        if start_ref() is kv_start and end_ref() is kv_end and kept_key == key:
-            return tiles
-    tiles = _plan_span_tiles(kv_start.tolist(), kv_end.tolist(), per_tile, dtype)
-    _LAST_TILES[:] = [(weakref.ref(kv_start), weakref.ref(kv_end), key, tiles), *_LAST_TILES[: KEPT_PLANS - 1]]
-    return tiles
+def _span_tiles(kv_start: Tensor, kv_end: Tensor, per_tile: int, dtype: torch.dtype) -> tuple[_SpanTiles, ...]:
+    """The tiles of these ranges, planned once for their values: a step's layers attend over the same ranges."""
+    return _plan_span_tiles(tuple(map(tuple, kv_start.tolist())), tuple(map(tuple, kv_end.tolist())), per_tile, dtype)
 
 
+@functools.lru_cache(maxsize=KEPT_PLANS)
 def _plan_span_tiles(
-    starts: list[list[int]], ends: list[list[int]], per_tile: int, dtype: torch.dtype
-) -> list[_SpanTiles]:
+    starts: tuple[tuple[int, ...], ...], ends: tuple[tuple[int, ...], ...], per_tile: int, dtype: torch.dtype
+) -> tuple[_SpanTiles, ...]:
     tokens = len(starts[0]) if starts else 0
     by_span: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # span -> (sequence, its rows) per tile
     for b, (row_starts, row_ends) in enumerate(zip(starts, ends)):
@@ -144,7 +137,7 @@ def _plan_span_tiles(
                 rows.append(b * tokens + t)
                 slots.append(i * per_tile + slot)
         plans.append(_SpanTiles(first, last, sequences, torch.tensor(rows), torch.tensor(slots), outside[:, None]))
-    return plans
+    return tuple(plans)
 
 
 def attention_triton(

@@ -148,9 +148,7 @@ def _product_weight(w: Tensor | Packed) -> Tensor:
 
 
 def matmul_reference(x: Tensor, w: Tensor | Packed) -> Tensor:
-    if isinstance(w, Packed):
-        return rows_mm(x, w.dequantize().T).to(x.dtype)
-    return weight_mm(x, w).to(x.dtype)
+    return weight_mm(x, _product_weight(w)).to(x.dtype)
 
 
 def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:

@@ -150,9 +150,9 @@ def test_query_rows_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_reference_plans_each_ranges_once_and_only_for_those_ranges() -> None:
-    """The reference's tiles and masks are worked out once per pair of range tensors: a second call on the same
-    tensors reuses them (what every layer of a step does), while the same ranges in another role's tiles, ranges
-    written in place and new tensors get plans of their own: each result is what fresh copies of the ranges give."""
+    """The reference's tiles and masks are worked out once per ranges' values: a second call on the same ranges
+    reuses them (what every layer of a step does), while the same ranges in another role's tiles and other values
+    (ranges written in place too) get plans of their own: each result is what a plan made afresh gives."""
     from specpair.runtime.kernels.cpu_rows import prompt_tiles
 
     k, v = cache(32, torch.float32)
@@ -164,20 +164,17 @@ def test_the_reference_plans_each_ranges_once_and_only_for_those_ranges() -> Non
     assert torch.equal(attention.attention_reference(q, k, v, start, end, 0.2), first)
     with prompt_tiles():
         assert attention._span_tiles(start, end, attention.tile_rows(), q.dtype) is not plan
-        assert torch.equal(
-            attention.attention_reference(q, k, v, start, end, 0.2), on_fresh_ranges(q, k, v, start, end)
-        )
+        assert torch.equal(attention.attention_reference(q, k, v, start, end, 0.2), planned_afresh(q, k, v, start, end))
     window_start, window_end = ranges("window")
     start.copy_(window_start)  # the same tensors, written in place
     end.copy_(window_end)
     windowed = attention.attention_reference(q, k, v, start, end, 0.2)
-    assert torch.equal(windowed, on_fresh_ranges(q, k, v, window_start, window_end)) and not torch.equal(
-        windowed, first
-    )
+    assert torch.equal(windowed, planned_afresh(q, k, v, window_start, window_end)) and not torch.equal(windowed, first)
 
 
-def on_fresh_ranges(
+def planned_afresh(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor, end: torch.Tensor
 ) -> torch.Tensor:
-    """The reference on copies of the ranges: tensors no plan was made for."""
-    return attention.attention_reference(q, k, v, start.clone(), end.clone(), 0.2)
+    """The reference with no plan kept from earlier calls."""
+    attention._plan_span_tiles.cache_clear()
+    return attention.attention_reference(q, k, v, start, end, 0.2)
