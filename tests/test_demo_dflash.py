@@ -236,6 +236,18 @@ def test_prompts_are_seeded_distinct_and_never_held_out():
     assert train != tool.prompt_sets(400, 40, seed=4)[0]
 
 
+def test_the_prompts_people_wrote_are_split_seeded_and_never_held_out():
+    path = ROOT / "tools" / "demo_prompts.json"
+    train, validation = tool.human_prompt_sets(path, 64, seed=0)
+    assert (train, validation) == tool.human_prompt_sets(path, 64, seed=0)
+    assert len(validation) == 64 and len(train) >= 1600
+    assert len(set(train + validation)) == len(train) + len(validation)
+    assert not set(train + validation) & set(tool.HELD_OUT)
+    assert validation != tool.human_prompt_sets(path, 64, seed=1)[1]
+    with pytest.raises(ValueError, match="too few"):
+        tool.human_prompt_sets(path, len(train) + len(validation), seed=0)
+
+
 def test_a_block_sees_the_context_before_its_anchor_and_its_own_rows():
     mask = tool.block_mask(torch.tensor([[2, 5]]), width=7, block=3)
     assert mask.shape == (1, 6, 7 + 6)

@@ -27,6 +27,11 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
 
+--human FILE adds prompts people wrote for the project (tools/demo_prompts.json: 1,680 requests in four groups, code,
+writing, knowledge and everyday life, worded as people type them and none a held-out task): --human-validation of
+them join the validation prompts (the record's people_validation is the loop's tau on them alone) and the rest train,
+each drawn --human-weight times as often as another prompt.
+
 --init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
 weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
 
@@ -452,6 +457,16 @@ def written_prompt(reply: str, excluded: set[str]) -> str | None:
     if not 16 <= len(text) <= 400 or "\n\n" in text or text in excluded:
         return None
     return text
+
+
+def human_prompt_sets(path: Path, validation: int, seed: int) -> tuple[list[str], list[str]]:
+    """The prompts people wrote for the project (`path`: a JSON array of strings), distinct and none in HELD_OUT,
+    split by a generator seeded by `seed` into training prompts and `validation` others."""
+    written = [p for p in dict.fromkeys(json.loads(path.read_text())) if p not in set(HELD_OUT)]
+    if validation >= len(written):
+        raise ValueError(f"{path} holds {len(written)} usable prompts: too few to keep {validation} for validation")
+    random.Random(seed + 2).shuffle(written)
+    return written[validation:], written[:validation]
 
 
 def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list[str]]:
@@ -1073,6 +1088,11 @@ def main() -> None:
     parser.add_argument(
         "--questions", type=int, default=0, help="prompts asking the target to write a question (self-instruct)"
     )
+    parser.add_argument("--human", default=None, help="a JSON array of prompts people wrote (tools/demo_prompts.json)")
+    parser.add_argument("--human-validation", type=int, default=64, help="of --human's prompts kept for validation")
+    parser.add_argument(
+        "--human-weight", type=int, default=1, help="times each --human prompt's sequence is drawn per templated one"
+    )
     parser.add_argument("--question-tokens", type=int, default=64, help="tokens the target may write a question in")
     parser.add_argument("--validation", type=int, default=64, help="validation prompts (the sweep's choice)")
     parser.add_argument("--new-tokens", type=int, default=192, help="reply tokens generated per prompt")
@@ -1136,10 +1156,16 @@ def main() -> None:
         )
         record["written_examples"] = written[:: max(1, len(written) // 24)][:24]
         stage("questions")
-    train_prompts = [p for p in dict.fromkeys(templated + written) if p not in set(validation_prompts)]
+    human, human_validation = (
+        human_prompt_sets(Path(args.human), args.human_validation, args.seed) if args.human else ([], [])
+    )
+    validation_prompts += human_validation
+    train_prompts = [p for p in dict.fromkeys(templated + written + human) if p not in set(validation_prompts)]
     record["prompts"] = {
         "templated": len(templated),
         "written_by_the_target": len(written),
+        "written_by_people": len(human),
+        "people_validation": len(human_validation),
         "train": len(train_prompts),
         "validation": len(validation_prompts),
         "held_out": len(HELD_OUT),
@@ -1152,7 +1178,10 @@ def main() -> None:
     data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log, final=args.soft > 0)
     stage("data")
     device = data.taps.device
-    rows = torch.arange(len(train_prompts), device=device)
+    # a --human prompt's sequence is drawn --human-weight times as often as another: few, but worded as people word
+    index = {p: i for i, p in enumerate(train_prompts)}
+    weighted = [index[p] for p in human if p in index] * (args.human_weight - 1)
+    rows = torch.tensor(list(range(len(train_prompts))) + weighted, device=device)
     held = torch.arange(len(train_prompts), len(train_prompts) + len(validation_prompts), device=device)
     reported = torch.arange(len(all_prompts) - len(held_out_prompts), len(all_prompts), device=device)
     embed = target.embed_tokens
@@ -1233,6 +1262,17 @@ def main() -> None:
     record["validation"] = speculative_tau(
         target, target_model, drafter_dir, validation_ids, args.eval_tokens, stops, blocks, timed
     )
+    if human_validation:
+        record["people_validation"] = speculative_tau(
+            target,
+            target_model,
+            drafter_dir,
+            chat_ids(tokenizer, human_validation),
+            args.eval_tokens,
+            stops,
+            blocks,
+            timed,
+        )
     record["held_out"] = speculative_tau(
         target, target_model, drafter_dir, held_out_ids, args.eval_tokens, stops, blocks, timed
     )
