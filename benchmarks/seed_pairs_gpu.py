@@ -4,7 +4,7 @@
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/seed_pairs_gpu.py \
         --pair 35b-nvfp4|gguf|exl3|122b-fp8 [--scale real|tiny] [--device cuda|cpu] [--out DIR] [--work DIR] \
         [--users 1,2,4,8] [--depth 0,3k,5k,8k] [--tokens 64] [--gate-tokens 32] [--gate-batch N] [--skip-load] \
-        [--in-memory] [--only gate|bench]
+        [--in-memory] [--only build|gate|bench] [--reuse]
 
 On the GPU machine, one pair per device call (the repository root as the working directory; orjson, and for the
 gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other GPU benchmarks):
@@ -12,6 +12,10 @@ gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other
     mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/specpair && PYTHONPATH=/tmp/pkgs:/tmp/site \
         python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4        # likewise --pair gguf, --pair exl3
     ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # target in memory
+
+A pair too long for one device call (the gguf pair writes a 35B source and converts it) splits over calls of one
+machine kept warm: `--only build` writes it under --work and records it (built.json), then `--reuse --only gate`
+and `--reuse --only bench` run it (`--reuse` builds it where no record or one of its files is missing).
 
 Pairs (one row of PAIRS each):
 - `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (runtime_gpu.py and
@@ -529,8 +533,16 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         print(f"[{elapsed:7.1f} s] {args.pair}: {what}", flush=True)
         write_results(out, figures)  # after every stage: a run cut off at its time limit keeps what it measured
 
-    built = PAIRS[args.pair](work, scale, stage)
+    built = reused(work) if args.reuse else None
+    if built is None:
+        built = PAIRS[args.pair](work, scale, stage)
+        if isinstance(built.target, Path):
+            (work / BUILT).write_text(json.dumps(built_record(built, work)) + "\n")
+    else:
+        stage(f"reused the pair an earlier call built under {work} ({BUILT})")
     figures["notes"] = built.notes
+    if args.only == "build":
+        return figures
     if args.skip_load:
         figures["load"] = {"skipped": "--skip-load"}
     else:
@@ -567,6 +579,37 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return figures
+
+
+BUILT = "built.json"  # what a build wrote under --work, for a later call's --reuse
+
+
+def built_record(built: Built, work: Path) -> dict:
+    """A written pair as --reuse reads it back: paths relative to the pair's --work folder."""
+    return {
+        "target": str(built.target.relative_to(work)),
+        "drafters": [
+            {"label": d.label, "draft": str(d.draft.relative_to(work)) if d.draft else None, "options": list(d.options)}
+            for d in built.drafters
+        ],
+        "notes": built.notes,
+    }
+
+
+def reused(work: Path) -> Built | None:
+    """The pair an earlier call built and kept under `work` (--only build, or --keep), or None where it left no
+    record or a file the record names is gone."""
+    record = work / BUILT
+    if not record.is_file():
+        return None
+    r = json.loads(record.read_text())
+    drafters = [
+        Drafted(d["label"], work / d["draft"] if d["draft"] else None, tuple(d["options"])) for d in r["drafters"]
+    ]
+    paths = [work / r["target"], *(d.draft for d in drafters if d.draft)]
+    if not all(p.exists() for p in paths):
+        return None
+    return Built(work / r["target"], drafters, r["notes"])
 
 
 def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[], tuple[int, str]]:
@@ -732,7 +775,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-load", action="store_true", help="no load of the target alone (its time and memory)")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints written under --work")
     parser.add_argument(
-        "--only", choices=("gate", "bench"), help="run only the gate, or only bench (a pair split over two calls)"
+        "--only",
+        choices=("build", "gate", "bench"),
+        help="only write the pair (kept under --work for --reuse), or run only the gate, or only bench: a pair split "
+        "over calls of one machine",
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="run the pair an earlier call built under --work (else build it)"
     )
     parser.add_argument(
         "--in-memory",
@@ -740,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         help="122b-fp8: generate the target in memory even where the disk could hold it (it is, where it cannot)",
     )
     args = parser.parse_args(argv)
+    args.keep = args.keep or args.only == "build" or args.reuse
     out = args.out or args.work
     out.mkdir(parents=True, exist_ok=True)
     figures = run_pair(args, out)

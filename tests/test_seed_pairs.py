@@ -51,7 +51,12 @@ def test_35b_nvfp4_pair_with_dflash2_and_mtp(tmp_path: Path) -> None:
 
 
 def test_gguf_pair_has_the_four_kquant_types_and_the_dflash_arch(tmp_path: Path) -> None:
-    figures = run_tiny("gguf", tmp_path)
+    """Split over two calls as on the GPU: one writes the pair and stops, the next runs what the first kept."""
+    built = run_tiny("gguf", tmp_path, "--only", "build")
+    assert not any(k.startswith("gate_") for k in built) and "load" not in built
+    assert [s["stage"] for s in built["stages"]][-1].startswith("target converted to GGUF")
+    figures = run_tiny("gguf", tmp_path, "--reuse")
+    assert figures["stages"][0]["stage"].startswith("reused the pair an earlier call built")
     assert set(gates(figures)) == {"dflash-q8_0"}
     work = tmp_path / "work" / "gguf"
     target = read_local(str(work / "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf"))
@@ -158,3 +163,15 @@ def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
     assert [r["drafted"]["identical"] for r in bench["document"]["users"]] == [True]
     assert (tmp_path / "seed_pairs_122b-fp8_dflash2_depth.png").is_file()
     assert "- load: skipped (--skip-load)" in (tmp_path / "seed_pairs_122b-fp8.md").read_text()
+
+
+def test_reuse_needs_the_record_and_every_file_it_names(tmp_path: Path) -> None:
+    work = tmp_path / "gguf"
+    (work / "draft").mkdir(parents=True)
+    (work / "target.gguf").write_bytes(b"GGUF")
+    pair = seed_pairs_gpu.Built(work / "target.gguf", [seed_pairs_gpu.Drafted("d", work / "draft", ("--x",))], {"n": 1})
+    assert seed_pairs_gpu.reused(work) is None  # nothing recorded
+    (work / seed_pairs_gpu.BUILT).write_text(json.dumps(seed_pairs_gpu.built_record(pair, work)))
+    assert seed_pairs_gpu.reused(work) == pair
+    (work / "draft").rmdir()
+    assert seed_pairs_gpu.reused(work) is None  # a file it names is gone: built again
