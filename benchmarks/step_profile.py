@@ -153,9 +153,11 @@ def step_bytes(model: Transformer) -> float:
             for x in obj:
                 walk(x, share)
         elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
+            # a MoE's stacks: k of E experts a token, or k + 1 of E + 1 where the shared expert is the last of them
+            extra = int(getattr(obj, "shared_id", None) is not None)
             for key, x in vars(obj).items():
                 routed = key in ("gate_up", "down_proj") and hasattr(obj, "router")
-                walk(x, config.experts_per_token / config.num_experts if routed else share)
+                walk(x, (config.experts_per_token + extra) / (config.num_experts + extra) if routed else share)
 
     seen.add(model.embed_tokens.data_ptr())
     walk(model.layers)

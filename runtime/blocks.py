@@ -57,6 +57,12 @@ def fused_projections() -> Iterator[None]:
         _fused_everywhere.reset(token)
 
 
+def fusing(w: Weight) -> bool:
+    """Whether blocks build new weights from loaded ones (fused rows, a shared expert in the expert stacks): on
+    CUDA, and on the CPU inside `fused_projections()`."""
+    return linear.on_cuda(w) or _fused_everywhere.get()
+
+
 @dataclass
 class Projections:
     """Projections of one input, consecutive ones fused into one weight where linear.fuse_rows can make them
@@ -74,7 +80,7 @@ class Projections:
     ) -> Projections:
         """fuse: by default on CUDA, and on the CPU inside `fused_projections()`; elsewhere on the CPU the separate
         weights stay what the caller loaded (a drafter's: tests and tools train them in place)."""
-        fuse = (linear.on_cuda(weights[0]) or _fused_everywhere.get()) if fuse is None else fuse
+        fuse = fusing(weights[0]) if fuse is None else fuse
         groups: list[list[Weight]] = []
         for w in weights:
             if groups and fuse and linear.fusable_rows([*groups[-1], w]):
@@ -310,14 +316,18 @@ class MLP:
 @dataclass
 class MoE:
     """Routed experts: router softmax (fp32) -> top-k -> renormalised when norm_topk_prob; each token's k
-    experts are SwiGLUs; plus, where the family has one, a shared expert scaled by sigmoid(shared_expert_gate)."""
+    experts are SwiGLUs; plus, where the family has one, a shared expert scaled by sigmoid(shared_expert_gate).
+    Where the shared expert is one more expert of the stacks' layout and shape (Qwen3.5/3.6 and Qwen3-Next in
+    BF16, FP8 or NVFP4: its width is the experts'), it is stored in them as expert E (linear.with_expert) and
+    every token routes to it too: its SwiGLU runs in the routed experts' launches instead of three of its own."""
 
     router: Projections  # [E, H] router logits, and the shared expert's [1, H] gate where there is one
-    gate_up: list[Weight]  # [E, 2I, H] fused, or [E, I, H] gate and up
-    down_proj: Weight  # [E, H, I]
+    gate_up: list[Weight]  # [E(+1), 2I, H] fused, or [E(+1), I, H] gate and up
+    down_proj: Weight  # [E(+1), H, I]
     top_k: int
     renormalise: bool
-    shared: MLP | None
+    shared: MLP | None  # the shared expert where it is not in the stacks
+    shared_id: int | None  # the shared expert's id where it is: E
     prefetch: list[Tensor]  # the experts' largest tensors, which routing may ask L2 for (experts.route)
 
     @classmethod
@@ -326,13 +336,23 @@ class MoE:
         e, hidden, width = config.num_experts, config.hidden_size, config.moe_intermediate_size
         shapes = {"gate_proj": (e, width, hidden), "up_proj": (e, width, hidden), "down_proj": (e, hidden, width)}
         gate, up, down = [fetch(f"{p}experts.{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        fused = linear.fuse_rows([gate, up]) if linear.on_cuda(gate) and linear.fusable_rows([gate, up]) else None
+        fuse = linear.on_cuda(gate) and linear.fusable_rows([gate, up])
         router = [fetch(p + "gate.weight", (e, hidden), matmul=True)]
-        shared = None
+        shared, shared_id = None, None
         if shared_expert:
-            shared = MLP.build(config, p + "shared_expert.", config.shared_expert_intermediate_size, fetch)
+            prefix, size = p + "shared_expert.", config.shared_expert_intermediate_size
+            own = {"gate_proj": (size, hidden), "up_proj": (size, hidden), "down_proj": (hidden, size)}
+            one = [fetch(f"{prefix}{k}.weight", s, matmul=True) for k, s in own.items()]
             router.append(fetch(p + "shared_expert_gate.weight", (1, hidden), matmul=True))
-        gate_up = [gate, up] if fused is None else [fused]
+            if fusing(gate) and all(linear.appendable_expert([w], [o]) for w, o in zip((gate, up, down), one)):
+                fuse = fuse and linear.fusable_rows(one[:2])
+                pairs = [([gate, up], one[:2])] if fuse else [([gate], one[:1]), ([up], one[1:2])]
+                gate_up = [linear.with_expert(stacks, extra) for stacks, extra in pairs]
+                down, shared_id = linear.with_expert([down], one[2:]), e
+            else:
+                shared = MLP(Projections.of(one[:2]), one[2], None)
+        if shared_id is None:
+            gate_up = [linear.fuse_rows([gate, up])] if fuse else [gate, up]
         return cls(
             Projections.of(router),
             gate_up,
@@ -340,6 +360,7 @@ class MoE:
             config.experts_per_token,
             config.norm_topk_prob,
             shared,
+            shared_id,
             linear.expert_stacks([*gate_up, down])[: experts.PREFETCHED],
         )
 
@@ -347,15 +368,20 @@ class MoE:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits = self.router(x)
-        weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch)
+        weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch, self.shared_id)
         if len(self.gate_up) == 1:
             gate, up = linear.matmul_experts(x, self.gate_up[0], ids).chunk(2, dim=-1)
         else:
             gate, up = (linear.matmul_experts(x, w, ids) for w in self.gate_up)
-        act = activation.silu_mul(gate, up)  # [N, k, I]
+        act = activation.silu_mul(gate, up)  # [N, k(+1), I]
         down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids.reshape(-1, 1))
         down = down.reshape(*ids.shape, -1)
-        shared, shared_logit = (self.shared(x), logits[1]) if self.shared is not None else (None, None)
+        if self.shared_id is not None:
+            shared, shared_logit = down[:, self.top_k], logits[1]  # the last column: a view combine reads in place
+        elif self.shared is not None:
+            shared, shared_logit = self.shared(x), logits[1]
+        else:
+            shared, shared_logit = None, None
         return experts.combine_experts(weights, down, shared, shared_logit).reshape(shape)
 
 

@@ -93,6 +93,32 @@ def test_fused_projections_equal_transformers(checkpoints, family, monkeypatch):
     assert (steps(model, ids, [1] * 16) - reference).abs().max() <= TOLERANCE
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("shared_width", [32, 48])
+def test_the_shared_expert_rides_in_the_expert_stacks_where_it_fits(tmp_path, monkeypatch, shared_width, fused):
+    """A shared expert as wide as the routed ones is expert E of the stacks (every token routes to it: one expert
+    launch computes it with the routed ones), gate and up fused or not; a wider one runs apart. Both give
+    transformers' logits, decoding and in a block."""
+    if fused:
+        monkeypatch.setattr(linear, "on_cuda", lambda w: True)
+    hf = tiny_model("qwen3_5_moe", moe_intermediate_size=32, shared_expert_intermediate_size=shared_width)
+    model = runtime(save(hf, tmp_path / "hf", "qwen3"))
+    moes = [layer.mlp for layer in model.layers]
+    experts = hf.config.num_experts
+    if shared_width == 32:
+        assert all(m.shared is None and m.shared_id == experts for m in moes)
+        assert all(w.shape[0] == experts + 1 for m in moes for w in [*m.gate_up, m.down_proj])
+        assert all(len(m.gate_up) == (1 if fused else 2) for m in moes)
+    else:
+        assert all(m.shared is not None and m.shared_id is None for m in moes)
+        assert all(w.shape[0] == experts for m in moes for w in [*m.gate_up, m.down_proj])
+    ids = torch.randint(0, hf.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (steps(model, ids, [12]) - reference).abs().max() <= TOLERANCE
+    assert (steps(model, ids, [1] * 12) - reference).abs().max() <= TOLERANCE
+
+
 @pytest.mark.parametrize(
     "rope",
     [

@@ -1,7 +1,7 @@
 """A MoE layer's first and last steps, one kernel each on the GPU (instead of the softmax, the sort-based
 top-k, and 2k + 4 elementwise ops torch launches for them):
 
-    weights, ids = route(logits, top_k, renormalise)
+    weights, ids = route(logits, top_k, renormalise, shared_id=E)
     out = combine_experts(weights, down, shared, shared_logit)
 
 `route`: the router's softmax in float32 over logits [N, E] (a view of a fused router output: rows through a
@@ -10,9 +10,12 @@ the expert matmuls' index type), renormalised to sum to one where the family say
 right). Given `prefetch` (the stacked expert weights' tensors, largest first: linear.expert_stacks) and PDL mode 2
 (triton_common.py), it also asks L2 for the chosen experts' bytes of as many of them as PREFETCH_BUDGET holds
 for all its tokens, the moment it has chosen them: the expert matmuls that follow find their weights on the way
-instead of starting their stream. `combine_experts`: each token's k expert outputs down [N, k, H] weighted by weights [N, k], plus the
-shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once to the
-activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
+instead of starting their stream. Where a MoE's shared expert rides in its expert stacks as expert E (one expert
+launch reads it with the routed ones: linear.with_expert), `shared_id=E` appends that id to every token's: ids
+[N, k + 1], weights still [N, k]. `combine_experts`: each token's k expert outputs down [N, k, H] (or [N, k + 1, H],
+the shared expert's output last, read from there when `shared` is that column's view) weighted by weights [N, k],
+plus the shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once
+to the activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
 order a row's sum by the row count), so a row's bits depend on its own inputs alone.
 """
 
@@ -40,16 +43,22 @@ PREFETCHED = 4  # stacked expert tensors route can prefetch: gate|up's and down'
 PREFETCH_BUDGET = 24 << 20
 
 
-def route(logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
+def route(
+    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = (), shared_id: int | None = None
+) -> tuple[Tensor, Tensor]:
     if logits.is_cuda:
-        return route_triton(logits, top_k, renormalise, prefetch)
-    return route_reference(logits, top_k, renormalise)
+        return route_triton(logits, top_k, renormalise, prefetch, shared_id)
+    return route_reference(logits, top_k, renormalise, shared_id)
 
 
-def route_reference(logits: Tensor, top_k: int, renormalise: bool) -> tuple[Tensor, Tensor]:
+def route_reference(
+    logits: Tensor, top_k: int, renormalise: bool, shared_id: int | None = None
+) -> tuple[Tensor, Tensor]:
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     ids = ids.to(torch.int32)  # the expert kernels' index type: no conversion per matmul
+    if shared_id is not None:
+        ids = torch.cat((ids, torch.full_like(ids[:, :1], shared_id)), dim=1)
     if renormalise:
         total = weights[:, 0]
         for j in range(1, top_k):
@@ -70,13 +79,14 @@ def within_budget(stacks: Sequence[Tensor], chosen: int) -> list[Tensor]:
 
 
 def route_triton(
-    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = ()
+    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = (), shared_id: int | None = None
 ) -> tuple[Tensor, Tensor]:
     require_triton("route")
     tokens, experts = logits.shape
     if logits.stride(-1) != 1 or not 0 < top_k <= experts:
         raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
-    if len(prefetch) > PREFETCHED or any(t.shape[0] != experts or not t.is_contiguous() for t in prefetch):
+    # a stack may hold the shared expert after the routed ones
+    if len(prefetch) > PREFETCHED or any(t.shape[0] < experts or not t.is_contiguous() for t in prefetch):
         raise ValueError(f"route: prefetch {[list(t.shape) for t in prefetch]}: at most {PREFETCHED} stacks")
     prefetch = within_budget(prefetch, tokens * top_k)
     # each expert's bytes of a stack, as bytes: contiguous, one stride of dim 0 apart (unused slots repeat one)
@@ -84,7 +94,8 @@ def route_triton(
     stacks += [stacks[0] if stacks else logits.view(torch.uint8)] * (PREFETCHED - len(stacks))
     expert_bytes = [t.stride(0) for t in stacks]
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
+    columns = top_k + (shared_id is not None)
+    ids = torch.empty(tokens, columns, dtype=torch.int32, device=logits.device)
     if tokens:
         _route_kernel[(tokens,)](
             logits,
@@ -94,11 +105,13 @@ def route_triton(
             logits.stride(0),
             *stacks,
             *expert_bytes,
+            -1 if shared_id is None else shared_id,
             TOP_K=top_k,
+            ID_COLUMNS=columns,
             RENORMALISE=renormalise,
             PREFETCH=len(prefetch),
             BLOCK_E=triton.next_power_of_2(experts),
-            BLOCK_K=triton.next_power_of_2(top_k),
+            BLOCK_K=triton.next_power_of_2(columns),
             **launch_options(),
         )
     return weights, ids
@@ -126,8 +139,15 @@ def combine_experts_reference(
 
 def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None) -> Tensor:
     require_triton("combine_experts")
-    tokens, top_k, hidden = down.shape
-    if weights.shape != (tokens, top_k) or (shared is None) != (shared_logit is None):
+    tokens, columns, hidden = down.shape
+    top_k = weights.shape[1]
+    # down's columns past the k routed ones: the shared expert's output, given as `shared` (its view)
+    extra = columns - top_k
+    if (
+        weights.shape[0] != tokens
+        or extra not in (0, int(shared is not None))
+        or (shared is None) != (shared_logit is None)
+    ):
         raise ValueError(f"combine_experts: weights {list(weights.shape)} and down {list(down.shape)} do not fit")
     if shared is not None and (shared.shape != (tokens, hidden) or shared_logit.shape != (tokens, 1)):
         raise ValueError(
@@ -136,8 +156,14 @@ def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None,
     out = torch.empty(tokens, hidden, dtype=down.dtype, device=down.device)
     if out.numel() == 0:
         return out
-    weights, down = weights.float().contiguous(), down.contiguous()
-    shared = down if shared is None else shared.contiguous()
+    # rows through strides: the shared expert's output may be down's last column (a view)
+    weights = weights.float().contiguous()
+    if down.stride(2) != 1 or down.stride(1) != hidden:
+        down = down.contiguous()
+    if shared is None:
+        shared = down[:, 0]  # a pointer the kernel never reads
+    elif shared.stride(1) != 1:
+        shared = shared.contiguous()
     logits = weights if shared_logit is None else shared_logit
     _combine_kernel[(tokens, triton.cdiv(hidden, BLOCK))](
         weights,
@@ -146,6 +172,8 @@ def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None,
         logits,
         out,
         hidden,
+        down.stride(0),
+        shared.stride(0),
         logits.stride(0),
         TOP_K=top_k,
         SHARED=shared_logit is not None,
@@ -165,6 +193,8 @@ if triton is not None:
         logit_ptr,
         out_ptr,
         hidden,
+        down_stride,
+        shared_stride,
         logit_stride,
         TOP_K: tl.constexpr,
         SHARED: tl.constexpr,
@@ -178,14 +208,14 @@ if triton is not None:
         out = tl.zeros([BLOCK], dtype=tl.float32)
         for j in tl.static_range(TOP_K):
             w = tl.load(w_ptr + row * TOP_K + j)
-            term = tl.load(down_ptr + (row * TOP_K + j) * hidden + cols, mask=inside, other=0.0).to(tl.float32)
+            term = tl.load(down_ptr + row * down_stride + j * hidden + cols, mask=inside, other=0.0).to(tl.float32)
             if j == 0:
                 out = w * term
             else:
                 out = out + w * term
         if SHARED:
             logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
-            shared = tl.load(shared_ptr + row * hidden + cols, mask=inside, other=0.0).to(tl.float32)
+            shared = tl.load(shared_ptr + row * shared_stride + cols, mask=inside, other=0.0).to(tl.float32)
             out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
         tl.store(out_ptr + row * hidden + cols, rounded(out, out_ptr.dtype.element_ty), mask=inside)
 
@@ -204,7 +234,9 @@ if triton is not None:
         b1,
         b2,
         b3,
+        shared_id,
         TOP_K: tl.constexpr,
+        ID_COLUMNS: tl.constexpr,
         RENORMALISE: tl.constexpr,
         PREFETCH: tl.constexpr,
         BLOCK_E: tl.constexpr,
@@ -235,7 +267,9 @@ if triton is not None:
             chosen = chosen / total
         kept = slots < TOP_K
         tl.store(w_ptr + row * TOP_K + slots, chosen, mask=kept)
-        tl.store(id_ptr + row * TOP_K + slots, ids, mask=kept)
+        if ID_COLUMNS > TOP_K:  # the shared expert's id after the routed ones
+            ids = tl.where(slots == TOP_K, shared_id, ids)
+        tl.store(id_ptr + row * ID_COLUMNS + slots, ids, mask=slots < ID_COLUMNS)
         if PDL == 2:  # the chosen experts' bytes of each stack (a slot past TOP_K repeats expert ids[0])
             first = tl.where(kept, ids, tl.max(tl.where(slots == 0, ids, 0), axis=0))
             if PREFETCH > 0:

@@ -227,6 +227,62 @@ def fuse_rows(weights: Sequence[Tensor | Packed]) -> Tensor | Packed:
     return replace(first, name="|".join(w.name for w in weights), shape=shape, parts=parts)
 
 
+def appendable_expert(stacks: Sequence[Tensor | Packed], expert: Sequence[Tensor | Packed]) -> bool:
+    """Whether `with_expert` can add `expert` (one weight per stack, each [rows, in]) to `stacks` (each [E, rows,
+    in], fused along their rows where there are several) as one more expert: the same dtype, or layout, parts and
+    column order, as one expert of its stack, every part shaped as that expert's; each side fusable along rows."""
+    if len(stacks) != len(expert) or not fusable_rows(stacks) or not fusable_rows(expert):
+        return False
+    for stack, one in zip(stacks, expert):
+        if type(stack) is not type(one) or len(stack.shape) != 3 or tuple(stack.shape[1:]) != tuple(one.shape):
+            return False
+        if isinstance(stack, Tensor):
+            if stack.dtype != one.dtype:
+                return False
+            continue
+        if stack.layout != one.layout or stack.parts.keys() != one.parts.keys():
+            return False
+        if any(p.shape[1:] != one.parts[k].shape or p.dtype != one.parts[k].dtype for k, p in stack.parts.items()):
+            return False
+        if (stack.col_order is None) != (one.col_order is None) or (
+            stack.col_order is not None and not torch.equal(stack.col_order, one.col_order)
+        ):
+            return False
+    return True
+
+
+def with_expert(stacks: Sequence[Tensor | Packed], expert: Sequence[Tensor | Packed]) -> Tensor | Packed:
+    """One stack of E + 1 experts: the stacks' E fused along their rows (as fuse_rows), then `expert` fused the
+    same way (a MoE's shared expert: the expert launches read it with the routed ones, by id E). Written once into
+    one new tensor per part, so a load holds no intermediate copy."""
+    if not appendable_expert(stacks, expert):
+        raise ValueError(
+            f"{', '.join(w.name if isinstance(w, Packed) else str(list(w.shape)) for w in [*stacks, *expert])}: "
+            "not one stack of experts"
+        )
+
+    def stacked(parts: Sequence[Tensor], ones: Sequence[Tensor]) -> Tensor:
+        """[E, rows_i, ...] and [rows_i, ...] -> [E + 1, sum rows_i, ...]; per-expert scalars [E] and [] -> [E + 1]."""
+        first = parts[0]
+        if first.ndim == 1:
+            return torch.cat((first, ones[0][None]))
+        out = first.new_empty((first.shape[0] + 1, sum(p.shape[1] for p in parts), *first.shape[2:]))
+        at = 0
+        for part, one in zip(parts, ones):
+            out[:-1, at : at + part.shape[1]] = part
+            out[-1, at : at + part.shape[1]] = one
+            at += part.shape[1]
+        return out
+
+    first = stacks[0]
+    shape = (first.shape[0] + 1, sum(w.shape[1] for w in stacks), first.shape[-1])
+    if isinstance(first, Tensor):
+        return stacked(stacks, expert)
+    parts = {key: stacked([w.parts[key] for w in stacks], [w.parts[key] for w in expert]) for key in first.parts}
+    name = "|".join(w.name for w in stacks) + "+" + "|".join(w.name for w in expert)
+    return replace(first, name=name, shape=shape, parts=parts)
+
+
 # ---- the Triton path -----------------------------------------------------------------------------------
 
 DENSE, FP8_TENSOR, FP8_BLOCK, NVFP4, AFFINE4, AFFINE8, Q8_0, Q4_K, Q5_K, Q6_K = range(10)

@@ -103,3 +103,22 @@ def test_route_given_expert_stacks_to_prefetch_routes_alike() -> None:
     assert experts.within_budget(stacks, budget // (4 << 10)) == stacks  # 4 KB an expert in all: all fit
     assert experts.within_budget(stacks, budget // (3 << 10)) == stacks[:2]
     assert experts.within_budget(stacks, budget // (2 << 10) + 1) == []
+
+
+@pytest.mark.parametrize("tokens,top_k", [(1, 8), (5, 3)])
+def test_a_shared_expert_in_the_stacks(tokens: int, top_k: int) -> None:
+    """route appends the shared expert's id E to every token's ids (weights unchanged), and combine reads its
+    output as down's last column in place: the same bits as given apart."""
+    torch.manual_seed(tokens + top_k)
+    logits = torch.randn(tokens, 16 + 1)[:, :16] * 3
+    for route in (experts.route_triton, experts.route_reference):
+        plain_w, plain_ids = route(logits, top_k, True)
+        w, ids = route(logits, top_k, True, shared_id=16)
+        assert torch.equal(w, plain_w) and ids.dtype == torch.int32
+        assert torch.equal(ids[:, :top_k], plain_ids) and (ids[:, top_k] == 16).all()
+    weights, down, shared, logit = inputs(tokens, top_k, 1100, True)
+    together = torch.cat((down, shared[:, None]), dim=1)  # [N, k + 1, H]: the shared expert's output last
+    for combine in (experts.combine_experts_triton, experts.combine_experts_reference):
+        assert torch.equal(combine(weights, together, together[:, top_k], logit), combine(weights, down, shared, logit))
+    with pytest.raises(ValueError, match="do not fit"):
+        experts.combine_experts_triton(weights, together, None, None)  # a column past k needs the shared expert

@@ -376,3 +376,43 @@ def test_planes_fused_rows() -> None:
     x = torch.randn(4, 256).bfloat16()
     truth, scale = exact(x, fused.dequantize())
     assert_close_to(linear.matmul_triton(x, fused), truth, scale, 1e-6)
+
+
+@pytest.mark.parametrize("layout", ["bf16", "fp8-block", "nvfp4-modelopt", "gguf-Q4_K"])
+def test_a_shared_expert_appended_to_expert_stacks(layout: str) -> None:
+    """with_expert: gate and up stacks of 3 experts, fused along their rows where they can be (NVFP4 experts
+    quantized one by one have their own per-tensor scales: not), the shared expert's gate and up as expert 3, in
+    one weight each (GGUF as the planes loaders give): each expert's rows are its pieces', and a token routed to
+    its experts and the shared one gets each product within the bound, alone as among the others."""
+    torch.manual_seed(hash(layout) % 1000 + 21)
+
+    def weight(w: torch.Tensor) -> torch.Tensor | Packed:
+        return w.bfloat16() if layout == "bf16" else linear.to_kernel_layout(packed(layout, w))
+
+    def stack(ws: list[torch.Tensor]) -> torch.Tensor | Packed:
+        return torch.stack(ws).bfloat16() if layout == "bf16" else linear.to_kernel_layout(stacked(layout, ws))
+
+    def dense(w: torch.Tensor | Packed) -> torch.Tensor:
+        return w.float() if isinstance(w, torch.Tensor) else w.dequantize()
+
+    gate, up = (stack([torch.randn(128, 256) for _ in range(3)]) for _ in range(2))
+    shared = [weight(torch.randn(128, 256)) for _ in range(2)]
+    fused = linear.fusable_rows([gate, up]) and linear.fusable_rows(shared)
+    assert fused == (layout != "nvfp4-modelopt")
+    pairs = [([gate, up], shared)] if fused else [([gate], shared[:1]), ([up], shared[1:])]
+    x = torch.randn(3, 256).bfloat16()
+    ids = torch.tensor([[2, 0, 3], [0, 1, 3], [1, 2, 3]], dtype=torch.int32)
+    for stacks, extra in pairs:
+        assert linear.appendable_expert(stacks, extra)
+        both = linear.with_expert(stacks, extra)
+        assert tuple(both.shape) == (4, 128 * len(stacks), 256)
+        for e in range(3):
+            assert torch.equal(dense(both)[e], torch.cat([dense(w)[e] for w in stacks]))
+        assert torch.equal(dense(both)[3], torch.cat([dense(w) for w in extra]))
+        check_experts(both, dense(both), x, ids)
+    # what cannot be one more expert: another width, or another layout
+    assert not linear.appendable_expert([gate], [weight(torch.randn(64, 256))])
+    other = torch.randn(128, 256).bfloat16() if layout != "bf16" else weight(torch.randn(128, 256)).float()
+    assert not linear.appendable_expert([gate], [other])
+    with pytest.raises(ValueError, match="not one stack of experts"):
+        linear.with_expert([gate], [other])
