@@ -195,16 +195,21 @@ def fusable_rows(weights: Sequence[Tensor | Packed]) -> bool:
         return False
     if isinstance(first, Tensor):
         return all(w.dtype == first.dtype for w in weights)
-    if any(w.layout != first.layout or w.parts.keys() != first.parts.keys() for w in weights) or any(
-        (w.col_order is None) != (first.col_order is None)
-        or (w.col_order is not None and not torch.equal(w.col_order, first.col_order))
-        for w in weights
+    if any(
+        w.layout != first.layout or w.parts.keys() != first.parts.keys() or not _same_columns(w, first) for w in weights
     ):
         return False
     if any(w.shape[lead] % codec(first.layout).row_block for w in weights[:-1]):
         return False  # a piece would end inside one of FP8's 128-row scale tiles
     scalars = [key for key, part in first.parts.items() if part.ndim == lead]  # per-tensor (per-expert) scales
     return all(torch.equal(w.parts[key], first.parts[key]) for key in scalars for w in weights)
+
+
+def _same_columns(a: Packed, b: Packed) -> bool:
+    """Whether two packed weights store their columns in the same order (Packed.col_order)."""
+    if a.col_order is None or b.col_order is None:
+        return a.col_order is b.col_order
+    return torch.equal(a.col_order, b.col_order)
 
 
 def fuse_rows(weights: Sequence[Tensor | Packed]) -> Tensor | Packed:
@@ -240,13 +245,9 @@ def appendable_expert(stacks: Sequence[Tensor | Packed], expert: Sequence[Tensor
             if stack.dtype != one.dtype:
                 return False
             continue
-        if stack.layout != one.layout or stack.parts.keys() != one.parts.keys():
+        if stack.layout != one.layout or stack.parts.keys() != one.parts.keys() or not _same_columns(stack, one):
             return False
         if any(p.shape[1:] != one.parts[k].shape or p.dtype != one.parts[k].dtype for k, p in stack.parts.items()):
-            return False
-        if (stack.col_order is None) != (one.col_order is None) or (
-            stack.col_order is not None and not torch.equal(stack.col_order, one.col_order)
-        ):
             return False
     return True
 
@@ -275,11 +276,11 @@ def with_expert(stacks: Sequence[Tensor | Packed], expert: Sequence[Tensor | Pac
         return out
 
     first = stacks[0]
-    shape = (first.shape[0] + 1, sum(w.shape[1] for w in stacks), first.shape[-1])
     if isinstance(first, Tensor):
         return stacked(stacks, expert)
     parts = {key: stacked([w.parts[key] for w in stacks], [w.parts[key] for w in expert]) for key in first.parts}
     name = "|".join(w.name for w in stacks) + "+" + "|".join(w.name for w in expert)
+    shape = (first.shape[0] + 1, sum(w.shape[1] for w in stacks), first.shape[-1])
     return replace(first, name=name, shape=shape, parts=parts)
 
 
