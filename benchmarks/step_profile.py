@@ -1,7 +1,7 @@
 """Where a decode step's time goes, kernel by kernel, on one GPU, beside the baselines measured in the same run.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/step_profile.py \
-        [--only check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16] [--out DIR] [--hf-tokens 32]
+        [--only check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16] [--out DIR] [--hf-tokens 32] [--tokens 4,16]
 
 Targets, random weights at real shape built in GPU memory through the runtime's own blocks (no checkpoint: a BF16
 35B-A3B is 70 GB, more than the GPU machine's disk holds):
@@ -20,6 +20,8 @@ embedding table, the top-k share of the routed experts; over the copy bandwidth 
 the nominal 4.8 TB/s). Then torch.profiler over 20 replays: per kernel, its launches and µs per step, and the gap
 (step time less kernel time: the graph's launch latency between kernels). Checks, bitwise: the graph's logits
 are the eager step's; a token decoded alone is the same inside a verify block of 8.
+`--tokens T,...`: also a step of T tokens of one sequence (a verify step's shape), graphed and profiled the same
+way, after the decode step (its kernels: a section of their own).
 Correctness first (check-8b-f32, check-35b-f32: the 8B, and the 35B-A3B's first four layers, in float32, against
 transformers in float32 on the same weights: bf16 rounding would hide a wrong kernel among rounding differences).
 Writes step_profile.md and step_profile.json to --out (default $OUT, else the working directory).
@@ -190,7 +192,29 @@ def seconds_per_replay(step: ForwardGraph) -> float:
     return (time.perf_counter() - start) / REPLAYS
 
 
-def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dict:
+def profile_graph(step: ForwardGraph) -> dict:
+    """ms a replay of a captured step, and per kernel its launches and µs per replay under torch.profiler."""
+    step_s = seconds_per_replay(step)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            step.graph.graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = re.sub(r"\(.*", "", event.name)[:60]
+            kernels[name][0] += 1
+            kernels[name][1] += event.device_time_total
+    per_step = {n: (c / PROFILED, us / PROFILED) for n, (c, us) in kernels.items()}
+    return {
+        "step_ms": step_s * 1e3,
+        "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])},
+        "kernel_us": sum(us for _, us in per_step.values()),
+        "launches": sum(c for c, _ in per_step.values()),
+    }
+
+
+def profile_step(model: Transformer, prompt: list[int], bandwidth: float, tokens: list[int]) -> dict:
     cache = model.new_cache(1, 256)
     token = model.head(prefill(model, cache, [prompt])).argmax(-1)[:, None]
     position = torch.tensor([[len(prompt)]], device="cuda")
@@ -201,19 +225,17 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dic
     decode = ForwardGraph(model, cache, 1, 1)
     decode.prepare(token, position)
     graphed = decode(token, position).logits.clone()
-    step_s = seconds_per_replay(decode)
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILED):
-            decode.graph.graph.replay()
-        torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = re.sub(r"\(.*", "", event.name)[:60]
-            kernels[name][0] += 1
-            kernels[name][1] += event.device_time_total
-    per_step = {n: (c / PROFILED, us / PROFILED) for n, (c, us) in kernels.items()}
+    profiled = profile_graph(decode)
+    del decode
+    wider = {}
+    for t in tokens:  # steps of t tokens, as a verify step of t, each replay from the same cache
+        block = torch.randint(0, model.config.vocab_size, (1, t), device="cuda")
+        rows = torch.arange(len(prompt), len(prompt) + t, device="cuda")[None]
+        step = ForwardGraph(model, cache, 1, t)
+        step.prepare(block, rows)
+        step(block, rows)
+        wider[t] = profile_graph(step)
+        del step
 
     # a token decoded alone vs inside a verify block of 8 (same cache contents before both)
     follow = torch.randint(0, model.config.vocab_size, (1, 8), device="cuda")
@@ -231,14 +253,12 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float) -> dic
     )
     read = step_bytes(model)
     return {
-        "step_ms": step_s * 1e3,
-        "tokens_per_s": 1 / step_s,
+        **profiled,
+        "tokens_per_s": 1e3 / profiled["step_ms"],
         "bytes_per_step": read,
         "roofline_copy": bandwidth / read,
         "roofline_nominal": NOMINAL / read,
-        "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])},
-        "kernel_us": sum(us for _, us in per_step.values()),
-        "launches": sum(c for c, _ in per_step.values()),
+        "steps_of_tokens": wider,
         "graph_equals_eager": torch.equal(graphed, eager),
         "alone_equals_block_of_8": torch.equal(alone, block),
     }
@@ -302,7 +322,7 @@ def check_float32(which: str, prompt: list[int]) -> dict:
     return result
 
 
-def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float) -> dict:
+def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float, tokens: list[int]) -> dict:
     gen = torch.Generator("cuda").manual_seed(0)
     if which == "8b":
         raw = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
@@ -346,13 +366,20 @@ def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float) -> d
             "top1_agreement": float((ours.argmax(-1) == hf_logits.argmax(-1)).float().mean()),
         }
     torch.cuda.empty_cache()
-    result.update(profile_step(model, prompt, bandwidth))
+    result.update(profile_step(model, prompt, bandwidth, tokens))
     result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
     if "transformers" in result:
         result["vs_transformers"] = result["tokens_per_s"] / result["transformers"]["tokens_per_s"]
     del model
     torch.cuda.empty_cache()
     return result
+
+
+def kernel_rows(step: dict) -> list[str]:
+    return [
+        f"| `{name}` | {k['launches']:.0f} | {k['us']:.1f} | {k['us'] / (step['step_ms'] * 1e3):.1%} |"
+        for name, k in step["kernels"].items()
+    ]
 
 
 def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
@@ -386,8 +413,17 @@ def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
             "| kernel | launches | µs | share |",
             "|---|---|---|---|",
         ]
-        for name, k in r["kernels"].items():
-            lines.append(f"| `{name}` | {k['launches']:.0f} | {k['us']:.1f} | {k['us'] / (r['step_ms'] * 1e3):.1%} |")
+        lines += kernel_rows(r)
+        for t, step in r.get("steps_of_tokens", {}).items():
+            lines += [
+                "",
+                f"## {r['target']}: kernels of a step of {t} tokens ({step['step_ms']:.3f} ms, "
+                f"{step['launches']:.0f} launches)",
+                "",
+                "| kernel | launches | µs | share |",
+                "|---|---|---|---|",
+            ]
+            lines += kernel_rows(step)
     return "\n".join(lines) + "\n"
 
 
@@ -396,9 +432,11 @@ def main() -> None:
     parser.add_argument("--only", default="check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--hf-tokens", type=int, default=32)
+    parser.add_argument("--tokens", default="", help="also steps of these many tokens (a verify step's shape)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     prompt = torch.randint(0, 150000, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    tokens = [int(t) for t in args.tokens.split(",") if t]
     results, checks = [], []
     for which in args.only.split(","):
         start = time.perf_counter()
@@ -407,12 +445,16 @@ def main() -> None:
                 checks.append(check_float32(which, prompt))
                 print(json.dumps(checks[-1]), file=sys.stderr, flush=True)
                 continue
-            results.append(target(which, prompt, args.hf_tokens, bandwidth))
+            results.append(target(which, prompt, args.hf_tokens, bandwidth, tokens))
         except Exception:  # report it and go on to the next target: one run of the GPU machine serves them all
             traceback.print_exc()
             continue
         results[-1]["wall_s"] = time.perf_counter() - start
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "kernels"}), file=sys.stderr, flush=True)
+        print(
+            json.dumps({k: v for k, v in results[-1].items() if k not in ("kernels", "steps_of_tokens")}),
+            file=sys.stderr,
+            flush=True,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     document = {"copy_bandwidth": bandwidth, "results": results, "float32_checks": checks}

@@ -12,7 +12,7 @@ plan prints, serializes and compares. An operation's `kind` says where it is exa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -171,8 +171,11 @@ OPS: dict[str, Op] = {
 TRAILING_OPS = ("rows", "take_rows", "take_cols", "add", "neg_exp", "log_neg")  # work on the last axes only
 
 
-def compose(first: list[TensorMap], second: list[TensorMap]) -> list[TensorMap]:
-    """`second` (over the names `first` produces) as maps over `first`'s sources."""
+def compose(
+    first: list[TensorMap], second: list[TensorMap], source_shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> list[TensorMap]:
+    """`second` (over the names `first` produces) as maps over `first`'s sources. Given the sources' shapes, a
+    map that concatenates sources only to take rows of one of them reads that one alone (`narrowed`)."""
     by_name = {m.name: m for m in first}
     out = []
     for m in second:
@@ -185,8 +188,27 @@ def compose(first: list[TensorMap], second: list[TensorMap]) -> list[TensorMap]:
             composed = restacked
         else:
             raise BadInput(m.name, "cannot be built in one pass between these namings; convert to bf16 first")
-        out.append(simplify(composed))
+        out.append(simplify(narrowed(composed, source_shapes) if source_shapes is not None else composed))
     return out
+
+
+def narrowed(m: TensorMap, source_shapes: Mapping[str, tuple[int, ...]]) -> TensorMap:
+    """cat_rows of sources then rows within one of them is that source's rows: a GGUF's ffn_gate_exps and
+    ffn_up_exps concatenated as gate_up_proj and cut again into gate_proj would otherwise read both for each
+    half (and count both as its bytes)."""
+    if len(m.steps) < 2 or m.steps[0].op != "cat_rows" or m.steps[1].op != "rows":
+        return m
+    if any(s not in source_shapes for s in m.sources):
+        return m
+    start, stop = m.steps[1].args
+    first = 0
+    for source in m.sources:
+        rows = source_shapes[source][-2]
+        if first <= start and stop <= first + rows:
+            cut = () if (start, stop) == (first, first + rows) else (Step("rows", (start - first, stop - first)),)
+            return TensorMap(m.name, m.shape, (source,), cut + m.steps[2:])
+        first += rows
+    return m
 
 
 def _restacked(inner: list[TensorMap], m: TensorMap) -> TensorMap | None:

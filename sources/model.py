@@ -504,7 +504,7 @@ def _open_hf(ref: str, path: str, files: ModelFiles, names: list[str]) -> Model:
         to_hf, notes = speculators.tensor_maps(speculators_kind, shapes, files.where)
     else:
         naming, to_hf = "hf", [identity(n, s) for n, s in shapes.items()]
-    maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}))
+    maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}), shapes)
     return Model(
         ref,
         path,
@@ -543,7 +543,11 @@ def _open_gguf(ref: str, path: str, target_vocab: int | None) -> Model:
             target_vocab=WEIGHTS_ONLY_VOCAB if weights_only else target_vocab,
         )
     config = parse_config(plan.config, path)
-    maps = compose(plan.tensors, canonical_maps(config, {m.name: m.shape for m in plan.tensors}))
+    maps = compose(
+        plan.tensors,
+        canonical_maps(config, {m.name: m.shape for m in plan.tensors}),
+        {n: w.shape for n, w in weights.items()},
+    )
     return Model(
         ref,
         directory,

@@ -66,6 +66,11 @@ def check_layout(source: Path, converted: Path) -> None:
     packed_plan = plan_load(other, "cpu", packed=True)
     quantized = {n for n in other.names if other.layout(n) not in ("bf16", "f16", "f32")}
     assert packed_plan.packed == {n for n in quantized if packed_plan.needs[n].matmul and "exl3" not in other.layout(n)}
+    # what the plan counts a packed weight as holding is what it holds (bench's memory and roofline read this)
+    streamed = dict(other.stream(packed_plan.packed, packed=True))
+    for name in packed_plan.packed:
+        held = sum(part.nbytes for part in streamed[name].parts.values())
+        assert packed_plan.resident[name] == pytest.approx(held, rel=0.01), name
     assert torch.equal(logits(load(packed_plan), ids), dequantized)
     error, bound = float((dequantized - expected).norm() / expected.norm()), weight_error(reference, other)
     assert error <= AMPLIFICATION * bound + 1e-6, (error, bound)
