@@ -374,8 +374,7 @@ class MoE:
         else:
             gate, up = (linear.matmul_experts(x, w, ids) for w in self.gate_up)
         act = activation.silu_mul(gate, up)  # [N, k(+1), I]
-        down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids.reshape(-1, 1))
-        down = down.reshape(*ids.shape, -1)
+        down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids, per_pair=True)
         if self.shared_id is not None:
             shared, shared_logit = down[:, self.top_k], logits[1]  # the last column: a view combine reads in place
         elif self.shared is not None:

@@ -49,8 +49,10 @@ def _matmul(x: torch.Tensor, w) -> torch.Tensor:
     return x @ w.T.to(x.dtype)
 
 
-def _matmul_experts(x: torch.Tensor, w, ids: torch.Tensor) -> torch.Tensor:
+def _matmul_experts(x: torch.Tensor, w, ids: torch.Tensor, per_pair: bool = False) -> torch.Tensor:
     w = w.dequantize() if isinstance(w, Packed) else w
+    if per_pair:
+        return torch.einsum("tsnk,tsk->tsn", w[ids], x.reshape(*ids.shape, -1))
     return torch.einsum("tsnk,tk->tsn", w[ids], x)
 
 

@@ -2,7 +2,8 @@
 
 x [M, K] (bf16 on the GPU, float32 on the CPU); W [N, K]; y [M, N] in x's dtype, accumulated in float32.
 `matmul_experts` is the routed-expert form for few tokens: W stacked [E, N, K], expert_ids [T, k], and
-y[t, s] = W[expert_ids[t, s]] @ x[t].
+y[t, s] = W[expert_ids[t, s]] @ x[t]; or, `per_pair` (the down projection, whose input is each pair's SwiGLU),
+x [T·k, K] and y[t, s] = W[expert_ids[t, s]] @ x[t·k + s].
 
 The CPU path (`*_reference`) dequantizes through the layout's codec (formats/codecs.py, bit-exact with the
 reference libraries) and multiplies in fixed tiles of rows (cpu_rows.py). The Triton path streams the stored parts once
@@ -136,10 +137,10 @@ def expert_stacks(weights: Sequence[Tensor | Packed], smallest: int = 1024) -> l
     return sorted(stacked, key=lambda t: -t.stride(0) * t.element_size())
 
 
-def matmul_experts(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
+def matmul_experts(x: Tensor, w: Tensor | Packed, expert_ids: Tensor, per_pair: bool = False) -> Tensor:
     if x.is_cuda:
-        return matmul_experts_triton(x, w, expert_ids)
-    return matmul_experts_reference(x, w, expert_ids)
+        return matmul_experts_triton(x, w, expert_ids, per_pair=per_pair)
+    return matmul_experts_reference(x, w, expert_ids, per_pair)
 
 
 def _product_weight(w: Tensor | Packed) -> Tensor:
@@ -151,12 +152,14 @@ def matmul_reference(x: Tensor, w: Tensor | Packed) -> Tensor:
     return weight_mm(x, _product_weight(w)).to(x.dtype)
 
 
-def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor) -> Tensor:
+def matmul_experts_reference(x: Tensor, w: Tensor | Packed, expert_ids: Tensor, per_pair: bool = False) -> Tensor:
     out = torch.empty(*expert_ids.shape, w.shape[1], dtype=x.dtype)
+    pairs = x.reshape(*expert_ids.shape, -1) if per_pair else None
     for e in expert_ids.unique().tolist():  # an expert's tokens in tiles: a row's bits are its own (cpu_rows.py)
         tokens, slots = (expert_ids == e).nonzero(as_tuple=True)
         weight = _product_weight(w.expert(e) if isinstance(w, Packed) else w[e])
-        out[tokens, slots] = rows_mm(x[tokens], weight.T).to(x.dtype)
+        rows = x[tokens] if pairs is None else pairs[tokens, slots]
+        out[tokens, slots] = rows_mm(rows, weight.T).to(x.dtype)
     return out
 
 
@@ -497,7 +500,7 @@ def _launch(
         table = torch.empty(3, dtype=torch.int32, device=x.device)
     if order is None:
         order = table
-    tokens = x.shape[0]
+    tokens = out_rows // top_k if routing >= 2 else x.shape[0]  # routing 3: x has a row per pair
     grid = (tiles, triton.cdiv(op.n, tiling.block_n), splits)
     if isinstance(op, _PlanesOperand):
         desc = op.planes
@@ -638,19 +641,26 @@ def matmul_triton(x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None) -> 
 
 
 def matmul_experts_triton(
-    x: Tensor, w: Tensor | Packed, expert_ids: Tensor, tiles: Tiles | None = None, window: bool | None = None
+    x: Tensor,
+    w: Tensor | Packed,
+    expert_ids: Tensor,
+    tiles: Tiles | None = None,
+    window: bool | None = None,
+    per_pair: bool = False,
 ) -> Tensor:
     """Each touched expert is read once per tile of its tokens. Up to a tile's tokens (decode, a verify
     block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
-    computes them all if it is the first of them, so no sorting runs before the matmul. Longer calls sort the
-    pairs by expert on the device and cut them into tiles of one expert's rows, with a size bound that depends
-    on T·k and E alone (no host synchronisation, fit for CUDA graphs). Either way a pair's bits are the same.
-    `window` forces one way or the other (tests compare them)."""
+    computes them all if it is the first of them, so no sorting runs before the matmul (`per_pair`: it reads
+    each pair's own row of x: routing 3). Longer calls sort the pairs by expert on the device (some twenty
+    small launches) and cut them into tiles of one expert's rows, with a size bound that depends on T·k and E
+    alone (no host synchronisation, fit for CUDA graphs). Either way a pair's bits are the same. `window`
+    forces one way or the other (tests compare them)."""
     require_triton("matmul_experts")
     op = _operand(w)
     if isinstance(w, Packed):
         x = w.inputs(x)
-    if op.experts is None or x.shape[-1] != op.k or expert_ids.shape[0] != x.shape[0]:
+    x_rows = expert_ids.numel() if per_pair else expert_ids.shape[0]
+    if op.experts is None or x.shape[-1] != op.k or x.shape[0] != x_rows:
         raise ValueError(
             f"matmul_experts: x {list(x.shape)}, weight {list(w.shape)}, expert_ids {list(expert_ids.shape)} do not fit"
         )
@@ -663,7 +673,7 @@ def matmul_experts_triton(
         window = tokens <= rows and top_k <= WINDOW_TOP_K
     if window:
         ids = expert_ids.to(torch.int32).contiguous()
-        y = _launch(x, op, pairs, pairs, tiling, routing=2, table=ids, top_k=top_k)
+        y = _launch(x, op, pairs, pairs, tiling, routing=3 if per_pair else 2, table=ids, top_k=top_k)
         return y.reshape(tokens, top_k, op.n)
     flat = expert_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True).to(torch.int32)
@@ -679,7 +689,8 @@ def matmul_experts_triton(
     end = torch.minimum(begin + rows, first_pair[expert] + counts[expert])
     end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
     table = torch.stack([expert, begin, end], 1).to(torch.int32).contiguous()
-    y = _launch(x, op, pairs, n_tiles, tiling, routing=1, table=table, order=order, top_k=top_k)
+    # a sorted pair's row of x: its token's (pair // top_k), or its own
+    y = _launch(x, op, pairs, n_tiles, tiling, routing=1, table=table, order=order, top_k=1 if per_pair else top_k)
     return y.reshape(tokens, top_k, op.n)
 
 
@@ -912,7 +923,8 @@ if triton is not None:
     @device_function
     def _tile_rows(table_ptr, order_ptr, out_rows, routing, top_k, tokens, BLOCK_M: tl.constexpr, TOPK: tl.constexpr):
         """(expert, rows of x, rows of y, which of the BLOCK_M slots hold a row) of this program's tile: rows of
-        x (routing 0), or (token, slot) pairs of one expert (1: the sorted tile table; 2: found in expert_ids)."""
+        x (routing 0), or (token, slot) pairs of one expert (1: the sorted tile table; 2: found in expert_ids, x a
+        row per token; 3: likewise, x a row per pair)."""
         tile = tl.program_id(0)
         slot = tl.arange(0, BLOCK_M)
         x_rows = tile * BLOCK_M + slot
@@ -928,7 +940,7 @@ if triton is not None:
             pair = tl.load(order_ptr + index, mask=valid, other=0)
             x_rows = pair // top_k
             y_rows = pair
-        if routing == 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
+        if routing >= 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
             ss = tl.arange(0, TOPK)
             ids = tl.load(
                 table_ptr + slot[:, None] * top_k + ss[None, :],
@@ -945,8 +957,8 @@ if triton is not None:
             flat = slot[:, None] * TOPK + ss[None, :]
             leader = tl.min(tl.where(match, flat, BLOCK_M * TOPK)) == tl.sum(tl.where(here, flat, 0))
             valid = tl.where(leader, tl.max(match.to(tl.int32), axis=1), 0) > 0
-            x_rows = slot
             y_rows = slot * top_k + tl.sum(tl.where(match, ss[None, :], 0), axis=1)
+            x_rows = y_rows if routing == 3 else slot
         return expert.to(tl.int64), x_rows.to(tl.int64), y_rows.to(tl.int64), valid
 
     @device_function

@@ -247,6 +247,29 @@ def test_matmul_experts_window_equals_sorted(layout: str) -> None:
     check_experts(w, w.dequantize(), x[:3], few)
 
 
+@pytest.mark.parametrize("layout", ["bf16", "nvfp4-modelopt", "gguf-Q4_K", "gguf-Q4_K planes"])
+def test_matmul_experts_per_pair(layout: str) -> None:
+    """A row of x per (token, slot) pair (the down projection's SwiGLU outputs): found in the window and in the
+    sorted table, the same bits as the pairs given one by one as tokens of top-1 (how the MoE called it before);
+    GGUF as stored and as the planes the loader makes of it (the planes kernel)."""
+    torch.manual_seed(11)
+    w = stacked(layout.removesuffix(" planes"), [torch.randn(N, 256) for _ in range(5)])
+    if layout.endswith(" planes"):
+        w = linear.to_kernel_layout(w)
+    for tokens, ids in [(3, torch.tensor([[0, 0, 2], [2, 4, 0], [1, 2, 3]])), (1, torch.tensor([[4, 1, 3]]))]:
+        x = torch.randn(ids.numel(), 256).bfloat16()
+        one_by_one = linear.matmul_experts_triton(x, w, ids.reshape(-1, 1)).reshape(tokens, 3, N)
+        for window in (True, False):
+            assert torch.equal(linear.matmul_experts_triton(x, w, ids, window=window, per_pair=True), one_by_one)
+        reference = linear.matmul_experts_reference(x, w, ids, per_pair=True)
+        assert torch.equal(reference, linear.matmul_experts_reference(x, w, ids.reshape(-1, 1)).reshape(tokens, 3, N))
+        truth = torch.einsum("tsnk,tsk->tsn", w.dequantize()[ids].double(), x.reshape(tokens, 3, -1).double())
+        scale = torch.einsum(
+            "tsnk,tsk->tsn", w.dequantize()[ids].double().abs(), x.reshape(tokens, 3, -1).double().abs()
+        )
+        assert_close_to(one_by_one, truth, scale, 1e-6)
+
+
 def test_matmul_experts_many_tokens_per_expert() -> None:
     """18 tokens on expert 0 (two tiles of its rows), an untouched expert, a token's two slots on one expert."""
     torch.manual_seed(4)
