@@ -369,11 +369,10 @@ class MoE:
         x = x.reshape(-1, shape[-1])
         logits = self.router(x)
         weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch, self.shared_id)
-        if len(self.gate_up) == 1:
-            gate, up = linear.matmul_experts(x, self.gate_up[0], ids).chunk(2, dim=-1)
+        if len(self.gate_up) == 1:  # its split-K partials summed in the SwiGLU's kernel
+            act = activation.swiglu(linear.matmul_experts(x, self.gate_up[0], ids, unsummed=True))
         else:
-            gate, up = (linear.matmul_experts(x, w, ids) for w in self.gate_up)
-        act = activation.silu_mul(gate, up)  # [N, k(+1), I]
+            act = activation.silu_mul(*(linear.matmul_experts(x, w, ids) for w in self.gate_up))
         down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids, per_pair=True)
         if self.shared_id is not None:
             shared, shared_logit = down[:, self.top_k], logits[1]  # the last column: a view combine reads in place

@@ -4,7 +4,9 @@ five elementwise ops (and their four intermediate tensors) that torch runs for i
 
 gate and up may be views into one fused projection's output ([M, 2I] from a gate|up weight): rows are read
 through a row stride, columns must be contiguous. Elementwise, so batch-invariant by construction: an element's
-bits depend on its own two inputs alone.
+bits depend on its own two inputs alone. `swiglu(gate_up)` takes the fused output whole, or its split-K partials
+(linear.SplitSums: the routed experts' gate|up), which its kernel adds as the matmul's sum kernel would (in split
+order, rounded to the activations' dtype) before the SwiGLU: one launch instead of two, the same bits.
 
 The gated attention's output gate, sigmoid_mul(o, gate): o [..., H, D] times sigmoid(gate) in float32, rounded to
 o's dtype, times o, rounded again; gate may be the strided half of each head of a q|gate projection ([..., H, D]
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     launch_options,
@@ -26,6 +29,31 @@ from specpair.runtime.kernels.triton_common import (
 )
 
 BLOCK = 1024  # columns per program
+
+
+def swiglu(gate_up: Tensor | SplitSums) -> Tensor:
+    """silu(gate) * up of a fused gate|up product [..., 2I] (gate first), or of its partials ([rows, I] out)."""
+    if isinstance(gate_up, Tensor):
+        return silu_mul(*gate_up.chunk(2, dim=-1))
+    require_triton("swiglu")
+    splits, rows, width = gate_up.partial.shape[0], gate_up.partial.shape[1], gate_up.partial.shape[2] // 2
+    out = torch.empty(rows, width, dtype=gate_up.dtype, device=gate_up.partial.device)
+    if out.numel():
+        partial = gate_up.partial
+        _silu_mul_kernel[(rows, triton.cdiv(width, BLOCK))](
+            partial,
+            partial[..., width:],
+            out,
+            width,
+            partial.stride(1),
+            partial.stride(1),
+            partial.stride(0),
+            splits,
+            PARTIALS=True,
+            BLOCK=BLOCK,
+            **launch_options(),
+        )
+    return out
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
@@ -56,6 +84,9 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
             width,
             gate.stride(0),
             up.stride(0),
+            0,
+            1,
+            PARTIALS=False,
             BLOCK=BLOCK,
             **launch_options(),
         )
@@ -106,15 +137,35 @@ if triton is not None:
 
     @triton.jit(do_not_specialize_on_alignment=["gate_ptr", "up_ptr", "out_ptr"])
     def _silu_mul_kernel(
-        gate_ptr, up_ptr, out_ptr, width, gate_stride, up_stride, BLOCK: tl.constexpr, PDL: tl.constexpr
+        gate_ptr,
+        up_ptr,
+        out_ptr,
+        width,
+        gate_stride,
+        up_stride,
+        plane,
+        splits,
+        PARTIALS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
-        g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
-        u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)
         dtype = out_ptr.dtype.element_ty
+        if PARTIALS:  # float32 partials [splits, rows, 2I]: summed as linear's _sum_splits_kernel sums them
+            g = tl.zeros([BLOCK], tl.float32)
+            u = tl.zeros([BLOCK], tl.float32)
+            for s in range(splits):
+                at = s * plane.to(tl.int64) + row * gate_stride + cols
+                g += tl.load(gate_ptr + at, mask=inside, other=0.0)
+                u += tl.load(up_ptr + at, mask=inside, other=0.0)
+            g = rounded(g, dtype).to(tl.float32)
+            u = rounded(u, dtype).to(tl.float32)
+        else:
+            g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
+            u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)
         activated = rounded(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
         tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)
 

@@ -47,7 +47,8 @@ E4M3 NaN code, which no quantizer writes, decodes to a finite value here).
 Batch invariance: a fixed number of tokens per tile whatever M (16, or 8 in some planes tilings; rows past M
 are zeros), one tile configuration per (layout, N, K) (`_config`), never chosen by M or by the routing; a split
 of K, where the weight's shape asks for one, sums its float32 partials in a fixed order in a second kernel
-(never atomics). A row's position in a
+(never atomics), or, where the caller asks for them (`unsummed`: SplitSums), in the kernel that reads the product
+next, in the same order and rounding (the routed experts' gate|up: their SwiGLU, activation.swiglu). A row's position in a
 tile, and which other rows share it, do not change its bits: the tensor core treats every token column alike.
 """
 
@@ -137,9 +138,13 @@ def expert_stacks(weights: Sequence[Tensor | Packed], smallest: int = 1024) -> l
     return sorted(stacked, key=lambda t: -t.stride(0) * t.element_size())
 
 
-def matmul_experts(x: Tensor, w: Tensor | Packed, expert_ids: Tensor, per_pair: bool = False) -> Tensor:
+def matmul_experts(
+    x: Tensor, w: Tensor | Packed, expert_ids: Tensor, per_pair: bool = False, unsummed: bool = False
+) -> Tensor | SplitSums:
+    """`unsummed`: where the GPU kernel splits K, its partials over the pairs' rows (SplitSums of [splits, T·k, N])
+    for the next kernel to add; else (and always on the CPU) y [T, k, N]."""
     if x.is_cuda:
-        return matmul_experts_triton(x, w, expert_ids, per_pair=per_pair)
+        return matmul_experts_triton(x, w, expert_ids, per_pair=per_pair, unsummed=unsummed)
     return matmul_experts_reference(x, w, expert_ids, per_pair)
 
 
@@ -474,6 +479,23 @@ def tiles_of(w: Tensor | Packed) -> Tiles:
     return _config(_operand(w))
 
 
+@dataclass(frozen=True)
+class SplitSums:
+    """A product whose K was split, before its float32 partials [splits, rows, N] are added: a kernel that reads
+    it adds them itself, in split order, rounded to `dtype` (the bits `summed` gives), saving a launch."""
+
+    partial: Tensor
+    dtype: torch.dtype
+
+    def summed(self) -> Tensor:
+        splits, rows, n = self.partial.shape
+        y = torch.empty(rows, n, dtype=self.dtype, device=self.partial.device)
+        _sum_splits_kernel[(rows, triton.cdiv(n, 256))](
+            self.partial, y, splits, rows * n, n, BLOCK=256, **launch_options()
+        )
+        return y
+
+
 def _launch(
     x: Tensor,
     op: _Operand | _PlanesOperand,
@@ -484,10 +506,12 @@ def _launch(
     table: Tensor | None = None,
     order: Tensor | None = None,
     top_k: int = 0,
-) -> Tensor:
+    unsummed: bool = False,
+) -> Tensor | SplitSums:
     """y [out_rows, N]: rows of x in tiles of block_m (routing 0); the routed pairs of a tile table
     (routing 1: `table` rows (expert, begin, end) over the expert-sorted `order`); or, for at most block_m
-    tokens, the pairs each program finds itself in expert_ids, given as `table` (routing 2)."""
+    tokens, the pairs each program finds itself in expert_ids, given as `table` (routing 2, 3). `unsummed`: a
+    split K's partials as they are (SplitSums)."""
     f32 = INTERPRETED or x.dtype != torch.bfloat16 or op.f32_weight
     y = torch.empty(out_rows, op.n, dtype=x.dtype, device=x.device)
     if out_rows == 0 or op.n == 0:
@@ -577,11 +601,10 @@ def _launch(
             num_stages=tiling.stages,
             **launch_options(),
         )
-    if splits > 1:
-        _sum_splits_kernel[(out_rows, triton.cdiv(op.n, 256))](
-            partial, y, splits, out_rows * op.n, op.n, BLOCK=256, **launch_options()
-        )
-    return y
+    if splits == 1:
+        return y
+    sums = SplitSums(partial, y.dtype)
+    return sums if unsummed else sums.summed()
 
 
 PLANE_SCALES = ("f16", "int8", "kquant")  # the planes kernel's SCALES codes, for gguf_planes.Planes.scales
@@ -647,7 +670,8 @@ def matmul_experts_triton(
     tiles: Tiles | None = None,
     window: bool | None = None,
     per_pair: bool = False,
-) -> Tensor:
+    unsummed: bool = False,
+) -> Tensor | SplitSums:
     """Each touched expert is read once per tile of its tokens. Up to a tile's tokens (decode, a verify
     block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
     computes them all if it is the first of them, so no sorting runs before the matmul (`per_pair`: it reads
@@ -673,8 +697,10 @@ def matmul_experts_triton(
         window = tokens <= rows and top_k <= WINDOW_TOP_K
     if window:
         ids = expert_ids.to(torch.int32).contiguous()
-        y = _launch(x, op, pairs, pairs, tiling, routing=3 if per_pair else 2, table=ids, top_k=top_k)
-        return y.reshape(tokens, top_k, op.n)
+        y = _launch(
+            x, op, pairs, pairs, tiling, routing=3 if per_pair else 2, table=ids, top_k=top_k, unsummed=unsummed
+        )
+        return y if isinstance(y, SplitSums) else y.reshape(tokens, top_k, op.n)
     flat = expert_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True).to(torch.int32)
     # scatter_add, not bincount: bincount sizes its output from the data, a host synchronisation on CUDA
@@ -690,8 +716,19 @@ def matmul_experts_triton(
     end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
     table = torch.stack([expert, begin, end], 1).to(torch.int32).contiguous()
     # a sorted pair's row of x: its token's (pair // top_k), or its own
-    y = _launch(x, op, pairs, n_tiles, tiling, routing=1, table=table, order=order, top_k=1 if per_pair else top_k)
-    return y.reshape(tokens, top_k, op.n)
+    y = _launch(
+        x,
+        op,
+        pairs,
+        n_tiles,
+        tiling,
+        routing=1,
+        table=table,
+        order=order,
+        top_k=1 if per_pair else top_k,
+        unsummed=unsummed,
+    )
+    return y if isinstance(y, SplitSums) else y.reshape(tokens, top_k, op.n)
 
 
 if triton is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpair.runtime.kernels import activation
+from specpair.runtime.kernels import activation, linear
 
 
 def assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -15,6 +15,21 @@ def assert_within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
     rounding to bf16, so the result by one bf16 ulp at most."""
     assert got.dtype == want.dtype and not got.isnan().any(), "unwritten (NaN) elements"
     assert ((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs() + 1e-30).all()
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_swiglu_adds_split_sums_as_the_sum_kernel_does(splits: int) -> None:
+    """A gate|up product's float32 partials: the SwiGLU that adds them gives the bits of summing first (the
+    matmul's sum kernel), then the SwiGLU of the two halves; a row alone as among others."""
+    torch.manual_seed(splits)
+    partial = torch.randn(splits, 7, 2 * 1100) * 3
+    sums = linear.SplitSums(partial, torch.bfloat16)
+    summed = sums.summed()
+    want = activation.silu_mul_triton(*summed.chunk(2, dim=-1))
+    got = activation.swiglu(sums)
+    assert got.shape == (7, 1100) and torch.equal(got, want)
+    alone = activation.swiglu(linear.SplitSums(partial[:, 3:4].clone(), torch.bfloat16))
+    assert torch.equal(alone[0], got[3])
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (19, 1500), (2, 3, 40)])

@@ -270,6 +270,18 @@ def test_matmul_experts_per_pair(layout: str) -> None:
         assert_close_to(one_by_one, truth, scale, 1e-6)
 
 
+@pytest.mark.parametrize("window", [True, False])
+def test_matmul_experts_unsummed(window: bool) -> None:
+    """A K split in four: its partials, summed, are the bits of the summed product (the SwiGLU adds them)."""
+    torch.manual_seed(12)
+    w = stacked("nvfp4-modelopt", [torch.randn(N, 2048) for _ in range(4)])
+    x = torch.randn(3, 2048).bfloat16()
+    ids = torch.tensor([[0, 3], [3, 1], [2, 3]])
+    sums = linear.matmul_experts_triton(x, w, ids, window=window, unsummed=True)
+    assert isinstance(sums, linear.SplitSums) and sums.partial.shape[:2] == (linear.tiles_of(w).splits, 6)
+    assert torch.equal(sums.summed().reshape(3, 2, N), linear.matmul_experts_triton(x, w, ids, window=window))
+
+
 def test_matmul_experts_many_tokens_per_expert() -> None:
     """18 tokens on expert 0 (two tiles of its rows), an untouched expert, a token's two slots on one expert."""
     torch.manual_seed(4)
