@@ -28,6 +28,7 @@ from specpair.checkpoint.config import ModelConfig
 from specpair.formats.packed import Packed
 from specpair.runtime.cache import Cache, GDNInputs, Pending
 from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.parallel import SINGLE
 from specpair.runtime.rope import Rope
 
@@ -35,9 +36,12 @@ Weight = Tensor | Packed
 Fetch = Callable[..., Weight]  # fetch(name, shape, matmul=False, fp32=False)
 
 
-def project(x: Tensor, w: Weight, bias: Tensor | None = None) -> Tensor:
-    """x [..., in] @ w.T -> [..., out]."""
-    out = linear.matmul(x.reshape(-1, x.shape[-1]), w)
+def project(x: Tensor, w: Weight, bias: Tensor | None = None, unsummed: bool = False) -> Tensor | SplitSums:
+    """x [..., in] @ w.T -> [..., out]; `unsummed` (no bias): a split K's partials over x's rows as they are, for
+    the kernel that reads the product next to add (a mixer's output: the residual add and norm after it)."""
+    out = linear.matmul(x.reshape(-1, x.shape[-1]), w, unsummed=unsummed and bias is None)
+    if isinstance(out, SplitSums):
+        return out
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
@@ -118,8 +122,9 @@ class Norm:
         out = norm.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, self.zero_centred)
         return out.reshape(x.shape)
 
-    def add(self, h: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
-        """(h + delta, this norm of it): a residual add and the norm after it, in one pass."""
+    def add(self, h: Tensor, delta: Tensor | SplitSums) -> tuple[Tensor, Tensor]:
+        """(h + delta, this norm of it): a residual add and the norm after it, in one pass (delta: or the partials
+        of a split product over h's rows, added first)."""
         return norm.add_rms_norm(h, delta, self.weight, self.eps, self.zero_centred)
 
 
@@ -134,7 +139,8 @@ class Step:
     pending: Pending | None  # a verify step: what its commit needs to roll it back is kept here
     kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
     kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
-    reduce: Callable[[Tensor], Tensor]  # the sum of a row-parallel output over the ranks (runtime/parallel.py)
+    # the sum of a row-parallel output over the ranks (runtime/parallel.py); partials come back as they are on one
+    reduce: Callable[[Tensor | SplitSums], Tensor | SplitSums]
 
     @classmethod
     def of(
@@ -201,7 +207,7 @@ class Attention:
             rope,
         )
 
-    def __call__(self, h: Tensor, step: Step) -> Tensor:
+    def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
         q, k, v = self.qkv(h)
         q = q.view(B, T, self.heads, -1)
@@ -220,7 +226,7 @@ class Attention:
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5)
         if self.gated:
             o = activation.sigmoid_mul(o, gate)
-        return project(o.reshape(B, T, self.heads * self.head_dim), self.o_proj, self.o_bias)
+        return project(o.reshape(B, T, self.heads * self.head_dim), self.o_proj, self.o_bias, unsummed=True)
 
 
 @dataclass
@@ -272,7 +278,7 @@ class GatedDeltaNet:
             config.rms_norm_eps,
         )
 
-    def __call__(self, h: Tensor, step: Step) -> Tensor:
+    def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
         qkv, z, b, a = self.in_proj(h)
         verify = step.pending is not None
@@ -289,7 +295,7 @@ class GatedDeltaNet:
         o = norm.gated_rms_norm(
             o.reshape(-1, self.value_dim), z.reshape(-1, self.value_dim), self.norm_weight, self.eps
         )
-        return project(o.reshape(B, T, -1), self.out_proj)
+        return project(o.reshape(B, T, -1), self.out_proj, unsummed=True)
 
 
 @dataclass

@@ -44,7 +44,7 @@ MTP_KEYS = {
 # ------------------------------------------------------------------------------------------------ kernels
 
 
-def _matmul(x: torch.Tensor, w) -> torch.Tensor:
+def _matmul(x: torch.Tensor, w, unsummed: bool = False) -> torch.Tensor:
     w = w.dequantize() if isinstance(w, Packed) else w
     return x @ w.T.to(x.dtype)
 

@@ -123,9 +123,10 @@ PLANES_TILES = {
 }
 
 
-def matmul(x: Tensor, w: Tensor | Packed) -> Tensor:
+def matmul(x: Tensor, w: Tensor | Packed, unsummed: bool = False) -> Tensor | SplitSums:
+    """`unsummed`: where the GPU kernel splits K, its partials (SplitSums) for the next kernel to add."""
     if x.is_cuda:
-        return matmul_triton(x, w)
+        return matmul_triton(x, w, unsummed=unsummed)
     return matmul_reference(x, w)
 
 
@@ -650,7 +651,9 @@ def _activations(x: Tensor) -> Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-def matmul_triton(x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None) -> Tensor:
+def matmul_triton(
+    x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None, unsummed: bool = False
+) -> Tensor | SplitSums:
     """`tiles` overrides the weight's configuration (benchmarks compare candidates with it)."""
     require_triton("matmul")
     op = _operand(w)
@@ -660,7 +663,7 @@ def matmul_triton(x: Tensor, w: Tensor | Packed, tiles: Tiles | None = None) -> 
         raise ValueError(f"matmul: x {list(x.shape)} and weight {list(w.shape)} do not fit")
     x = _activations(x)
     tiling = tiles or _config(op)
-    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], tiling.block_m), tiling)
+    return _launch(x, op, x.shape[0], triton.cdiv(x.shape[0], tiling.block_m), tiling, unsummed=unsummed)
 
 
 def matmul_experts_triton(

@@ -9,7 +9,10 @@
   `(w * x̂.to(dtype)) * silu(float32(gate))`, rounded to x's dtype; the middle product is rounded to the
   promoted dtype of (w, x), as transformers' dtype promotion does.
 - `add_rms_norm(h, delta, w, eps, zero_centred)`: the residual stream's `h + delta` (rounded to h's dtype, as
-  torch's add rounds it) and its `rms_norm`, in one pass: a decoder layer's add and the next norm.
+  torch's add rounds it) and its `rms_norm`, in one pass: a decoder layer's add and the next norm. On the GPU
+  delta may be a split product's float32 partials (linear.SplitSums: a mixer's output projection), which the
+  kernel adds first as the matmul's sum kernel would (in split order, rounded to h's dtype): the same bits, one
+  launch fewer.
 x̂ = x · rsqrt(mean(x²) + eps), with x widened to float32. Rows are independent: one row per Triton program; the
 CPU reference norms all rows in one pass whose every op computes a row from that row alone (`_normed_rows`), so no
 row's bits depend on the others.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     launch_options,
@@ -42,7 +46,9 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     return gated_rms_norm_reference(x, gate, weight, eps)
 
 
-def add_rms_norm(h: Tensor, delta: Tensor, weight: Tensor, eps: float, zero_centred: bool) -> tuple[Tensor, Tensor]:
+def add_rms_norm(
+    h: Tensor, delta: Tensor | SplitSums, weight: Tensor, eps: float, zero_centred: bool
+) -> tuple[Tensor, Tensor]:
     """(h + delta, rms_norm(h + delta))."""
     if h.is_cuda:
         return add_rms_norm_triton(h, delta, weight, eps, zero_centred)
@@ -86,7 +92,12 @@ def add_rms_norm_reference(
 
 
 def _launch(
-    x: Tensor, gate: Tensor | None, weight: Tensor, eps: float, zero_centred: bool, delta: Tensor | None = None
+    x: Tensor,
+    gate: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    zero_centred: bool,
+    delta: Tensor | SplitSums | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(the normed rows, and x + delta where delta is given: the rows normed)."""
     require_triton("rms_norm")
@@ -94,7 +105,12 @@ def _launch(
     rows = x.reshape(-1, width).contiguous()
     out = torch.empty_like(rows)
     gates = rows if gate is None else gate.reshape(rows.shape).contiguous()
-    deltas = rows if delta is None else delta.reshape(rows.shape).contiguous()
+    if isinstance(delta, SplitSums):
+        if delta.partial.shape[1:] != rows.shape or delta.dtype != x.dtype:
+            raise ValueError(f"add_rms_norm: partials {list(delta.partial.shape)} for rows {list(rows.shape)}")
+        deltas, splits = delta.partial, delta.partial.shape[0]
+    else:
+        deltas, splits = (rows if delta is None else delta.reshape(rows.shape).contiguous()), 0
     summed = out if delta is None else torch.empty_like(rows)
     middle = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if rows.shape[0]:
@@ -107,6 +123,8 @@ def _launch(
             summed,
             width,
             eps,
+            rows.numel(),
+            splits,
             ZERO_CENTRED=zero_centred,
             GATED=gate is not None,
             ADD=delta is not None,
@@ -127,7 +145,7 @@ def gated_rms_norm_triton(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -
 
 
 def add_rms_norm_triton(
-    h: Tensor, delta: Tensor, weight: Tensor, eps: float, zero_centred: bool
+    h: Tensor, delta: Tensor | SplitSums, weight: Tensor, eps: float, zero_centred: bool
 ) -> tuple[Tensor, Tensor]:
     normed, summed = _launch(h, None, weight, eps, zero_centred, delta)
     return summed, normed
@@ -146,6 +164,8 @@ if triton is not None:
         sum_ptr,
         width,
         eps,
+        plane,
+        splits,
         ZERO_CENTRED: tl.constexpr,
         GATED: tl.constexpr,
         ADD: tl.constexpr,
@@ -160,7 +180,13 @@ if triton is not None:
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
         if ADD:  # the residual add, rounded as torch rounds it, and normed from the rounded sum
-            d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+            if splits > 0:  # float32 partials [splits, rows, width]: summed as linear's _sum_splits_kernel sums them
+                d = tl.zeros([BLOCK], tl.float32)
+                for s in range(splits):
+                    d += tl.load(delta_ptr + s * plane.to(tl.int64) + row * width + cols, mask=inside, other=0.0)
+                d = rounded(d, dtype).to(tl.float32)
+            else:
+                d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
             x_rounded = rounded(x + d, dtype)
             tl.store(sum_ptr + row * width + cols, x_rounded, mask=inside)
             x = x_rounded.to(tl.float32)

@@ -14,7 +14,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm, Qwen3NextRMSNormGated
 
-from specpair.runtime.kernels import norm
+from specpair.runtime.kernels import linear, norm
 
 EPS = 1e-6
 SHAPES = [(1, 128), (17, 64), (2, 3, 128)]  # a row alone, rows past a multiple of 16, three dims
@@ -126,3 +126,21 @@ def test_add_then_norm(shape: tuple[int, ...], dtype: torch.dtype, zero_centred:
     assert torch.equal(got_norm, norm.rms_norm_triton(summed, w, EPS, zero_centred))
     for fn in (norm.add_rms_norm_reference, norm.add_rms_norm_triton):
         assert_rows_alone_equal(lambda h, d, w, fn=fn: fn(h, d, w, EPS, zero_centred)[1], h, delta, w)
+
+
+@pytest.mark.parametrize("zero_centred", [False, True])
+@pytest.mark.parametrize("splits", [2, 8])
+def test_add_split_sums_then_norm(splits: int, zero_centred: bool) -> None:
+    """delta as a split product's float32 partials (a mixer's output projection): the kernel that adds them gives
+    the bits of summing them first (the matmul's sum kernel) and adding the sum; a row alone as among others."""
+    torch.manual_seed(splits)
+    h, w, _ = inputs((5, 96), torch.bfloat16)
+    partial = torch.randn(splits, 5, 96)
+    sums = linear.SplitSums(partial, torch.bfloat16)
+    want = norm.add_rms_norm_triton(h, sums.summed(), w, EPS, zero_centred)
+    got = norm.add_rms_norm_triton(h, sums, w, EPS, zero_centred)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    alone = norm.add_rms_norm_triton(
+        h[2:3].clone(), linear.SplitSums(partial[:, 2:3].clone(), torch.bfloat16), w, EPS, zero_centred
+    )
+    assert torch.equal(alone[1][0], got[1][2])
