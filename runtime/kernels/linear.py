@@ -48,8 +48,9 @@ Batch invariance: a fixed number of tokens per tile whatever M (16, or 8 in some
 are zeros), one tile configuration per (layout, N, K) (`_config`), never chosen by M or by the routing; a split
 of K, where the weight's shape asks for one, sums its float32 partials in a fixed order in a second kernel
 (never atomics), or, where the caller asks for them (`unsummed`: SplitSums), in the kernel that reads the product
-next, in the same order and rounding (the routed experts' gate|up: their SwiGLU, activation.swiglu). A row's position in a
-tile, and which other rows share it, do not change its bits: the tensor core treats every token column alike.
+next, in the same order and rounding: the routed experts' gate|up in their SwiGLU (activation.swiglu), a mixer's
+output projection in the residual add and norm after it (norm.add_rms_norm). A row's position in a tile, and
+which other rows share it, do not change its bits: the tensor core treats every token column alike.
 """
 
 from __future__ import annotations
