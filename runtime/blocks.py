@@ -96,9 +96,19 @@ class Projections:
             biases or [None] * len(weights),
         )
 
-    def __call__(self, x: Tensor) -> list[Tensor]:
-        outs = [part for w, sizes in self.groups for part in project(x, w).split(sizes, dim=-1)]
+    def __call__(self, x: Tensor, unsummed: bool = False) -> list[Tensor | SplitSums]:
+        """`unsummed` (no biases): a split K's partials of each projection (column views), for the kernels that
+        read them next to add (a MoE's router logits: route and combine)."""
+        unsummed = unsummed and all(b is None for b in self.biases)
+        outs = [part for w, sizes in self.groups for part in _columns(project(x, w, unsummed=unsummed), sizes)]
         return [out if b is None else out + b for out, b in zip(outs, self.biases)]
+
+
+def _columns(out: Tensor | SplitSums, sizes: list[int]) -> list[Tensor | SplitSums]:
+    if isinstance(out, Tensor):
+        return list(out.split(sizes, dim=-1))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [out.columns(start, start + size) for start, size in zip(starts, sizes)]
 
 
 def optional_bias(config_flag: bool, fetch: Fetch, name: str, size: int) -> Tensor | None:
@@ -373,7 +383,7 @@ class MoE:
     def __call__(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = self.router(x)
+        logits = self.router(x, unsummed=True)  # split-K partials added in route and combine
         weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch, self.shared_id)
         if len(self.gate_up) == 1:  # its split-K partials summed in the SwiGLU's kernel
             act = activation.swiglu(linear.matmul_experts(x, self.gate_up[0], ids, unsummed=True))

@@ -17,6 +17,11 @@ the shared expert's output last, read from there when `shared` is that column's 
 plus the shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once
 to the activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
 order a row's sum by the row count), so a row's bits depend on its own inputs alone.
+
+On the GPU the router's logits and the shared expert's may come as their product's split-K partials
+(linear.SplitSums, column views of the router|shared-gate product): route and combine add them as the matmul's sum
+kernel would (in split order, rounded to the activations' dtype) before reading them, the same bits without the
+sum's launch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     launch_options,
@@ -33,6 +39,7 @@ from specpair.runtime.kernels.triton_common import (
     require_triton,
     rounded,
     tl,
+    tl_dtype,
     triton,
 )
 
@@ -44,9 +51,13 @@ PREFETCH_BUDGET = 24 << 20
 
 
 def route(
-    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = (), shared_id: int | None = None
+    logits: Tensor | SplitSums,
+    top_k: int,
+    renormalise: bool,
+    prefetch: Sequence[Tensor] = (),
+    shared_id: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    if logits.is_cuda:
+    if isinstance(logits, SplitSums) or logits.is_cuda:
         return route_triton(logits, top_k, renormalise, prefetch, shared_id)
     return route_reference(logits, top_k, renormalise, shared_id)
 
@@ -79,10 +90,19 @@ def within_budget(stacks: Sequence[Tensor], chosen: int) -> list[Tensor]:
 
 
 def route_triton(
-    logits: Tensor, top_k: int, renormalise: bool, prefetch: Sequence[Tensor] = (), shared_id: int | None = None
+    logits: Tensor | SplitSums,
+    top_k: int,
+    renormalise: bool,
+    prefetch: Sequence[Tensor] = (),
+    shared_id: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     require_triton("route")
-    tokens, experts = logits.shape
+    # partials [splits, tokens, experts] (a column view), or the logits [tokens, experts]
+    partials = isinstance(logits, SplitSums)
+    round_to = logits.dtype
+    logits = logits.partial if partials else logits
+    splits, plane = (logits.shape[0], logits.stride(0)) if partials else (0, 0)
+    tokens, experts = logits.shape[-2:]
     if logits.stride(-1) != 1 or not 0 < top_k <= experts:
         raise ValueError(f"route: top {top_k} of logits {list(logits.shape)} with strides {logits.stride()}")
     # a stack may hold the shared expert after the routed ones
@@ -102,12 +122,16 @@ def route_triton(
             weights,
             ids,
             experts,
-            logits.stride(0),
+            logits.stride(-2),
+            plane,
+            splits,
             *stacks,
             *expert_bytes,
             -1 if shared_id is None else shared_id,
             TOP_K=top_k,
             ID_COLUMNS=columns,
+            PARTIALS=partials,
+            ROUND_TO=tl_dtype(round_to),
             RENORMALISE=renormalise,
             PREFETCH=len(prefetch),
             BLOCK_E=triton.next_power_of_2(experts),
@@ -117,7 +141,9 @@ def route_triton(
     return weights, ids
 
 
-def combine_experts(weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None) -> Tensor:
+def combine_experts(
+    weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | SplitSums | None
+) -> Tensor:
     if down.is_cuda:
         return combine_experts_triton(weights, down, shared, shared_logit)
     return combine_experts_reference(weights, down, shared, shared_logit)
@@ -137,7 +163,9 @@ def combine_experts_reference(
     return out.to(down.dtype)
 
 
-def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | None) -> Tensor:
+def combine_experts_triton(
+    weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | SplitSums | None
+) -> Tensor:
     require_triton("combine_experts")
     tokens, columns, hidden = down.shape
     top_k = weights.shape[1]
@@ -149,7 +177,12 @@ def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None,
         or (shared is None) != (shared_logit is None)
     ):
         raise ValueError(f"combine_experts: weights {list(weights.shape)} and down {list(down.shape)} do not fit")
-    if shared is not None and (shared.shape != (tokens, hidden) or shared_logit.shape != (tokens, 1)):
+    # the shared expert's logit, or its product's partials [splits, tokens, 1] (a column view)
+    logit_partials = isinstance(shared_logit, SplitSums)
+    if logit_partials and shared_logit.dtype != down.dtype:
+        raise ValueError(f"combine_experts: shared logit partials for {shared_logit.dtype}, down {down.dtype}")
+    shared_logit = shared_logit.partial if logit_partials else shared_logit
+    if shared is not None and (shared.shape != (tokens, hidden) or shared_logit.shape[-2:] != (tokens, 1)):
         raise ValueError(
             f"combine_experts: shared {list(shared.shape)}, shared_logit {list(shared_logit.shape)} for {tokens} tokens"
         )
@@ -174,9 +207,12 @@ def combine_experts_triton(weights: Tensor, down: Tensor, shared: Tensor | None,
         hidden,
         down.stride(0),
         shared.stride(0),
-        logits.stride(0),
+        logits.stride(-2),
+        logits.stride(0) if logit_partials else 0,
+        logits.shape[0] if logit_partials else 0,
         TOP_K=top_k,
         SHARED=shared_logit is not None,
+        LOGIT_PARTIALS=logit_partials,
         BLOCK=BLOCK,
         **launch_options(),
     )
@@ -196,8 +232,11 @@ if triton is not None:
         down_stride,
         shared_stride,
         logit_stride,
+        logit_plane,
+        logit_splits,
         TOP_K: tl.constexpr,
         SHARED: tl.constexpr,
+        LOGIT_PARTIALS: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -214,7 +253,15 @@ if triton is not None:
             else:
                 out = out + w * term
         if SHARED:
-            logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
+            if LOGIT_PARTIALS:  # summed as linear's _sum_splits_kernel sums them
+                logit = tl.zeros([1], tl.float32)
+                for s in range(logit_splits):
+                    logit += tl.load(
+                        logit_ptr + s * logit_plane.to(tl.int64) + row * logit_stride + tl.zeros([1], tl.int64)
+                    )
+                logit = tl.sum(rounded(logit, out_ptr.dtype.element_ty).to(tl.float32), axis=0)
+            else:
+                logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
             shared = tl.load(shared_ptr + row * shared_stride + cols, mask=inside, other=0.0).to(tl.float32)
             out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
         tl.store(out_ptr + row * hidden + cols, rounded(out, out_ptr.dtype.element_ty), mask=inside)
@@ -226,6 +273,8 @@ if triton is not None:
         id_ptr,
         experts,
         logit_stride,
+        plane,
+        splits,
         s0,
         s1,
         s2,
@@ -237,6 +286,8 @@ if triton is not None:
         shared_id,
         TOP_K: tl.constexpr,
         ID_COLUMNS: tl.constexpr,
+        PARTIALS: tl.constexpr,
+        ROUND_TO: tl.constexpr,
         RENORMALISE: tl.constexpr,
         PREFETCH: tl.constexpr,
         BLOCK_E: tl.constexpr,
@@ -247,7 +298,13 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         inside = cols < experts
-        x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)
+        if PARTIALS:  # float32 partials [splits, tokens, experts]: summed as linear's _sum_splits_kernel sums them
+            x = tl.zeros([BLOCK_E], tl.float32)
+            for s in range(splits):
+                x += tl.load(logit_ptr + s * plane.to(tl.int64) + row * logit_stride + cols, mask=inside, other=0.0)
+            x = tl.where(inside, rounded(x, ROUND_TO).to(tl.float32), -float("inf"))
+        else:
+            x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=0))
         probs = tl.where(inside, e / tl.sum(e, axis=0), -1.0)
         slots = tl.arange(0, BLOCK_K)

@@ -491,11 +491,14 @@ class SplitSums:
 
     def summed(self) -> Tensor:
         splits, rows, n = self.partial.shape
-        y = torch.empty(rows, n, dtype=self.dtype, device=self.partial.device)
-        _sum_splits_kernel[(rows, triton.cdiv(n, 256))](
-            self.partial, y, splits, rows * n, n, BLOCK=256, **launch_options()
-        )
+        partial = self.partial.contiguous()  # a column view (`columns`) is copied first
+        y = torch.empty(rows, n, dtype=self.dtype, device=partial.device)
+        _sum_splits_kernel[(rows, triton.cdiv(n, 256))](partial, y, splits, rows * n, n, BLOCK=256, **launch_options())
         return y
+
+    def columns(self, start: int, stop: int) -> SplitSums:
+        """Output columns start:stop (one projection of a fused weight's product), a view."""
+        return SplitSums(self.partial[..., start:stop], self.dtype)
 
 
 def _launch(

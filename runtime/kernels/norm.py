@@ -30,6 +30,7 @@ from specpair.runtime.kernels.triton_common import (
     require_triton,
     rounded,
     tl,
+    tl_dtype,
     triton,
 )
 
@@ -108,11 +109,12 @@ def _launch(
     if isinstance(delta, SplitSums):
         if delta.partial.shape[1:] != rows.shape or delta.dtype != x.dtype:
             raise ValueError(f"add_rms_norm: partials {list(delta.partial.shape)} for rows {list(rows.shape)}")
-        deltas, splits = delta.partial, delta.partial.shape[0]
+        deltas = delta.partial.contiguous()
+        splits, plane = deltas.shape[0], deltas.stride(0)
     else:
-        deltas, splits = (rows if delta is None else delta.reshape(rows.shape).contiguous()), 0
+        deltas, splits, plane = (rows if delta is None else delta.reshape(rows.shape).contiguous()), 0, 0
     summed = out if delta is None else torch.empty_like(rows)
-    middle = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
+    middle = tl_dtype(torch.promote_types(weight.dtype, x.dtype))
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](
             rows,
@@ -123,7 +125,7 @@ def _launch(
             summed,
             width,
             eps,
-            rows.numel(),
+            plane,
             splits,
             ZERO_CENTRED=zero_centred,
             GATED=gate is not None,
@@ -152,7 +154,6 @@ def add_rms_norm_triton(
 
 
 if triton is not None:
-    _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
     @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "delta_ptr", "out_ptr", "sum_ptr"])
     def _rms_norm_kernel(

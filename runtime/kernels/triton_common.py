@@ -111,6 +111,13 @@ def dot_in_float32(*dtypes) -> bool:
     return INTERPRETED or any(dtype != torch.bfloat16 for dtype in dtypes)
 
 
+def tl_dtype(dtype) -> object:
+    """Triton's element type for a torch float dtype (a kernel's constexpr for what it rounds to)."""
+    import torch
+
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
 def device_function(fn):
     """@triton.jit for the functions kernels call. Under the interpreter, a plain function: the interpreter
     re-patches triton.language on every call of a jitted helper (some 5 ms each, most of a small kernel's

@@ -122,3 +122,28 @@ def test_a_shared_expert_in_the_stacks(tokens: int, top_k: int) -> None:
         assert torch.equal(combine(weights, together, together[:, top_k], logit), combine(weights, down, shared, logit))
     with pytest.raises(ValueError, match="do not fit"):
         experts.combine_experts_triton(weights, together, None, None)  # a column past k needs the shared expert
+
+
+@pytest.mark.parametrize("splits", [2, 8])
+def test_route_and_combine_add_the_routers_split_sums(splits: int) -> None:
+    """The router|shared-gate product's float32 partials, as column views: route's choice and weights and
+    combine's output are those of summing them first (the matmul's sum kernel) and reading the bf16 sums; a token
+    alone as among others."""
+    torch.manual_seed(splits)
+    tokens, num_experts, top_k, hidden = 5, 40, 4, 96
+    partial = torch.randn(splits, tokens, num_experts + 1) * 2
+    sums = linear.SplitSums(partial, torch.bfloat16)
+    summed = sums.summed()
+    router, gate = sums.columns(0, num_experts), sums.columns(num_experts, num_experts + 1)
+    want_w, want_ids = experts.route_triton(summed[:, :num_experts], top_k, True)
+    got_w, got_ids = experts.route_triton(router, top_k, True)
+    assert torch.equal(got_ids, want_ids) and torch.equal(got_w, want_w)
+    down = torch.randn(tokens, top_k + 1, hidden).bfloat16()
+    want = experts.combine_experts_triton(want_w, down, down[:, top_k], summed[:, num_experts:])
+    got = experts.combine_experts_triton(got_w, down, down[:, top_k], gate)
+    assert torch.equal(got, want)
+    alone = linear.SplitSums(partial[:, 2:3].clone(), torch.bfloat16)
+    w, ids = experts.route_triton(alone.columns(0, num_experts), top_k, True)
+    assert torch.equal(w[0], got_w[2]) and torch.equal(ids[0], got_ids[2])
+    one = experts.combine_experts_triton(w, down[2:3], down[2:3, top_k], alone.columns(num_experts, num_experts + 1))
+    assert torch.equal(one[0], got[2])
