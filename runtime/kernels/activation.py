@@ -24,6 +24,7 @@ from specpair.runtime.kernels.triton_common import (
     launch_options,
     require_triton,
     rounded,
+    split_sum,
     tl,
     triton,
 )
@@ -154,15 +155,9 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
         dtype = out_ptr.dtype.element_ty
-        if PARTIALS:  # float32 partials [splits, rows, 2I]: summed as linear's _sum_splits_kernel sums them
-            g = tl.zeros([BLOCK], tl.float32)
-            u = tl.zeros([BLOCK], tl.float32)
-            for s in range(splits):
-                at = s * plane.to(tl.int64) + row * gate_stride + cols
-                g += tl.load(gate_ptr + at, mask=inside, other=0.0)
-                u += tl.load(up_ptr + at, mask=inside, other=0.0)
-            g = rounded(g, dtype).to(tl.float32)
-            u = rounded(u, dtype).to(tl.float32)
+        if PARTIALS:  # float32 partials [splits, rows, 2I], summed as the matmul's sum kernel sums them
+            g = rounded(split_sum(gate_ptr, plane, splits, row * gate_stride + cols, inside), dtype).to(tl.float32)
+            u = rounded(split_sum(up_ptr, plane, splits, row * up_stride + cols, inside), dtype).to(tl.float32)
         else:
             g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
             u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)

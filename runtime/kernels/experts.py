@@ -38,6 +38,7 @@ from specpair.runtime.kernels.triton_common import (
     prefetch_to_l2,
     require_triton,
     rounded,
+    split_sum,
     tl,
     tl_dtype,
     triton,
@@ -253,12 +254,9 @@ if triton is not None:
             else:
                 out = out + w * term
         if SHARED:
-            if LOGIT_PARTIALS:  # summed as linear's _sum_splits_kernel sums them
-                logit = tl.zeros([1], tl.float32)
-                for s in range(logit_splits):
-                    logit += tl.load(
-                        logit_ptr + s * logit_plane.to(tl.int64) + row * logit_stride + tl.zeros([1], tl.int64)
-                    )
+            if LOGIT_PARTIALS:  # summed as the matmul's sum kernel sums them
+                at = row * logit_stride + tl.zeros([1], tl.int64)
+                logit = split_sum(logit_ptr, logit_plane, logit_splits, at, at >= 0)
                 logit = tl.sum(rounded(logit, out_ptr.dtype.element_ty).to(tl.float32), axis=0)
             else:
                 logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
@@ -298,10 +296,8 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         inside = cols < experts
-        if PARTIALS:  # float32 partials [splits, tokens, experts]: summed as linear's _sum_splits_kernel sums them
-            x = tl.zeros([BLOCK_E], tl.float32)
-            for s in range(splits):
-                x += tl.load(logit_ptr + s * plane.to(tl.int64) + row * logit_stride + cols, mask=inside, other=0.0)
+        if PARTIALS:  # float32 partials [splits, tokens, experts], summed as the matmul's sum kernel sums them
+            x = split_sum(logit_ptr, plane, splits, row * logit_stride + cols, inside)
             x = tl.where(inside, rounded(x, ROUND_TO).to(tl.float32), -float("inf"))
         else:
             x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)

@@ -78,6 +78,7 @@ from specpair.runtime.kernels.triton_common import (
     prefetch_to_l2,
     require_triton,
     rounded,
+    split_sum,
     tl,
     triton,
 )
@@ -489,10 +490,11 @@ class SplitSums:
     partial: Tensor
     dtype: torch.dtype
 
-    def summed(self) -> Tensor:
+    def summed(self, y: Tensor | None = None) -> Tensor:
+        """The product [rows, N], into `y` where given."""
         splits, rows, n = self.partial.shape
         partial = self.partial.contiguous()  # a column view (`columns`) is copied first
-        y = torch.empty(rows, n, dtype=self.dtype, device=partial.device)
+        y = torch.empty(rows, n, dtype=self.dtype, device=partial.device) if y is None else y
         _sum_splits_kernel[(rows, triton.cdiv(n, 256))](partial, y, splits, rows * n, n, BLOCK=256, **launch_options())
         return y
 
@@ -518,12 +520,13 @@ def _launch(
     tokens, the pairs each program finds itself in expert_ids, given as `table` (routing 2, 3). `unsummed`: a
     split K's partials as they are (SplitSums)."""
     f32 = INTERPRETED or x.dtype != torch.bfloat16 or op.f32_weight
-    y = torch.empty(out_rows, op.n, dtype=x.dtype, device=x.device)
     if out_rows == 0 or op.n == 0:
-        return y
+        return torch.empty(out_rows, op.n, dtype=x.dtype, device=x.device)
     step = tiling.step
     per_split = triton.cdiv(triton.cdiv(op.k, step), tiling.splits) * step
     splits = triton.cdiv(op.k, per_split)
+    # the product, unless the caller keeps the partials: then a row the kernel never writes (it types y_ptr)
+    y = torch.empty(1 if splits > 1 and unsummed else out_rows, op.n, dtype=x.dtype, device=x.device)
     partial = y if splits == 1 else torch.empty(splits, out_rows, op.n, dtype=torch.float32, device=x.device)
     if table is None:  # int32 pointers the kernel never reads
         table = torch.empty(3, dtype=torch.int32, device=x.device)
@@ -609,7 +612,7 @@ def _launch(
     if splits == 1:
         return y
     sums = SplitSums(partial, y.dtype)
-    return sums if unsummed else sums.summed()
+    return sums if unsummed else sums.summed(y)
 
 
 PLANE_SCALES = ("f16", "int8", "kquant")  # the planes kernel's SCALES codes, for gguf_planes.Planes.scales
@@ -1425,7 +1428,5 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = n < N
-        total = tl.zeros([BLOCK], tl.float32)
-        for s in range(splits):  # in order: the same bits for every row
-            total += tl.load(partial_ptr + s * plane.to(tl.int64) + row * N + n, mask=inside, other=0.0)
+        total = split_sum(partial_ptr, plane, splits, row * N + n, inside)  # in order: the same bits for every row
         tl.store(y_ptr + row * N + n, rounded(total, y_ptr.dtype.element_ty), mask=inside)

@@ -29,6 +29,7 @@ from specpair.runtime.kernels.triton_common import (
     launch_options,
     require_triton,
     rounded,
+    split_sum,
     tl,
     tl_dtype,
     triton,
@@ -181,11 +182,8 @@ if triton is not None:
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
         if ADD:  # the residual add, rounded as torch rounds it, and normed from the rounded sum
-            if splits > 0:  # float32 partials [splits, rows, width]: summed as linear's _sum_splits_kernel sums them
-                d = tl.zeros([BLOCK], tl.float32)
-                for s in range(splits):
-                    d += tl.load(delta_ptr + s * plane.to(tl.int64) + row * width + cols, mask=inside, other=0.0)
-                d = rounded(d, dtype).to(tl.float32)
+            if splits > 0:  # float32 partials [splits, rows, width], summed as the matmul's sum kernel sums them
+                d = rounded(split_sum(delta_ptr, plane, splits, row * width + cols, inside), dtype).to(tl.float32)
             else:
                 d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
             x_rounded = rounded(x + d, dtype)

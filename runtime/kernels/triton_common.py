@@ -182,6 +182,16 @@ if triton is not None:
             return x.to(dtype)
 
     @device_function
+    def split_sum(ptr, plane, splits, offsets, mask):
+        """The float32 sum of a split-K product's partials at `offsets` of each of its `splits` planes (`plane`
+        elements apart), from zero, in split order: every kernel that adds a product's partials adds them here,
+        so the sum's bits are the same whichever kernel adds it (linear.SplitSums)."""
+        total = tl.zeros(offsets.shape, tl.float32)
+        for s in range(splits):
+            total += tl.load(ptr + s * plane.to(tl.int64) + offsets, mask=mask, other=0.0)
+        return total
+
+    @device_function
     def dot(a, b, F32: tl.constexpr):
         """a @ b with float32 accumulation; operands are exact bf16 values unless F32 (see dot_in_float32).
 
