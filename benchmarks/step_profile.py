@@ -134,10 +134,12 @@ def random_fetch(layouts: dict[str, str], gen: torch.Generator) -> callable:
     return fetch
 
 
-def step_bytes(model: Transformer) -> float:
-    """Bytes one decode step reads: every weight once but the embedding table (one row) and, of the routed
-    experts, the top-k share."""
+def step_bytes(model: Transformer, tokens: int = 1) -> float:
+    """Bytes a step of `tokens` tokens reads: every weight once but the embedding table (a row a token, left out) and, of the
+    routed experts, the share its tokens touch, expected under uniform routing (1 - (1 - k/E)^tokens; a shared
+    expert kept as the last of a stack, wholly)."""
     config = model.config
+    touched = 1 - (1 - config.experts_per_token / config.num_experts) ** tokens
     seen: set[int] = set()
     total = 0.0
 
@@ -155,11 +157,11 @@ def step_bytes(model: Transformer) -> float:
             for x in obj:
                 walk(x, share)
         elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
-            # a MoE's stacks: k of E experts a token, or k + 1 of E + 1 where the shared expert is the last of them
+            # a MoE's stacks: the touched share of E experts, of E + 1 where the shared expert is the last of them
             extra = int(getattr(obj, "shared_id", None) is not None)
             for key, x in vars(obj).items():
                 routed = key in ("gate_up", "down_proj") and hasattr(obj, "router")
-                walk(x, (config.experts_per_token + extra) / (config.num_experts + extra) if routed else share)
+                walk(x, (config.num_experts * touched + extra) / (config.num_experts + extra) if routed else share)
 
     seen.add(model.embed_tokens.data_ptr())
     walk(model.layers)
@@ -234,7 +236,7 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float, tokens
         step = ForwardGraph(model, cache, 1, t)
         step.prepare(block, rows)
         step(block, rows)
-        wider[t] = profile_graph(step)
+        wider[t] = profile_graph(step) | {"bytes_per_step": step_bytes(model, t)}
         del step
 
     # a token decoded alone vs inside a verify block of 8 (same cache contents before both)
@@ -405,6 +407,23 @@ def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
             f"{r['launches']:.0f} | {r['kernel_us'] / 1e3:.3f} | {r['step_ms'] - r['kernel_us'] / 1e3:.3f} | - | - | "
             f"{r['graph_equals_eager']} | {r['alone_equals_block_of_8']} |"
         )
+    wider = [(r, t, step) for r in results for t, step in r.get("steps_of_tokens", {}).items()]
+    if wider:  # a verify step against its own roofline, beside the decode step's share of its roofline
+        lines += [
+            "",
+            "Steps of T tokens of one sequence (a verify step's shape), each against the bytes its tokens read:",
+            "",
+            "| target | T | step ms | × decode step | GB read/step | × decode bytes | of roofline (copy) | ÷ decode's share |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r, t, step in wider:
+            share = step["bytes_per_step"] / bandwidth / (step["step_ms"] / 1e3)
+            decode_share = r["bytes_per_step"] / bandwidth / (r["step_ms"] / 1e3)
+            lines.append(
+                f"| {r['target']} | {t} | {step['step_ms']:.3f} | {step['step_ms'] / r['step_ms']:.2f} | "
+                f"{step['bytes_per_step'] / 1e9:.2f} | {step['bytes_per_step'] / r['bytes_per_step']:.2f} | "
+                f"{share:.1%} | {share / decode_share:.2f} |"
+            )
     for r in results:
         lines += [
             "",

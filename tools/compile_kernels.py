@@ -5,12 +5,15 @@ compile first, checked on a CPU.
     python3 tools/compile_kernels.py [--arch 90] [--modes 0,1,2] [--checks tests/kernel_checks] [-k EXPR] [--sample]
 
 Two processes. The first runs the kernel checks (tests/kernel_checks/check_*.py, pytest, `-k`) under Triton's
-interpreter with each kernel's launch recorded instead of run (the checks' own results are not looked at): the
-kernel, its arguments' types, its constexprs, num_warps and num_stages. The second, without the interpreter, compiles
-each distinct launch for the target in each mode (triton.compile with ptxas from Triton's wheel: PTX, then SASS), and
-prints one line per kernel: launches compiled, failures with their first error line. Exit status 1 on any failure.
-A launch compiles as one of unspecialised arguments (no divisibility hints): the same code paths, slower SASS.
-`--sample`: the first launch of each kernel and layout only (CI's test: tests/test_kernels.py).
+interpreter, recording each distinct launch: the kernel, its arguments' types, its constexprs, num_warps and
+num_stages. Without --sample it runs the kernels too, so every launch of every check is reached (the checks' own
+time); with it, launches are recorded and not run (a check stops at its first kernel's missing result) and only the
+first of each kernel and layout is compiled (CI's test: tests/test_kernels.py). The second process, without the
+interpreter, compiles each launch for the target in each mode (triton.compile with ptxas from Triton's wheel: PTX,
+then SASS), and prints one line per kernel: launches compiled, failures with their first error line; exit status 1
+on any failure. A launch compiles as Triton's JIT would compile it but for divisibility hints (none: the same code
+paths, slower SASS): an integer argument equal to 1 as the constant 1, as the JIT specialises it; and once more with
+every integer argument the constant 1, since any of them may be 1 at run time.
 """
 
 from __future__ import annotations
@@ -42,14 +45,16 @@ DTYPES = {  # torch dtype name -> Triton pointer element type
 TL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # a recorded tl.dtype constexpr's name
 
 
-def record(checks: str, expression: str | None, out: Path) -> None:
-    """Run the checks under the interpreter, writing each distinct launch to `out` (JSON lines)."""
+def record(checks: str, expression: str | None, out: Path, execute: bool) -> None:
+    """Run the checks under the interpreter, writing each distinct launch to `out` (JSON lines); `execute`: run
+    each kernel too, so that a check goes on past its first kernel's result to its later launches."""
     import inspect
 
     import pytest
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
+    interpreted = InterpretedFunction.run
     seen: set[str] = set()
 
     def describe(value) -> str | None:
@@ -70,19 +75,28 @@ def record(checks: str, expression: str | None, out: Path) -> None:
     def run(self, *args, grid, warmup, **kwargs):
         parameters = inspect.signature(self.fn).parameters
         names = list(parameters)
-        constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
         bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in parameters}
+        constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
+        # Triton's JIT compiles an integer argument equal to 1 as the constant 1 (a Python int in the kernel, with
+        # no .to or .dtype), unless the kernel names it in do_not_specialize: compiled so here too
+        unspecialised = set(self.kwargs.get("do_not_specialize") or ())
+        constexprs |= {n for n in names if n not in unspecialised and type(bound[n]) is int and bound[n] == 1}
         launch = {
             "module": self.fn.__module__,
             "kernel": self.fn.__name__,
             "signature": {n: "constexpr" if n in constexprs else describe(bound[n]) for n in names},
             "constexprs": {n: constant(bound[n]) for n in names if n in constexprs},
             "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs},
+            "specialisable": sorted(
+                n for n in names if n not in constexprs | unspecialised and describe(bound[n]) in ("i32", "i64")
+            ),
         }
         key = json.dumps(launch, sort_keys=True)
         if key not in seen:
             seen.add(key)
             stream.write(key + "\n")
+        if execute:
+            interpreted(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = run
     files = sorted(str(f) for f in Path(checks).glob("check_*.py"))  # not test_*.py: named, they are collected
@@ -90,7 +104,7 @@ def record(checks: str, expression: str | None, out: Path) -> None:
     if expression:
         arguments += ["-k", expression]
     with out.open("w") as stream:
-        pytest.main(arguments)  # the checks fail without kernel results: only the launches matter here
+        pytest.main(arguments)  # only the launches matter here (without `execute` the checks fail)
 
 
 def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = False) -> int:
@@ -115,16 +129,22 @@ def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = Fals
         recorded = {
             n: getattr(tl, TL_DTYPES[v["dtype"]]) if isinstance(v, dict) else v for n, v in launch["constexprs"].items()
         }
-        for mode in modes:
-            constexprs = recorded | ({"PDL": mode} if "PDL" in recorded else {})
-            source = ASTSource(kernel, dict(launch["signature"]), constexprs)
+        # each mode as launched; then, plainly, with every integer argument the constant 1 (any of them may be 1 at
+        # run time, which the JIT compiles as a Python int: `n.to(...)` on one fails only then)
+        ones = {n: 1 for n in launch["specialisable"]}
+        variants = [(mode, {}) for mode in modes] + [(modes[0], ones)] * bool(ones)
+        for mode, specialised in variants:
+            constexprs = recorded | specialised | ({"PDL": mode} if "PDL" in recorded else {})
+            signature = launch["signature"] | {n: "constexpr" for n in specialised}
+            source = ASTSource(kernel, signature, constexprs)
             options = dict(launch["options"]) | ({"launch_pdl": True} if mode else {})
             try:
                 triton.compile(source, target=target, options=options)
                 done[launch["kernel"]] += 1
             except Exception as error:  # every failure is reported, the rest still compile
                 first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
-                failed[launch["kernel"]].append(f"PDL {mode}, {launch['constexprs']}: {first}")
+                what = f"PDL {mode}" + (", integers as 1" if specialised else "")
+                failed[launch["kernel"]].append(f"{what}, {launch['constexprs']}: {first}")
     for name in sorted(set(done) | set(failed)):
         print(
             f"{name}: {done[name]} compiled for sm_{arch}" + (f", {len(failed[name])} failed" if failed[name] else "")
@@ -147,14 +167,14 @@ def main() -> int:
     args = parser.parse_args()
     modes = [int(m) for m in args.modes.split(",")]
     if args.record:
-        record(args.checks, args.expression, args.record)
+        record(args.checks, args.expression, args.record, execute=not args.sample)
         return 0
     if args.launches:
         return compile_all(args.launches, args.arch, modes, args.sample)
     with tempfile.TemporaryDirectory() as scratch:
         launches = Path(scratch) / "launches.jsonl"
         recorder = [sys.executable, __file__, "--record", str(launches), "--checks", args.checks]
-        recorder += ["-k", args.expression] if args.expression else []
+        recorder += (["-k", args.expression] if args.expression else []) + (["--sample"] if args.sample else [])
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         subprocess.run(recorder, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
         print(f"{len(launches.read_text().splitlines())} distinct launches recorded", flush=True)

@@ -37,6 +37,11 @@ def swiglu(gate_up: Tensor | SplitSums) -> Tensor:
     if isinstance(gate_up, Tensor):
         return silu_mul(*gate_up.chunk(2, dim=-1))
     require_triton("swiglu")
+    return swiglu_triton(gate_up)
+
+
+def swiglu_triton(gate_up: SplitSums) -> Tensor:
+    """silu(gate) * up [rows, I], adding the gate|up product's partials first, as SplitSums.summed does."""
     splits, rows, width = gate_up.partial.shape[0], gate_up.partial.shape[1], gate_up.partial.shape[2] // 2
     out = torch.empty(rows, width, dtype=gate_up.dtype, device=gate_up.partial.device)
     if out.numel():
@@ -49,8 +54,7 @@ def swiglu(gate_up: Tensor | SplitSums) -> Tensor:
             partial.stride(1),
             partial.stride(1),
             partial.stride(0),
-            splits,
-            PARTIALS=True,
+            SPLITS=splits,
             BLOCK=BLOCK,
             **launch_options(),
         )
@@ -86,8 +90,7 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
             gate.stride(0),
             up.stride(0),
             0,
-            1,
-            PARTIALS=False,
+            SPLITS=0,
             BLOCK=BLOCK,
             **launch_options(),
         )
@@ -145,8 +148,7 @@ if triton is not None:
         gate_stride,
         up_stride,
         plane,
-        splits,
-        PARTIALS: tl.constexpr,
+        SPLITS: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -155,9 +157,9 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
         dtype = out_ptr.dtype.element_ty
-        if PARTIALS:  # float32 partials [splits, rows, 2I], summed as the matmul's sum kernel sums them
-            g = rounded(split_sum(gate_ptr, plane, splits, row * gate_stride + cols, inside), dtype).to(tl.float32)
-            u = rounded(split_sum(up_ptr, plane, splits, row * up_stride + cols, inside), dtype).to(tl.float32)
+        if SPLITS > 0:  # float32 partials [splits, rows, 2I], summed as the matmul's sum kernel sums them
+            g = rounded(split_sum(gate_ptr, plane, SPLITS, row * gate_stride + cols, inside), dtype).to(tl.float32)
+            u = rounded(split_sum(up_ptr, plane, SPLITS, row * up_stride + cols, inside), dtype).to(tl.float32)
         else:
             g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
             u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)

@@ -125,13 +125,12 @@ def route_triton(
             experts,
             logits.stride(-2),
             plane,
-            splits,
             *stacks,
             *expert_bytes,
             -1 if shared_id is None else shared_id,
             TOP_K=top_k,
             ID_COLUMNS=columns,
-            PARTIALS=partials,
+            SPLITS=splits,
             ROUND_TO=tl_dtype(round_to),
             RENORMALISE=renormalise,
             PREFETCH=len(prefetch),
@@ -210,10 +209,9 @@ def combine_experts_triton(
         shared.stride(0),
         logits.stride(-2),
         logits.stride(0) if logit_partials else 0,
-        logits.shape[0] if logit_partials else 0,
         TOP_K=top_k,
         SHARED=shared_logit is not None,
-        LOGIT_PARTIALS=logit_partials,
+        LOGIT_SPLITS=logits.shape[0] if logit_partials else 0,
         BLOCK=BLOCK,
         **launch_options(),
     )
@@ -234,10 +232,9 @@ if triton is not None:
         shared_stride,
         logit_stride,
         logit_plane,
-        logit_splits,
         TOP_K: tl.constexpr,
         SHARED: tl.constexpr,
-        LOGIT_PARTIALS: tl.constexpr,
+        LOGIT_SPLITS: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -254,9 +251,9 @@ if triton is not None:
             else:
                 out = out + w * term
         if SHARED:
-            if LOGIT_PARTIALS:  # summed as the matmul's sum kernel sums them
+            if LOGIT_SPLITS > 0:  # summed as the matmul's sum kernel sums them
                 at = row * logit_stride + tl.zeros([1], tl.int64)
-                logit = split_sum(logit_ptr, logit_plane, logit_splits, at, at >= 0)
+                logit = split_sum(logit_ptr, logit_plane, LOGIT_SPLITS, at, at >= 0)
                 logit = tl.sum(rounded(logit, out_ptr.dtype.element_ty).to(tl.float32), axis=0)
             else:
                 logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
@@ -272,7 +269,6 @@ if triton is not None:
         experts,
         logit_stride,
         plane,
-        splits,
         s0,
         s1,
         s2,
@@ -284,7 +280,7 @@ if triton is not None:
         shared_id,
         TOP_K: tl.constexpr,
         ID_COLUMNS: tl.constexpr,
-        PARTIALS: tl.constexpr,
+        SPLITS: tl.constexpr,
         ROUND_TO: tl.constexpr,
         RENORMALISE: tl.constexpr,
         PREFETCH: tl.constexpr,
@@ -296,8 +292,8 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         inside = cols < experts
-        if PARTIALS:  # float32 partials [splits, tokens, experts], summed as the matmul's sum kernel sums them
-            x = split_sum(logit_ptr, plane, splits, row * logit_stride + cols, inside)
+        if SPLITS > 0:  # float32 partials [splits, tokens, experts], summed as the matmul's sum kernel sums them
+            x = split_sum(logit_ptr, plane, SPLITS, row * logit_stride + cols, inside)
             x = tl.where(inside, rounded(x, ROUND_TO).to(tl.float32), -float("inf"))
         else:
             x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)

@@ -492,15 +492,22 @@ class SplitSums:
 
     def summed(self, y: Tensor | None = None) -> Tensor:
         """The product [rows, N], into `y` where given."""
-        splits, rows, n = self.partial.shape
-        partial = self.partial.contiguous()  # a column view (`columns`) is copied first
-        y = torch.empty(rows, n, dtype=self.dtype, device=partial.device) if y is None else y
-        _sum_splits_kernel[(rows, triton.cdiv(n, 256))](partial, y, splits, rows * n, n, BLOCK=256, **launch_options())
+        _, rows, n = self.partial.shape
+        y = torch.empty(rows, n, dtype=self.dtype, device=self.partial.device) if y is None else y
+        sum_splits_triton(self.partial, y)
         return y
 
     def columns(self, start: int, stop: int) -> SplitSums:
         """Output columns start:stop (one projection of a fused weight's product), a view."""
         return SplitSums(self.partial[..., start:stop], self.dtype)
+
+
+def sum_splits_triton(partial: Tensor, y: Tensor) -> None:
+    """y [rows, N] = float32 partials [splits, rows, N] added in split order, rounded once to y's dtype."""
+    splits, rows, n = partial.shape
+    partial = partial.contiguous()  # a column view (SplitSums.columns) is copied first
+    grid = (rows, triton.cdiv(n, 256))
+    _sum_splits_kernel[grid](partial, y, rows * n, n, SPLITS=splits, BLOCK=256, **launch_options())
 
 
 def _launch(
@@ -1423,10 +1430,10 @@ if triton is not None:
         )
 
     @triton.jit(do_not_specialize=["plane"])
-    def _sum_splits_kernel(partial_ptr, y_ptr, splits, plane, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _sum_splits_kernel(partial_ptr, y_ptr, plane, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = n < N
-        total = split_sum(partial_ptr, plane, splits, row * N + n, inside)  # in order: the same bits for every row
+        total = split_sum(partial_ptr, plane, SPLITS, row * N + n, inside)  # in order: the same bits for every row
         tl.store(y_ptr + row * N + n, rounded(total, y_ptr.dtype.element_ty), mask=inside)

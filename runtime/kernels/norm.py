@@ -127,10 +127,10 @@ def _launch(
             width,
             eps,
             plane,
-            splits,
             ZERO_CENTRED=zero_centred,
             GATED=gate is not None,
             ADD=delta is not None,
+            SPLITS=splits,
             MIDDLE=middle,
             BLOCK=triton.next_power_of_2(width),
             num_warps=max(4, min(16, triton.next_power_of_2(width) // 256)),  # a wide row is one program's work
@@ -167,10 +167,10 @@ if triton is not None:
         width,
         eps,
         plane,
-        splits,
         ZERO_CENTRED: tl.constexpr,
         GATED: tl.constexpr,
         ADD: tl.constexpr,
+        SPLITS: tl.constexpr,
         MIDDLE: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
@@ -182,8 +182,8 @@ if triton is not None:
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
         if ADD:  # the residual add, rounded as torch rounds it, and normed from the rounded sum
-            if splits > 0:  # float32 partials [splits, rows, width], summed as the matmul's sum kernel sums them
-                d = rounded(split_sum(delta_ptr, plane, splits, row * width + cols, inside), dtype).to(tl.float32)
+            if SPLITS > 0:  # float32 partials [splits, rows, width], summed as the matmul's sum kernel sums them
+                d = rounded(split_sum(delta_ptr, plane, SPLITS, row * width + cols, inside), dtype).to(tl.float32)
             else:
                 d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
             x_rounded = rounded(x + d, dtype)

@@ -147,3 +147,8 @@ def test_route_and_combine_add_the_routers_split_sums(splits: int) -> None:
     assert torch.equal(w[0], got_w[2]) and torch.equal(ids[0], got_ids[2])
     one = experts.combine_experts_triton(w, down[2:3], down[2:3, top_k], alone.columns(num_experts, num_experts + 1))
     assert torch.equal(one[0], got[2])
+    # its shared-gate logit's partials alone and contiguous: planes one element apart, which Triton's JIT compiles
+    # as the constant 1 (tools/compile_kernels.py compiles it so)
+    logit = linear.SplitSums(partial[:, 2:3, num_experts:].clone(), torch.bfloat16)
+    assert logit.partial.stride(0) == 1
+    assert torch.equal(experts.combine_experts_triton(w, down[2:3], down[2:3, top_k], logit)[0], got[2])

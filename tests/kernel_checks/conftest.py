@@ -3,10 +3,12 @@ GPU tier (tests/gpu/test_kernels_compiled.py), the compiled kernels on CUDA; and
 
 On CUDA the checks stay as written (CPU tensors, the CPU references, the same bounds and bitwise row checks): each
 kernel module's `*_triton` entry is wrapped to move its tensor arguments to the GPU, run the compiled kernel, and
-bring the results back, along with any argument the kernel wrote in place (caches, states)."""
+bring the results back, along with any argument the kernel wrote in place (caches, states); a split product's
+partials (linear.SplitSums) go and come back as tensors do."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -38,6 +40,8 @@ def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         return on_gpu
     if isinstance(value, Packed):
         return value.to("cuda")
+    if isinstance(value, linear.SplitSums):
+        return dataclasses.replace(value, partial=_to_cuda(value.partial, moved))
     if isinstance(value, tuple | list):
         return type(value)(_to_cuda(v, moved) for v in value)
     return value
@@ -46,6 +50,8 @@ def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.cpu()
+    if isinstance(value, linear.SplitSums):
+        return dataclasses.replace(value, partial=value.partial.cpu())
     if isinstance(value, tuple | list):
         return type(value)(_to_cpu(v) for v in value)
     return value
