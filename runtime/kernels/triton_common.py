@@ -182,15 +182,19 @@ if triton is not None:
             return x.to(dtype)
 
     @device_function
-    def split_sum(ptr, plane, SPLITS: tl.constexpr, offsets, mask):
+    def split_sum(ptr, plane, SPLITS: tl.constexpr, offsets, mask, UNROLL: tl.constexpr):
         """The float32 sum of a split-K product's partials at `offsets` of each of its SPLITS planes (`plane`
         elements apart), from zero, in split order: every kernel that adds a product's partials adds them here,
-        so the sum's bits are the same whichever kernel adds it (linear.SplitSums). Unrolled, so that the
-        planes' loads are in flight together: one program reads them all (a norm reads a whole row)."""
+        so the sum's bits are the same whichever kernel adds it (linear.SplitSums). UNROLL: the planes' loads in
+        flight together, where one program reads many (a norm reads a whole row); the same sum either way."""
         total = tl.zeros(offsets.shape, tl.float32)
         plane64 = tl.cast(plane, tl.int64)  # not plane.to: a plane of 1 element reaches the kernel as the int 1
-        for s in tl.static_range(SPLITS):
-            total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
+        if UNROLL:
+            for s in tl.static_range(SPLITS):
+                total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
+        else:
+            for s in range(SPLITS):
+                total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
         return total
 
     @device_function
