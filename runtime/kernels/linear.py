@@ -692,10 +692,9 @@ def matmul_experts_triton(
     """Each touched expert is read once per tile of its tokens. Up to a tile's tokens (decode, a verify
     block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
     computes them all if it is the first of them, so no sorting runs before the matmul (`per_pair`: it reads
-    each pair's own row of x: routing 3). Longer calls sort the pairs by expert on the device (some twenty
-    small launches) and cut them into tiles of one expert's rows, with a size bound that depends on T·k and E
-    alone (no host synchronisation, fit for CUDA graphs). Either way a pair's bits are the same. `window`
-    forces one way or the other (tests compare them)."""
+    each pair's own row of x: routing 3). Longer calls sort the pairs by expert on the device and cut them into
+    tiles of one expert's rows (tile_table_triton). Either way a pair's bits are the same. `window` forces one
+    way or the other (tests compare them)."""
     require_triton("matmul_experts")
     op = _operand(w)
     if isinstance(w, Packed):
@@ -718,26 +717,13 @@ def matmul_experts_triton(
             x, op, pairs, pairs, tiling, routing=3 if per_pair else 2, table=ids, top_k=top_k, unsummed=unsummed
         )
         return y if isinstance(y, SplitSums) else y.reshape(tokens, top_k, op.n)
-    flat = expert_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True).to(torch.int32)
-    # scatter_add, not bincount: bincount sizes its output from the data, a host synchronisation on CUDA
-    counts = torch.zeros(op.experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-    first_pair = torch.cumsum(counts, 0) - counts
-    tiles_per_expert = (counts + rows - 1) // rows
-    tiles_end = torch.cumsum(tiles_per_expert, 0)
-    n_tiles = triton.cdiv(pairs, rows) + min(op.experts, pairs)
-    tile = torch.arange(n_tiles, device=x.device)
-    expert = torch.searchsorted(tiles_end, tile, right=True).clamp_max(op.experts - 1)
-    begin = first_pair[expert] + (tile - (tiles_end[expert] - tiles_per_expert[expert])) * rows
-    end = torch.minimum(begin + rows, first_pair[expert] + counts[expert])
-    end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
-    table = torch.stack([expert, begin, end], 1).to(torch.int32).contiguous()
+    table, order = tile_table(expert_ids, op.experts, rows)
     # a sorted pair's row of x: its token's (pair // top_k), or its own
     y = _launch(
         x,
         op,
         pairs,
-        n_tiles,
+        table.shape[0],
         tiling,
         routing=1,
         table=table,
@@ -746,6 +732,57 @@ def matmul_experts_triton(
         unsummed=unsummed,
     )
     return y if isinstance(y, SplitSums) else y.reshape(tokens, top_k, op.n)
+
+
+TILE_TABLE_PAIRS = 64  # pairs per program of the tile table's kernel, and per step of its loop over all pairs
+TILE_TABLE_MAX_PAIRS = 2048  # past this many pairs (T·k: a prefill) the table comes from a sort of torch launches
+
+
+def tile_table(expert_ids: Tensor, experts: int, rows: int) -> tuple[Tensor, Tensor]:
+    """The routed pairs of expert_ids [T, k] sorted by expert and cut into tiles of at most `rows` pairs of one
+    expert, from each expert's first: (table [tiles, 3] int32 rows (expert, begin, end) over `order`, the rows no
+    tile takes empty (begin = end); order [T·k] int32, the pairs' flat indices sorted stably by expert). The same
+    tiles either way (a row's place in the table is the only difference), so the same bits; no host
+    synchronisation, fit for CUDA graphs. Ids must lie in [0, experts)."""
+    if expert_ids.numel() <= TILE_TABLE_MAX_PAIRS:
+        return tile_table_triton(expert_ids, experts, rows)
+    return _sorted_tile_table(expert_ids, experts, rows)
+
+
+def tile_table_triton(expert_ids: Tensor, experts: int, rows: int) -> tuple[Tensor, Tensor]:
+    """tile_table in two launches (a fill, then one kernel) instead of some twenty. Each pair counts the pairs
+    before it in the order (of a lower expert, earlier of its own), so the table needs no scan: tile m of expert
+    e, whose pairs begin at place p_e, takes row p_e // rows + e + m, a different row for every tile (the next
+    expert's first row is past this one's last), of T·k // rows + E. A pair compares itself with every pair:
+    T·k² comparisons over T·k / TILE_TABLE_PAIRS programs, cheap up to a few thousand pairs."""
+    flat = expert_ids.reshape(-1).to(torch.int32).contiguous()
+    pairs = flat.numel()
+    order = torch.empty(pairs, dtype=torch.int32, device=flat.device)
+    table = torch.zeros(pairs // rows + experts, 3, dtype=torch.int32, device=flat.device)
+    if pairs:
+        _tile_table_kernel[(triton.cdiv(pairs, TILE_TABLE_PAIRS),)](
+            flat, order, table, pairs, rows, BLOCK=TILE_TABLE_PAIRS, **launch_options()
+        )
+    return table, order
+
+
+def _sorted_tile_table(expert_ids: Tensor, experts: int, rows: int) -> tuple[Tensor, Tensor]:
+    """tile_table through torch: a stable argsort, the experts' counts, and each tile's expert found by a search
+    over their tiles' ends (a table of cdiv(T·k, rows) + min(E, T·k) rows, the tiles first)."""
+    flat = expert_ids.reshape(-1).long()
+    pairs = flat.numel()
+    order = torch.argsort(flat, stable=True).to(torch.int32)
+    # scatter_add, not bincount: bincount sizes its output from the data, a host synchronisation on CUDA
+    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    first_pair = torch.cumsum(counts, 0) - counts
+    tiles_per_expert = (counts + rows - 1) // rows
+    tiles_end = torch.cumsum(tiles_per_expert, 0)
+    tile = torch.arange(triton.cdiv(pairs, rows) + min(experts, pairs), device=flat.device)
+    expert = torch.searchsorted(tiles_end, tile, right=True).clamp_max(experts - 1)
+    begin = first_pair[expert] + (tile - (tiles_end[expert] - tiles_per_expert[expert])) * rows
+    end = torch.minimum(begin + rows, first_pair[expert] + counts[expert])
+    end = torch.where(tile < tiles_end[-1], end, begin)  # tiles past the last one are empty
+    return torch.stack([expert, begin, end], 1).to(torch.int32).contiguous(), order
 
 
 if triton is not None:
@@ -1428,6 +1465,33 @@ if triton is not None:
             N,
             splits,
         )
+
+    @triton.jit(do_not_specialize=["pairs"])
+    def _tile_table_kernel(ids_ptr, order_ptr, table_ptr, pairs, rows, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """BLOCK pairs a program: each one's place in the expert-sorted order (pairs of a lower expert, and earlier
+        pairs of its own: a stable sort), and, where it begins a tile, that tile's row (integer counts: exact)."""
+        after_previous_kernel(PDL)
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = i < pairs
+        mine = tl.load(ids_ptr + i, mask=inside, other=0)
+        lower = tl.zeros([BLOCK], tl.int32)  # pairs of a lower expert
+        earlier = tl.zeros([BLOCK], tl.int32)  # earlier pairs of the same expert
+        same = tl.zeros([BLOCK], tl.int32)  # pairs of the same expert
+        for start in range(0, pairs, BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            theirs = tl.load(ids_ptr + j, mask=j < pairs, other=-1)
+            real = (j < pairs)[None, :]
+            match = (theirs[None, :] == mine[:, None]) & real
+            lower += tl.sum(((theirs[None, :] < mine[:, None]) & real).to(tl.int32), axis=1)
+            earlier += tl.sum((match & (j[None, :] < i[:, None])).to(tl.int32), axis=1)
+            same += tl.sum(match.to(tl.int32), axis=1)
+        place = lower + earlier
+        tl.store(order_ptr + place, i, mask=inside)
+        begins = inside & (earlier % rows == 0)
+        row = lower // rows + mine + earlier // rows
+        tl.store(table_ptr + row * 3, mine, mask=begins)
+        tl.store(table_ptr + row * 3 + 1, place, mask=begins)
+        tl.store(table_ptr + row * 3 + 2, tl.minimum(place + rows, lower + same), mask=begins)
 
     @triton.jit(do_not_specialize=["plane"])
     def _sum_splits_kernel(partial_ptr, y_ptr, plane, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):

@@ -234,7 +234,8 @@ def test_matmul_experts_layout(layout: str) -> None:
 @pytest.mark.parametrize("layout", ["bf16", "nvfp4-modelopt", "gguf-Q6_K"])
 def test_matmul_experts_window_equals_sorted(layout: str) -> None:
     """Up to 16 tokens find their expert's other tokens in the kernel (the window); the sorted tile table gives
-    the same bits: a token naming one expert twice, an expert shared by all tokens, 16 tokens of top-16."""
+    the same bits, from the tile table's kernel and from the torch sort: a token naming one expert twice, an
+    expert shared by all tokens, 16 tokens of top-16."""
     torch.manual_seed(7)
     experts = 17 if layout == "bf16" else 4
     w = stacked(layout, [torch.randn(N, 256) for _ in range(experts)])
@@ -244,6 +245,9 @@ def test_matmul_experts_window_equals_sorted(layout: str) -> None:
     for tokens, ids in cases:
         window = linear.matmul_experts_triton(x[:tokens], w, ids, window=True)
         assert torch.equal(window, linear.matmul_experts_triton(x[:tokens], w, ids, window=False))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(linear, "TILE_TABLE_MAX_PAIRS", 0)
+            assert torch.equal(window, linear.matmul_experts_triton(x[:tokens], w, ids, window=False))
     check_experts(w, w.dequantize(), x[:3], few)
 
 
@@ -280,6 +284,37 @@ def test_matmul_experts_unsummed(window: bool) -> None:
     sums = linear.matmul_experts_triton(x, w, ids, window=window, unsummed=True)
     assert isinstance(sums, linear.SplitSums) and sums.partial.shape[:2] == (linear.tiles_of(w).splits, 6)
     assert torch.equal(sums.summed().reshape(3, 2, N), linear.matmul_experts_triton(x, w, ids, window=window))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "experts", "rows"),
+    [(17, 9, 257, 16), (64, 9, 257, 16), (3, 2, 5, 16), (100, 8, 16, 16), (33, 4, 4, 8), (1, 1, 1, 16)],
+)
+def test_tile_table(tokens: int, top_k: int, experts: int, rows: int) -> None:
+    """The order is the pairs sorted stably by expert; each expert's pairs are cut into tiles of `rows` from its
+    first, each tile in one row of the table, every pair in exactly one tile; the rows no tile takes are empty.
+    The kernel's table and the torch sort's (tile_table past TILE_TABLE_MAX_PAIRS) hold the same tiles. Shapes: the
+    35B-A3B's (256 experts and the shared one, 9 pairs a token) past the 16-token window, more pairs than experts,
+    every expert full, a token's expert named twice, one pair."""
+    generator = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=generator)[:top_k] for _ in range(tokens)])
+    if top_k > 1:
+        ids[0, 1] = ids[0, 0]
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=experts)
+    want = [
+        (e, int(counts[:e].sum()) + b, min(int(counts[:e].sum()) + b + rows, int(counts[: e + 1].sum())))
+        for e in range(experts)
+        for b in range(0, int(counts[e]), rows)
+    ]
+    for limit in (linear.TILE_TABLE_MAX_PAIRS, 0):  # the kernel, then the torch sort
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(linear, "TILE_TABLE_MAX_PAIRS", limit)
+            table, order = linear.tile_table(ids, experts, rows)
+        assert table.dtype == order.dtype == torch.int32 and table.shape[1] == 3
+        assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+        assert sorted(tuple(t) for t in table.tolist() if t[2] > t[1]) == sorted(want)
+        assert all(t[1] == t[2] for t in table.tolist() if t[2] <= t[1])
 
 
 def test_matmul_experts_many_tokens_per_expert() -> None:
