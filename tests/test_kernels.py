@@ -103,9 +103,10 @@ def test_what_specpair_pdl_asks_is_checked_before_a_kernel_launches(asked: str, 
 def test_every_kernel_compiles_for_hopper_in_every_launch_mode() -> None:
     """What the GPU machine compiles first, compiled here for sm_90 by the Triton installed here (PTX, then ptxas
     from Triton's wheel): one launch the kernel checks make of each kernel and layout, with plain launches and with
-    PDL and the weight prefetch (mode 1 compiles a subset of mode 2's code). The interpreter runs none of it: a
-    global that is not a constexpr, an intrinsic this Triton lacks, inline PTX that ptxas refuses fail only here
-    and on a GPU. `tools/compile_kernels.py` without --sample compiles every launch (109, in 3 modes: minutes)."""
+    PDL and the weight prefetch (mode 1 compiles a subset of mode 2's code), and once with every integer argument
+    the constant 1, as the JIT specialises a 1. The interpreter runs none of it: a global that is not a constexpr,
+    an intrinsic this Triton lacks, inline PTX that ptxas refuses, `.to` on an argument that may be 1 fail only
+    here and on a GPU. `tools/compile_kernels.py` without --sample runs the checks and compiles every launch."""
     tool = Path(__file__).parents[1] / "tools" / "compile_kernels.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
