@@ -11,7 +11,7 @@ bf16 `x @ w.T` (cuBLAS) on the same shape, and the device's copy bandwidth (the 
 configuration (linear.Tiles, e.g. --tiles block_n=128,stages=4) to compare candidates in one run.
 
 Checks (a failed one is printed as FAIL and the exit status is 1):
-- matmul in every layout with a Triton kernel (linear.LAYOUTS) on Qwen3-8B's projections (q/o 4096x4096,
+- matmul in every layout with a Triton kernel (linear.KERNEL_LAYOUTS) on Qwen3-8B's projections (q/o 4096x4096,
   gate/up 12288x4096, down 4096x12288), and matmul_experts in every layout on Qwen3.6-35B-A3B's routed
   experts (256 of [512, 2048] and of [2048, 512], top-8; 32 distinct experts quantized, repeated 8 times in
   memory). K-quants are quantized by round to nearest: faster than the search, and as fast to read. `err` is
@@ -566,7 +566,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and no timing: checks the script itself")
     parser.add_argument(
         "--layouts",
-        help="comma-separated matmul layouts (default: every one in linear.LAYOUTS; with --smoke, four of them)",
+        help="comma-separated matmul layouts (default: every one in linear.KERNEL_LAYOUTS; with --smoke, four of them)",
     )
     parser.add_argument(
         "--tiles",
@@ -577,7 +577,7 @@ def main() -> int:
     parser.add_argument("--out", help="write the results as markdown to this path")
     args = parser.parse_args()
     shapes = SMOKE if args.smoke else FULL
-    layouts = args.layouts.split(",") if args.layouts else SMOKE_LAYOUTS if args.smoke else list(linear.LAYOUTS)
+    layouts = args.layouts.split(",") if args.layouts else SMOKE_LAYOUTS if args.smoke else list(linear.KERNEL_LAYOUTS)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     began = time.perf_counter()
     bench = Bench(device, timing=device == "cuda" and not args.smoke)

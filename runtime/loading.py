@@ -21,8 +21,6 @@ import torch
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
-from specpair.formats import nvfp4
-from specpair.formats.codecs import FLOAT_LAYOUTS
 from specpair.formats.packed import Packed
 from specpair.formats.regions import Region
 from specpair.runtime.blocks import fused_projections
@@ -124,7 +122,8 @@ def plan_load(
     readings = {n: model.reading(n, regions.get(n)) for n in needs}
     read_whole = frozenset(n for n, r in readings.items() if r.rest is not None)
     kept = (
-        frozenset(n for n, need in needs.items() if packed and need.matmul and _packable(model.layout(n))) - read_whole
+        frozenset(n for n, need in needs.items() if packed and need.matmul and linear.reads_packed(model.layout(n)))
+        - read_whole
     )
     reads = {read for r in readings.values() for read in r.reads}  # a fused source feeds two weights
     stored = sum(model.read_nbytes(*read) for read in reads)
@@ -164,11 +163,6 @@ def _held_shape(shape: tuple[int, ...], region: Region | None) -> tuple[int, ...
     if region is None:
         return shape
     return (*shape[: len(shape) + region.axis], region.size, *shape[len(shape) + region.axis + 1 :])
-
-
-def _packable(layout: str) -> bool:
-    """A quantized layout the matmul kernels read as stored (other NVFP4 flavours are repacked as bits)."""
-    return layout not in FLOAT_LAYOUTS and (layout in linear.LAYOUTS or layout in nvfp4.FLAVOURS)
 
 
 def load(plan: LoadPlan, progress: Callable[[int], None] | None = None) -> Transformer:

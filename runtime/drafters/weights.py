@@ -22,8 +22,7 @@ from typing import TypeVar
 import torch
 
 from specpair.errors import BadInput
-from specpair.formats import nvfp4
-from specpair.formats.codecs import FLOAT_LAYOUTS, codec
+from specpair.formats.codecs import codec
 from specpair.formats.packed import Packed
 from specpair.runtime.kernels import linear
 from specpair.sources.model import Model
@@ -75,7 +74,7 @@ def load_weights(
     keep_packed = device.type == "cuda"
     loaded: dict[str, torch.Tensor | Packed] = {}
     stored_packed = {
-        n for n, (_, matmul, _) in needs.items() if keep_packed and matmul and _kernel_reads(model.layout(n))
+        n for n, (_, matmul, _) in needs.items() if keep_packed and matmul and linear.reads_packed(model.layout(n))
     }
     for name, value in model.stream(needs, packed=lambda n: n in stored_packed, dtype=torch.float32, device=device):
         shape, matmul, fp32 = needs[name]
@@ -110,7 +109,3 @@ def quantize_affine4(name: str, w: torch.Tensor) -> Packed:
 
 def _quantizable(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[1] % AFFINE_GROUP == 0 and math.prod(shape) > 0
-
-
-def _kernel_reads(layout: str) -> bool:
-    return layout not in FLOAT_LAYOUTS and (layout in linear.LAYOUTS or layout in nvfp4.FLAVOURS)

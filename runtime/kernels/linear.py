@@ -7,7 +7,7 @@ x [T·k, K] and y[t, s] = W[expert_ids[t, s]] @ x[t·k + s].
 
 The CPU path (`*_reference`) dequantizes through the layout's codec (formats/codecs.py, bit-exact with the
 reference libraries) and multiplies in fixed tiles of rows (cpu_rows.py). The Triton path streams the stored parts once
-and dequantizes in registers. Layouts with a Triton kernel (LAYOUTS): dense bf16/f16/f32, fp8-tensor,
+and dequantizes in registers. Layouts with a Triton kernel (KERNEL_LAYOUTS): dense bf16/f16/f32, fp8-tensor,
 fp8-block, nvfp4-modelopt (other NVFP4 flavours: `to_kernel_layout`, exact), affine4/affine8 in groups of
 32/64/128, gguf-Q8_0, gguf-Q4_K, gguf-Q5_K, gguf-Q6_K.
 
@@ -297,20 +297,56 @@ def with_expert(stacks: Sequence[Tensor | Packed], expert: Sequence[Tensor | Pac
 
 # ---- the Triton path -----------------------------------------------------------------------------------
 
-DENSE, FP8_TENSOR, FP8_BLOCK, NVFP4, AFFINE4, AFFINE8, Q8_0, Q4_K, Q5_K, Q6_K = range(10)
-LAYOUTS = {
-    **{layout: DENSE for layout in FLOAT_LAYOUTS},
-    "fp8-tensor": FP8_TENSOR,
-    "fp8-block": FP8_BLOCK,
-    "nvfp4-modelopt": NVFP4,
-    "gguf-Q8_0": Q8_0,
-    "gguf-Q4_K": Q4_K,
-    "gguf-Q5_K": Q5_K,
-    "gguf-Q6_K": Q6_K,
-    **{f"affine{bits}-g{group}": AFFINE4 if bits == 4 else AFFINE8 for bits in (4, 8) for group in (32, 64, 128)},
+DENSE, FP8_TENSOR, FP8_BLOCK, NVFP4, AFFINE4, AFFINE8, Q8_0, Q4_K, Q5_K, Q6_K = range(10)  # the kernel's LAYOUT
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """How the matmul kernel reads one layout: the LAYOUT code its body decodes by, the Packed parts it takes
+    (in order; "" the whole tensor), K values per loop step (a multiple of the layout's block), and how part 0's
+    codes travel: "dense" as they are; "words" as int32 words of a row (K a multiple of `word_rows` makes a row
+    whole words); "realigned" as words of the whole tensor, realigned in the kernel (blocks at 2-byte
+    boundaries). `group`: affine's values per scale (the kernel's GROUP); `group_scales`: part 1 holds a scale
+    per group of a row (its columns bound the kernel's loads)."""
+
+    code: int
+    parts: tuple[str, ...]
+    step: int
+    codes: str = "words"
+    word_rows: int = 1
+    group: int = 0
+    group_scales: bool = False
+
+
+AFFINE_PARTS = (".weight", ".scales", ".biases")
+KERNEL_LAYOUTS: dict[str, KernelLayout] = {  # every layout with a Triton matmul kernel, one row each
+    **{layout: KernelLayout(DENSE, ("",), 128, codes="dense") for layout in FLOAT_LAYOUTS},
+    "fp8-tensor": KernelLayout(FP8_TENSOR, (".weight", ".weight_scale"), 128, word_rows=4),
+    # a step of one 128-column scale block
+    "fp8-block": KernelLayout(FP8_BLOCK, (".weight", ".weight_scale_inv"), 128, word_rows=4),
+    "nvfp4-modelopt": KernelLayout(
+        NVFP4, (".weight", ".weight_scale", ".weight_scale_2"), 256, word_rows=8, group_scales=True
+    ),
+    "gguf-Q8_0": KernelLayout(Q8_0, ("",), 128, codes="realigned"),  # 34-byte blocks
+    "gguf-Q4_K": KernelLayout(Q4_K, ("",), 256, word_rows=256),
+    "gguf-Q5_K": KernelLayout(Q5_K, ("",), 256, word_rows=256),
+    "gguf-Q6_K": KernelLayout(Q6_K, ("",), 256, codes="realigned"),  # 210-byte blocks
+    **{  # a step of two groups
+        f"affine{bits}-g{group}": KernelLayout(
+            AFFINE4 if bits == 4 else AFFINE8, AFFINE_PARTS, 2 * group, group=group, group_scales=True
+        )
+        for bits in (4, 8)
+        for group in (32, 64, 128)
+    },
 }
-WORD_ALIGNED_ROWS = {FP8_TENSOR: 4, FP8_BLOCK: 4, NVFP4: 8, Q4_K: 256, Q5_K: 256}  # K multiple for word rows
-REALIGNED = (Q8_0, Q6_K)  # blocks at 2-byte boundaries: read as words of the whole tensor, realigned
+
+
+def reads_packed(layout: str) -> bool:
+    """A quantized layout the matmul kernels read as stored, or as ModelOpt bits (other NVFP4 flavours, repacked
+    exactly by to_kernel_layout): loaders keep such weights packed."""
+    return layout not in FLOAT_LAYOUTS and (layout in KERNEL_LAYOUTS or layout in nvfp4.FLAVOURS)
+
+
 # how many bf16 values sum to any value of a dtype exactly (8 significant bits each): an affine bias's parts
 BF16_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 
@@ -318,12 +354,11 @@ BF16_PARTS = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 @dataclass(frozen=True)
 class _Operand:
     """A weight as the kernel reads it: three part pointers, each with its expert and row strides (in its
-    own elements; 0 where it has none), the layout's code and group, and the logical shape. Packed codes
-    travel as int32 words: part 0 viewed per row (bytes or words of a row), or for REALIGNED layouts the
-    whole tensor as words, with part 0's strides then in bytes."""
+    own elements; 0 where it has none), its layout's row, and the logical shape. Packed codes travel as
+    int32 words: part 0 viewed per row (bytes or words of a row), or for "realigned" layouts the whole
+    tensor as words, with part 0's strides then in bytes."""
 
-    code: int
-    group: int
+    layout: KernelLayout
     parts: tuple[Tensor, Tensor, Tensor]
     expert_strides: tuple[int, int, int]
     row_strides: tuple[int, int, int]
@@ -333,7 +368,7 @@ class _Operand:
     f16_halves: bool  # a dense f16 weight, fed to bf16 dots as two exact halves
     f32_weight: bool  # a dense f32 weight: its values are not bf16, so the dot runs in float32
     # elements per row of parts 0 and 1 (masks; as kernel arguments their divisibility lets loads vectorize);
-    # for REALIGNED layouts part 0's count is the whole tensor's words
+    # for "realigned" layouts part 0's count is the whole tensor's words
     cols: tuple[int, int]
 
 
@@ -401,67 +436,51 @@ def _operand(w: Tensor | Packed) -> _Operand | _PlanesOperand:
     stacked = len(w.shape) == 3
     n, k = w.shape[-2], w.shape[-1]
     if isinstance(w, Tensor):
-        parts = [w.contiguous()]
-        code, group, dtype = DENSE, 0, w.dtype
+        layout, parts = KERNEL_LAYOUTS["bf16"], [w.contiguous()]
     else:
-        if w.layout not in LAYOUTS:
+        if w.layout not in KERNEL_LAYOUTS:
             hint = " (repack it with kernels.linear.to_kernel_layout)" if w.layout in nvfp4.FLAVOURS else ""
             raise BadInput(w.name, f"layout {w.layout} has no Triton matmul kernel{hint}")
-        code = LAYOUTS[w.layout]
-        group = int(w.layout.rsplit("-g", 1)[1]) if code in (AFFINE4, AFFINE8) else 0
-        if k % WORD_ALIGNED_ROWS.get(code, 1):
+        layout = KERNEL_LAYOUTS[w.layout]
+        if k % layout.word_rows:
             raise BadInput(
                 w.name,
-                f"{w.layout} rows of {k} values are not whole words; the Triton kernel needs "
-                f"a multiple of {WORD_ALIGNED_ROWS[code]}",
+                f"{w.layout} rows of {k} values are not whole words; the Triton kernel needs a multiple of "
+                f"{layout.word_rows}",
             )
-        p = {key: part.contiguous() for key, part in w.parts.items()}
-        if code == DENSE:
-            parts = [p[""]]
-        elif code in (FP8_TENSOR, FP8_BLOCK):
-            parts = [p[".weight"].view(torch.int32), p[".weight_scale" if code == FP8_TENSOR else ".weight_scale_inv"]]
-        elif code == NVFP4:
-            parts = [p[".weight"].view(torch.int32), p[".weight_scale"], p[".weight_scale_2"]]
-        elif code in (AFFINE4, AFFINE8):
-            parts = [p[".weight"].view(torch.int32), p[".scales"], p[".biases"]]
-        elif code in REALIGNED:
-            parts = [p[""].view(torch.uint8).reshape(*w.shape[:-1], -1)]
-        else:
-            parts = [p[""].view(torch.uint8).reshape(*w.shape[:-1], -1).view(torch.int32)]
-        dtype = parts[0].dtype
+        parts = [w.parts[key].contiguous() for key in layout.parts]
+        if layout.codes != "dense":  # bytes of a row (realigned: words made after the strides, in bytes)
+            parts[0] = parts[0].view(torch.uint8).reshape(*w.shape[:-1], -1)
+        if layout.codes == "words":
+            parts[0] = parts[0].view(torch.int32)
+    dtype = parts[0].dtype
     parts += [parts[0]] * (3 - len(parts))
     strides = [_strides(part, stacked) for part in parts]
-    if code in REALIGNED:
+    if layout.codes == "realigned":
         parts[0] = _words(parts[0])
     cols = (
-        parts[0].numel() if code in REALIGNED else parts[0].shape[-1],
-        parts[1].shape[-1] if code in (NVFP4, AFFINE4, AFFINE8) else 0,
+        parts[0].numel() if layout.codes == "realigned" else parts[0].shape[-1],
+        parts[1].shape[-1] if layout.group_scales else 0,
     )
     return _Operand(
-        code,
-        group,
+        layout,
         tuple(parts),
         tuple(s[0] for s in strides),
         tuple(s[1] for s in strides),
         n,
         k,
         w.shape[0] if stacked else None,
-        f16_halves=code == DENSE and dtype == torch.float16,
-        f32_weight=code == DENSE and dtype == torch.float32,
+        f16_halves=layout.code == DENSE and dtype == torch.float16,
+        f32_weight=layout.code == DENSE and dtype == torch.float32,
         cols=cols,
     )
-
-
-# K values per loop step, per layout: a multiple of the layout's block (two groups for affine, one
-# 128-column scale block for fp8-block)
-STEPS = {DENSE: 128, FP8_TENSOR: 128, FP8_BLOCK: 128, NVFP4: 256, Q8_0: 128, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 
 
 def _config(op: _Operand | _PlanesOperand) -> Tiles:
     """The tiles of a weight, from its layout and shape alone."""
     if isinstance(op, _PlanesOperand):
         return planes_tiles(op.n, op.k, PLANES_TILES[op.planes.qtype])
-    step = 2 * op.group if op.code in (AFFINE4, AFFINE8) else STEPS[op.code]
+    step = op.layout.step
     if op.f32_weight:  # float32 dots run on the FMA units: a narrower step keeps their operands in registers
         step = 32
     block_n = 64
@@ -602,8 +621,8 @@ def _launch(
             *op.expert_strides,
             *op.row_strides,
             *op.cols,
-            LAYOUT=op.code,
-            GROUP=op.group,
+            LAYOUT=op.layout.code,
+            GROUP=op.layout.group,
             STEP=step,
             F16_HALVES=op.f16_halves and not f32,
             F32=f32,
@@ -611,7 +630,7 @@ def _launch(
             BLOCK_M=tiling.block_m,
             BLOCK_N=tiling.block_n,
             TOPK=WINDOW_TOP_K,
-            BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.code in (AFFINE4, AFFINE8) else 1,
+            BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.layout.parts == AFFINE_PARTS else 1,
             num_warps=tiling.warps,
             num_stages=tiling.stages,
             **launch_options(),
@@ -1132,7 +1151,7 @@ if triton is not None:
         BIAS_PARTS: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        if PDL == 2 and LAYOUT != 6 and LAYOUT != 9:  # not REALIGNED: part 0's rows start at whole elements
+        if PDL == 2 and LAYOUT != 6 and LAYOUT != 9:  # not "realigned": part 0's rows start at whole elements
             if routing == 0:  # a routed call's experts come from the previous kernel
                 _prefetch_part0(p0, r0, N, K, split_steps, LAYOUT, STEP, BLOCK_N)
         after_previous_kernel(PDL)

@@ -66,7 +66,7 @@ def exact(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def test_layouts_with_kernels_are_the_ones_listed() -> None:
-    assert set(LAYOUT_K) == set(linear.LAYOUTS)
+    assert set(LAYOUT_K) == set(linear.KERNEL_LAYOUTS)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUT_K))
