@@ -369,7 +369,7 @@ def roofline(plan) -> float:
         total -= plan.resident["embed_tokens.weight"]
     if config.is_moe:
         experts = sum(b for n, b in plan.resident.items() if ".experts." in n)
-        total -= experts * (1 - config.experts_per_token / config.num_experts)
+        total -= experts * (1 - config.experts_touched(1))
     gdn = config.layer_types.count("linear")
     if gdn:
         total += 2 * gdn * config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4

@@ -139,7 +139,7 @@ def step_bytes(model: Transformer, tokens: int = 1) -> float:
     routed experts, the share its tokens touch, expected under uniform routing (1 - (1 - k/E)^tokens; a shared
     expert kept as the last of a stack, wholly)."""
     config = model.config
-    touched = 1 - (1 - config.experts_per_token / config.num_experts) ** tokens
+    touched = config.experts_touched(tokens)
     seen: set[int] = set()
     total = 0.0
 

@@ -112,6 +112,13 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts is not None
 
+    def experts_touched(self, tokens: int) -> float:
+        """The share of a MoE layer's routed experts that a step of `tokens` tokens reads, expected under uniform
+        routing (each token's k of E drawn alike): 1 - (1 - k/E)^tokens; what rooflines count of expert bytes."""
+        if self.num_experts is None or self.experts_per_token is None:
+            raise ValueError(f"experts_touched: {self.family} has no routed experts")
+        return 1 - (1 - self.experts_per_token / self.num_experts) ** tokens
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has routed experts (mlp_only_layers / decoder_sparse_step make dense ones)."""
         return (

@@ -71,7 +71,7 @@ class LoadPlan:
             if name == "embed_tokens.weight" and not config.tie_word_embeddings:
                 total += nbytes * min(tokens, config.vocab_size) / config.vocab_size
             elif ".mlp.experts." in name:
-                total += nbytes * (1 - (1 - config.experts_per_token / config.num_experts) ** tokens)
+                total += nbytes * config.experts_touched(tokens)
             else:
                 total += nbytes
         return total

@@ -212,3 +212,21 @@ def test_the_users_prompts_their_profile_and_too_few_tokens(pair, tmp_path):
     human = CliRunner().invoke(app, [*args[:-1], "--tokens", "8", "--md"])
     assert human.exit_code == 3 and "INCONCLUSIVE depth 0: 8 generated tokens compared" in human.stdout
     assert "drafted == undrafted, token for token: 1/2 runs" in human.stdout and "| inconclusive |" in human.stdout
+
+
+def test_the_roofline_counts_the_expert_share_the_tokens_touch(tmp_path):
+    """A MoE's routed experts are read in the share T tokens touch, expected under uniform routing (k of E each:
+    1 - (1 - k/E)^T); every other weight whole, the embedding a row a token."""
+    target = build_target(tmp_path / "moe", "qwen3_moe", layers=2, experts=8, experts_per_token=2)
+    plan = plan_load(open_model(str(target)), "cpu", torch.float32)
+    config = plan.model.config
+    assert [config.experts_touched(t) for t in (1, 2)] == [2 / 8, 1 - (6 / 8) ** 2]
+    experts = sum(b for n, b in plan.resident.items() if ".mlp.experts." in n)
+    embedding = plan.resident["embed_tokens.weight"]
+    assert experts > 0
+    for tokens in (1, 3, 100):
+        whole = plan.resident_bytes - experts - embedding
+        want = whole + experts * config.experts_touched(tokens) + embedding * tokens / config.vocab_size
+        assert plan.weights_read(tokens) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="no routed experts"):
+        plan_load(open_model(str(build_target(tmp_path / "dense"))), "cpu").model.config.experts_touched(1)
