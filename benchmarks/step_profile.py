@@ -135,9 +135,9 @@ def random_fetch(layouts: dict[str, str], gen: torch.Generator) -> callable:
 
 
 def step_bytes(model: Transformer, tokens: int = 1) -> float:
-    """Bytes a step of `tokens` tokens reads: every weight once but the embedding table (a row a token, left out) and, of the
-    routed experts, the share its tokens touch, expected under uniform routing (1 - (1 - k/E)^tokens; a shared
-    expert kept as the last of a stack, wholly)."""
+    """Bytes a step of `tokens` tokens reads: every weight once but the embedding table (a row a token, left
+    out) and, of the routed experts, the share its tokens touch (ModelConfig.experts_touched; a shared expert
+    kept as the last of a stack, wholly)."""
     config = model.config
     touched = config.experts_touched(tokens)
     seen: set[int] = set()

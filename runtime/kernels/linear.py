@@ -318,7 +318,6 @@ class KernelLayout:
     group_scales: bool = False
 
 
-AFFINE_PARTS = (".weight", ".scales", ".biases")
 KERNEL_LAYOUTS: dict[str, KernelLayout] = {  # every layout with a Triton matmul kernel, one row each
     **{layout: KernelLayout(DENSE, ("",), 128, codes="dense") for layout in FLOAT_LAYOUTS},
     "fp8-tensor": KernelLayout(FP8_TENSOR, (".weight", ".weight_scale"), 128, word_rows=4),
@@ -333,7 +332,11 @@ KERNEL_LAYOUTS: dict[str, KernelLayout] = {  # every layout with a Triton matmul
     "gguf-Q6_K": KernelLayout(Q6_K, ("",), 256, codes="realigned"),  # 210-byte blocks
     **{  # a step of two groups
         f"affine{bits}-g{group}": KernelLayout(
-            AFFINE4 if bits == 4 else AFFINE8, AFFINE_PARTS, 2 * group, group=group, group_scales=True
+            AFFINE4 if bits == 4 else AFFINE8,
+            (".weight", ".scales", ".biases"),
+            2 * group,
+            group=group,
+            group_scales=True,
         )
         for bits in (4, 8)
         for group in (32, 64, 128)
@@ -436,7 +439,7 @@ def _operand(w: Tensor | Packed) -> _Operand | _PlanesOperand:
     stacked = len(w.shape) == 3
     n, k = w.shape[-2], w.shape[-1]
     if isinstance(w, Tensor):
-        layout, parts = KERNEL_LAYOUTS["bf16"], [w.contiguous()]
+        layout, parts = KERNEL_LAYOUTS["bf16"], [w.contiguous()]  # the row of every float layout
     else:
         if w.layout not in KERNEL_LAYOUTS:
             hint = " (repack it with kernels.linear.to_kernel_layout)" if w.layout in nvfp4.FLAVOURS else ""
@@ -630,7 +633,7 @@ def _launch(
             BLOCK_M=tiling.block_m,
             BLOCK_N=tiling.block_n,
             TOPK=WINDOW_TOP_K,
-            BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.layout.parts == AFFINE_PARTS else 1,
+            BIAS_PARTS=BF16_PARTS[op.parts[2].dtype] if op.layout.group else 1,  # affine's biases
             num_warps=tiling.warps,
             num_stages=tiling.stages,
             **launch_options(),
