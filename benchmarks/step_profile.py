@@ -37,6 +37,8 @@ import sys
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -46,6 +48,7 @@ from specpair.formats.codecs import codec
 from specpair.formats.packed import Packed
 from specpair.runtime.generate import prefill
 from specpair.runtime.graphs import ForwardGraph
+from specpair.runtime.kernels import linear
 from specpair.runtime.model import Transformer
 from specpair.runtime.models import FAMILIES
 
@@ -55,6 +58,7 @@ PROMPT = 32
 REPLAYS = 200
 PROFILED = 20
 AMAX = 4.0  # one per-tensor amax for every quantized weight (values ~N(0, 1)): the shared scales of a fused export
+MATMUL_KERNELS = ("_matmul_kernel", "_planes_kernel")  # one launch per linear.matmul / matmul_experts call
 LAYOUTS = {"FP8": "fp8-tensor", "W4A16_NVFP4": "nvfp4-modelopt", "NVFP4": "nvfp4-modelopt"}
 
 
@@ -139,7 +143,7 @@ def step_bytes(model: Transformer, tokens: int = 1) -> float:
     out) and, of the routed experts, the share its tokens touch (ModelConfig.experts_touched; a shared expert
     kept as the last of a stack, wholly)."""
     config = model.config
-    touched = config.experts_touched(tokens)
+    touched = config.experts_touched(tokens) if config.num_experts else 1.0
     seen: set[int] = set()
     total = 0.0
 
@@ -168,6 +172,55 @@ def step_bytes(model: Transformer, tokens: int = 1) -> float:
     walk(model.norm)
     walk(model.lm_head)
     return total
+
+
+def matmul_call(w, expert_ids: torch.Tensor | None) -> dict:
+    """A matmul call's weight (layout and shape) and the bytes it reads: the whole weight, or of a stack of
+    experts the distinct experts its tokens name."""
+    tensors = list(w.parts.values()) if isinstance(w, Packed) else [w]
+    whole = sum(t.nbytes for t in tensors)
+    layout = w.layout if isinstance(w, Packed) else str(w.dtype).removeprefix("torch.")
+    n, k = w.shape[-2:]
+    if expert_ids is None:
+        return {"weight": f"{layout} {n}x{k}", "bytes": whole}
+    experts, touched = w.shape[0], int(expert_ids.unique().numel())
+    return {"weight": f"{layout} {experts} experts of {n}x{k}, {touched} touched", "bytes": whole * touched / experts}
+
+
+@contextmanager
+def recorded_matmuls() -> Iterator[list[dict]]:
+    """The matmul calls made inside, in order (matmul_call of each); each is one launch of a MATMUL_KERNELS
+    kernel, so they pair with a profiled step's launches of those kernels in order."""
+    calls: list[dict] = []
+    plain, routed = linear.matmul, linear.matmul_experts
+
+    def plain_call(x, w, unsummed=False):
+        calls.append(matmul_call(w, None))
+        return plain(x, w, unsummed=unsummed)
+
+    def routed_call(x, w, expert_ids, **options):
+        calls.append(matmul_call(w, expert_ids))
+        return routed(x, w, expert_ids, **options)
+
+    linear.matmul, linear.matmul_experts = plain_call, routed_call
+    try:
+        yield calls
+    finally:
+        linear.matmul, linear.matmul_experts = plain, routed
+
+
+def matmuls_by_weight(calls: list[dict], launch_us: list[float], bandwidth: float) -> list[dict]:
+    """Each kind of weight's calls in one step (paired in order with the step's matmul launches): µs, bytes read
+    and the share of copy bandwidth they reach, the slowest in all first."""
+    groups: dict[str, dict] = {}
+    for call, us in zip(calls, launch_us, strict=True):
+        g = groups.setdefault(call["weight"], {"weight": call["weight"], "calls": 0, "us": 0.0, "bytes": 0.0})
+        g["calls"] += 1
+        g["us"] += us
+        g["bytes"] += call["bytes"]
+    for g in groups.values():
+        g["of_copy"] = g["bytes"] / (g["us"] * 1e-6) / bandwidth
+    return sorted(groups.values(), key=lambda g: -g["us"])
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -202,17 +255,24 @@ def profile_graph(step: ForwardGraph) -> dict:
             step.graph.graph.replay()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    matmuls: list[tuple[float, float]] = []  # (start, µs) of each matmul launch
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             name = re.sub(r"\(.*", "", event.name)[:60]
             kernels[name][0] += 1
             kernels[name][1] += event.device_time_total
+            if name in MATMUL_KERNELS:
+                matmuls.append((event.time_range.start, event.device_time_total))
     per_step = {n: (c / PROFILED, us / PROFILED) for n, (c, us) in kernels.items()}
+    matmuls.sort()
+    launches = len(matmuls) // PROFILED
+    matmul_us = [sum(us for _, us in matmuls[i::launches]) / PROFILED for i in range(launches)] if launches else []
     return {
         "step_ms": step_s * 1e3,
         "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])},
         "kernel_us": sum(us for _, us in per_step.values()),
         "launches": sum(c for c, _ in per_step.values()),
+        "matmul_us": matmul_us,  # each matmul launch of a replay, in order, averaged over the replays
     }
 
 
@@ -221,7 +281,8 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float, tokens
     token = model.head(prefill(model, cache, [prompt])).argmax(-1)[:, None]
     position = torch.tensor([[len(prompt)]], device="cuda")
     # the eager step as a verify step rolled back to nothing: the graph's step then starts from the same state
-    out = model.forward(token, position, cache, verify=True)
+    with recorded_matmuls() as calls:
+        out = model.forward(token, position, cache, verify=True)
     eager = out.logits.clone()
     out.pending.discard()
     decode = ForwardGraph(model, cache, 1, 1)
@@ -254,8 +315,11 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float, tokens
         dim=1,
     )
     read = step_bytes(model)
+    if len(calls) != len(profiled["matmul_us"]):
+        raise RuntimeError(f"the eager step made {len(calls)} matmul calls, the graph {len(profiled['matmul_us'])}")
     return {
         **profiled,
+        "matmuls": matmuls_by_weight(calls, profiled["matmul_us"], bandwidth),
         "tokens_per_s": 1e3 / profiled["step_ms"],
         "bytes_per_step": read,
         "roofline_copy": bandwidth / read,
@@ -433,6 +497,18 @@ def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
             "|---|---|---|---|",
         ]
         lines += kernel_rows(r)
+        lines += [
+            "",
+            f"## {r['target']}: the matmuls of one step, by weight (bytes: the weight, or the experts touched)",
+            "",
+            "| weight | calls | µs | share of step | MB read | of copy bandwidth |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['weight']} | {g['calls']} | {g['us']:.1f} | {g['us'] / (r['step_ms'] * 1e3):.1%} | "
+            f"{g['bytes'] / 1e6:.1f} | {g['of_copy']:.1%} |"
+            for g in r["matmuls"]
+        ]
         for t, step in r.get("steps_of_tokens", {}).items():
             lines += [
                 "",
@@ -470,7 +546,13 @@ def main() -> None:
             continue
         results[-1]["wall_s"] = time.perf_counter() - start
         print(
-            json.dumps({k: v for k, v in results[-1].items() if k not in ("kernels", "steps_of_tokens")}),
+            json.dumps(
+                {
+                    k: v
+                    for k, v in results[-1].items()
+                    if k not in ("kernels", "steps_of_tokens", "matmuls", "matmul_us")
+                }
+            ),
             file=sys.stderr,
             flush=True,
         )

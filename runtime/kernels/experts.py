@@ -136,6 +136,7 @@ def route_triton(
             PREFETCH=len(prefetch),
             BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(columns),
+            num_warps=1,  # one token's few hundred logits: a warp's shuffles reduce them, no shared memory
             **launch_options(),
         )
     return weights, ids
@@ -300,19 +301,23 @@ if triton is not None:
             x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=0))
         probs = tl.where(inside, e / tl.sum(e, axis=0), -1.0)
+        # one reduction a choice: a probability's bits above the complement of its expert id order as (the
+        # probability, then the lower id) do; a probability is >= 0 (its bits order as integers), -1 sinks
+        keys = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols).to(tl.int64)
         slots = tl.arange(0, BLOCK_K)
         chosen = tl.zeros([BLOCK_K], dtype=tl.float32)
         ids = tl.zeros([BLOCK_K], dtype=tl.int64)
         for j in tl.static_range(TOP_K):
-            best = tl.max(probs, axis=0)
-            expert = tl.min(tl.where(probs == best, cols, BLOCK_E), axis=0)  # the lowest id of the largest
+            top = tl.max(keys, axis=0)
+            best = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            expert = BLOCK_E - 1 - (top & 0xFFFFFFFF)
             chosen = tl.where(slots == j, best, chosen)
-            ids = tl.where(slots == j, expert.to(tl.int64), ids)
+            ids = tl.where(slots == j, expert, ids)
             if j == 0:
                 total = best
             else:
                 total = total + best
-            probs = tl.where(cols == expert, -1.0, probs)
+            keys = tl.where(keys == top, -1, keys)
         if RENORMALISE:
             chosen = chosen / total
         kept = slots < TOP_K
