@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -96,11 +96,20 @@ class Projections:
             biases or [None] * len(weights),
         )
 
-    def __call__(self, x: Tensor, unsummed: bool = False) -> list[Tensor | SplitSums]:
-        """`unsummed` (no biases): a split K's partials of each projection (column views), for the kernels that
-        read them next to add (a MoE's router logits: route and combine)."""
-        unsummed = unsummed and all(b is None for b in self.biases)
-        outs = [part for w, sizes in self.groups for part in _columns(project(x, w, unsummed=unsummed), sizes)]
+    def __call__(self, x: Tensor, unsummed: bool | Sequence[bool] = False) -> list[Tensor | SplitSums]:
+        """`unsummed` (no biases), for all projections or one flag each: a split K's partials (column views),
+        for the kernels that read them next to add (a MoE's router logits: route and combine); a fused weight's
+        product stays unsummed only where all of its projections may."""
+        count = len(self.biases)
+        flags = list(unsummed) if isinstance(unsummed, Sequence) else [unsummed] * count
+        if len(flags) != count:
+            raise ValueError(f"Projections: {len(flags)} unsummed flags for {count} projections")
+        flags = [f and b is None for f, b in zip(flags, self.biases)]
+        outs, first = [], 0
+        for w, sizes in self.groups:
+            keep = all(flags[first : first + len(sizes)])
+            outs += _columns(project(x, w, unsummed=keep), sizes)
+            first += len(sizes)
         return [out if b is None else out + b for out, b in zip(outs, self.biases)]
 
 
@@ -290,7 +299,7 @@ class GatedDeltaNet:
 
     def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
-        qkv, z, b, a = self.in_proj(h)
+        qkv, z, b, a = self.in_proj(h, unsummed=(False, False, True, True))  # b|a's partials: added in gates
         verify = step.pending is not None
         conv_window, state = step.cache.gdn_state(self.layer, B, snapshot=verify)
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
@@ -298,7 +307,7 @@ class GatedDeltaNet:
         q = q.reshape(B, T, self.key_heads, self.key_dim)
         k = k.reshape(B, T, self.key_heads, self.key_dim)
         v = v.reshape(B, T, self.value_heads, self.value_dim)
-        g, beta = gdn.gates(a, b, self.A_log, self.dt_bias)
+        g, beta = (x.reshape(B, T, self.value_heads) for x in gdn.gates(a, b, self.A_log, self.dt_bias))
         if verify:
             step.pending.gdn[self.layer] = GDNInputs(columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)
@@ -385,11 +394,12 @@ class MoE:
         x = x.reshape(-1, shape[-1])
         logits = self.router(x, unsummed=True)  # split-K partials added in route and combine
         weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch, self.shared_id)
+        tables = linear.TileTables(ids)  # past the in-kernel window, every expert matmul here reads the same tiles
         if len(self.gate_up) == 1:  # its split-K partials summed in the SwiGLU's kernel
-            act = activation.swiglu(linear.matmul_experts(x, self.gate_up[0], ids, unsummed=True))
+            act = activation.swiglu(linear.matmul_experts(x, self.gate_up[0], ids, unsummed=True, tables=tables))
         else:
-            act = activation.silu_mul(*(linear.matmul_experts(x, w, ids) for w in self.gate_up))
-        down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids, per_pair=True)
+            act = activation.silu_mul(*(linear.matmul_experts(x, w, ids, tables=tables) for w in self.gate_up))
+        down = linear.matmul_experts(act.reshape(-1, act.shape[-1]), self.down_proj, ids, per_pair=True, tables=tables)
         if self.shared_id is not None:
             shared, shared_logit = down[:, self.top_k], logits[1]  # the last column: a view combine reads in place
         elif self.shared is not None:

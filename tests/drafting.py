@@ -49,7 +49,7 @@ def _matmul(x: torch.Tensor, w, unsummed: bool = False) -> torch.Tensor:
     return x @ w.T.to(x.dtype)
 
 
-def _matmul_experts(x: torch.Tensor, w, ids: torch.Tensor, per_pair: bool = False) -> torch.Tensor:
+def _matmul_experts(x: torch.Tensor, w, ids: torch.Tensor, per_pair: bool = False, tables=None) -> torch.Tensor:
     w = w.dequantize() if isinstance(w, Packed) else w
     if per_pair:
         return torch.einsum("tsnk,tsk->tsn", w[ids], x.reshape(*ids.shape, -1))

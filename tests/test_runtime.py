@@ -93,6 +93,32 @@ def test_fused_projections_equal_transformers(checkpoints, family, monkeypatch):
     assert (steps(model, ids, [1] * 16) - reference).abs().max() <= TOLERANCE
 
 
+def test_projections_keep_the_partials_a_fused_weight_may_keep_all_of(monkeypatch):
+    """A fused weight's product is left as split partials only where each of its projections is flagged unsummed
+    (the GDN's b|a for the gates' kernel, beside q|k|v|z for the conv): the flags each product call was given."""
+    asked = []
+    plain = linear.matmul
+
+    def matmul(x, w, unsummed=False):
+        asked.append((w.shape[0], unsummed))
+        return plain(x, w)
+
+    monkeypatch.setattr(linear, "matmul", matmul)
+    weights = [torch.randn(rows, 8) for rows in (6, 4, 3, 2)]
+    x = torch.randn(1, 8)
+    separate = Projections.of(weights, fuse=False)
+    outs = separate(x, unsummed=(False, False, True, True))
+    assert asked == [(6, False), (4, False), (3, True), (2, True)]
+    assert all(torch.allclose(o, x @ w.T, atol=1e-5) for o, w in zip(outs, weights))
+    asked.clear()
+    fused = Projections.of(weights, fuse=True)
+    fused(x, unsummed=(False, False, True, True))
+    fused(x, unsummed=True)
+    assert asked == [(15, False), (15, True)]
+    with pytest.raises(ValueError, match="3 unsummed flags for 4 projections"):
+        fused(x, unsummed=(True, True, True))
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("shared_width", [32, 48])
 def test_the_shared_expert_rides_in_the_expert_stacks_where_it_fits(tmp_path, monkeypatch, shared_width, fused):

@@ -35,12 +35,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     launch_options,
     require_triton,
     rounded,
+    split_sum,
     tl,
+    tl_dtype,
     triton,
 )
 
@@ -58,8 +61,8 @@ def conv_silu(
     return conv_silu_reference(window, qkv, weight, sizes, keep_columns)
 
 
-def gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
-    if a.is_cuda:
+def gates(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    if isinstance(a, SplitSums) or a.is_cuda:
         return gates_triton(a, b, A_log, dt_bias)
     return gates_reference(a, b, A_log, dt_bias)
 
@@ -131,15 +134,30 @@ def conv_silu_triton(
     return q, k, v, columns
 
 
-def gates_triton(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """a, b [..., Hv], or the split partials of their product (column views of one SplitSums, [rows, Hv] a
+    split), which the kernel adds first as SplitSums.summed does: g and beta [..., Hv] (rows for partials)."""
     require_triton("gates")
-    batch, steps, heads = a.shape
+    partials = isinstance(a, SplitSums)
+    if partials != isinstance(b, SplitSums) or (partials and a.partial.shape != b.partial.shape):
+        raise ValueError("gates: a and b must both be tensors or both split partials of one product")
+    round_to = a.dtype
+    if partials:
+        splits, plane = a.partial.shape[0], a.partial.stride(0)
+        if b.partial.stride(0) != plane:
+            raise ValueError("gates: a's and b's partials must be column views of one product")
+        a, b = a.partial[0], b.partial[0]  # the first plane; the kernel reads the others `plane` apart
+    else:
+        splits, plane = 0, 0
+    heads = a.shape[-1]
     if b.shape != a.shape or A_log.shape != (heads,) or dt_bias.shape != (heads,):
         raise ValueError(f"gates: a {list(a.shape)}, b {list(b.shape)}, A_log {list(A_log.shape)} do not fit")
     rows_a, rows_b = a.reshape(-1, heads), b.reshape(-1, heads)
-    if rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1:
+    if not partials and (rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1):
         rows_a, rows_b = rows_a.contiguous(), rows_b.contiguous()
-    g = torch.empty(batch, steps, heads, dtype=torch.float32, device=a.device)
+    if rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1:
+        raise ValueError("gates: partials must be column views with unit column stride")
+    g = torch.empty(*a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     if g.numel():
         _gates_kernel[(rows_a.shape[0],)](
@@ -152,7 +170,10 @@ def gates_triton(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[
             heads,
             rows_a.stride(0),
             rows_b.stride(0),
+            plane,
             SOFTPLUS_THRESHOLD,
+            SPLITS=splits,
+            ROUND_TO=tl_dtype(round_to),
             BLOCK_H=triton.next_power_of_2(heads),
             **launch_options(),
         )
@@ -416,7 +437,10 @@ if triton is not None:
         heads,
         stride_a,
         stride_b,
+        plane,
         threshold,
+        SPLITS: tl.constexpr,
+        ROUND_TO: tl.constexpr,
         BLOCK_H: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -424,12 +448,18 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         h = tl.arange(0, BLOCK_H)
         inside = h < heads
-        x = tl.load(a_ptr + row * stride_a + h, mask=inside, other=0.0).to(tl.float32)
+        if SPLITS > 0:  # float32 partials of the b|a product, summed as the matmul's sum kernel sums them
+            x = split_sum(a_ptr, plane, SPLITS, row * stride_a + h, inside, UNROLL=True)
+            x = rounded(x, ROUND_TO).to(tl.float32)
+            beta_in = split_sum(b_ptr, plane, SPLITS, row * stride_b + h, inside, UNROLL=True)
+            beta_in = rounded(beta_in, ROUND_TO).to(tl.float32)
+        else:
+            x = tl.load(a_ptr + row * stride_a + h, mask=inside, other=0.0).to(tl.float32)
+            beta_in = tl.load(b_ptr + row * stride_b + h, mask=inside, other=0.0).to(tl.float32)
         x = x + tl.load(dt_bias_ptr + h, mask=inside, other=0.0)
         u = tl.exp(x)
         w = 1.0 + u  # log1p(u) to a few ulps for small u, where log(1 + u) loses u's digits (Goldberg's trick)
         softplus = tl.where(x > threshold, x, tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0))))
         g = -tl.exp(tl.load(a_log_ptr + h, mask=inside, other=0.0)) * softplus
-        beta_in = tl.load(b_ptr + row * stride_b + h, mask=inside, other=0.0).to(tl.float32)
         tl.store(g_ptr + row * heads + h, g, mask=inside)
         tl.store(beta_ptr + row * heads + h, 1.0 / (1.0 + tl.exp(-beta_in)), mask=inside)

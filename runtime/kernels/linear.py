@@ -84,7 +84,13 @@ from specpair.runtime.kernels.triton_common import (
 )
 
 BLOCK_M = 16  # tokens per tile: the tensor core's narrow side
-TARGET_PROGRAMS = 264  # two per SM of an H200 (132): K is split when the weight's N alone gives fewer
+SMS = 132  # streaming multiprocessors of an H100 or H200
+TARGET_PROGRAMS = (
+    2 * SMS
+)  # K is split until a weight's programs reach this (each SM hides one's latency behind another)
+# A routed call's programs cover the rows of every expert it touches: a decode token's top 8 and the shared expert
+# in Qwen3.5/3.6
+EXPERTS_PER_CALL = 9
 WINDOW_TOP_K = 16  # routed calls of at most BLOCK_M tokens with top-k up to this find their rows in the kernel
 
 
@@ -142,13 +148,33 @@ def expert_stacks(weights: Sequence[Tensor | Packed], smallest: int = 1024) -> l
 
 
 def matmul_experts(
-    x: Tensor, w: Tensor | Packed, expert_ids: Tensor, per_pair: bool = False, unsummed: bool = False
+    x: Tensor,
+    w: Tensor | Packed,
+    expert_ids: Tensor,
+    per_pair: bool = False,
+    unsummed: bool = False,
+    tables: TileTables | None = None,
 ) -> Tensor | SplitSums:
     """`unsummed`: where the GPU kernel splits K, its partials over the pairs' rows (SplitSums of [splits, T·k, N])
-    for the next kernel to add; else (and always on the CPU) y [T, k, N]."""
+    for the next kernel to add; else (and always on the CPU) y [T, k, N]. `tables`: expert_ids' tile tables,
+    shared with the other calls that read them (on the GPU, past the in-kernel window)."""
     if x.is_cuda:
-        return matmul_experts_triton(x, w, expert_ids, per_pair=per_pair, unsummed=unsummed)
+        return matmul_experts_triton(x, w, expert_ids, per_pair=per_pair, unsummed=unsummed, tables=tables)
     return matmul_experts_reference(x, w, expert_ids, per_pair)
+
+
+class TileTables:
+    """The tile tables (tile_table) of one step's routed pairs, each built once per (experts, rows) and shared by
+    the calls that read the same expert_ids: a MoE layer's gate|up and down matmuls, past the in-kernel window."""
+
+    def __init__(self, expert_ids: Tensor) -> None:
+        self.expert_ids = expert_ids
+        self._built: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+
+    def __call__(self, experts: int, rows: int) -> tuple[Tensor, Tensor]:
+        if (experts, rows) not in self._built:
+            self._built[experts, rows] = tile_table(self.expert_ids, experts, rows)
+        return self._built[experts, rows]
 
 
 def _product_weight(w: Tensor | Packed) -> Tensor:
@@ -488,7 +514,13 @@ def _config(op: _Operand | _PlanesOperand) -> Tiles:
         step = 32
     block_n = 64
     steps = triton.cdiv(op.k, step)
-    splits = max(1, min(TARGET_PROGRAMS // triton.cdiv(op.n, block_n), steps // 2))
+    row_blocks = triton.cdiv(op.n, block_n) * (1 if op.experts is None else EXPERTS_PER_CALL)
+    # row blocks that fill the SMs once but not twice are split in two: whole, a second wave of a few programs
+    # leaves most SMs idle (H100, benchmarks/tiles_sweep.py: the 35B-A3B's FP8 GDN input projection, 192 blocks,
+    # 13.7 -> 12.5 µs a call; attention's, 144, 12.7 -> 11.2; its routed NVFP4 gate|up, 9 experts of 16 blocks,
+    # 13.1 -> 11.2 at 1 token, 40.1 -> 31.0 at 4; its down, 9 of 32, whole: 7.8 µs against 10.0 in two)
+    wave = 2 if SMS < row_blocks < TARGET_PROGRAMS else 1
+    splits = max(1, min(max(TARGET_PROGRAMS // row_blocks, wave), steps // 2))
     return Tiles(block_n, step, splits, warps=4, stages=3)
 
 
@@ -710,6 +742,7 @@ def matmul_experts_triton(
     window: bool | None = None,
     per_pair: bool = False,
     unsummed: bool = False,
+    tables: TileTables | None = None,
 ) -> Tensor | SplitSums:
     """Each touched expert is read once per tile of its tokens. Up to a tile's tokens (decode, a verify
     block) one program per (token, slot) pair finds the other tokens routed to its expert in expert_ids and
@@ -739,7 +772,9 @@ def matmul_experts_triton(
             x, op, pairs, pairs, tiling, routing=3 if per_pair else 2, table=ids, top_k=top_k, unsummed=unsummed
         )
         return y if isinstance(y, SplitSums) else y.reshape(tokens, top_k, op.n)
-    table, order = tile_table(expert_ids, op.experts, rows)
+    if tables is not None and tables.expert_ids is not expert_ids:
+        raise ValueError("matmul_experts: tile tables of other expert_ids")
+    table, order = (tables or TileTables(expert_ids))(op.experts, rows)
     # a sorted pair's row of x: its token's (pair // top_k), or its own
     y = _launch(
         x,

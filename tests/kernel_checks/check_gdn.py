@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
-from specpair.runtime.kernels import gdn
+from specpair.runtime.kernels import gdn, linear
 
 SHAPES = [  # B, T, Hk, Hv, dk, dv: grouped value heads, dv past a multiple of BLOCK_V, dk not a power of 2
     (3, 6, 2, 4, 32, 48),
@@ -175,3 +175,27 @@ def test_gates(batch: int, tokens: int, heads: int) -> None:
     assert torch.equal(
         gdn.gates_triton(a[-1:, -1:].clone(), b[-1:, -1:].clone(), a_log, dt_bias)[0][0, 0], got_g[-1, -1]
     )
+
+
+@pytest.mark.parametrize("splits", [2, 8])
+def test_gates_add_the_b_a_products_split_sums(splits: int) -> None:
+    """The b|a product's float32 partials, as column views of one SplitSums: g and beta are those of summing them
+    first (the matmul's sum kernel) and reading the bf16 sums; a token alone as among others; a and b given as
+    one tensor and one partials, or partials of products of other rows, are refused."""
+    torch.manual_seed(splits)
+    tokens, heads = 5, 32
+    partial = torch.randn(splits, tokens, 7 + 2 * heads) * 3  # [.. | b | a], as the GDN's fused input projection
+    sums = linear.SplitSums(partial, torch.bfloat16)
+    summed = sums.summed()
+    b, a = sums.columns(7, 7 + heads), sums.columns(7 + heads, 7 + 2 * heads)
+    a_log, dt_bias = torch.rand(heads).mul(15).add(1).log(), torch.randn(heads)
+    want_g, want_beta = gdn.gates_triton(summed[:, 7 + heads :], summed[:, 7 : 7 + heads], a_log, dt_bias)
+    got_g, got_beta = gdn.gates(a, b, a_log, dt_bias)
+    assert got_g.shape == (tokens, heads) and torch.equal(got_g, want_g) and torch.equal(got_beta, want_beta)
+    alone = linear.SplitSums(partial[:, 3:4].clone(), torch.bfloat16)
+    g, beta = gdn.gates_triton(alone.columns(7 + heads, 7 + 2 * heads), alone.columns(7, 7 + heads), a_log, dt_bias)
+    assert torch.equal(g[0], got_g[3]) and torch.equal(beta[0], got_beta[3])
+    with pytest.raises(ValueError, match="both"):
+        gdn.gates_triton(a, summed[:, 7 : 7 + heads], a_log, dt_bias)
+    with pytest.raises(ValueError, match="both"):  # partials of products of other rows
+        gdn.gates_triton(a, alone.columns(7, 7 + heads), a_log, dt_bias)

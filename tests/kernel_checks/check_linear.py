@@ -317,6 +317,28 @@ def test_tile_table(tokens: int, top_k: int, experts: int, rows: int) -> None:
         assert all(t[1] == t[2] for t in table.tolist() if t[2] <= t[1])
 
 
+def test_matmul_experts_share_their_tile_tables() -> None:
+    """Past the window, a MoE layer's gate|up and down (a row of x per pair) read one TileTables, which builds a
+    table once per (experts, rows): the same bits as each call's own tables; tables of other expert_ids are
+    refused."""
+    torch.manual_seed(13)
+    gate_up, down = torch.randn(4, 32, 64).bfloat16(), torch.randn(4, 64, 16).bfloat16()
+    x = torch.randn(20, 64).bfloat16()
+    ids = torch.randint(0, 4, (20, 2))
+    alone = linear.matmul_experts_triton(x, gate_up, ids, window=False)
+    alone_down = linear.matmul_experts_triton(alone[..., :16].reshape(40, 16), down, ids, window=False, per_pair=True)
+    tables = linear.TileTables(ids)
+    shared = linear.matmul_experts_triton(x, gate_up, ids, window=False, tables=tables)
+    shared_down = linear.matmul_experts_triton(
+        shared[..., :16].reshape(40, 16), down, ids, window=False, per_pair=True, tables=tables
+    )
+    assert torch.equal(shared, alone) and torch.equal(shared_down, alone_down)
+    rows = linear.tiles_of(gate_up).block_m
+    assert all(a is b for a, b in zip(tables(4, rows), tables(4, rows)))
+    with pytest.raises(ValueError, match="tile tables of other expert_ids"):
+        linear.matmul_experts_triton(x, gate_up, ids.clone(), window=False, tables=tables)
+
+
 def test_matmul_experts_many_tokens_per_expert() -> None:
     """18 tokens on expert 0 (two tiles of its rows), an untouched expert, a token's two slots on one expert."""
     torch.manual_seed(4)

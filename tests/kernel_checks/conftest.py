@@ -4,7 +4,8 @@ GPU tier (tests/gpu/test_kernels_compiled.py), the compiled kernels on CUDA; and
 On CUDA the checks stay as written (CPU tensors, the CPU references, the same bounds and bitwise row checks): each
 kernel module's `*_triton` entry is wrapped to move its tensor arguments to the GPU, run the compiled kernel, and
 bring the results back, along with any argument the kernel wrote in place (caches, states); a split product's
-partials (linear.SplitSums) go and come back as tensors do."""
+partials (linear.SplitSums) go and come back as tensors do, and tile tables (linear.TileTables) go with their
+expert_ids."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def interpreted() -> None:
 
 def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     if isinstance(value, torch.Tensor) and not value.is_cuda:
+        for original, on_gpu in moved:  # a tensor given twice (expert_ids, and in their TileTables) goes once
+            if original is value:
+                return on_gpu
         on_gpu = value.to("cuda")
         moved.append((value, on_gpu))
         return on_gpu
@@ -42,6 +46,8 @@ def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         return value.to("cuda")
     if isinstance(value, linear.SplitSums):
         return dataclasses.replace(value, partial=_to_cuda(value.partial, moved))
+    if isinstance(value, linear.TileTables):
+        return linear.TileTables(_to_cuda(value.expert_ids, moved))
     if isinstance(value, tuple | list):
         return type(value)(_to_cuda(v, moved) for v in value)
     return value
