@@ -81,12 +81,24 @@ def record(checks: str, expression: str | None, out: Path, execute: bool) -> Non
         # no .to or .dtype), unless the kernel names it in do_not_specialize: compiled so here too
         unspecialised = set(self.kwargs.get("do_not_specialize") or ())
         constexprs |= {n for n in names if n not in unspecialised and type(bound[n]) is int and bound[n] == 1}
+        # and gives it a divisibility hint where an integer is a multiple of 16 or a pointer 16-byte aligned
+        unaligned = unspecialised | set(self.kwargs.get("do_not_specialize_on_alignment") or ())
+        divisible = [
+            n
+            for n in names
+            if n not in constexprs | unaligned
+            and (
+                (isinstance(bound[n], torch.Tensor) and bound[n].data_ptr() % 16 == 0)
+                or (type(bound[n]) is int and bound[n] % 16 == 0)
+            )
+        ]
         launch = {
             "module": self.fn.__module__,
             "kernel": self.fn.__name__,
             "signature": {n: "constexpr" if n in constexprs else describe(bound[n]) for n in names},
             "constexprs": {n: constant(bound[n]) for n in names if n in constexprs},
             "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs},
+            "divisible": divisible,
             "specialisable": sorted(
                 n for n in names if n not in constexprs | unspecialised and describe(bound[n]) in ("i32", "i64")
             ),
@@ -107,13 +119,15 @@ def record(checks: str, expression: str | None, out: Path, execute: bool) -> Non
         pytest.main(arguments)  # only the launches matter here (without `execute` the checks fail)
 
 
-def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = False) -> int:
+def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = False, sass: Path | None = None) -> int:
     import importlib
 
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from specpair.runtime.kernels.triton_common import GPU_CONSTEXPRS
 
     target = GPUTarget("cuda", arch, 32)
     done: dict[str, int] = defaultdict(int)
@@ -129,22 +143,33 @@ def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = Fals
         recorded = {
             n: getattr(tl, TL_DTYPES[v["dtype"]]) if isinstance(v, dict) else v for n, v in launch["constexprs"].items()
         }
-        # each mode as launched; then, plainly, with every integer argument the constant 1 (any of them may be 1 at
-        # run time, which the JIT compiles as a Python int: `n.to(...)` on one fails only then)
+        # each mode as launched; plainly with the GPU's values of the interpreter's stand-ins (GPU_CONSTEXPRS:
+        # bf16 dots), the code the GPU runs for bf16 operands; and with every integer argument the constant 1 (any
+        # of them may be 1 at run time, which the JIT compiles as a Python int: `n.to(...)` on one fails only then)
+        gpu = {n: getattr(tl, v) if isinstance(v, str) else v for n, v in GPU_CONSTEXPRS.items() if n in recorded}
+        gpu = {n: v for n, v in gpu.items() if v != recorded[n]}
         ones = {n: 1 for n in launch["specialisable"]}
-        variants = [(mode, {}) for mode in modes] + [(modes[0], ones)] * bool(ones)
+        variants = [(mode, {}) for mode in modes] + [(modes[0], gpu)] * bool(gpu) + [(modes[0], ones)] * bool(ones)
         for mode, specialised in variants:
             constexprs = recorded | specialised | ({"PDL": mode} if "PDL" in recorded else {})
-            signature = launch["signature"] | {n: "constexpr" for n in specialised}
-            source = ASTSource(kernel, signature, constexprs)
+            signature = launch["signature"] | {n: "constexpr" for n in specialised if n in ones}
+            hinted = [n for n in launch["divisible"] if signature[n] != "constexpr"]
+            attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+            source = ASTSource(kernel, signature, constexprs, attrs)
             options = dict(launch["options"]) | ({"launch_pdl": True} if mode else {})
             try:
-                triton.compile(source, target=target, options=options)
+                compiled = triton.compile(source, target=target, options=options)
                 done[launch["kernel"]] += 1
             except Exception as error:  # every failure is reported, the rest still compile
                 first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
-                what = f"PDL {mode}" + (", integers as 1" if specialised else "")
+                what = f"PDL {mode}" + (", integers as 1" if specialised is ones else ", bf16" if specialised else "")
                 failed[launch["kernel"]].append(f"{what}, {launch['constexprs']}: {first}")
+                continue
+            if sass and specialised is not ones and (mode == modes[0]):
+                name = f"{launch['kernel']}-{done[launch['kernel']]:03d}{'-bf16' if specialised else ''}.sass"
+                (sass / name).write_text(f"// {json.dumps(launch['constexprs'] | specialised, default=str)}\n")
+                with (sass / name).open("a") as out:
+                    out.write(compiled.asm["sass"])
     for name in sorted(set(done) | set(failed)):
         print(
             f"{name}: {done[name]} compiled for sm_{arch}" + (f", {len(failed[name])} failed" if failed[name] else "")
@@ -162,6 +187,7 @@ def main() -> int:
     parser.add_argument("--checks", default=str(ROOT / "tests" / "kernel_checks"))
     parser.add_argument("-k", dest="expression", default=None)
     parser.add_argument("--sample", action="store_true", help="the first launch of each kernel and layout only")
+    parser.add_argument("--sass", type=Path, help="write each launch's SASS (the first mode; bf16 too) to this folder")
     parser.add_argument("--record", type=Path, default=None, help=argparse.SUPPRESS)  # the first process
     parser.add_argument("--launches", type=Path, default=None, help=argparse.SUPPRESS)  # the second
     args = parser.parse_args()
@@ -170,7 +196,9 @@ def main() -> int:
         record(args.checks, args.expression, args.record, execute=not args.sample)
         return 0
     if args.launches:
-        return compile_all(args.launches, args.arch, modes, args.sample)
+        if args.sass:
+            args.sass.mkdir(parents=True, exist_ok=True)
+        return compile_all(args.launches, args.arch, modes, args.sample, args.sass)
     with tempfile.TemporaryDirectory() as scratch:
         launches = Path(scratch) / "launches.jsonl"
         recorder = [sys.executable, __file__, "--record", str(launches), "--checks", args.checks]
@@ -181,6 +209,7 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         compiler = [sys.executable, __file__, "--launches", str(launches), "--arch", str(args.arch)]
         compiler += ["--modes", args.modes] + (["--sample"] if args.sample else [])
+        compiler += ["--sass", str(args.sass.resolve())] if args.sass else []
         return subprocess.run(compiler, env=env, cwd=ROOT).returncode
 
 

@@ -85,9 +85,8 @@ from specpair.runtime.kernels.triton_common import (
 
 BLOCK_M = 16  # tokens per tile: the tensor core's narrow side
 SMS = 132  # streaming multiprocessors of an H100 or H200
-TARGET_PROGRAMS = (
-    2 * SMS
-)  # K is split until a weight's programs reach this (each SM hides one's latency behind another)
+# K is split until a weight's programs reach this: each SM hides one program's latency behind another's
+TARGET_PROGRAMS = 2 * SMS
 # A routed call's programs cover the rows of every expert it touches: a decode token's top 8 and the shared expert
 # in Qwen3.5/3.6
 EXPERTS_PER_CALL = 9

@@ -22,6 +22,10 @@ except ImportError:  # no Triton on this platform: the torch references still ru
 from specpair.errors import BadInput
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+# Constexprs the kernels are given an interpreter-only value for under TRITON_INTERPRET (float32 dots and weight
+# values, its bf16 being wrong), by name, with the value the GPU gives them for bf16 operands (a tl dtype by
+# name): tools/compile_kernels.py compiles a launch the checks record with these too, the GPU's own code path
+GPU_CONSTEXPRS = {"F32": False, "WDT": "bfloat16"}
 
 # Programmatic dependent launch (Hopper and later): a kernel may be launched while the one before it in the stream
 # still runs, so its launch and scheduling overlap that kernel's tail instead of following it. Each kernel here
