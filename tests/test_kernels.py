@@ -103,8 +103,9 @@ def test_what_specpair_pdl_asks_is_checked_before_a_kernel_launches(asked: str, 
 def test_every_kernel_compiles_for_hopper_in_every_launch_mode() -> None:
     """What the GPU machine compiles first, compiled here for sm_90 by the Triton installed here (PTX, then ptxas
     from Triton's wheel): one launch the kernel checks make of each kernel and layout, with plain launches and with
-    PDL and the weight prefetch (mode 1 compiles a subset of mode 2's code), and once with every integer argument
-    the constant 1, as the JIT specialises a 1. The interpreter runs none of it: a global that is not a constexpr,
+    PDL and the weight prefetch (mode 1 compiles a subset of mode 2's code), once with the bf16 dots the GPU runs
+    (the interpreter's stand-ins replaced), and once with every integer argument the constant 1, as the JIT
+    specialises a 1. The interpreter runs none of it: a global that is not a constexpr,
     an intrinsic this Triton lacks, inline PTX that ptxas refuses, `.to` on an argument that may be 1 fail only
     here and on a GPU. `tools/compile_kernels.py` without --sample runs the checks and compiles every launch."""
     tool = Path(__file__).parents[1] / "tools" / "compile_kernels.py"

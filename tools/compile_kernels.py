@@ -3,6 +3,7 @@ in every PDL mode (runtime/kernels/triton_common.py), with the Triton installed 
 compile first, checked on a CPU.
 
     python3 tools/compile_kernels.py [--arch 90] [--modes 0,1,2] [--checks tests/kernel_checks] [-k EXPR] [--sample]
+        [--sass DIR]
 
 Two processes. The first runs the kernel checks (tests/kernel_checks/check_*.py, pytest, `-k`) under Triton's
 interpreter, recording each distinct launch: the kernel, its arguments' types, its constexprs, num_warps and
@@ -11,9 +12,12 @@ time); with it, launches are recorded and not run (a check stops at its first ke
 first of each kernel and layout is compiled (CI's test: tests/test_kernels.py). The second process, without the
 interpreter, compiles each launch for the target in each mode (triton.compile with ptxas from Triton's wheel: PTX,
 then SASS), and prints one line per kernel: launches compiled, failures with their first error line; exit status 1
-on any failure. A launch compiles as Triton's JIT would compile it but for divisibility hints (none: the same code
-paths, slower SASS): an integer argument equal to 1 as the constant 1, as the JIT specialises it; and once more with
-every integer argument the constant 1, since any of them may be 1 at run time.
+on any failure. A launch compiles as Triton's JIT would compile it: an integer argument equal to 1 as the constant
+1, and a divisibility hint on a 16-byte-aligned pointer and an integer that is a multiple of 16, as the JIT
+specialises them; once more with the GPU's values of the constexprs the interpreter is given stand-ins for
+(triton_common.GPU_CONSTEXPRS: bf16 dots, which the interpreter never runs); and once with every integer argument
+the constant 1, since any of them may be 1 at run time. `--sass DIR` writes the SASS of each launch's first mode
+(and of its GPU variant) to DIR.
 """
 
 from __future__ import annotations
