@@ -50,7 +50,7 @@ from specpair.formats.packed import Packed
 from specpair.runtime.kernels import linear
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels_gpu import Bench, clone, copies_for, encoder, error_over_bound, nbytes  # noqa: E402
+from kernels_gpu import Bench, clone, copies_for, encoder, error_over_bound  # noqa: E402
 
 TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 TOKENS = (1, 4, 8, 16)
@@ -178,8 +178,8 @@ def check(w: Packed, shape: Shape, tiles: linear.Tiles | None, device: str) -> t
 def measure(bench: Bench, w: Packed, shape: Shape, tiles: linear.Tiles | None, tokens: tuple[int, ...], result: Result):
     """Seconds per call and bytes read per call for each T, into result."""
     device = bench.device
-    per_expert = nbytes(w) / shape.experts if shape.experts else 0
-    copies = [w] + ([] if shape.experts else [clone(w) for _ in range(copies_for(nbytes(w)) - 1)])
+    per_expert = w.nbytes / shape.experts if shape.experts else 0
+    copies = [w] + ([] if shape.experts else [clone(w) for _ in range(copies_for(w.nbytes) - 1)])
     for t in tokens:
         x = torch.randn(rows_of(shape, t), shape.k, device=device).bfloat16()
         if shape.experts:
@@ -189,7 +189,7 @@ def measure(bench: Bench, w: Packed, shape: Shape, tiles: linear.Tiles | None, t
             fn = lambda i, x=x, rs=rs: call(w, x, rs[i % len(rs)], tiles)  # noqa: E731
             calls = 16
         else:
-            result.nbytes[t] = nbytes(w)
+            result.nbytes[t] = w.nbytes
             fn = lambda i, x=x: call(copies[i % len(copies)], x, None, tiles)  # noqa: E731
             calls = max(16, len(copies))
         result.seconds[t] = bench.seconds_per_call(fn, calls) if bench.timing else float("nan")

@@ -187,11 +187,6 @@ def copies_for(nbytes: int) -> int:
     return max(1, min(64, math.ceil(4 * L2_BYTES / max(nbytes, 1))))
 
 
-def nbytes(w: torch.Tensor | Packed) -> int:
-    parts = w.parts.values() if isinstance(w, Packed) else [w]
-    return sum(p.numel() * p.element_size() for p in parts)
-
-
 def clone(w: torch.Tensor | Packed) -> torch.Tensor | Packed:
     if isinstance(w, Packed):
         return Packed(w.name, w.layout, w.shape, {k: v.clone() for k, v in w.parts.items()}, w.col_order)
@@ -298,10 +293,10 @@ def bench_projection(
     row = Row(
         "matmul", f"{case} {n}x{k}", layout, error_over_bound(y64, x, dequantized(w)), bits, tiles=tiles_label(tiles)
     )
-    copies = [w] + [clone(w) for _ in range(copies_for(nbytes(w)) - 1)]
+    copies = [w] + [clone(w) for _ in range(copies_for(w.nbytes) - 1)]
     for m in ROWS:
         xm = x[:m].clone()
-        speed = bench.speed(f"M={m}", lambda i, xm=xm: mm(xm, copies[i % len(copies)]), nbytes(w), len(copies))
+        speed = bench.speed(f"M={m}", lambda i, xm=xm: mm(xm, copies[i % len(copies)]), w.nbytes, len(copies))
         speed.baseline = baseline.get(m)
         row.speeds.append(speed)
     return row
@@ -355,7 +350,7 @@ def bench_experts(
         for s in range(ids.shape[1])
     )
     row = Row("matmul_experts", f"{case} {experts}x{n}x{k}", layout, err, bits, tiles=tiles_label(tiles))
-    per_expert = nbytes(w) / experts
+    per_expert = w.nbytes / experts
     for tokens in ROWS:
         routes = routings(tokens, experts, 16, bench.device)
         touched = sum(r.unique().numel() for r in routes) / len(routes)

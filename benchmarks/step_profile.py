@@ -177,14 +177,15 @@ def step_bytes(model: Transformer, tokens: int = 1) -> float:
 def matmul_call(w, expert_ids: torch.Tensor | None) -> dict:
     """A matmul call's weight (layout and shape) and the bytes it reads: the whole weight, or of a stack of
     experts the distinct experts its tokens name."""
-    tensors = list(w.parts.values()) if isinstance(w, Packed) else [w]
-    whole = sum(t.nbytes for t in tensors)
     layout = w.layout if isinstance(w, Packed) else str(w.dtype).removeprefix("torch.")
     n, k = w.shape[-2:]
     if expert_ids is None:
-        return {"weight": f"{layout} {n}x{k}", "bytes": whole}
+        return {"weight": f"{layout} {n}x{k}", "bytes": w.nbytes}
     experts, touched = w.shape[0], int(expert_ids.unique().numel())
-    return {"weight": f"{layout} {experts} experts of {n}x{k}, {touched} touched", "bytes": whole * touched / experts}
+    return {
+        "weight": f"{layout} {experts} experts of {n}x{k}, {touched} touched",
+        "bytes": w.nbytes * touched / experts,
+    }
 
 
 @contextmanager

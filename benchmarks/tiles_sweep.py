@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels_gpu import Bench, clone, copies_for, expert_stack, nbytes, weight  # noqa: E402
+from kernels_gpu import Bench, clone, copies_for, expert_stack, weight  # noqa: E402
 
 from specpair.runtime.kernels import linear  # noqa: E402
 
@@ -70,13 +70,13 @@ def case_calls(case: tuple, m: int, device: str):
     gen = torch.Generator(device=device).manual_seed(0)
     if not experts:
         w = weight(layout, torch.randn(n, k, device=device, generator=gen) * 0.05)
-        copies = [w] + [clone(w) for _ in range(copies_for(nbytes(w)) - 1)]
+        copies = [w] + [clone(w) for _ in range(copies_for(w.nbytes) - 1)]
         x = torch.randn(m, k, device=device, generator=gen).bfloat16()
 
         def dense(i: int, tiles: linear.Tiles):
             return linear.matmul_triton(x, copies[i % len(copies)], tiles=tiles, unsummed=unsummed)
 
-        return dense, nbytes(w), len(copies)
+        return dense, w.nbytes, len(copies)
     distinct = min(DISTINCT, experts)
     w = expert_stack(layout, torch.randn(distinct, n, k, device=device, generator=gen) * 0.05, experts)
     sets = 64  # rotate over different experts: a call's experts are seldom in L2 from the last
@@ -84,7 +84,7 @@ def case_calls(case: tuple, m: int, device: str):
     ids = torch.stack([torch.randperm(experts, device=device, generator=gen)[:TOUCHED] for _ in range(sets * m)])
     ids = ids.reshape(sets, m, TOUCHED).to(torch.int32)
     x = torch.randn(m * TOUCHED if per_pair else m, k, device=device, generator=gen).bfloat16()
-    touched = nbytes(w) / experts * sum(len(s.unique()) for s in ids) / sets
+    touched = w.nbytes / experts * sum(len(s.unique()) for s in ids) / sets
 
     def routed(i: int, tiles: linear.Tiles):
         return linear.matmul_experts_triton(x, w, ids[i % sets], tiles=tiles, per_pair=per_pair, unsummed=unsummed)

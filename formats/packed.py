@@ -27,6 +27,11 @@ class Packed:
     col_order: Tensor | None = None  # int64 [in]: logical column j is stored column col_order[j]
 
     @property
+    def nbytes(self) -> int:
+        """The bytes its parts hold, as a tensor's `nbytes`: a weight's size whichever form it has."""
+        return sum(part.nbytes for part in self.parts.values())
+
+    @property
     def experts(self) -> int | None:
         return self.shape[0] if len(self.shape) == 3 else None
 

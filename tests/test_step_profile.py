@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py's accounting on the CPU: the matmul calls it pairs with a profiled step's launches
+"""benchmarks/step_profile.py's accounting on the CPU (and the weight sizes it counts, Packed.nbytes): the matmul calls it pairs with a profiled step's launches
 (one per linear.matmul / matmul_experts call, each with the bytes it reads), and their grouping by weight. The
 profile itself needs a GPU (the script runs there). And benchmarks/tiles_sweep.py's logic at tiny shapes under the
 interpreter (its timing needs the GPU)."""
@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import step_profile  # noqa: E402
 
+from specpair.formats.codecs import codec  # noqa: E402
+from specpair.formats.packed import Packed  # noqa: E402
 from specpair.runtime.loading import load, plan_load  # noqa: E402
 from specpair.sources.model import open_model  # noqa: E402
 
@@ -100,3 +102,18 @@ def test_the_tile_sweep_runs_each_case_and_candidate(tmp_path: Path) -> None:
     rows = [line for line in out.read_text().splitlines() if line.startswith(("| experts", "| GDN"))]
     assert [r.split(" | ")[2].split(" (")[0] for r in rows] == ["runtime", "splits=2"] * 2
     assert "WRONG" not in out.read_text()
+
+
+def test_a_packed_weight_counts_its_parts_bytes() -> None:
+    """Packed.nbytes, as a tensor's: an NVFP4 weight's codes (half a byte a value), block scales (a byte per 16) and
+    global scale; a stack of experts, each expert's times their count."""
+    w = torch.randn(64, 256)
+    packed = Packed(
+        "model.layers.0.mlp.up_proj.weight",
+        "nvfp4-modelopt",
+        (64, 256),
+        codec("nvfp4-modelopt").encode(w, "model.layers.0.mlp.up_proj.weight"),
+    )
+    assert packed.nbytes == 64 * 256 // 2 + 64 * 256 // 16 + 4
+    stack = Packed(packed.name, packed.layout, (3, 64, 256), {k: torch.stack([v] * 3) for k, v in packed.parts.items()})
+    assert stack.nbytes == 3 * packed.nbytes and stack.expert(1).nbytes == packed.nbytes

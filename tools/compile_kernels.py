@@ -153,8 +153,9 @@ def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = Fals
         gpu = {n: getattr(tl, v) if isinstance(v, str) else v for n, v in GPU_CONSTEXPRS.items() if n in recorded}
         gpu = {n: v for n, v in gpu.items() if v != recorded[n]}
         ones = {n: 1 for n in launch["specialisable"]}
-        variants = [(mode, {}) for mode in modes] + [(modes[0], gpu)] * bool(gpu) + [(modes[0], ones)] * bool(ones)
-        for mode, specialised in variants:
+        variants = [(mode, {}, "") for mode in modes] + [(modes[0], gpu, "bf16")] * bool(gpu)
+        variants += [(modes[0], ones, "integers as 1")] * bool(ones)
+        for mode, specialised, label in variants:
             constexprs = recorded | specialised | ({"PDL": mode} if "PDL" in recorded else {})
             signature = launch["signature"] | {n: "constexpr" for n in specialised if n in ones}
             hinted = [n for n in launch["divisible"] if signature[n] != "constexpr"]
@@ -166,14 +167,12 @@ def compile_all(launches: Path, arch: int, modes: list[int], sample: bool = Fals
                 done[launch["kernel"]] += 1
             except Exception as error:  # every failure is reported, the rest still compile
                 first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
-                what = f"PDL {mode}" + (", integers as 1" if specialised is ones else ", bf16" if specialised else "")
-                failed[launch["kernel"]].append(f"{what}, {launch['constexprs']}: {first}")
+                failed[launch["kernel"]].append(f"PDL {mode}{label and ', ' + label}, {launch['constexprs']}: {first}")
                 continue
-            if sass and specialised is not ones and (mode == modes[0]):
-                name = f"{launch['kernel']}-{done[launch['kernel']]:03d}{'-bf16' if specialised else ''}.sass"
-                (sass / name).write_text(f"// {json.dumps(launch['constexprs'] | specialised, default=str)}\n")
-                with (sass / name).open("a") as out:
-                    out.write(compiled.asm["sass"])
+            if sass and mode == modes[0] and label != "integers as 1":
+                name = f"{launch['kernel']}-{done[launch['kernel']]:03d}{label and '-' + label}.sass"
+                header = f"// {json.dumps(launch['constexprs'] | specialised, default=str)}\n"
+                (sass / name).write_text(header + compiled.asm["sass"])
     for name in sorted(set(done) | set(failed)):
         print(
             f"{name}: {done[name]} compiled for sm_{arch}" + (f", {len(failed[name])} failed" if failed[name] else "")

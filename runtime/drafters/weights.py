@@ -85,7 +85,7 @@ def load_weights(
         else:
             loaded[name] = value if fp32 else value.to(dtype)
 
-    resident_bytes = sum(_nbytes(w) for w in loaded.values())
+    resident_bytes = sum(w.nbytes for w in loaded.values())
 
     def take(name: str, shape: tuple[int, ...], matmul: bool = False, fp32: bool = False):
         # on CUDA blocks fuse projections into new weights (blocks.Projections): the loaded ones are let go
@@ -95,10 +95,6 @@ def load_weights(
     built.weights = loaded
     built.resident_bytes = resident_bytes
     return built
-
-
-def _nbytes(w: torch.Tensor | Packed) -> int:
-    return sum(p.nbytes for p in w.parts.values()) if isinstance(w, Packed) else w.nbytes
 
 
 def quantize_affine4(name: str, w: torch.Tensor) -> Packed:

@@ -158,8 +158,8 @@ if triton is not None:
         inside = cols < width
         dtype = out_ptr.dtype.element_ty
         if SPLITS > 0:  # float32 partials [splits, rows, 2I], summed as the matmul's sum kernel sums them
-            g = split_sum(gate_ptr, plane, SPLITS, row * gate_stride + cols, inside, UNROLL=True)
-            u = split_sum(up_ptr, plane, SPLITS, row * up_stride + cols, inside, UNROLL=True)
+            g = split_sum(gate_ptr, plane, SPLITS, row * gate_stride + cols, inside)
+            u = split_sum(up_ptr, plane, SPLITS, row * up_stride + cols, inside)
             g, u = rounded(g, dtype).to(tl.float32), rounded(u, dtype).to(tl.float32)
         else:
             g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)

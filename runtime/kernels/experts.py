@@ -254,7 +254,7 @@ if triton is not None:
         if SHARED:
             if LOGIT_SPLITS > 0:  # summed as the matmul's sum kernel sums them
                 at = row * logit_stride + tl.zeros([1], tl.int64)
-                logit = split_sum(logit_ptr, logit_plane, LOGIT_SPLITS, at, at >= 0, UNROLL=True)
+                logit = split_sum(logit_ptr, logit_plane, LOGIT_SPLITS, at, at >= 0)
                 logit = tl.sum(rounded(logit, out_ptr.dtype.element_ty).to(tl.float32), axis=0)
             else:
                 logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
@@ -294,8 +294,7 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_E)
         inside = cols < experts
         if SPLITS > 0:  # float32 partials [splits, tokens, experts], summed as the matmul's sum kernel sums them
-            # looped: unrolled, route took 218 µs a decode step of the 35B-A3B against 149 (H100, 2026-12-05)
-            x = split_sum(logit_ptr, plane, SPLITS, row * logit_stride + cols, inside, UNROLL=False)
+            x = split_sum(logit_ptr, plane, SPLITS, row * logit_stride + cols, inside)
             x = tl.where(inside, rounded(x, ROUND_TO).to(tl.float32), -float("inf"))
         else:
             x = tl.load(logit_ptr + row * logit_stride + cols, mask=inside, other=-float("inf")).to(tl.float32)

@@ -135,28 +135,23 @@ def conv_silu_triton(
 
 
 def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
-    """a, b [..., Hv], or the split partials of their product (column views of one SplitSums, [rows, Hv] a
-    split), which the kernel adds first as SplitSums.summed does: g and beta [..., Hv] (rows for partials)."""
+    """a, b [..., Hv], or the split partials of their products (SplitSums: column views, [rows, Hv] a split),
+    which the kernel adds first as SplitSums.summed does: g and beta [..., Hv] (rows for partials)."""
     require_triton("gates")
     partials = isinstance(a, SplitSums)
     if partials != isinstance(b, SplitSums) or (partials and a.partial.shape != b.partial.shape):
-        raise ValueError("gates: a and b must both be tensors or both split partials of one product")
+        raise ValueError("gates: a and b must both be tensors, or both split partials of as many splits and rows")
     round_to = a.dtype
+    planes = (a.partial.stride(0), b.partial.stride(0)) if partials else (0, 0)
+    splits = a.partial.shape[0] if partials else 0
     if partials:
-        splits, plane = a.partial.shape[0], a.partial.stride(0)
-        if b.partial.stride(0) != plane:
-            raise ValueError("gates: a's and b's partials must be column views of one product")
-        a, b = a.partial[0], b.partial[0]  # the first plane; the kernel reads the others `plane` apart
-    else:
-        splits, plane = 0, 0
+        a, b = a.partial[0], b.partial[0]  # the first planes; the kernel reads the others a plane apart
     heads = a.shape[-1]
     if b.shape != a.shape or A_log.shape != (heads,) or dt_bias.shape != (heads,):
         raise ValueError(f"gates: a {list(a.shape)}, b {list(b.shape)}, A_log {list(A_log.shape)} do not fit")
     rows_a, rows_b = a.reshape(-1, heads), b.reshape(-1, heads)
-    if not partials and (rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1):
+    if rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1:  # partials' columns are always unit-stride
         rows_a, rows_b = rows_a.contiguous(), rows_b.contiguous()
-    if rows_a.stride(-1) != 1 or rows_b.stride(-1) != 1:
-        raise ValueError("gates: partials must be column views with unit column stride")
     g = torch.empty(*a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     if g.numel():
@@ -170,7 +165,7 @@ def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt
             heads,
             rows_a.stride(0),
             rows_b.stride(0),
-            plane,
+            *planes,
             SOFTPLUS_THRESHOLD,
             SPLITS=splits,
             ROUND_TO=tl_dtype(round_to),
@@ -437,7 +432,8 @@ if triton is not None:
         heads,
         stride_a,
         stride_b,
-        plane,
+        plane_a,
+        plane_b,
         threshold,
         SPLITS: tl.constexpr,
         ROUND_TO: tl.constexpr,
@@ -449,9 +445,9 @@ if triton is not None:
         h = tl.arange(0, BLOCK_H)
         inside = h < heads
         if SPLITS > 0:  # float32 partials of the b|a product, summed as the matmul's sum kernel sums them
-            x = split_sum(a_ptr, plane, SPLITS, row * stride_a + h, inside, UNROLL=True)
+            x = split_sum(a_ptr, plane_a, SPLITS, row * stride_a + h, inside)
             x = rounded(x, ROUND_TO).to(tl.float32)
-            beta_in = split_sum(b_ptr, plane, SPLITS, row * stride_b + h, inside, UNROLL=True)
+            beta_in = split_sum(b_ptr, plane_b, SPLITS, row * stride_b + h, inside)
             beta_in = rounded(beta_in, ROUND_TO).to(tl.float32)
         else:
             x = tl.load(a_ptr + row * stride_a + h, mask=inside, other=0.0).to(tl.float32)

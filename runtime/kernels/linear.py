@@ -1555,5 +1555,5 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = n < N
-        total = split_sum(partial_ptr, plane, SPLITS, row * N + n, inside, UNROLL=True)  # the same bits every row
+        total = split_sum(partial_ptr, plane, SPLITS, row * N + n, inside)  # the same bits every row
         tl.store(y_ptr + row * N + n, rounded(total, y_ptr.dtype.element_ty), mask=inside)

@@ -183,7 +183,7 @@ if triton is not None:
         x = tl.load(x_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)
         if ADD:  # the residual add, rounded as torch rounds it, and normed from the rounded sum
             if SPLITS > 0:  # float32 partials [splits, rows, width], summed as the matmul's sum kernel sums them
-                d = split_sum(delta_ptr, plane, SPLITS, row * width + cols, inside, UNROLL=True)
+                d = split_sum(delta_ptr, plane, SPLITS, row * width + cols, inside)
                 d = rounded(d, dtype).to(tl.float32)
             else:
                 d = tl.load(delta_ptr + row * width + cols, mask=inside, other=0.0).to(tl.float32)

@@ -186,19 +186,15 @@ if triton is not None:
             return x.to(dtype)
 
     @device_function
-    def split_sum(ptr, plane, SPLITS: tl.constexpr, offsets, mask, UNROLL: tl.constexpr):
+    def split_sum(ptr, plane, SPLITS: tl.constexpr, offsets, mask):
         """The float32 sum of a split-K product's partials at `offsets` of each of its SPLITS planes (`plane`
         elements apart), from zero, in split order: every kernel that adds a product's partials adds them here,
-        so the sum's bits are the same whichever kernel adds it (linear.SplitSums). UNROLL: the planes' loads in
-        flight together, where one program reads many (a norm reads a whole row); the same sum either way."""
+        so the sum's bits are the same whichever kernel adds it (linear.SplitSums). The planes' loads are in
+        flight together (SPLITS is a constexpr: the loop unrolls)."""
         total = tl.zeros(offsets.shape, tl.float32)
         plane64 = tl.cast(plane, tl.int64)  # not plane.to: a plane of 1 element reaches the kernel as the int 1
-        if UNROLL:
-            for s in tl.static_range(SPLITS):
-                total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
-        else:
-            for s in range(SPLITS):
-                total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
+        for s in tl.static_range(SPLITS):
+            total += tl.load(ptr + s * plane64 + offsets, mask=mask, other=0.0)
         return total
 
     @device_function
