@@ -57,7 +57,10 @@ ROWS = (1, 4, 16)
 
 
 def parse(candidates: str) -> list[dict[str, int]]:
-    return [{k: int(v) for k, v in (kv.split("=") for kv in c.split(",") if kv)} for c in candidates.split(";")]
+    """'a=1,b=2;c=3' -> [{a: 1, b: 2}, {c: 3}]; spaces around the fields are ignored (a command wrapped in a
+    quoted string keeps its indentation)."""
+    fields = [[kv.strip() for kv in c.split(",") if kv.strip()] for c in candidates.split(";")]
+    return [{k.strip(): int(v) for k, v in (kv.split("=") for kv in c)} for c in fields]
 
 
 def label(overrides: dict[str, int]) -> str:

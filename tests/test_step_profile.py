@@ -17,6 +17,7 @@ from fixtures import build_target
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import step_profile  # noqa: E402
+import tiles_sweep  # noqa: E402
 
 from specpair.formats.codecs import codec  # noqa: E402
 from specpair.formats.packed import Packed  # noqa: E402
@@ -117,3 +118,11 @@ def test_a_packed_weight_counts_its_parts_bytes() -> None:
     assert packed.nbytes == 64 * 256 // 2 + 64 * 256 // 16 + 4
     stack = Packed(packed.name, packed.layout, (3, 64, 256), {k: torch.stack([v] * 3) for k, v in packed.parts.items()})
     assert stack.nbytes == 3 * packed.nbytes and stack.expert(1).nbytes == packed.nbytes
+
+
+def test_the_tile_sweep_reads_candidates_wrapped_in_a_quoted_string() -> None:
+    assert tiles_sweep.parse("splits=1;\n        block_n=16, splits=1;stages=4") == [
+        {"splits": 1},
+        {"block_n": 16, "splits": 1},
+        {"stages": 4},
+    ]
