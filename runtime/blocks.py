@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +28,7 @@ from specpair.checkpoint.config import ModelConfig
 from specpair.formats.packed import Packed
 from specpair.runtime.cache import Cache, GDNInputs, Pending
 from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
+from specpair.runtime.kernels.experts import ExpertTerms
 from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.parallel import SINGLE
 from specpair.runtime.rope import Rope
@@ -96,18 +97,13 @@ class Projections:
             biases or [None] * len(weights),
         )
 
-    def __call__(self, x: Tensor, unsummed: bool | Sequence[bool] = False) -> list[Tensor | SplitSums]:
-        """`unsummed` (no biases), for all projections or one flag each: a split K's partials (column views),
-        for the kernels that read them next to add (a MoE's router logits: route and combine); a fused weight's
-        product stays unsummed only where all of its projections may."""
-        count = len(self.biases)
-        flags = list(unsummed) if isinstance(unsummed, Sequence) else [unsummed] * count
-        if len(flags) != count:
-            raise ValueError(f"Projections: {len(flags)} unsummed flags for {count} projections")
-        flags = [f and b is None for f, b in zip(flags, self.biases)]
+    def __call__(self, x: Tensor, unsummed: bool = False) -> list[Tensor | SplitSums]:
+        """`unsummed`: a split K's partials (column views) for the kernels that read them next to add (a MoE's
+        router logits: route and combine; the GDN's input: conv, norm and gates), where a fused weight's
+        projections have no bias."""
         outs, first = [], 0
         for w, sizes in self.groups:
-            keep = all(flags[first : first + len(sizes)])
+            keep = unsummed and all(b is None for b in self.biases[first : first + len(sizes)])
             outs += _columns(project(x, w, unsummed=keep), sizes)
             first += len(sizes)
         return [out if b is None else out + b for out, b in zip(outs, self.biases)]
@@ -141,9 +137,9 @@ class Norm:
         out = norm.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, self.zero_centred)
         return out.reshape(x.shape)
 
-    def add(self, h: Tensor, delta: Tensor | SplitSums) -> tuple[Tensor, Tensor]:
+    def add(self, h: Tensor, delta: Tensor | SplitSums | ExpertTerms) -> tuple[Tensor, Tensor]:
         """(h + delta, this norm of it): a residual add and the norm after it, in one pass (delta: or the partials
-        of a split product over h's rows, added first)."""
+        of a split product over h's rows, or a MoE's terms, added first)."""
         return norm.add_rms_norm(h, delta, self.weight, self.eps, self.zero_centred)
 
 
@@ -159,7 +155,7 @@ class Step:
     kv_end: Tensor  # [B, T] int32 positions + 1: what causal attention reads up to
     kv_start: Tensor  # [B, T] int32 zeros: where full attention starts reading
     # the sum of a row-parallel output over the ranks (runtime/parallel.py); partials come back as they are on one
-    reduce: Callable[[Tensor | SplitSums], Tensor | SplitSums]
+    reduce: Callable[[Tensor | SplitSums | ExpertTerms], Tensor | SplitSums | ExpertTerms]
 
     @classmethod
     def of(
@@ -299,7 +295,8 @@ class GatedDeltaNet:
 
     def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
-        qkv, z, b, a = self.in_proj(h, unsummed=(False, False, True, True))  # b|a's partials: added in gates
+        # split products' partials added where they are read: qkv's in the conv, z's in the norm, b|a's in gates
+        qkv, z, b, a = self.in_proj(h, unsummed=True)
         verify = step.pending is not None
         conv_window, state = step.cache.gdn_state(self.layer, B, snapshot=verify)
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
@@ -311,9 +308,7 @@ class GatedDeltaNet:
         if verify:
             step.pending.gdn[self.layer] = GDNInputs(columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)
-        o = norm.gated_rms_norm(
-            o.reshape(-1, self.value_dim), z.reshape(-1, self.value_dim), self.norm_weight, self.eps
-        )
+        o = norm.gated_rms_norm(o.reshape(-1, self.value_dim), z, self.norm_weight, self.eps)
         return project(o.reshape(B, T, -1), self.out_proj, unsummed=True)
 
 
@@ -389,9 +384,9 @@ class MoE:
             linear.expert_stacks([*gate_up, down])[: experts.PREFETCHED],
         )
 
-    def __call__(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
+    def __call__(self, x: Tensor) -> ExpertTerms:
+        """The terms of the output's rows (x's rows flattened), which the next residual add's norm adds."""
+        x = x.reshape(-1, x.shape[-1])
         logits = self.router(x, unsummed=True)  # split-K partials added in route and combine
         weights, ids = experts.route(logits[0], self.top_k, self.renormalise, self.prefetch, self.shared_id)
         tables = linear.TileTables(ids)  # past the in-kernel window, every expert matmul here reads the same tiles
@@ -406,7 +401,7 @@ class MoE:
             shared, shared_logit = self.shared(x), logits[1]
         else:
             shared, shared_logit = None, None
-        return experts.combine_experts(weights, down, shared, shared_logit).reshape(shape)
+        return ExpertTerms(weights, down, shared, shared_logit)
 
 
 @dataclass
@@ -416,12 +411,21 @@ class DecoderLayer:
     post_norm: Norm
     mlp: MLP | MoE
 
-    def __call__(self, h: Tensor, step: Step, previous_delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def __call__(
+        self, h: Tensor, step: Step, previous_delta: Tensor | ExpertTerms | None = None
+    ) -> tuple[Tensor, Tensor | ExpertTerms]:
         """(h, delta): the residual stream after the mixer's add, and the MLP's output, which the next norm adds
-        (fused with it: Norm.add); h + delta is the layer's output. `previous_delta`: the previous layer's delta."""
+        (fused with it: Norm.add); h + layer_delta(delta) is the layer's output. `previous_delta`: the previous
+        layer's delta."""
         h, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
         h, x = self.post_norm.add(h, step.reduce(self.mixer(x, step)))
         return h, step.reduce(self.mlp(x))
+
+
+def layer_delta(delta: Tensor | ExpertTerms, like: Tensor) -> Tensor:
+    """A layer's delta as a tensor of `like`'s shape, for a reader other than the next norm (a MoE's terms added;
+    its delta comes a row per token)."""
+    return (delta.combined() if isinstance(delta, ExpertTerms) else delta).reshape(like.shape)
 
 
 def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attention | GatedDeltaNet:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
-from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
+from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, layer_delta, project
 from specpair.runtime.cache import Cache, Pending
 from specpair.runtime.parallel import SINGLE, Parallel
 from specpair.runtime.rope import Rope
@@ -122,7 +122,8 @@ class Transformer:
         h, delta = self.embed(tokens), None
         for i, layer in enumerate(self.layers):
             h, delta = layer(h, step, delta)
-            if i in wanted:
+            if i in wanted:  # the next norm then adds the tensor, not the terms again
+                delta = layer_delta(delta, h)
                 wanted[i] = h + delta
         h, normed = self.norm.add(h, delta)
         return StepOutput(

@@ -61,6 +61,7 @@ from torch import Tensor
 from specpair.checkpoint.config import ModelConfig
 from specpair.errors import BadInput
 from specpair.formats.regions import Region
+from specpair.runtime.kernels.experts import ExpertTerms
 from specpair.runtime.kernels.linear import SplitSums
 
 # outputs of row-parallel projections are partial sums: their bias is added once, on rank 0
@@ -102,14 +103,16 @@ class Parallel:
         part = total // self.size
         return slice(self.rank * part, (self.rank + 1) * part)
 
-    def reduce(self, partial: Tensor | SplitSums) -> Tensor | SplitSums:
+    def reduce(self, partial: Tensor | SplitSums | ExpertTerms) -> Tensor | SplitSums | ExpertTerms:
         """The sum of every rank's `partial`, in rank order, in float32, cast back: the same bits on every rank, and
-        for every row whatever else the tensor holds. Alone, a product's split-K partials stay as they are (the
-        next kernel adds them); across ranks they are added first."""
+        for every row whatever else the tensor holds. Alone, a product's split-K partials and a MoE's terms stay
+        as they are (the next kernel adds them); across ranks they are added first."""
         if self.size == 1:
             return partial
         if isinstance(partial, SplitSums):
             partial = partial.summed()
+        elif isinstance(partial, ExpertTerms):
+            partial = partial.combined()
         parts = [torch.empty_like(partial) for _ in range(self.size)]
         dist.all_gather(parts, partial.contiguous())
         total = parts[0].float()

@@ -25,7 +25,7 @@ from specpair.runtime.blocks import project
 from specpair.runtime.drafters import Committed
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
-from specpair.runtime.kernels import attention, linear, norm, qk
+from specpair.runtime.kernels import attention, experts, linear, norm, qk
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -63,9 +63,11 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, zero_centred: bool) 
 
 
 def _add_rms_norm(
-    h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float, zero_centred: bool
+    h: torch.Tensor, delta: torch.Tensor | experts.ExpertTerms, w: torch.Tensor, eps: float, zero_centred: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    summed = h + delta
+    if isinstance(delta, experts.ExpertTerms):
+        delta = delta.combined()
+    summed = h + delta.reshape(h.shape)
     return summed, _rms_norm(summed, w, eps, zero_centred)
 
 

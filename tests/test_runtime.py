@@ -93,9 +93,9 @@ def test_fused_projections_equal_transformers(checkpoints, family, monkeypatch):
     assert (steps(model, ids, [1] * 16) - reference).abs().max() <= TOLERANCE
 
 
-def test_projections_keep_the_partials_a_fused_weight_may_keep_all_of(monkeypatch):
-    """A fused weight's product is left as split partials only where each of its projections is flagged unsummed
-    (the GDN's b|a for the gates' kernel, beside q|k|v|z for the conv): the flags each product call was given."""
+def test_projections_keep_the_partials_where_no_bias_is_added(monkeypatch):
+    """Asked for split partials, a projection's product is left unsummed unless a bias must be added to it, and a
+    fused weight's only where none of its projections has one: the flags each product call was given."""
     asked = []
     plain = linear.matmul
 
@@ -105,18 +105,19 @@ def test_projections_keep_the_partials_a_fused_weight_may_keep_all_of(monkeypatc
 
     monkeypatch.setattr(linear, "matmul", matmul)
     weights = [torch.randn(rows, 8) for rows in (6, 4, 3, 2)]
+    biases = [None, torch.randn(4), None, None]
     x = torch.randn(1, 8)
-    separate = Projections.of(weights, fuse=False)
-    outs = separate(x, unsummed=(False, False, True, True))
-    assert asked == [(6, False), (4, False), (3, True), (2, True)]
-    assert all(torch.allclose(o, x @ w.T, atol=1e-5) for o, w in zip(outs, weights))
+    separate = Projections.of(weights, biases, fuse=False)
+    outs = separate(x, unsummed=True)
+    assert asked == [(6, True), (4, False), (3, True), (2, True)]
+    assert all(
+        torch.allclose(o, x @ w.T + (0 if b is None else b), atol=1e-5) for o, w, b in zip(outs, weights, biases)
+    )
     asked.clear()
-    fused = Projections.of(weights, fuse=True)
-    fused(x, unsummed=(False, False, True, True))
-    fused(x, unsummed=True)
-    assert asked == [(15, False), (15, True)]
-    with pytest.raises(ValueError, match="3 unsummed flags for 4 projections"):
-        fused(x, unsummed=(True, True, True))
+    Projections.of(weights, fuse=True)(x, unsummed=True)
+    Projections.of(weights, biases, fuse=True)(x, unsummed=True)
+    Projections.of(weights, fuse=True)(x)
+    assert asked == [(15, True), (15, False), (15, False)]
 
 
 @pytest.mark.parametrize("fused", [False, True])

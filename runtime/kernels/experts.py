@@ -16,7 +16,9 @@ launch reads it with the routed ones: linear.with_expert), `shared_id=E` appends
 the shared expert's output last, read from there when `shared` is that column's view) weighted by weights [N, k],
 plus the shared expert [N, H] scaled by sigmoid(shared_logit [N, 1]) where there is one, in float32, rounded once
 to the activations' dtype. The k terms are summed in one fixed order, the same for every row (a reduction kernel may
-order a row's sum by the row count), so a row's bits depend on its own inputs alone.
+order a row's sum by the row count), so a row's bits depend on its own inputs alone. A MoE layer hands its output on
+as those terms (ExpertTerms), and the residual add's norm kernel that follows adds them with the same code
+(`terms_sum`), so on the GPU the combination costs no launch of its own.
 
 On the GPU the router's logits and the shared expert's may come as their product's split-K partials
 (linear.SplitSums, column views of the router|shared-gate product): route and combine add them as the matmul's sum
@@ -27,6 +29,7 @@ sum's launch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,6 +37,7 @@ from torch import Tensor
 from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
+    device_function,
     launch_options,
     prefetch_to_l2,
     require_triton,
@@ -142,6 +146,22 @@ def route_triton(
     return weights, ids
 
 
+@dataclass
+class ExpertTerms:
+    """A MoE layer's output before its terms are added: each token's routed experts' outputs down [N, k(+1), H],
+    their weights [N, k], and the shared expert's output and logit where there is one (combine_experts' arguments).
+    `combined()` adds them; on the GPU the kernel of the residual add that follows adds them itself
+    (norm.add_rms_norm), with the bits combine_experts gives and one launch fewer."""
+
+    weights: Tensor
+    down: Tensor
+    shared: Tensor | None
+    shared_logit: Tensor | SplitSums | None
+
+    def combined(self) -> Tensor:
+        return combine_experts(self.weights, self.down, self.shared, self.shared_logit)
+
+
 def combine_experts(
     weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | SplitSums | None
 ) -> Tensor:
@@ -164,10 +184,27 @@ def combine_experts_reference(
     return out.to(down.dtype)
 
 
-def combine_experts_triton(
-    weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | SplitSums | None
-) -> Tensor:
-    require_triton("combine_experts")
+@dataclass
+class TermsOperands:
+    """ExpertTerms as a kernel reads them (`terms_sum`): its tensors, their row strides, and constexprs."""
+
+    weights: Tensor
+    down: Tensor
+    shared: Tensor
+    logits: Tensor
+    strides: tuple[int, int, int, int]  # down's, shared's and the logit's rows, the logit partials' planes
+    constexprs: dict[str, int | bool]
+
+    @classmethod
+    def absent(cls, tensor: Tensor) -> TermsOperands:
+        """No terms (TOP_K 0): `tensor` as every pointer, which the kernel never reads."""
+        return cls(tensor, tensor, tensor, tensor, (0, 0, 0, 0), {"TOP_K": 0, "SHARED": False, "LOGIT_SPLITS": 0})
+
+
+def terms_operands(terms: ExpertTerms) -> TermsOperands:
+    """Checks the terms fit together and lays them out for `terms_sum` (rows through strides: the shared expert's
+    output may be down's last column, a view; the shared logit a column of the router's product or its partials)."""
+    weights, down, shared, shared_logit = terms.weights, terms.down, terms.shared, terms.shared_logit
     tokens, columns, hidden = down.shape
     top_k = weights.shape[1]
     # down's columns past the k routed ones: the shared expert's output, given as `shared` (its view)
@@ -187,10 +224,6 @@ def combine_experts_triton(
         raise ValueError(
             f"combine_experts: shared {list(shared.shape)}, shared_logit {list(shared_logit.shape)} for {tokens} tokens"
         )
-    out = torch.empty(tokens, hidden, dtype=down.dtype, device=down.device)
-    if out.numel() == 0:
-        return out
-    # rows through strides: the shared expert's output may be down's last column (a view)
     weights = weights.float().contiguous()
     if down.stride(2) != 1 or down.stride(1) != hidden:
         down = down.contiguous()
@@ -199,20 +232,34 @@ def combine_experts_triton(
     elif shared.stride(1) != 1:
         shared = shared.contiguous()
     logits = weights if shared_logit is None else shared_logit
-    _combine_kernel[(tokens, triton.cdiv(hidden, BLOCK))](
+    return TermsOperands(
         weights,
         down,
         shared,
         logits,
+        (down.stride(0), shared.stride(0), logits.stride(-2), logits.stride(0) if logit_partials else 0),
+        {"TOP_K": top_k, "SHARED": shared_logit is not None, "LOGIT_SPLITS": logits.shape[0] if logit_partials else 0},
+    )
+
+
+def combine_experts_triton(
+    weights: Tensor, down: Tensor, shared: Tensor | None, shared_logit: Tensor | SplitSums | None
+) -> Tensor:
+    require_triton("combine_experts")
+    op = terms_operands(ExpertTerms(weights, down, shared, shared_logit))
+    tokens, _, hidden = op.down.shape
+    out = torch.empty(tokens, hidden, dtype=down.dtype, device=down.device)
+    if out.numel() == 0:
+        return out
+    _combine_kernel[(tokens, triton.cdiv(hidden, BLOCK))](
+        op.weights,
+        op.down,
+        op.shared,
+        op.logits,
         out,
         hidden,
-        down.stride(0),
-        shared.stride(0),
-        logits.stride(-2),
-        logits.stride(0) if logit_partials else 0,
-        TOP_K=top_k,
-        SHARED=shared_logit is not None,
-        LOGIT_SPLITS=logits.shape[0] if logit_partials else 0,
+        *op.strides,
+        **op.constexprs,
         BLOCK=BLOCK,
         **launch_options(),
     )
@@ -220,6 +267,46 @@ def combine_experts_triton(
 
 
 if triton is not None:
+
+    @device_function
+    def terms_sum(
+        w_ptr,
+        down_ptr,
+        shared_ptr,
+        logit_ptr,
+        row,
+        cols,
+        inside,
+        hidden,
+        down_stride,
+        shared_stride,
+        logit_stride,
+        logit_plane,
+        TOP_K: tl.constexpr,
+        SHARED: tl.constexpr,
+        LOGIT_SPLITS: tl.constexpr,
+        ROUND_TO: tl.constexpr,
+    ):
+        """Row `row`'s columns `cols` of ExpertTerms added (`terms_operands` lays them out), in float32, in one
+        fixed order: every kernel that adds a MoE's terms adds them here, so the bits are the same in either."""
+        out = tl.zeros(cols.shape, dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            w = tl.load(w_ptr + row * TOP_K + j)
+            term = tl.load(down_ptr + row * down_stride + j * hidden + cols, mask=inside, other=0.0)
+            if j == 0:
+                out = w * term.to(tl.float32)
+            else:
+                out = out + w * term.to(tl.float32)
+        if SHARED:
+            if LOGIT_SPLITS > 0:  # summed as the matmul's sum kernel sums them
+                at = row * logit_stride + tl.zeros([1], tl.int64)
+                logit = split_sum(logit_ptr, logit_plane, LOGIT_SPLITS, at, at >= 0)
+                logit = tl.sum(rounded(logit, ROUND_TO).to(tl.float32), axis=0)
+            else:
+                logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
+            shared = tl.load(shared_ptr + row * shared_stride + cols, mask=inside, other=0.0).to(tl.float32)
+            out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
+        return out
 
     @triton.jit(do_not_specialize_on_alignment=["down_ptr", "shared_ptr", "logit_ptr", "out_ptr"])
     def _combine_kernel(
@@ -243,24 +330,26 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < hidden
-        out = tl.zeros([BLOCK], dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            w = tl.load(w_ptr + row * TOP_K + j)
-            term = tl.load(down_ptr + row * down_stride + j * hidden + cols, mask=inside, other=0.0).to(tl.float32)
-            if j == 0:
-                out = w * term
-            else:
-                out = out + w * term
-        if SHARED:
-            if LOGIT_SPLITS > 0:  # summed as the matmul's sum kernel sums them
-                at = row * logit_stride + tl.zeros([1], tl.int64)
-                logit = split_sum(logit_ptr, logit_plane, LOGIT_SPLITS, at, at >= 0)
-                logit = tl.sum(rounded(logit, out_ptr.dtype.element_ty).to(tl.float32), axis=0)
-            else:
-                logit = tl.load(logit_ptr + row * logit_stride).to(tl.float32)
-            shared = tl.load(shared_ptr + row * shared_stride + cols, mask=inside, other=0.0).to(tl.float32)
-            out = out + 1.0 / (1.0 + tl.exp(-logit)) * shared
-        tl.store(out_ptr + row * hidden + cols, rounded(out, out_ptr.dtype.element_ty), mask=inside)
+        dtype = out_ptr.dtype.element_ty
+        out = terms_sum(
+            w_ptr,
+            down_ptr,
+            shared_ptr,
+            logit_ptr,
+            row,
+            cols,
+            inside,
+            hidden,
+            down_stride,
+            shared_stride,
+            logit_stride,
+            logit_plane,
+            TOP_K,
+            SHARED,
+            LOGIT_SPLITS,
+            dtype,
+        )
+        tl.store(out_ptr + row * hidden + cols, rounded(out, dtype), mask=inside)
 
     @triton.jit(do_not_specialize_on_alignment=["logit_ptr", "s0", "s1", "s2", "s3"])
     def _route_kernel(

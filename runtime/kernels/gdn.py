@@ -38,6 +38,7 @@ from torch import Tensor
 from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
+    device_function,
     launch_options,
     require_triton,
     rounded,
@@ -54,9 +55,9 @@ SOFTPLUS_THRESHOLD = 20.0  # torch's: above it softplus(x) is x
 
 
 def conv_silu(
-    window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+    window: Tensor, qkv: Tensor | SplitSums, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    if qkv.is_cuda:
+    if isinstance(qkv, SplitSums) or qkv.is_cuda:
         return conv_silu_triton(window, qkv, weight, sizes, keep_columns)
     return conv_silu_reference(window, qkv, weight, sizes, keep_columns)
 
@@ -91,30 +92,45 @@ def gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tup
 
 
 def conv_silu_triton(
-    window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+    window: Tensor, qkv: Tensor | SplitSums, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """qkv [B, T, channels], or the split partials of its product (SplitSums [splits, B·T, channels]), which the
+    kernel adds first as SplitSums.summed does."""
     require_triton("conv_silu")
-    batch, steps, channels = qkv.shape
+    batch, channels = window.shape[0], window.shape[-1]
+    if isinstance(qkv, SplitSums):
+        splits, rows = qkv.partial.shape[:2]
+        steps = rows // max(batch, 1)
+        values, plane, dtype = qkv.partial[0], qkv.partial.stride(0), qkv.dtype
+        stride_t = values.stride(0)
+        stride_b = steps * stride_t
+        fits = qkv.partial.shape[2] == channels and steps * batch == rows
+    else:
+        splits, plane, dtype, steps = 0, 0, qkv.dtype, qkv.shape[1]
+        values, stride_b, stride_t = qkv, qkv.stride(0), qkv.stride(1)
+        fits = tuple(qkv.shape) == (batch, steps, channels)
     taps = weight.shape[1]
     if (
-        tuple(window.shape) != (batch, taps - 1, channels)
+        not fits
+        or tuple(window.shape) != (batch, taps - 1, channels)
         or tuple(weight.shape) != (channels, taps)
         or sum(sizes) != channels
         or not window.is_contiguous()
-        or qkv.stride(-1) != 1
+        or values.stride(-1) != 1
     ):
+        shape = list(qkv.partial.shape) if isinstance(qkv, SplitSums) else list(qkv.shape)
         raise ValueError(
-            f"conv_silu: window {list(window.shape)}, qkv {list(qkv.shape)}, weight {list(weight.shape)}, "
+            f"conv_silu: window {list(window.shape)}, qkv {shape}, weight {list(weight.shape)}, "
             f"sizes {list(sizes)} do not fit"
         )
-    q, k, v = (torch.empty(batch, steps, c, dtype=qkv.dtype, device=qkv.device) for c in sizes)
+    q, k, v = (torch.empty(batch, steps, c, dtype=dtype, device=window.device) for c in sizes)
     columns = (
-        torch.empty(batch, taps - 1 + steps, channels, dtype=qkv.dtype, device=qkv.device) if keep_columns else None
+        torch.empty(batch, taps - 1 + steps, channels, dtype=dtype, device=window.device) if keep_columns else None
     )
     if batch and steps and channels:
         _conv_silu_kernel[(batch, triton.cdiv(channels, BLOCK_C))](
             window,
-            qkv,
+            values,
             weight.float().contiguous(),
             q,
             k,
@@ -124,9 +140,11 @@ def conv_silu_triton(
             channels,
             sizes[0],
             sizes[1],
-            qkv.stride(0),
-            qkv.stride(1),
+            stride_b,
+            stride_t,
+            plane,
             TAPS=taps,
+            SPLITS=splits,
             COLUMNS=keep_columns,
             BLOCK_C=BLOCK_C,
             **launch_options(),
@@ -352,6 +370,16 @@ if triton is not None:
                 tl.store(steps_ptr + head_row * key_dim * value_dim + tile_offsets, s, mask=tile)
         tl.store(state_base + tile_offsets, s, mask=tile)
 
+    @device_function
+    def _qkv_at(base, offsets, mask, plane, SPLITS: tl.constexpr, dtype: tl.constexpr):
+        """Values of the step's qkv at `offsets` from each channel's `base`: as stored, or its product's SPLITS
+        float32 partials added as the matmul's sum kernel adds them, rounded to dtype."""
+        if SPLITS > 0:
+            values = rounded(split_sum(base, plane, SPLITS, offsets, mask), dtype)
+        else:
+            values = tl.load(base + offsets, mask=mask, other=0.0)
+        return values
+
     @triton.jit(do_not_specialize=["steps"], do_not_specialize_on_alignment=["qkv_ptr", "q_ptr", "k_ptr", "v_ptr"])
     def _conv_silu_kernel(
         window_ptr,
@@ -367,7 +395,9 @@ if triton is not None:
         k_size,
         stride_b,
         stride_t,
+        plane,
         TAPS: tl.constexpr,
+        SPLITS: tl.constexpr,
         COLUMNS: tl.constexpr,
         BLOCK_C: tl.constexpr,
         PDL: tl.constexpr,
@@ -391,8 +421,8 @@ if triton is not None:
             for j in tl.static_range(TAPS):
                 column = tl.zeros([BLOCK_C], dtype=tl.int32) + t + j  # in [window | qkv]
                 from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
-                from_step = tl.load(
-                    qkv_base + (column - (TAPS - 1)) * stride_t, mask=inside & (column >= TAPS - 1), other=0.0
+                from_step = _qkv_at(
+                    qkv_base, (column - (TAPS - 1)) * stride_t, inside & (column >= TAPS - 1), plane, SPLITS, dtype
                 )
                 term = tl.where(column < TAPS - 1, from_window, from_step).to(tl.float32)
                 term = term * tl.load(w_ptr + c * TAPS + j, mask=inside, other=0.0)
@@ -405,7 +435,7 @@ if triton is not None:
             tl.store(k_out + t * k_size, mixed, mask=inside & in_k)
             tl.store(v_out + t * v_size, mixed, mask=inside & ~in_q & ~in_k)
             if COLUMNS:
-                step = tl.load(qkv_base + t * stride_t, mask=inside)
+                step = _qkv_at(qkv_base, t * stride_t + c * 0, inside, plane, SPLITS, dtype)
                 tl.store(columns_ptr + (b * (TAPS - 1 + steps) + TAPS - 1 + t) * channels + c, step, mask=inside)
         if COLUMNS:
             for i in tl.static_range(TAPS - 1):
@@ -416,8 +446,8 @@ if triton is not None:
         for i in tl.static_range(TAPS - 1):
             column = tl.zeros([BLOCK_C], dtype=tl.int32) + steps + i
             from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
-            from_step = tl.load(
-                qkv_base + (column - (TAPS - 1)) * stride_t, mask=inside & (column >= TAPS - 1), other=0.0
+            from_step = _qkv_at(
+                qkv_base, (column - (TAPS - 1)) * stride_t, inside & (column >= TAPS - 1), plane, SPLITS, dtype
             )
             tl.store(window_base + i * channels, tl.where(column < TAPS - 1, from_window, from_step), mask=inside)
 

@@ -1088,23 +1088,26 @@ if triton is not None:
             x_rows = pair // top_k
             y_rows = pair
         if routing >= 2:  # pair `tile` of expert_ids [tokens <= BLOCK_M, top_k] (in table_ptr)
+            # its expert straight from memory, so the weight's address waits on one load, not on the reductions
+            expert = tl.load(table_ptr + tile)
+            token = tile // top_k
             ss = tl.arange(0, TOPK)
+            # a token may name an expert twice: its n-th naming goes with the others' n-th, so a tile never
+            # holds a token twice
+            before = tl.load(table_ptr + token * top_k + ss, mask=ss < tile % top_k, other=-1)
+            nth = tl.sum((before == expert).to(tl.int32))
             ids = tl.load(
                 table_ptr + slot[:, None] * top_k + ss[None, :],
                 mask=(slot < tokens)[:, None] & (ss < top_k)[None, :],
                 other=-1,
             )
-            # a token may name an expert twice: its n-th naming goes with the others' n-th, so a tile never
-            # holds a token twice
-            same = (ids[:, :, None] == ids[:, None, :]) & (ss[None, :] < ss[:, None])[None, :, :]
-            nth = tl.sum(same.to(tl.int32), axis=2)
-            here = (slot[:, None] == tile // top_k) & (ss[None, :] == tile % top_k)
-            expert = tl.sum(tl.where(here, ids, 0))
-            match = (ids == expert) & (nth == tl.sum(tl.where(here, nth, 0)))
-            flat = slot[:, None] * TOPK + ss[None, :]
-            leader = tl.min(tl.where(match, flat, BLOCK_M * TOPK)) == tl.sum(tl.where(here, flat, 0))
-            valid = tl.where(leader, tl.max(match.to(tl.int32), axis=1), 0) > 0
-            y_rows = slot * top_k + tl.sum(tl.where(match, ss[None, :], 0), axis=1)
+            named = ids == expert
+            match = named & (tl.cumsum(named.to(tl.int32), axis=1) == nth + 1)
+            choice = tl.max(tl.where(match, ss[None, :], -1), axis=1)  # [BLOCK_M]: the token's matching slot
+            # the first token to match computes the tile: no earlier token does (this one's match is this pair)
+            leader = tl.sum(((slot < token) & (choice >= 0)).to(tl.int32)) == 0
+            valid = tl.where(leader, choice, -1) >= 0
+            y_rows = slot * top_k + tl.maximum(choice, 0)
             x_rows = y_rows if routing == 3 else slot
         return expert.to(tl.int64), x_rows.to(tl.int64), y_rows.to(tl.int64), valid
 

@@ -146,6 +146,29 @@ def test_conv_silu(batch: int, tokens: int, keep: bool) -> None:
         assert got[3] is None and want[3] is None
 
 
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("keep", [False, True])
+def test_conv_silu_adds_the_qkv_products_split_sums(splits: int, keep: bool) -> None:
+    """qkv as its product's float32 partials (columns of the GDN's fused input projection, SplitSums [splits, B·T,
+    ...]): q, k, v, the window and the kept columns are the bits of summing them first (the matmul's sum kernel);
+    partials of other rows are refused."""
+    torch.manual_seed(splits)
+    batch, tokens = 2, 3
+    window, _, weight = conv_inputs(batch, tokens)
+    channels = sum(SIZES)
+    sums = linear.SplitSums(torch.randn(splits, batch * tokens, channels + 40) * 2, torch.bfloat16)
+    qkv = sums.columns(0, channels)
+    summed = sums.summed()[:, :channels].reshape(batch, tokens, channels)
+    want_window, got_window = window.clone(), window.clone()
+    want = gdn.conv_silu_triton(want_window, summed, weight, SIZES, keep)
+    got = gdn.conv_silu(got_window, qkv, weight, SIZES, keep)
+    for w, g in zip(want, got):
+        assert (g is None and w is None) or torch.equal(g, w)
+    assert torch.equal(got_window, want_window)
+    with pytest.raises(ValueError, match="do not fit"):
+        gdn.conv_silu_triton(torch.cat((window, window)), qkv, weight, SIZES, keep)  # 6 rows for 4 sequences
+
+
 @pytest.mark.parametrize("fn", [gdn.conv_silu_reference, gdn.conv_silu_triton])
 def test_conv_silu_token_by_token_is_one_call(fn) -> None:
     """A verify step of T tokens gives the bits of T decode steps (the window carries the state between them),

@@ -14,7 +14,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm, Qwen3NextRMSNormGated
 
-from specpair.runtime.kernels import linear, norm
+from specpair.runtime.kernels import experts, linear, norm
 
 EPS = 1e-6
 SHAPES = [(1, 128), (17, 64), (2, 3, 128)]  # a row alone, rows past a multiple of 16, three dims
@@ -144,3 +144,71 @@ def test_add_split_sums_then_norm(splits: int, zero_centred: bool) -> None:
         h[2:3].clone(), linear.SplitSums(partial[:, 2:3].clone(), torch.bfloat16), w, EPS, zero_centred
     )
     assert torch.equal(alone[1][0], got[1][2])
+
+
+@pytest.mark.parametrize("splits", [0, 2])
+def test_gated_reads_a_tokens_gate_in_place(splits: int) -> None:
+    """The GDN's norm: a row per (token, head), the gate a row per token, columns of a fused projection's output
+    (read in place, any row stride) or that product's split partials (added as the sum kernel adds them): the
+    bits of the gate copied out, summed first, into x's shape; a token alone as among others; a gate of other
+    rows is refused."""
+    torch.manual_seed(21 + splits)
+    tokens, heads, width = 5, 3, 64
+    x, w, _ = inputs((tokens * heads, width), torch.bfloat16)
+    fused = torch.randn(max(splits, 1), tokens, 40 + heads * width) * 2
+    if splits:
+        gate = linear.SplitSums(fused, torch.bfloat16).columns(40, 40 + heads * width)
+        copied = linear.SplitSums(fused, torch.bfloat16).summed()[:, 40:].contiguous()
+        alone = linear.SplitSums(fused[:, 2:3].clone(), torch.bfloat16).columns(40, 40 + heads * width)
+    else:
+        gate = fused[0].bfloat16()[:, 40:]  # a column view: rows 40 + heads·width apart
+        copied = gate.contiguous()
+        alone = gate[2:3]
+    want = norm.gated_rms_norm_triton(x, copied.reshape(x.shape), w, EPS)
+    got = norm.gated_rms_norm_triton(x, gate, w, EPS)
+    assert torch.equal(got, want)
+    if splits:  # partials go to the kernel wherever x is
+        assert torch.equal(norm.gated_rms_norm(x, gate, w, EPS), got)
+    else:
+        assert torch.equal(
+            norm.gated_rms_norm_reference(x, gate, w, EPS), norm.gated_rms_norm_reference(x, copied, w, EPS)
+        )
+    assert torch.equal(
+        norm.gated_rms_norm_triton(x[2 * heads : 3 * heads].clone(), alone, w, EPS), got[2 * heads : 3 * heads]
+    )
+    with pytest.raises(ValueError, match="gate"):
+        norm.gated_rms_norm_triton(x[:7], gate, w, EPS)
+
+
+@pytest.mark.parametrize("zero_centred", [False, True])
+@pytest.mark.parametrize("shared", ["none", "column", "partials"])
+def test_add_a_moes_terms_then_norm(shared: str, zero_centred: bool) -> None:
+    """delta as a MoE layer's terms (experts.ExpertTerms: the routed experts' outputs and weights, the shared
+    expert's output as down's last column, its logit plain or its product's partials): the kernel that adds them
+    gives the bits of combine_experts then the add; a row alone as among others; terms of other rows are refused.
+    On the CPU, add_rms_norm adds them with combine_experts' reference."""
+    torch.manual_seed(len(shared))
+    tokens, top_k, width = 5, 3, 96
+    h, w, _ = inputs((tokens, width), torch.bfloat16)
+    weights = experts.route_reference(torch.randn(tokens, 16), top_k, True)[0]
+    down = torch.randn(tokens, top_k + (shared != "none"), width).bfloat16()
+    router = torch.randn(2, tokens, 17)  # [routed logits | shared gate logit], split in two
+
+    def terms_of(rows: slice) -> experts.ExpertTerms:
+        partials = linear.SplitSums(router[:, rows].clone(), torch.bfloat16)
+        logit = {"none": None, "column": partials.summed()[:, 16:], "partials": partials.columns(16, 17)}[shared]
+        return experts.ExpertTerms(weights[rows], down[rows], None if logit is None else down[rows, top_k], logit)
+
+    terms = terms_of(slice(None))
+    want = norm.add_rms_norm_triton(h, experts.combine_experts_triton(*vars(terms).values()), w, EPS, zero_centred)
+    got = norm.add_rms_norm_triton(h, terms, w, EPS, zero_centred)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    one = terms_of(slice(2, 3))
+    assert torch.equal(norm.add_rms_norm_triton(h[2:3].clone(), one, w, EPS, zero_centred)[1][0], got[1][2])
+    if shared != "partials":
+        reference = norm.add_rms_norm(h, terms, w, EPS, zero_centred)
+        combined = experts.combine_experts_reference(*vars(terms).values())
+        want_reference = norm.add_rms_norm_reference(h, combined, w, EPS, zero_centred)
+        assert torch.equal(reference[0], want_reference[0]) and torch.equal(reference[1], want_reference[1])
+    with pytest.raises(ValueError, match="expert terms"):
+        norm.add_rms_norm_triton(h[:4], terms, w, EPS, zero_centred)
