@@ -295,16 +295,19 @@ class GatedDeltaNet:
 
     def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
-        # split products' partials added where they are read: qkv's in the conv, z's in the norm, b|a's in gates
+        # split products' partials added where they are read: qkv's and b|a's in the conv's and gates' launch, z's in
+        # the norm
         qkv, z, b, a = self.in_proj(h, unsummed=True)
         verify = step.pending is not None
         conv_window, state = step.cache.gdn_state(self.layer, B, snapshot=verify)
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
-        q, k, v, columns = gdn.conv_silu(conv_window, qkv, self.conv, (keys, keys, values), verify)
+        q, k, v, columns, g, beta = gdn.conv_silu_gates(
+            conv_window, qkv, self.conv, (keys, keys, values), verify, a, b, self.A_log, self.dt_bias
+        )
         q = q.reshape(B, T, self.key_heads, self.key_dim)
         k = k.reshape(B, T, self.key_heads, self.key_dim)
         v = v.reshape(B, T, self.value_heads, self.value_dim)
-        g, beta = (x.reshape(B, T, self.value_heads) for x in gdn.gates(a, b, self.A_log, self.dt_bias))
+        g, beta = g.reshape(B, T, self.value_heads), beta.reshape(B, T, self.value_heads)
         if verify:
             step.pending.gdn[self.layer] = GDNInputs(columns, q, k, v, g, beta)
         o = gdn.gdn_recurrent(q, k, v, g, beta, state)

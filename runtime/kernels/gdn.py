@@ -4,6 +4,7 @@ the ~25 small ops torch launches for them:
 
     q, k, v, columns = conv_silu(window, qkv, weight, sizes, keep_columns)
     g, beta = gates(a, b, A_log, dt_bias)
+    q, k, v, columns, g, beta = conv_silu_gates(window, qkv, weight, sizes, keep_columns, a, b, A_log, dt_bias)
 
 `conv_silu`: the depthwise causal conv of [window | qkv] (window [B, K-1, C], the last K-1 pre-conv columns, which
 it then replaces in place by the last K-1 of [window | qkv]; qkv [B, T, C] a view of the fused input projection's
@@ -11,7 +12,10 @@ output; weight [C, K] float32), summed over the K taps in one fixed order in flo
 dtype and split by channel into q, k, v (sizes: their channel counts), each contiguous [B, T, c]. `columns` is
 [window | qkv] as it was, [B, K-1+T, C], for a verify step to keep (None unless keep_columns). `gates`: the log
 decay g = -exp(A_log) · softplus(a + dt_bias) and beta = sigmoid(b), in float32, [B, T, Hv] contiguous.
-Elementwise per (sequence, channel) or (sequence, token, head): batch-invariant by construction.
+Elementwise per (sequence, channel) or (sequence, token, head): batch-invariant by construction. On the GPU both
+run in one kernel (a layer's step launches them together: `conv_silu_gates`), a program per sequence's block of
+channels, then one per token's heads; qkv, a and b may come as their products' split partials (SplitSums), which
+that kernel adds first as the matmul's sum kernel would.
 
 q, k [B, T, Hk, dk] raw (after the conv); v [B, T, Hv, dv]; g [B, T, Hv] log decay (<= 0); beta [B, T, Hv];
 value head j reads key head j // (Hv // Hk). In float32: q and k are L2-normalised (x · rsqrt(Σx² + 1e-6)),
@@ -31,6 +35,8 @@ in order; the reference does the same per sequence.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -68,6 +74,26 @@ def gates(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: 
     return gates_reference(a, b, A_log, dt_bias)
 
 
+def conv_silu_gates(
+    window: Tensor,
+    qkv: Tensor | SplitSums,
+    weight: Tensor,
+    sizes: tuple[int, int, int],
+    keep_columns: bool,
+    a: Tensor | SplitSums,
+    b: Tensor | SplitSums,
+    A_log: Tensor,
+    dt_bias: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    """conv_silu and gates of one step, in one launch on the GPU: (q, k, v, columns, g, beta)."""
+    if isinstance(qkv, SplitSums) or qkv.is_cuda:
+        return conv_silu_gates_triton(window, qkv, weight, sizes, keep_columns, a, b, A_log, dt_bias)
+    return (
+        *conv_silu_reference(window, qkv, weight, sizes, keep_columns),
+        *gates_reference(a, b, A_log, dt_bias),
+    )
+
+
 def conv_silu_reference(
     window: Tensor, qkv: Tensor, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -91,12 +117,32 @@ def gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tup
     return -torch.exp(A_log) * softplus, 1 / (1 + torch.exp(-b.float()))
 
 
-def conv_silu_triton(
+@dataclass
+class _Conv:
+    """A conv_silu's part of a launch: its kernel arguments, and what it returns."""
+
+    args: tuple
+    constexprs: dict[str, object]
+    batch: int
+    blocks: int  # programs a sequence: blocks of BLOCK_C channels
+    outputs: tuple[Tensor, Tensor, Tensor, Tensor | None]
+
+
+@dataclass
+class _Gates:
+    """A gates' part of a launch: its kernel arguments (a program a row), and what it returns."""
+
+    args: tuple
+    constexprs: dict[str, object]
+    rows: int
+    outputs: tuple[Tensor, Tensor]
+
+
+def _conv(
     window: Tensor, qkv: Tensor | SplitSums, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+) -> _Conv:
     """qkv [B, T, channels], or the split partials of its product (SplitSums [splits, B·T, channels]), which the
     kernel adds first as SplitSums.summed does."""
-    require_triton("conv_silu")
     batch, channels = window.shape[0], window.shape[-1]
     if isinstance(qkv, SplitSums):
         splits, rows = qkv.partial.shape[:2]
@@ -127,35 +173,16 @@ def conv_silu_triton(
     columns = (
         torch.empty(batch, taps - 1 + steps, channels, dtype=dtype, device=window.device) if keep_columns else None
     )
-    if batch and steps and channels:
-        _conv_silu_kernel[(batch, triton.cdiv(channels, BLOCK_C))](
-            window,
-            values,
-            weight.float().contiguous(),
-            q,
-            k,
-            v,
-            window if columns is None else columns,
-            steps,
-            channels,
-            sizes[0],
-            sizes[1],
-            stride_b,
-            stride_t,
-            plane,
-            TAPS=taps,
-            SPLITS=splits,
-            COLUMNS=keep_columns,
-            BLOCK_C=BLOCK_C,
-            **launch_options(),
-        )
-    return q, k, v, columns
+    args = (window, values, weight.float().contiguous(), q, k, v, window if columns is None else columns)
+    args += (steps, channels, sizes[0], sizes[1], stride_b, stride_t, plane)
+    blocks = triton.cdiv(channels, BLOCK_C) if steps and channels else 0
+    constexprs = {"TAPS": taps, "SPLITS": splits, "COLUMNS": keep_columns}
+    return _Conv(args, constexprs, batch, blocks, (q, k, v, columns))
 
 
-def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+def _gates(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> _Gates:
     """a, b [..., Hv], or the split partials of their products (SplitSums: column views, [rows, Hv] a split),
     which the kernel adds first as SplitSums.summed does: g and beta [..., Hv] (rows for partials)."""
-    require_triton("gates")
     partials = isinstance(a, SplitSums)
     if partials != isinstance(b, SplitSums) or (partials and a.partial.shape != b.partial.shape):
         raise ValueError("gates: a and b must both be tensors, or both split partials of as many splits and rows")
@@ -172,25 +199,69 @@ def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt
         rows_a, rows_b = rows_a.contiguous(), rows_b.contiguous()
     g = torch.empty(*a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
-    if g.numel():
-        _gates_kernel[(rows_a.shape[0],)](
-            rows_a,
-            rows_b,
-            A_log.float().contiguous(),
-            dt_bias.float().contiguous(),
-            g,
-            beta,
-            heads,
-            rows_a.stride(0),
-            rows_b.stride(0),
-            *planes,
-            SOFTPLUS_THRESHOLD,
-            SPLITS=splits,
-            ROUND_TO=tl_dtype(round_to),
-            BLOCK_H=triton.next_power_of_2(heads),
-            **launch_options(),
-        )
-    return g, beta
+    args = (rows_a, rows_b, A_log.float().contiguous(), dt_bias.float().contiguous(), g, beta, heads)
+    args += (rows_a.stride(0), rows_b.stride(0), *planes, SOFTPLUS_THRESHOLD)
+    constexprs = {"GATE_SPLITS": splits, "ROUND_TO": tl_dtype(round_to), "BLOCK_H": triton.next_power_of_2(heads)}
+    return _Gates(args, constexprs, rows_a.shape[0] if g.numel() else 0, (g, beta))
+
+
+def _launch(conv: _Conv | None, gates: _Gates | None) -> None:
+    """One launch of conv programs (a sequence's channel blocks) then gates programs (a row each); the part not
+    given gets no program (its arguments: stand-ins the kernel never reads)."""
+    conv_programs = conv.batch * conv.blocks if conv is not None else 0
+    gate_programs = gates.rows if gates is not None else 0
+    if not conv_programs + gate_programs:
+        return
+    if conv is None:
+        a = gates.args[0]
+        conv = _Conv((a,) * 7 + (0,) * 7, {"TAPS": 2, "SPLITS": 0, "COLUMNS": False}, 0, 0, ())
+    if gates is None:
+        w = conv.args[2]
+        stand_in = {"GATE_SPLITS": 0, "ROUND_TO": tl.float32, "BLOCK_H": 1}
+        gates = _Gates((w,) * 6 + (0,) * 5 + (SOFTPLUS_THRESHOLD,), stand_in, 0, ())
+    _conv_silu_gates_kernel[(conv_programs + gate_programs,)](
+        *conv.args,
+        max(conv.blocks, 1),
+        conv_programs,
+        *gates.args,
+        **conv.constexprs,
+        **gates.constexprs,
+        BLOCK_C=BLOCK_C,
+        **launch_options(),
+    )
+
+
+def conv_silu_triton(
+    window: Tensor, qkv: Tensor | SplitSums, weight: Tensor, sizes: tuple[int, int, int], keep_columns: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    require_triton("conv_silu")
+    conv = _conv(window, qkv, weight, sizes, keep_columns)
+    _launch(conv, None)
+    return conv.outputs
+
+
+def gates_triton(a: Tensor | SplitSums, b: Tensor | SplitSums, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    require_triton("gates")
+    gates = _gates(a, b, A_log, dt_bias)
+    _launch(None, gates)
+    return gates.outputs
+
+
+def conv_silu_gates_triton(
+    window: Tensor,
+    qkv: Tensor | SplitSums,
+    weight: Tensor,
+    sizes: tuple[int, int, int],
+    keep_columns: bool,
+    a: Tensor | SplitSums,
+    b: Tensor | SplitSums,
+    A_log: Tensor,
+    dt_bias: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    require_triton("conv_silu_gates")
+    conv, gates = _conv(window, qkv, weight, sizes, keep_columns), _gates(a, b, A_log, dt_bias)
+    _launch(conv, gates)
+    return (*conv.outputs, *gates.outputs)
 
 
 def gdn_recurrent(
@@ -380,8 +451,8 @@ if triton is not None:
             values = tl.load(base + offsets, mask=mask, other=0.0)
         return values
 
-    @triton.jit(do_not_specialize=["steps"], do_not_specialize_on_alignment=["qkv_ptr", "q_ptr", "k_ptr", "v_ptr"])
-    def _conv_silu_kernel(
+    @device_function
+    def _conv_program(
         window_ptr,
         qkv_ptr,
         w_ptr,
@@ -396,15 +467,15 @@ if triton is not None:
         stride_b,
         stride_t,
         plane,
+        b,
+        block,
         TAPS: tl.constexpr,
         SPLITS: tl.constexpr,
         COLUMNS: tl.constexpr,
         BLOCK_C: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        after_previous_kernel(PDL)
-        b = tl.program_id(0).to(tl.int64)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        """conv_silu of sequence b's channel block `block`, every step."""
+        c = block * BLOCK_C + tl.arange(0, BLOCK_C)
         inside = c < channels
         window_base = window_ptr + b * (TAPS - 1) * channels + c
         qkv_base = qkv_ptr + b * stride_b + c
@@ -451,8 +522,8 @@ if triton is not None:
             )
             tl.store(window_base + i * channels, tl.where(column < TAPS - 1, from_window, from_step), mask=inside)
 
-    @triton.jit(do_not_specialize_on_alignment=["a_ptr", "b_ptr"])
-    def _gates_kernel(
+    @device_function
+    def _gates_row(
         a_ptr,
         b_ptr,
         a_log_ptr,
@@ -465,13 +536,12 @@ if triton is not None:
         plane_a,
         plane_b,
         threshold,
+        row,
         SPLITS: tl.constexpr,
         ROUND_TO: tl.constexpr,
         BLOCK_H: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        after_previous_kernel(PDL)
-        row = tl.program_id(0).to(tl.int64)
+        """gates of one row (a token of a sequence)."""
         h = tl.arange(0, BLOCK_H)
         inside = h < heads
         if SPLITS > 0:  # float32 partials of the b|a product, summed as the matmul's sum kernel sums them
@@ -489,3 +559,92 @@ if triton is not None:
         g = -tl.exp(tl.load(a_log_ptr + h, mask=inside, other=0.0)) * softplus
         tl.store(g_ptr + row * heads + h, g, mask=inside)
         tl.store(beta_ptr + row * heads + h, 1.0 / (1.0 + tl.exp(-beta_in)), mask=inside)
+
+    @triton.jit(
+        do_not_specialize=["steps", "conv_blocks", "conv_programs"],
+        do_not_specialize_on_alignment=["qkv_ptr", "q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr"],
+    )
+    def _conv_silu_gates_kernel(
+        window_ptr,
+        qkv_ptr,
+        w_ptr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        columns_ptr,
+        steps,
+        channels,
+        q_size,
+        k_size,
+        stride_qkv_b,
+        stride_qkv_t,
+        plane,
+        conv_blocks,
+        conv_programs,
+        a_ptr,
+        b_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        g_ptr,
+        beta_ptr,
+        heads,
+        stride_a,
+        stride_b,
+        plane_a,
+        plane_b,
+        threshold,
+        TAPS: tl.constexpr,
+        SPLITS: tl.constexpr,
+        COLUMNS: tl.constexpr,
+        GATE_SPLITS: tl.constexpr,
+        ROUND_TO: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        """The step's conv programs (conv_blocks a sequence), then its gates programs (a row each): the two
+        steps before the delta rule read the same input projection, so they share a launch."""
+        after_previous_kernel(PDL)
+        program = tl.program_id(0)
+        if program < conv_programs:
+            _conv_program(
+                window_ptr,
+                qkv_ptr,
+                w_ptr,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                columns_ptr,
+                steps,
+                channels,
+                q_size,
+                k_size,
+                stride_qkv_b,
+                stride_qkv_t,
+                plane,
+                (program // conv_blocks).to(tl.int64),
+                program % conv_blocks,
+                TAPS,
+                SPLITS,
+                COLUMNS,
+                BLOCK_C,
+            )
+        else:
+            _gates_row(
+                a_ptr,
+                b_ptr,
+                a_log_ptr,
+                dt_bias_ptr,
+                g_ptr,
+                beta_ptr,
+                heads,
+                stride_a,
+                stride_b,
+                plane_a,
+                plane_b,
+                threshold,
+                (program - conv_programs).to(tl.int64),
+                GATE_SPLITS,
+                ROUND_TO,
+                BLOCK_H,
+            )

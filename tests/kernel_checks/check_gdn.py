@@ -222,3 +222,45 @@ def test_gates_add_the_b_a_products_split_sums(splits: int) -> None:
         gdn.gates_triton(a, summed[:, 7 : 7 + heads], a_log, dt_bias)
     with pytest.raises(ValueError, match="both"):  # partials of products of other rows
         gdn.gates_triton(a, alone.columns(7, 7 + heads), a_log, dt_bias)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("keep", [False, True])
+def test_conv_and_gates_share_a_launch(split: bool, keep: bool) -> None:
+    """conv_silu_gates: the conv's programs and the gates' in one launch give each part's bits alone (q, k, v, the
+    window and the kept columns; g and beta), from the GDN input's products as tensors or as split partials; on
+    the CPU, the two references."""
+    torch.manual_seed(30 + split + 2 * keep)
+    batch, tokens, heads = 2, 3, 5
+    window, _, weight = conv_inputs(batch, tokens)
+    channels = sum(SIZES)
+    fused = torch.randn(2, batch * tokens, channels + 2 * heads) * 2  # [q|k|v | b | a], split in two
+    sums = linear.SplitSums(fused, torch.bfloat16)
+    if split:
+        qkv, b, a = (
+            sums.columns(0, channels),
+            sums.columns(channels, channels + heads),
+            sums.columns(channels + heads, channels + 2 * heads),
+        )
+    else:
+        summed = sums.summed().reshape(batch, tokens, -1)
+        qkv, b, a = summed[..., :channels], summed[..., channels : channels + heads], summed[..., channels + heads :]
+    a_log, dt_bias = torch.rand(heads).mul(15).add(1).log(), torch.randn(heads)
+    alone_window, together_window = window.clone(), window.clone()
+    alone = (*gdn.conv_silu_triton(alone_window, qkv, weight, SIZES, keep), *gdn.gates_triton(a, b, a_log, dt_bias))
+    together = gdn.conv_silu_gates_triton(together_window, qkv, weight, SIZES, keep, a, b, a_log, dt_bias)
+    assert len(together) == 6 and torch.equal(together_window, alone_window)
+    for x, y in zip(together, alone):
+        assert (x is None and y is None) or torch.equal(x, y)
+    dispatched = gdn.conv_silu_gates(window.clone(), qkv, weight, SIZES, keep, a, b, a_log, dt_bias)
+    if split:  # partials go to the kernel wherever the tensors are
+        for x, y in zip(dispatched, together):
+            assert (x is None and y is None) or torch.equal(x, y)
+    else:
+        reference = dispatched
+        want = (
+            *gdn.conv_silu_reference(window.clone(), qkv, weight, SIZES, keep),
+            *gdn.gates_reference(a, b, a_log, dt_bias),
+        )
+        for x, y in zip(reference, want):
+            assert (x is None and y is None) or torch.equal(x, y)
