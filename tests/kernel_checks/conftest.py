@@ -4,8 +4,8 @@ GPU tier (tests/gpu/test_kernels_compiled.py), the compiled kernels on CUDA; and
 On CUDA the checks stay as written (CPU tensors, the CPU references, the same bounds and bitwise row checks): each
 kernel module's `*_triton` entry is wrapped to move its tensor arguments to the GPU, run the compiled kernel, and
 bring the results back, along with any argument the kernel wrote in place (caches, states); a split product's
-partials (linear.SplitSums) go and come back as tensors do, and tile tables (linear.TileTables) go with their
-expert_ids."""
+partials (linear.SplitSums) go and come back as tensors do, tile tables (linear.TileTables) go with their
+expert_ids, and a MoE's terms (experts.ExpertTerms) field by field."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         return dataclasses.replace(value, partial=_to_cuda(value.partial, moved))
     if isinstance(value, linear.TileTables):
         return linear.TileTables(_to_cuda(value.expert_ids, moved))
+    if isinstance(value, experts.ExpertTerms):
+        fields = dataclasses.fields(value)
+        return dataclasses.replace(value, **{f.name: _to_cuda(getattr(value, f.name), moved) for f in fields})
     if isinstance(value, tuple | list):
         return type(value)(_to_cuda(v, moved) for v in value)
     return value
