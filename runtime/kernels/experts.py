@@ -289,14 +289,13 @@ if triton is not None:
     ):
         """Row `row`'s columns `cols` of ExpertTerms added (`terms_operands` lays them out), in float32, in one
         fixed order: every kernel that adds a MoE's terms adds them here, so the bits are the same in either."""
-        out = tl.zeros(cols.shape, dtype=tl.float32)
         for j in tl.static_range(TOP_K):
             w = tl.load(w_ptr + row * TOP_K + j)
-            term = tl.load(down_ptr + row * down_stride + j * hidden + cols, mask=inside, other=0.0)
+            term = tl.load(down_ptr + row * down_stride + j * hidden + cols, mask=inside, other=0.0).to(tl.float32)
             if j == 0:
-                out = w * term.to(tl.float32)
+                out = w * term
             else:
-                out = out + w * term.to(tl.float32)
+                out = out + w * term
         if SHARED:
             if LOGIT_SPLITS > 0:  # summed as the matmul's sum kernel sums them
                 at = row * logit_stride + tl.zeros([1], tl.int64)
