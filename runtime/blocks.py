@@ -99,21 +99,14 @@ class Projections:
 
     def __call__(self, x: Tensor, unsummed: bool = False) -> list[Tensor | SplitSums]:
         """`unsummed`: a split K's partials (column views) for the kernels that read them next to add (a MoE's
-        router logits: route and combine; the GDN's input: conv, norm and gates), where a fused weight's
-        projections have no bias."""
+        router logits: route and combine; the GDN's input: conv, norm and gates; attention's q|k|v: the rotation
+        and the cache write, and its output gate), where a fused weight's projections have no bias."""
         outs, first = [], 0
         for w, sizes in self.groups:
             keep = unsummed and all(b is None for b in self.biases[first : first + len(sizes)])
-            outs += _columns(project(x, w, unsummed=keep), sizes)
+            outs += project(x, w, unsummed=keep).split(sizes, dim=-1)
             first += len(sizes)
         return [out if b is None else out + b for out, b in zip(outs, self.biases)]
-
-
-def _columns(out: Tensor | SplitSums, sizes: list[int]) -> list[Tensor | SplitSums]:
-    if isinstance(out, Tensor):
-        return list(out.split(sizes, dim=-1))
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [out.columns(start, start + size) for start, size in zip(starts, sizes)]
 
 
 def optional_bias(config_flag: bool, fetch: Fetch, name: str, size: int) -> Tensor | None:
@@ -224,10 +217,12 @@ class Attention:
 
     def __call__(self, h: Tensor, step: Step) -> Tensor | SplitSums:
         B, T, _ = h.shape
-        q, k, v = self.qkv(h)
-        q = q.view(B, T, self.heads, -1)
+        # a split product's partials added where they are read: q's, k's and v's as they are rotated and stored,
+        # the gate's as attention gates its output
+        q, k, v = self.qkv(h, unsummed=True)
+        q, gate = q.view(B, T, self.heads, -1), None
         if self.gated:
-            q, gate = q.chunk(2, dim=-1)
+            q, gate = q.split([self.head_dim, self.head_dim], dim=-1)
         k = k.view(B, T, self.kv_heads, self.head_dim)
         v = v.view(B, T, self.kv_heads, self.head_dim)
         cache, slot = step.cache, step.cache.slots[self.layer]
@@ -238,9 +233,7 @@ class Attention:
         )
         end = step.kv_end
         start = (end - self.window).clamp(min=0) if self.window else step.kv_start
-        o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5)
-        if self.gated:
-            o = activation.sigmoid_mul(o, gate)
+        o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], start, end, self.head_dim**-0.5, gate)
         return project(o.reshape(B, T, self.heads * self.head_dim), self.o_proj, self.o_bias, unsummed=True)
 
 

@@ -25,7 +25,7 @@ from specpair.runtime.blocks import project
 from specpair.runtime.drafters import Committed
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
-from specpair.runtime.kernels import attention, experts, linear, norm, qk
+from specpair.runtime.kernels import activation, attention, experts, linear, norm, qk
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
@@ -71,7 +71,7 @@ def _add_rms_norm(
     return summed, _rms_norm(summed, w, eps, zero_centred)
 
 
-def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
+def _attention(q, k_cache, v_cache, kv_start, kv_end, scale, gate=None):
     group = q.shape[2] // k_cache.shape[2]
     k = k_cache.repeat_interleave(group, dim=2)
     v = v_cache.repeat_interleave(group, dim=2)
@@ -80,7 +80,8 @@ def _attention(q, k_cache, v_cache, kv_start, kv_end, scale):
     visible = (p >= kv_start[..., None]) & (p < kv_end[..., None])  # [B, T, S]
     scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1))
-    return torch.einsum("bths,bshd->bthd", probs, v)
+    o = torch.einsum("bths,bshd->bthd", probs, v)
+    return o if gate is None else activation.sigmoid_mul_reference(o, gate)  # as the runtime's CPU path gates
 
 
 @contextlib.contextmanager

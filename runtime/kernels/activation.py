@@ -8,9 +8,9 @@ bits depend on its own two inputs alone. `swiglu(gate_up)` takes the fused outpu
 (linear.SplitSums: the routed experts' gate|up), which its kernel adds as the matmul's sum kernel would (in split
 order, rounded to the activations' dtype) before the SwiGLU: one launch instead of two, the same bits.
 
-The gated attention's output gate, sigmoid_mul(o, gate): o [..., H, D] times sigmoid(gate) in float32, rounded to
-o's dtype, times o, rounded again; gate may be the strided half of each head of a q|gate projection ([..., H, D]
-of a [..., H, 2D] view), read in place. One kernel instead of a copy and seven elementwise ops.
+The gated attention's output gate: o [..., H, D] times sigmoid(gate) in float32, rounded to o's dtype, times o,
+rounded again (sigmoid_mul_reference; on the GPU `sigmoid_gated`, which the attention kernels apply as they store
+their output, reading the gate in place or adding its projection's partials).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from torch import Tensor
 from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
+    device_function,
     launch_options,
     require_triton,
     rounded,
-    split_sum,
+    summed_values,
     tl,
     triton,
 )
@@ -97,38 +98,9 @@ def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
     return out.reshape(shape)
 
 
-def sigmoid_mul(x: Tensor, gate: Tensor) -> Tensor:
-    if x.is_cuda:
-        return sigmoid_mul_triton(x, gate)
-    return sigmoid_mul_reference(x, gate)
-
-
 def sigmoid_mul_reference(x: Tensor, gate: Tensor) -> Tensor:
     """sigmoid written with exp, for the same reason as silu_mul_reference's silu."""
     return x * (1 / (1 + torch.exp(-gate.float()))).to(x.dtype)
-
-
-def sigmoid_mul_triton(x: Tensor, gate: Tensor) -> Tensor:
-    require_triton("sigmoid_mul")
-    if gate.shape != x.shape or x.dim() < 2:
-        raise ValueError(f"sigmoid_mul: x {list(x.shape)} and gate {list(gate.shape)} differ")
-    heads, width = x.shape[-2:]
-    x_rows, gate_rows = x.reshape(-1, heads, width).contiguous(), gate.reshape(-1, heads, width)
-    if gate_rows.stride(-1) != 1:
-        gate_rows = gate_rows.contiguous()
-    out = torch.empty(x_rows.shape, dtype=x.dtype, device=x.device)
-    if out.numel():
-        _sigmoid_mul_kernel[(out.shape[0], heads)](
-            x_rows,
-            gate_rows,
-            out,
-            width,
-            gate_rows.stride(0),
-            gate_rows.stride(1),
-            BLOCK_D=triton.next_power_of_2(width),
-            **launch_options(),
-        )
-    return out.reshape(x.shape)
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -157,27 +129,15 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
         dtype = out_ptr.dtype.element_ty
-        if SPLITS > 0:  # float32 partials [splits, rows, 2I], summed as the matmul's sum kernel sums them
-            g = split_sum(gate_ptr, plane, SPLITS, row * gate_stride + cols, inside)
-            u = split_sum(up_ptr, plane, SPLITS, row * up_stride + cols, inside)
-            g, u = rounded(g, dtype).to(tl.float32), rounded(u, dtype).to(tl.float32)
-        else:
-            g = tl.load(gate_ptr + row * gate_stride + cols, mask=inside, other=0.0).to(tl.float32)
-            u = tl.load(up_ptr + row * up_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        # as stored, or float32 partials [splits, rows, 2I] summed as the matmul's sum kernel sums them
+        g = summed_values(gate_ptr, row * gate_stride + cols, inside, plane, SPLITS, dtype).to(tl.float32)
+        u = summed_values(up_ptr, row * up_stride + cols, inside, plane, SPLITS, dtype).to(tl.float32)
         activated = rounded(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
         tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)
 
-    @triton.jit(do_not_specialize_on_alignment=["x_ptr", "gate_ptr", "out_ptr"])
-    def _sigmoid_mul_kernel(
-        x_ptr, gate_ptr, out_ptr, width, row_stride, head_stride, BLOCK_D: tl.constexpr, PDL: tl.constexpr
-    ):
-        after_previous_kernel(PDL)
-        row, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-        cols = tl.arange(0, BLOCK_D)
-        inside = cols < width
-        at = (row * tl.num_programs(1) + head) * width + cols
-        g = tl.load(gate_ptr + row * row_stride + head * head_stride + cols, mask=inside, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        dtype = out_ptr.dtype.element_ty
-        gated = rounded(1.0 / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
-        tl.store(out_ptr + at, rounded(x * gated, dtype), mask=inside)
+    @device_function
+    def sigmoid_gated(x, gate, dtype: tl.constexpr):
+        """x · sigmoid(gate) as sigmoid_mul_reference rounds it: x already in dtype, the sigmoid in float32 rounded
+        to dtype, the product rounded again."""
+        gated = rounded(1.0 / (1.0 + tl.exp(-gate.to(tl.float32))), dtype).to(tl.float32)
+        return rounded(x.to(tl.float32) * gated, dtype)

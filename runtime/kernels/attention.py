@@ -14,6 +14,9 @@ into splits of SPLIT positions, also at absolute positions, whose count depends 
 merges each row's own splits in order. Rows of a call are grouped (t, query head of one KV head) into tiles of
 BLOCK_M, a fixed size. Cache entries between a sequence's smallest kv_start and largest kv_end in one call are
 read (and multiplied by zero where masked), so they must be finite: written entries, or zeros.
+A gated layer (Qwen3.5/3.6) passes its output gate: the kernel that stores the output (the attention kernel with
+one split, the merge with several) multiplies it by sigmoid(gate) as activation.sigmoid_mul_reference rounds it,
+reading the gate in place or adding its projection's partials, so the gate costs no launch of its own.
 Both paths round the probabilities to the cache dtype for the product with V, as transformers' eager attention and
 flash attention do (the CPU's through torch's fused CPU attention); the CPU reads whole spans of SPAN positions
 around the ranges (attention_reference), which must be finite likewise: the runtime's cache holds zeros past
@@ -29,14 +32,18 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
+from specpair.runtime.kernels.activation import sigmoid_gated, sigmoid_mul_reference
 from specpair.runtime.kernels.cpu_rows import tile_rows
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
+    device_function,
     dot,
     dot_in_float32,
     launch_options,
     require_triton,
     rounded,
+    summed_values,
     tl,
     triton,
 )
@@ -48,10 +55,20 @@ SCRATCH_BYTES = 1 << 28  # float32 partials of one launch; longer calls go in ch
 SPAN = 64  # the CPU reference's cache positions per span: its products' lengths are multiples of it
 
 
-def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float) -> Tensor:
+def attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    kv_start: Tensor,
+    kv_end: Tensor,
+    scale: float,
+    gate: Tensor | SplitSums | None = None,
+) -> Tensor:
+    """`gate` [B, T, Hq, D]: the gated attention's output gate (o · sigmoid(gate)), or its projection's partials."""
     if q.is_cuda:
-        return attention_triton(q, k_cache, v_cache, kv_start, kv_end, scale)
-    return attention_reference(q, k_cache, v_cache, kv_start, kv_end, scale)
+        return attention_triton(q, k_cache, v_cache, kv_start, kv_end, scale, gate)
+    o = attention_reference(q, k_cache, v_cache, kv_start, kv_end, scale)
+    return o if gate is None else sigmoid_mul_reference(o, gate)
 
 
 def attention_reference(
@@ -141,10 +158,18 @@ def _plan_span_tiles(
 
 
 def attention_triton(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_start: Tensor, kv_end: Tensor, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    kv_start: Tensor,
+    kv_end: Tensor,
+    scale: float,
+    gate: Tensor | SplitSums | None = None,
 ) -> Tensor:
     require_triton("attention")
     batch, tokens, q_heads, head_dim = q.shape
+    # the gate read in place (a strided half of each head of q|gate), or its first plane of partials
+    gates, gate_plane, gate_splits = gate.planes() if isinstance(gate, SplitSums) else (gate, 0, 0)
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     if (
@@ -152,6 +177,7 @@ def attention_triton(
         or k_cache.shape != v_cache.shape
         or k_cache.shape[0] != batch
         or k_cache.shape[3] != head_dim
+        or (gate is not None and (gate.shape != q.shape or gates.stride(-1) != 1))
     ):
         raise ValueError(
             f"attention: q {list(q.shape)} does not fit caches {list(k_cache.shape)}, {list(v_cache.shape)}"
@@ -198,8 +224,13 @@ def attention_triton(
             *k_cache.stride(),
             *v_cache.stride(),
             *out.stride(),
+            out if gates is None else gates,
+            *(out if gates is None else gates).stride()[:3],
+            gate_plane,
             SPLITS=splits,
             SPLIT_LEN=SPLIT,
+            GATE_SPLITS=gate_splits,
+            GATED=gate is not None,
             BLOCK_M=BLOCK_M,
             BLOCK_N=BLOCK_N,
             BLOCK_D=block_d,
@@ -223,8 +254,13 @@ def attention_triton(
                 group,
                 head_dim,
                 *out.stride(),
+                out if gates is None else gates,
+                *(out if gates is None else gates).stride()[:3],
+                gate_plane,
                 SPLITS=splits,
                 SPLIT_LEN=SPLIT,
+                GATE_SPLITS=gate_splits,
+                GATED=gate is not None,
                 BLOCK_D=block_d,
                 **launch_options(),
             )
@@ -232,6 +268,16 @@ def attention_triton(
 
 
 if triton is not None:
+
+    @device_function
+    def _output(o, gate_base, offsets, mask, gate_plane, GATE_SPLITS: tl.constexpr, GATED: tl.constexpr, out_ptr):
+        """float32 `o` rounded to the output's dtype and, in a gated layer, times sigmoid of its gate at `offsets`
+        from `gate_base` (as stored, or its projection's partials added)."""
+        dtype = out_ptr.dtype.element_ty
+        o = rounded(o, dtype)
+        if GATED:
+            o = sigmoid_gated(o, summed_values(gate_base, offsets, mask, gate_plane, GATE_SPLITS, dtype), dtype)
+        return o
 
     @triton.jit(do_not_specialize=["t0", "chunk", "tokens"], do_not_specialize_on_alignment=["q_ptr", "out_ptr"])
     def _attention_kernel(
@@ -268,8 +314,15 @@ if triton is not None:
         sot,
         soh,
         sod,
+        gate_ptr,
+        sgb,
+        sgt,
+        sgh,
+        gate_plane,
         SPLITS: tl.constexpr,
         SPLIT_LEN: tl.constexpr,
+        GATE_SPLITS: tl.constexpr,
+        GATED: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
@@ -323,10 +376,13 @@ if triton is not None:
 
         if SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty range: acc is 0
+            stored = valid[:, None] & d_in[None, :]
+            gate_at = t[:, None] * sgt + head[:, None] * sgh + d[None, :]
+            o = _output(o, gate_ptr + b.to(tl.int64) * sgb, gate_at, stored, gate_plane, GATE_SPLITS, GATED, out_ptr)
             tl.store(
                 out_ptr + b.to(tl.int64) * sob + t[:, None] * sot + head[:, None] * soh + d[None, :] * sod,
-                rounded(o, out_ptr.dtype.element_ty),
-                mask=valid[:, None] & d_in[None, :],
+                o,
+                mask=stored,
             )
         else:
             row = (bh * chunk * group + rows).to(tl.int64)
@@ -356,8 +412,15 @@ if triton is not None:
         sot,
         soh,
         sod,
+        gate_ptr,
+        sgb,
+        sgt,
+        sgh,
+        gate_plane,
         SPLITS: tl.constexpr,
         SPLIT_LEN: tl.constexpr,
+        GATE_SPLITS: tl.constexpr,
+        GATED: tl.constexpr,
         BLOCK_D: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -386,8 +449,6 @@ if triton is not None:
             total += tl.load(l_ptr + base + s) * weight
             acc += tl.load(partial_ptr + (base + s) * head_dim + d, mask=d_in, other=0.0) * weight
         o = acc / tl.where(total > 0, total, 1.0)  # an empty range: acc is 0
-        tl.store(
-            out_ptr + b.to(tl.int64) * sob + t * sot + head * soh + d * sod,
-            rounded(o, out_ptr.dtype.element_ty),
-            mask=d_in,
-        )
+        gate_base = gate_ptr + b.to(tl.int64) * sgb + t * sgt + head * sgh
+        o = _output(o, gate_base, d, d_in, gate_plane, GATE_SPLITS, GATED, out_ptr)
+        tl.store(out_ptr + b.to(tl.int64) * sob + t * sot + head * soh + d * sod, o, mask=d_in)

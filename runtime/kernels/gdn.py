@@ -49,6 +49,7 @@ from specpair.runtime.kernels.triton_common import (
     require_triton,
     rounded,
     split_sum,
+    summed_values,
     tl,
     tl_dtype,
     triton,
@@ -442,16 +443,6 @@ if triton is not None:
         tl.store(state_base + tile_offsets, s, mask=tile)
 
     @device_function
-    def _qkv_at(base, offsets, mask, plane, SPLITS: tl.constexpr, dtype: tl.constexpr):
-        """Values of the step's qkv at `offsets` from each channel's `base`: as stored, or its product's SPLITS
-        float32 partials added as the matmul's sum kernel adds them, rounded to dtype."""
-        if SPLITS > 0:
-            values = rounded(split_sum(base, plane, SPLITS, offsets, mask), dtype)
-        else:
-            values = tl.load(base + offsets, mask=mask, other=0.0)
-        return values
-
-    @device_function
     def _conv_program(
         window_ptr,
         qkv_ptr,
@@ -492,7 +483,7 @@ if triton is not None:
             for j in tl.static_range(TAPS):
                 column = tl.zeros([BLOCK_C], dtype=tl.int32) + t + j  # in [window | qkv]
                 from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
-                from_step = _qkv_at(
+                from_step = summed_values(
                     qkv_base, (column - (TAPS - 1)) * stride_t, inside & (column >= TAPS - 1), plane, SPLITS, dtype
                 )
                 term = tl.where(column < TAPS - 1, from_window, from_step).to(tl.float32)
@@ -506,7 +497,7 @@ if triton is not None:
             tl.store(k_out + t * k_size, mixed, mask=inside & in_k)
             tl.store(v_out + t * v_size, mixed, mask=inside & ~in_q & ~in_k)
             if COLUMNS:
-                step = _qkv_at(qkv_base, t * stride_t + c * 0, inside, plane, SPLITS, dtype)
+                step = summed_values(qkv_base, t * stride_t + c * 0, inside, plane, SPLITS, dtype)
                 tl.store(columns_ptr + (b * (TAPS - 1 + steps) + TAPS - 1 + t) * channels + c, step, mask=inside)
         if COLUMNS:
             for i in tl.static_range(TAPS - 1):
@@ -517,7 +508,7 @@ if triton is not None:
         for i in tl.static_range(TAPS - 1):
             column = tl.zeros([BLOCK_C], dtype=tl.int32) + steps + i
             from_window = tl.load(window_base + column * channels, mask=inside & (column < TAPS - 1), other=0.0)
-            from_step = _qkv_at(
+            from_step = summed_values(
                 qkv_base, (column - (TAPS - 1)) * stride_t, inside & (column >= TAPS - 1), plane, SPLITS, dtype
             )
             tl.store(window_base + i * channels, tl.where(column < TAPS - 1, from_window, from_step), mask=inside)

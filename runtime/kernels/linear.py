@@ -543,6 +543,11 @@ class SplitSums:
     partial: Tensor
     dtype: torch.dtype
 
+    @property
+    def shape(self) -> torch.Size:
+        """The product's shape."""
+        return self.partial.shape[1:]
+
     def summed(self, y: Tensor | None = None) -> Tensor:
         """The product [rows, N], into `y` where given."""
         _, rows, n = self.partial.shape
@@ -553,6 +558,23 @@ class SplitSums:
     def columns(self, start: int, stop: int) -> SplitSums:
         """Output columns start:stop (one projection of a fused weight's product), a view."""
         return SplitSums(self.partial[..., start:stop], self.dtype)
+
+    def split(self, sizes: Sequence[int], dim: int = -1) -> list[SplitSums]:
+        """The last dimension cut into views of `sizes`, as Tensor.split cuts the product."""
+        if dim != -1:
+            raise ValueError("SplitSums.split: only the last dimension")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [self.columns(start, start + size) for start, size in zip(starts, sizes)]
+
+    def view(self, *shape: int) -> SplitSums:
+        """The product regrouped as Tensor.view regroups it (rows into batch and tokens, columns into heads), every
+        plane alike."""
+        return SplitSums(self.partial.view(self.partial.shape[0], *shape), self.dtype)
+
+    def planes(self) -> tuple[Tensor, int, int]:
+        """What a kernel reads it through: the first plane (a view of the product's shape), the elements from one
+        plane to the next, and the splits."""
+        return self.partial[0], self.partial.stride(0), self.partial.shape[0]
 
 
 def sum_splits_triton(partial: Tensor, y: Tensor) -> None:

@@ -6,7 +6,8 @@ index_put) a layer would otherwise launch for them.
     q_out = rotate_and_store(q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions)
 
 q [B, T, Hq, D], k and v [B, T, Hkv, D] (views of a fused projection's output: heads and tokens through
-strides, dims contiguous); gains [D], both or neither; cos, sin [B, T, 1, rotary_dim] float32 (rope.py's tables: each
+strides, dims contiguous; on the GPU each may be that product's split-K partials, linear.SplitSums, which the
+kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin [B, T, 1, rotary_dim] float32 (rope.py's tables: each
 half repeats the other); kv the cache's buffer [2, layers, batch, context, Hkv, D], slot the layer's index in
 it; positions [B, T]. Returns the rotated q, contiguous. The norm rounds as norm.py's `rms_norm` does; the
 rotation is `x·cos + rotate_half(x)·sin` in float32 on the (normed, rounded) values, rounded once. Each
@@ -18,12 +19,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.kernels.norm import rms_norm_reference
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
+    device_function,
     launch_options,
     require_triton,
     rounded,
+    summed_values,
     tl,
     triton,
 )
@@ -39,9 +43,9 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int) -> Tensor:
 
 
 def rotate_and_store(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: Tensor | SplitSums,
+    k: Tensor | SplitSums,
+    v: Tensor | SplitSums,
     q_gain: Tensor | None,
     k_gain: Tensor | None,
     eps: float,
@@ -54,7 +58,7 @@ def rotate_and_store(
     positions: Tensor,
 ) -> Tensor:
     args = (q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions)
-    if q.is_cuda:
+    if any(isinstance(x, SplitSums) or x.is_cuda for x in (q, k, v)):
         return rotate_and_store_triton(*args)
     return rotate_and_store_reference(*args)
 
@@ -89,9 +93,9 @@ def rotate_and_store_reference(
 
 
 def rotate_and_store_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: Tensor | SplitSums,
+    k: Tensor | SplitSums,
+    v: Tensor | SplitSums,
     q_gain: Tensor | None,
     k_gain: Tensor | None,
     eps: float,
@@ -104,6 +108,8 @@ def rotate_and_store_triton(
     positions: Tensor,
 ) -> Tensor:
     require_triton("rotate_and_store")
+    dtype = q.dtype
+    (q, q_plane, q_splits), (k, k_plane, k_splits), (v, v_plane, v_splits) = map(_planes, (q, k, v))
     batch, tokens, q_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     if (
@@ -120,7 +126,7 @@ def rotate_and_store_triton(
             f"rotate_and_store: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, cache {list(kv.shape)}, "
             f"rotary_dim {rotary_dim} do not fit"
         )
-    out = torch.empty(batch, tokens, q_heads, head_dim, dtype=q.dtype, device=q.device)
+    out = torch.empty(batch, tokens, q_heads, head_dim, dtype=dtype, device=q.device)
     if out.numel() == 0:
         return out
     cos = cos.reshape(batch * tokens, rotary_dim).contiguous()
@@ -147,6 +153,12 @@ def rotate_and_store_triton(
         *k.stride()[:3],
         *v.stride()[:3],
         *kv.stride()[2:5],
+        q_plane,
+        k_plane,
+        v_plane,
+        Q_SPLITS=q_splits,
+        K_SPLITS=k_splits,
+        V_SPLITS=v_splits,
         NORM=q_gain is not None,
         ZERO_CENTRED=zero_centred,
         BLOCK_HALF=triton.next_power_of_2(max(half, 1)),
@@ -156,7 +168,20 @@ def rotate_and_store_triton(
     return out
 
 
+def _planes(x: Tensor | SplitSums) -> tuple[Tensor, int, int]:
+    """x as the kernel reads it: a tensor (its first plane for partials), the elements between planes, splits."""
+    return x.planes() if isinstance(x, SplitSums) else (x, 0, 0)
+
+
 if triton is not None:
+
+    @device_function
+    def _head_values(src, lo, in_half, rest, in_rest, half, plane, SPLITS: tl.constexpr, dtype: tl.constexpr):
+        """A head's rotated halves and its passed-through rest, float32 (partials added and rounded first)."""
+        x1 = summed_values(src, lo, in_half, plane, SPLITS, dtype).to(tl.float32)
+        x2 = summed_values(src, half + lo, in_half, plane, SPLITS, dtype).to(tl.float32)
+        x3 = summed_values(src, rest, in_rest, plane, SPLITS, dtype).to(tl.float32)
+        return x1, x2, x3
 
     @triton.jit(do_not_specialize_on_alignment=["q_ptr", "k_ptr", "v_ptr", "out_ptr", "kc_ptr", "vc_ptr"])
     def _rotate_and_store_kernel(
@@ -188,6 +213,12 @@ if triton is not None:
         scb,
         scs,
         sch,
+        q_plane,
+        k_plane,
+        v_plane,
+        Q_SPLITS: tl.constexpr,
+        K_SPLITS: tl.constexpr,
+        V_SPLITS: tl.constexpr,
         NORM: tl.constexpr,
         ZERO_CENTRED: tl.constexpr,
         BLOCK_HALF: tl.constexpr,
@@ -206,16 +237,15 @@ if triton is not None:
         in_rest = rest < head_dim
         is_query = head < q_heads
         kv_head = head - q_heads
-        if is_query:
-            src = q_ptr + b * sqb + t * sqt + head * sqh
+        dtype = out_ptr.dtype.element_ty
+        if is_query:  # q's and k's pointers may differ in type (a product, or partials): no shared variable
+            q_at = q_ptr + b * sqb + t * sqt + head * sqh
+            x1, x2, x3 = _head_values(q_at, lo, in_half, rest, in_rest, half, q_plane, Q_SPLITS, dtype)
             gain_ptr = qg_ptr
         else:
-            src = k_ptr + b * skb + t * skt + kv_head * skh
+            k_at = k_ptr + b * skb + t * skt + kv_head * skh
+            x1, x2, x3 = _head_values(k_at, lo, in_half, rest, in_rest, half, k_plane, K_SPLITS, dtype)
             gain_ptr = kg_ptr
-        dtype = out_ptr.dtype.element_ty
-        x1 = tl.load(src + lo, mask=in_half, other=0.0).to(tl.float32)
-        x2 = tl.load(src + half + lo, mask=in_half, other=0.0).to(tl.float32)
-        x3 = tl.load(src + rest, mask=in_rest, other=0.0).to(tl.float32)
         if NORM:
             w1 = tl.load(gain_ptr + lo, mask=in_half, other=0.0).to(tl.float32)
             w2 = tl.load(gain_ptr + half + lo, mask=in_half, other=0.0).to(tl.float32)
@@ -244,9 +274,9 @@ if triton is not None:
             dst = kc_ptr + b * scb + position * scs + kv_head * sch
             vsrc = v_ptr + b * svb + t * svt + kv_head * svh
             vdst = vc_ptr + b * scb + position * scs + kv_head * sch
-            tl.store(vdst + lo, tl.load(vsrc + lo, mask=in_half), mask=in_half)
-            tl.store(vdst + half + lo, tl.load(vsrc + half + lo, mask=in_half), mask=in_half)
-            tl.store(vdst + rest, tl.load(vsrc + rest, mask=in_rest), mask=in_rest)
+            tl.store(vdst + lo, summed_values(vsrc, lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
+            tl.store(vdst + half + lo, summed_values(vsrc, half + lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
+            tl.store(vdst + rest, summed_values(vsrc, rest, in_rest, v_plane, V_SPLITS, dtype), mask=in_rest)
         tl.store(dst + lo, y1, mask=in_half)
         tl.store(dst + half + lo, y2, mask=in_half)
         tl.store(dst + rest, y3, mask=in_rest)

@@ -198,6 +198,16 @@ if triton is not None:
         return total
 
     @device_function
+    def summed_values(base, offsets, mask, plane, SPLITS: tl.constexpr, dtype: tl.constexpr):
+        """A product's values at `offsets` from `base`: as stored (SPLITS 0), or its SPLITS float32 partials added
+        as split_sum adds them and rounded to dtype, the bits linear.SplitSums.summed gives."""
+        if SPLITS > 0:
+            values = rounded(split_sum(base, plane, SPLITS, offsets, mask), dtype)
+        else:
+            values = tl.load(base + offsets, mask=mask, other=0.0)
+        return values
+
+    @device_function
     def dot(a, b, F32: tl.constexpr):
         """a @ b with float32 accumulation; operands are exact bf16 values unless F32 (see dot_in_float32).
 

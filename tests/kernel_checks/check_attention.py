@@ -1,14 +1,14 @@
 """runtime/kernels/attention.py: the reference and the Triton kernel (interpreted) against float64 masked
 softmax attention, for causal verify rows, sliding windows, DFlash's bidirectional blocks and empty ranges,
 with GQA; with one split of the cache and with several (the merge kernel), in one launch and in chunks of
-query rows; both batch-invariant (a query alone, a sequence alone) and blind to what lies outside the ranges."""
+query rows; the gated attention's output gate; both batch-invariant (a query alone, a sequence alone) and blind to what lies outside the ranges."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specpair.runtime.kernels import attention
+from specpair.runtime.kernels import activation, attention, linear
 
 BATCH, TOKENS, Q_HEADS, KV_HEADS, CACHE = 3, 5, 4, 2, 300
 
@@ -84,6 +84,39 @@ def test_attention(kind: str, split: int, monkeypatch: pytest.MonkeyPatch) -> No
             assert torch.equal(alone[0, 0], got[b, t]), name
         sequence = fn(q[1:2].clone(), k[1:2].clone(), v[1:2].clone(), start[1:2].clone(), end[1:2].clone(), scale)
         assert torch.equal(sequence[0], got[1]), name
+
+
+@pytest.mark.parametrize("split", [1024, 128], ids=["one-split", "three-splits"])
+def test_gated_output(split: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3.5/3.6's output gate, applied as the output is stored (by the attention kernel with one split, by the
+    merge with several): o · sigmoid(gate) as the reference rounds it (within one bf16 ulp: the interpreter's exp is
+    numpy's), the gate read in place as each head's second half of q|gate or added from that projection's split-K
+    partials (the bits of its summed product), a query alone as in its batch; the CPU path gates alike."""
+    monkeypatch.setattr(attention, "SPLIT", split)
+    head_dim, scale = 32, 0.2
+    k, v = cache(head_dim, torch.bfloat16)
+    start, end = ranges("causal")
+    torch.manual_seed(split)
+    sums = linear.SplitSums(torch.randn(2, BATCH * TOKENS, Q_HEADS * 2 * head_dim) * 3, torch.bfloat16)
+    q, gate = sums.summed().view(BATCH, TOKENS, Q_HEADS, -1).split([head_dim, head_dim], dim=-1)
+    got = attention.attention_triton(q, k, v, start, end, scale, gate)
+    plain = attention.attention_triton(q, k, v, start, end, scale)
+    want = activation.sigmoid_mul_reference(plain, gate)
+    assert not got.isnan().any() and ((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs()).all()
+    assert not torch.equal(got, plain)
+    assert torch.equal(got, attention.attention_triton(q, k, v, start, end, scale, gate.contiguous()))
+    partial_gate = sums.view(BATCH, TOKENS, Q_HEADS, -1).split([head_dim, head_dim], dim=-1)[1]
+    assert torch.equal(got, attention.attention_triton(q, k, v, start, end, scale, partial_gate))
+    for b, t in ((0, 0), (BATCH - 1, TOKENS - 1)):
+        one = (slice(b, b + 1), slice(t, t + 1))
+        alone = attention.attention_triton(
+            q[one].clone(), k[one[0]], v[one[0]], start[one].clone(), end[one].clone(), scale, gate[one].clone()
+        )
+        assert torch.equal(alone[0, 0], got[b, t])
+    cpu = attention.attention(q, k, v, start, end, scale, gate)
+    assert torch.equal(
+        cpu, activation.sigmoid_mul_reference(attention.attention_reference(q, k, v, start, end, scale), gate)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-from specpair.runtime.kernels import qk
+from specpair.runtime.kernels import linear, qk
 
 EPS = 1e-6
 HQ, HKV, LAYERS, CONTEXT = 4, 2, 3, 12
@@ -82,3 +82,39 @@ def test_gains_both_or_neither() -> None:
     q, k, v, gains, zc, cos, sin, rotary, positions = case("qwen3", 1, 1)
     with pytest.raises(ValueError, match="do not fit"):
         run(qk.rotate_and_store_triton, q, k, v, (gains[0], None), zc, cos, sin, rotary, positions)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_rotate_and_store_adds_a_split_products_partials(family: str) -> None:
+    """q|k|v as the split-K partials of one fused projection (linear.SplitSums), which the kernel adds first: the
+    same bits, query and cache, as from the product summed by the matmul's own sum."""
+    q, k, v, gains, zc, cos, sin, rotary, positions = case(family, 2, 3)
+    batch, tokens, d = q.shape[0], q.shape[1], k.shape[-1]
+    q_rows = HQ * d * (2 if family == "qwen3_5" else 1)
+    torch.manual_seed(7)
+    sums = linear.SplitSums(torch.randn(3, batch * tokens, q_rows + 2 * HKV * d), torch.bfloat16)
+    summed = sums.summed().view(batch, tokens, -1)
+
+    def heads(fused):  # as blocks.Attention cuts its projection: a Tensor or a SplitSums, the same calls
+        q, k, v = fused.split([q_rows, HKV * d, HKV * d], dim=-1)
+        q = q.view(batch, tokens, HQ, -1)
+        if family == "qwen3_5":
+            q = q.split([d, d], dim=-1)[0]
+        return q, k.view(batch, tokens, HKV, d), v.view(batch, tokens, HKV, d)
+
+    want, want_kv = run(qk.rotate_and_store_triton, *heads(summed), gains, zc, cos, sin, rotary, positions)
+    got, got_kv = run(qk.rotate_and_store_triton, *heads(sums), gains, zc, cos, sin, rotary, positions)
+    assert torch.equal(got, want) and torch.equal(got_kv, want_kv)
+    mixed, mixed_kv = run(  # one partial among tensors: each operand read its own way
+        qk.rotate_and_store_triton,
+        heads(summed)[0],
+        heads(sums)[1],
+        heads(summed)[2],
+        gains,
+        zc,
+        cos,
+        sin,
+        rotary,
+        positions,
+    )
+    assert torch.equal(mixed, want) and torch.equal(mixed_kv, want_kv)
