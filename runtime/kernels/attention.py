@@ -168,7 +168,8 @@ def attention_triton(
 ) -> Tensor:
     require_triton("attention")
     batch, tokens, q_heads, head_dim = q.shape
-    # the gate read in place (a strided half of each head of q|gate), or its first plane of partials
+    # the gate read in place (a strided half of each head of q|gate), or its first plane of partials; ungated, a
+    # tensor the kernels never read
     gates, gate_plane, gate_splits = gate.planes() if isinstance(gate, SplitSums) else (gate, 0, 0)
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
@@ -179,12 +180,14 @@ def attention_triton(
         or k_cache.shape[3] != head_dim
         or (gate is not None and (gate.shape != q.shape or gates.stride(-1) != 1))
     ):
+        gated = "" if gate is None else f" and gate {list(gate.shape)}"
         raise ValueError(
-            f"attention: q {list(q.shape)} does not fit caches {list(k_cache.shape)}, {list(v_cache.shape)}"
+            f"attention: q {list(q.shape)}{gated} do not fit caches {list(k_cache.shape)}, {list(v_cache.shape)}"
         )
     out = torch.empty(batch, tokens, q_heads, head_dim, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
+    gates = out if gates is None else gates
     starts = kv_start.to(torch.int32).contiguous()
     ends = kv_end.to(torch.int32).contiguous()
     splits = triton.cdiv(cache_len, SPLIT)
@@ -224,8 +227,8 @@ def attention_triton(
             *k_cache.stride(),
             *v_cache.stride(),
             *out.stride(),
-            out if gates is None else gates,
-            *(out if gates is None else gates).stride()[:3],
+            gates,
+            *gates.stride()[:3],
             gate_plane,
             SPLITS=splits,
             SPLIT_LEN=SPLIT,
@@ -254,8 +257,8 @@ def attention_triton(
                 group,
                 head_dim,
                 *out.stride(),
-                out if gates is None else gates,
-                *(out if gates is None else gates).stride()[:3],
+                gates,
+                *gates.stride()[:3],
                 gate_plane,
                 SPLITS=splits,
                 SPLIT_LEN=SPLIT,
