@@ -120,6 +120,28 @@ def test_projections_keep_the_partials_where_no_bias_is_added(monkeypatch):
     assert asked == [(15, True), (15, False), (15, False)]
 
 
+def test_a_fused_projections_partials_are_cut_and_regrouped_as_its_product(monkeypatch):
+    """A fused q|k|v weight's split partials (linear.SplitSums) come out of Projections cut into its projections,
+    and regroup into heads and halves of heads as blocks.Attention regroups the product: every plane a view of the
+    partials (no copy) holding, summed, the values the summed product holds there."""
+    partial = torch.randn(3, 2 * 5, 8 + 4 + 4)
+    monkeypatch.setattr(linear, "matmul", lambda x, w, unsummed=False: linear.SplitSums(partial, torch.float32))
+    weights = [torch.randn(rows, 7) for rows in (8, 4, 4)]
+    q, k, v = Projections.of(weights, fuse=True)(torch.randn(10, 7), unsummed=True)
+    product = partial.sum(0).view(2, 5, -1)  # the product's values, as its sum kernel would give them unrounded
+    want_q, want_k, want_v = product.split([8, 4, 4], dim=-1)
+    query, gate = q.view(2, 5, 2, -1).split([2, 2], dim=-1)
+    pairs = [(query, want_q.view(2, 5, 2, -1)[..., :2]), (gate, want_q.view(2, 5, 2, -1)[..., 2:])]
+    pairs += [(k.view(2, 5, 1, 4), want_k.view(2, 5, 1, 4)), (v.view(2, 5, 1, 4), want_v.view(2, 5, 1, 4))]
+    for got, want in pairs:
+        first, plane, splits = got.planes()
+        assert got.shape == want.shape and first.shape == want.shape and (plane, splits) == (partial.stride(0), 3)
+        assert got.partial.untyped_storage().data_ptr() == partial.untyped_storage().data_ptr()
+        assert torch.allclose(got.partial.sum(0), want, atol=1e-6)
+    with pytest.raises(ValueError, match="last dimension"):
+        k.split([2, 2], dim=0)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("shared_width", [32, 48])
 def test_the_shared_expert_rides_in_the_expert_stacks_where_it_fits(tmp_path, monkeypatch, shared_width, fused):
