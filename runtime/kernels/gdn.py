@@ -422,100 +422,25 @@ if triton is not None:
         run = tokens
         if LENGTHS:
             run = tl.minimum(tl.maximum(tl.load(lengths_ptr + b).to(tl.int32), 0), tokens)
-        # A token's inputs do not depend on the state: the next token's loads are issued before this token's
-        # update and land while it runs, so the sequential chain over a verify block's tokens waits on arithmetic,
-        # not on memory. Every token's arithmetic is the same as loading them in its own step.
-        first = b.to(tl.int64) * tokens
-        last = first + tl.maximum(run, 1) - 1  # the run's last token (the first where the run is empty)
-        q, k, v, g, beta = _token_inputs(
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            g_ptr,
-            beta_ptr,
-            first,
-            key_heads,
-            key_head,
-            value_heads,
-            head,
-            kk,
-            k_in,
-            vv,
-            v_in,
-            key_dim,
-            value_dim,
-            last,
-        )
-        q, k, decay = _unit(q, eps) / sqrt_dk, _unit(k, eps), tl.exp(g)
         for t in range(run):
-            row = first + t
-            q_next, k_next, v_next, g_next, beta_next = _token_inputs(
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                row + 1,
-                key_heads,
-                key_head,
-                value_heads,
-                head,
-                kk,
-                k_in,
-                vv,
-                v_in,
-                key_dim,
-                value_dim,
-                last,
-            )
+            row = b.to(tl.int64) * tokens + t
+            qk_offsets = (row * key_heads + key_head) * key_dim + kk
+            q = tl.load(q_ptr + qk_offsets, mask=k_in, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + qk_offsets, mask=k_in, other=0.0).to(tl.float32)
+            q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + eps) / sqrt_dk
+            k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + eps)
+            head_row = row * value_heads + head
+            v = tl.load(v_ptr + head_row * value_dim + vv, mask=v_in, other=0.0).to(tl.float32)
+            decay = tl.exp(tl.load(g_ptr + head_row).to(tl.float32))
+            beta = tl.load(beta_ptr + head_row).to(tl.float32)
             s = s * decay
             delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
             s = s + k[:, None] * delta[None, :]
             o = tl.sum(s * q[:, None], axis=0)
-            head_row = row * value_heads + head
             tl.store(out_ptr + head_row * value_dim + vv, rounded(o, out_ptr.dtype.element_ty), mask=v_in)
             if STEPS:
                 tl.store(steps_ptr + head_row * key_dim * value_dim + tile_offsets, s, mask=tile)
-            q, k, decay = _unit(q_next, eps) / sqrt_dk, _unit(k_next, eps), tl.exp(g_next)
-            v, beta = v_next, beta_next
         tl.store(state_base + tile_offsets, s, mask=tile)
-
-    @device_function
-    def _token_inputs(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        g_ptr,
-        beta_ptr,
-        row,
-        key_heads,
-        key_head,
-        value_heads,
-        head,
-        kk,
-        k_in,
-        vv,
-        v_in,
-        key_dim,
-        value_dim,
-        last,
-    ):
-        """Token `row`'s q and k (its key head's), v (the program's columns), g and beta, float32; past the
-        sequence's `last` row, the last row's again (unmasked loads in range, whose values go unused)."""
-        row = tl.minimum(row, last)
-        qk_offsets = (row * key_heads + key_head) * key_dim + kk
-        q = tl.load(q_ptr + qk_offsets, mask=k_in, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + qk_offsets, mask=k_in, other=0.0).to(tl.float32)
-        head_row = row * value_heads + head
-        v = tl.load(v_ptr + head_row * value_dim + vv, mask=v_in, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + head_row).to(tl.float32)
-        beta = tl.load(beta_ptr + head_row).to(tl.float32)
-        return q, k, v, g, beta
-
-    @device_function
-    def _unit(x, eps):
-        """x scaled to unit length (the l2 norm's eps inside the root)."""
-        return x * tl.math.rsqrt(tl.sum(x * x, axis=0) + eps)
 
     @device_function
     def _conv_program(
