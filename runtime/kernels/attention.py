@@ -34,7 +34,7 @@ from torch.nn import functional
 
 from specpair.runtime.kernels.activation import sigmoid_gated, sigmoid_mul_reference
 from specpair.runtime.kernels.cpu_rows import tile_rows
-from specpair.runtime.kernels.linear import SplitSums
+from specpair.runtime.kernels.linear import SplitSums, planes_of
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     device_function,
@@ -170,7 +170,7 @@ def attention_triton(
     batch, tokens, q_heads, head_dim = q.shape
     # the gate read in place (a strided half of each head of q|gate), or its first plane of partials; ungated, a
     # tensor the kernels never read
-    gates, gate_plane, gate_splits = gate.planes() if isinstance(gate, SplitSums) else (gate, 0, 0)
+    gates, gate_plane, gate_splits = planes_of(gate)
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     if (

@@ -577,6 +577,12 @@ class SplitSums:
         return self.partial[0], self.partial.stride(0), self.partial.shape[0]
 
 
+def planes_of(x: Tensor | SplitSums) -> tuple[Tensor, int, int]:
+    """What a kernel that reads a product or its partials is given: the product itself (no planes, 0 splits), or
+    SplitSums.planes()."""
+    return x.planes() if isinstance(x, SplitSums) else (x, 0, 0)
+
+
 def sum_splits_triton(partial: Tensor, y: Tensor) -> None:
     """y [rows, N] = float32 partials [splits, rows, N] added in split order, rounded once to y's dtype."""
     splits, rows, n = partial.shape

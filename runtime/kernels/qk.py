@@ -7,10 +7,10 @@ index_put) a layer would otherwise launch for them.
 
 q [B, T, Hq, D], k and v [B, T, Hkv, D] (views of a fused projection's output: heads and tokens through
 strides, dims contiguous; on the GPU each may be that product's split-K partials, linear.SplitSums, which the
-kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin [B, T, 1, rotary_dim] float32 (rope.py's tables: each
-half repeats the other); kv the cache's buffer [2, layers, batch, context, Hkv, D], slot the layer's index in
-it; positions [B, T]. Returns the rotated q, contiguous. The norm rounds as norm.py's `rms_norm` does; the
-rotation is `x·cos + rotate_half(x)·sin` in float32 on the (normed, rounded) values, rounded once. Each
+kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin
+[B, T, 1, rotary_dim] float32 (rope.py's tables: each half repeats the other); kv the cache's buffer
+[2, layers, batch, context, Hkv, D], slot the layer's index in it; positions [B, T]. Returns the rotated q,
+contiguous. The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32 on the (normed, rounded) values, rounded once. Each
 (token, head) is its own program and its own reference step: batch-invariant by construction.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.linear import SplitSums
+from specpair.runtime.kernels.linear import SplitSums, planes_of
 from specpair.runtime.kernels.norm import rms_norm_reference
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
@@ -109,7 +109,7 @@ def rotate_and_store_triton(
 ) -> Tensor:
     require_triton("rotate_and_store")
     dtype = q.dtype
-    (q, q_plane, q_splits), (k, k_plane, k_splits), (v, v_plane, v_splits) = map(_planes, (q, k, v))
+    (q, q_plane, q_splits), (k, k_plane, k_splits), (v, v_plane, v_splits) = map(planes_of, (q, k, v))
     batch, tokens, q_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     if (
@@ -166,11 +166,6 @@ def rotate_and_store_triton(
         **launch_options(),
     )
     return out
-
-
-def _planes(x: Tensor | SplitSums) -> tuple[Tensor, int, int]:
-    """x as the kernel reads it: a tensor (its first plane for partials), the elements between planes, splits."""
-    return x.planes() if isinstance(x, SplitSums) else (x, 0, 0)
 
 
 if triton is not None:
