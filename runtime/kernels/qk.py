@@ -10,8 +10,9 @@ strides, dims contiguous; on the GPU each may be that product's split-K partials
 kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin
 [B, T, 1, rotary_dim] float32 (rope.py's tables: each half repeats the other); kv the cache's buffer
 [2, layers, batch, context, Hkv, D], slot the layer's index in it; positions [B, T]. Returns the rotated q,
-contiguous. The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32 on the (normed, rounded) values, rounded once. Each
-(token, head) is its own program and its own reference step: batch-invariant by construction.
+contiguous. The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32
+on the (normed, rounded) values, rounded once. Each (token, head) is its own program and its own reference step:
+batch-invariant by construction.
 """
 
 from __future__ import annotations
