@@ -340,10 +340,42 @@ def test_training_goes_on_from_a_written_drafter_of_the_same_recipe(tiny, tmp_pa
     where = tool.write_drafter(first, TINY, target, tmp_path / "first")
     short = replace(TINY, steps=10)
     _, fresh = tool.train(*fixed, short, 1, lambda _: None, 10)
-    _, resumed = tool.train(*fixed, short, 1, lambda _: None, 10, init=where)
+    _, resumed = tool.train(*fixed, short, 1, lambda _: None, 10, init=tool.initial_weights(where, short))
     assert resumed[0]["loss"] < fresh[0]["loss"] / 2 and resumed[0]["validation_accepted"] > 1.0
     with pytest.raises(SystemExit, match="config.json: not this recipe's drafter: target_layer_ids"):
-        tool.train(*fixed, replace(short, taps=(1, 2)), 1, lambda _: None, 10, init=where)
+        tool.initial_weights(where, replace(short, taps=(1, 2)))
+
+
+def test_a_drafter_started_from_the_targets_layers_computes_them(tiny):
+    """--target-layers: the drafter's layer starts as the target's layer 1 and its context as the stream that layer
+    reads (the tap after layer 0): the context's keys and values are the target layer's own projections of its
+    normed input, and with the target's FFN width the FFN is the target's; a narrower FFN keeps the target's
+    largest neurons in their order; a layer that does not follow a tap is refused."""
+    _, target, asked, data = tiny
+    rows = torch.arange(len(asked))
+    layer = target.layers[1]
+    gate_up = torch.cat([w for w, _ in layer.mlp.gate_up.groups])
+    r = replace(TINY, intermediate=gate_up.shape[0] // 2, rms_norm_eps=target.config.rms_norm_eps)
+    drafter = tool.DFlashModel(target.config.hidden_size, r)
+    drafter.load_state_dict(tool.target_layer_weights(target, data, rows, r, (1,)))  # strict: every weight given
+    with torch.no_grad():
+        context = drafter.hidden_norm(drafter.fc(data.select(rows, r.taps).taps))
+        normed = layer.input_norm(data.select(rows, (0,)).taps)
+        q, k, v = layer.mixer.qkv(normed)
+        attention = drafter.layers[0].self_attn
+        torch.testing.assert_close(attention.k_proj(context), k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attention.v_proj(context), v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attention.q_proj(normed), q)
+        torch.testing.assert_close(drafter.layers[0].mlp(normed), layer.mlp(normed), rtol=1e-5, atol=1e-5)
+    narrow = replace(r, intermediate=r.intermediate // 4)
+    kept = tool.target_layer_weights(target, data, rows, narrow, (1,))["layers.0.mlp.gate_proj.weight"]
+    gates = gate_up[: r.intermediate]
+    where = [int((gates == row).all(1).nonzero()) for row in kept]
+    assert len(kept) == narrow.intermediate and where == sorted(where)
+    importance = gates.norm(dim=1) * gate_up[r.intermediate :].norm(dim=1) * layer.mlp.down_proj.norm(dim=0)
+    assert set(where) == set(importance.topk(narrow.intermediate).indices.tolist())
+    with pytest.raises(SystemExit, match=r"--target-layers \[2\]: needs 1 layers, the first after a tap"):
+        tool.target_layer_weights(target, data, rows, r, (2,))
 
 
 def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny):

@@ -35,6 +35,11 @@ each drawn --human-weight times as often as another prompt.
 --init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
 weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
 
+--target-layers K,... starts the drafter from the target's own decoder layers K (one a draft layer, the first right
+after a tap: fc passes that tap through as the context, the stream the layer was trained to read; the FFN keeps its
+largest neurons where the recipe's is narrower) instead of from random weights: what the target learnt in
+pretraining, for a drafter that sees few million tokens. --lr sets the peak learning rate.
+
 --sweep trains each candidate of SWEEP (one choice changed at a time from the first) for SWEEP_STEPS and picks
 the best value of each choice by validation tau, then trains the chosen drafter for STEPS. Seeded: prompts,
 initialisation and anchors come from --seed; on CUDA, deterministic algorithms are asked for (warn only).
@@ -836,7 +841,7 @@ def train(
     span: int = 64,
     reported: Tensor | None = None,
     budget_s: float | None = None,
-    init: Path | None = None,
+    init: dict[str, Tensor] | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
     curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
@@ -845,8 +850,8 @@ def train(
     to choose), that tau too. With `budget_s`, the schedule's length is fixed after CALIBRATION_STEPS to the steps
     that fit in it at their pace (at most r.steps; the curve's last step says how many: --steps N repeats it). Matrices start as
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
-    target's logit scale); with `init`, a drafter directory of the same recipe (write_drafter's), its weights
-    instead. `keep(model)`, if given, is called at every point of the curve (a run cut short leaves its latest
+    target's logit scale); with `init` (a written drafter's `initial_weights`, or `target_layer_weights`), those
+    weights instead. `keep(model)`, if given, is called at every point of the curve (a run cut short leaves its latest
     drafter)."""
     device = data.taps.device
     torch.manual_seed(seed)
@@ -857,7 +862,7 @@ def train(
     with torch.no_grad():
         model.norm.weight.copy_(final_norm.float())
         if init is not None:
-            model.load_state_dict({n: t.float() for n, t in initial_weights(init, r).items()})
+            model.load_state_dict({n: t.float() for n, t in init.items()})
     deterministic = device.type == "cuda"  # only here: the runtime's own steps are left as they are
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -938,6 +943,77 @@ def evaluate_blocks(
 
 
 # ------------------------------------------------------------------------------------------------ the layout
+
+
+def target_layer_weights(
+    target: Transformer, data: Data, rows: Tensor, r: Recipe, layers: tuple[int, ...]
+) -> dict[str, Tensor]:
+    """A drafter's starting weights taken from the target's own decoder layers `layers` (one a drafter layer, z-lab's
+    names), so that it starts from what the target learnt in pretraining rather than from noise: attention and
+    norms as they are; the FFN's `r.intermediate` neurons of the largest |gate row| · |up row| · |down column|,
+    in their order; fc passes the tap after layer `layers[0]` - 1 through (the residual stream that layer reads,
+    which its k/v projections were trained on; the other taps' columns start at zero) and hidden_norm is that
+    layer's input norm. The target has no q/k norm: each starts at the mean RMS of a head's query (key) over the
+    first of `rows`' tokens, so a head's scores start at the target's scale (the second layer's from the same
+    tap, a layer before its own input)."""
+    tap = layers[0] - 1
+    if tap not in r.taps or len(layers) != r.layers:
+        raise SystemExit(
+            f"--target-layers {list(layers)}: needs {r.layers} layers, the first after a tap of {list(r.taps)}"
+        )
+    hidden = target.config.hidden_size
+    weights: dict[str, Tensor] = {
+        "fc.weight": torch.cat([torch.eye(hidden) if k == tap else torch.zeros(hidden, hidden) for k in r.taps], dim=1),
+        "norm.weight": target.norm.weight.float().cpu(),
+    }
+    sample = data.select(rows[:64], (tap,))
+    inside = torch.arange(sample.taps.shape[1], device=sample.taps.device) < sample.lengths[:, None]
+    stream = sample.taps[inside].float()  # [tokens, H]: the residual stream after layer `tap`
+    stream = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + r.rms_norm_eps)
+    for i, k in enumerate(layers):
+        layer = target.layers[k]
+        attention, mlp = layer.mixer, layer.mlp
+        q, kk, v = (
+            w.float().cpu()
+            for w in _dense(attention.qkv.groups).split([r.heads * r.head_dim, *[r.kv_heads * r.head_dim] * 2])
+        )
+        gate, up = _dense(mlp.gate_up.groups).float().cpu().chunk(2)
+        down = _dense([(mlp.down_proj, [])]).float().cpu()
+        if gate.shape[0] < r.intermediate:
+            raise SystemExit(
+                f"--target-layers: the target's FFN has {gate.shape[0]} neurons, the recipe {r.intermediate}"
+            )
+        importance = gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)
+        kept = importance.topk(r.intermediate).indices.sort().values
+        x = (stream * layer.input_norm.weight.float()).cpu()
+        scales = {
+            name: float((x @ w.T).view(len(x), -1, r.head_dim).pow(2).mean(-1).sqrt().mean())
+            for name, w in (("q", q), ("k", kk))
+        }
+        p = f"layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": layer.input_norm.weight.float().cpu(),
+            p + "post_attention_layernorm.weight": layer.post_norm.weight.float().cpu(),
+            p + "self_attn.q_proj.weight": q,
+            p + "self_attn.k_proj.weight": kk,
+            p + "self_attn.v_proj.weight": v,
+            p + "self_attn.o_proj.weight": _dense([(attention.o_proj, [])]).float().cpu(),
+            p + "self_attn.q_norm.weight": torch.full((r.head_dim,), scales["q"]),
+            p + "self_attn.k_norm.weight": torch.full((r.head_dim,), scales["k"]),
+            p + "mlp.gate_proj.weight": gate[kept],
+            p + "mlp.up_proj.weight": up[kept],
+            p + "mlp.down_proj.weight": down[:, kept],
+        }
+        if i == 0:
+            weights["hidden_norm.weight"] = layer.input_norm.weight.float().cpu()
+    return weights
+
+
+def _dense(groups: list[tuple[object, list[int]]]) -> Tensor:
+    """The rows of a projection's weights (fused or not) as one dense matrix; a target kept packed is refused."""
+    if not all(isinstance(w, Tensor) for w, _ in groups):
+        raise SystemExit("--target-layers: the target's weights are kept packed; load it dequantized")
+    return torch.cat([w for w, _ in groups])
 
 
 def initial_weights(directory: Path, r: Recipe) -> dict[str, Tensor]:
@@ -1114,8 +1190,14 @@ def main() -> None:
     parser.add_argument(
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
+    parser.add_argument("--lr", type=float, default=BASE.lr, help="the peak learning rate (AdamW, cosine)")
     parser.add_argument(
         "--init", default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
+    )
+    parser.add_argument(
+        "--target-layers",
+        default=None,
+        help="start the drafter from these target layers (comma-separated, one a draft layer; the first after a tap)",
     )
     args = parser.parse_args()
 
@@ -1146,7 +1228,7 @@ def main() -> None:
     target = loading.load(loading.plan_load(target_model, args.device))
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft)
+    base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft, lr=args.lr)
     templated, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
     written = []
     if args.questions:
@@ -1236,6 +1318,11 @@ def main() -> None:
         log(f"chosen: {chosen.describe()}")
     final = sized(chosen, args.steps)
     record["recipe"] = asdict(final)
+    initial = None
+    if args.init:
+        initial = initial_weights(Path(args.init), final)
+    elif args.target_layers:
+        initial = target_layer_weights(target, data, rows, final, tuple(int(k) for k in args.target_layers.split(",")))
     log(f"training {final.describe()} for {final.steps} steps")
     drafter_dir = out_dir / "drafter"
     model, record["curve"] = train(
@@ -1252,7 +1339,7 @@ def main() -> None:
         span=args.eval_tokens,
         reported=reported,
         budget_s=args.train_budget_s,
-        init=Path(args.init) if args.init else None,
+        init=initial,
     )
     record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")
