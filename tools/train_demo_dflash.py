@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from specpair.formats.packed import Packed
 from specpair.runtime import loading
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
@@ -1009,7 +1010,7 @@ def target_layer_weights(
     return weights
 
 
-def _dense(groups: list[tuple[object, list[int]]]) -> Tensor:
+def _dense(groups: list[tuple[Tensor | Packed, list[int]]]) -> Tensor:
     """The rows of a projection's weights (fused or not) as one dense matrix; a target kept packed is refused."""
     if not all(isinstance(w, Tensor) for w, _ in groups):
         raise SystemExit("--target-layers: the target's weights are kept packed; load it dequantized")
@@ -1191,10 +1192,11 @@ def main() -> None:
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
     parser.add_argument("--lr", type=float, default=BASE.lr, help="the peak learning rate (AdamW, cosine)")
-    parser.add_argument(
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
         "--init", default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
     )
-    parser.add_argument(
+    start.add_argument(
         "--target-layers",
         default=None,
         help="start the drafter from these target layers (comma-separated, one a draft layer; the first after a tap)",
