@@ -182,13 +182,15 @@ def test_gated_reads_a_tokens_gate_in_place(splits: int) -> None:
 
 @pytest.mark.parametrize("zero_centred", [False, True])
 @pytest.mark.parametrize("shared", ["none", "column", "partials"])
-def test_add_a_moes_terms_then_norm(shared: str, zero_centred: bool) -> None:
+@pytest.mark.parametrize("tokens,top_k,width", [(5, 3, 96), (3, 8, 2048)], ids=["small", "35b"])
+def test_add_a_moes_terms_then_norm(shared: str, zero_centred: bool, tokens: int, top_k: int, width: int) -> None:
     """delta as a MoE layer's terms (experts.ExpertTerms: the routed experts' outputs and weights, the shared
     expert's output as down's last column, its logit plain or its product's partials): the kernel that adds them
     gives the bits of combine_experts then the add; a row alone as among others; terms of other rows are refused.
-    On the CPU, add_rms_norm adds them with combine_experts' reference."""
-    torch.manual_seed(len(shared))
-    tokens, top_k, width = 5, 3, 96
+    On the CPU, add_rms_norm adds them with combine_experts' reference. At the 35B-A3B's width and top-k too (a
+    model with taps adds its terms through combine_experts, one without in the norm: drafted == undrafted needs
+    the same bits at the shapes it runs)."""
+    torch.manual_seed(len(shared) + width)
     h, w, _ = inputs((tokens, width), torch.bfloat16)
     weights = experts.route_reference(torch.randn(tokens, 16), top_k, True)[0]
     down = torch.randn(tokens, top_k + (shared != "none"), width).bfloat16()
@@ -211,4 +213,4 @@ def test_add_a_moes_terms_then_norm(shared: str, zero_centred: bool) -> None:
         want_reference = norm.add_rms_norm_reference(h, combined, w, EPS, zero_centred)
         assert torch.equal(reference[0], want_reference[0]) and torch.equal(reference[1], want_reference[1])
     with pytest.raises(ValueError, match="expert terms"):
-        norm.add_rms_norm_triton(h[:4], terms, w, EPS, zero_centred)
+        norm.add_rms_norm_triton(h[: tokens - 1], terms, w, EPS, zero_centred)
