@@ -409,19 +409,14 @@ class DecoderLayer:
 
     def __call__(
         self, h: Tensor, step: Step, previous_delta: Tensor | ExpertTerms | None = None
-    ) -> tuple[Tensor, Tensor | ExpertTerms]:
-        """(h, delta): the residual stream after the mixer's add, and the MLP's output, which the next norm adds
-        (fused with it: Norm.add); h + layer_delta(delta) is the layer's output. `previous_delta`: the previous
-        layer's delta."""
-        h, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
-        h, x = self.post_norm.add(h, step.reduce(self.mixer(x, step)))
-        return h, step.reduce(self.mlp(x))
-
-
-def layer_delta(delta: Tensor | ExpertTerms, like: Tensor) -> Tensor:
-    """A layer's delta as a tensor of `like`'s shape, for a reader other than the next norm (a MoE's terms added;
-    its delta comes a row per token)."""
-    return (delta.combined() if isinstance(delta, ExpertTerms) else delta).reshape(like.shape)
+    ) -> tuple[Tensor, Tensor, Tensor | ExpertTerms]:
+        """(stream, h, delta): the residual stream this layer reads (the previous layer's output: h plus
+        `previous_delta`, added by this layer's input norm), the stream after the mixer's add, and the MLP's
+        output, which the next norm adds (fused with it: Norm.add). A reader of a layer's output (a drafter's taps)
+        takes the next layer's `stream`: the one addition every step makes, with or without taps."""
+        stream, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
+        h, x = self.post_norm.add(stream, step.reduce(self.mixer(x, step)))
+        return stream, h, step.reduce(self.mlp(x))
 
 
 def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attention | GatedDeltaNet:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
-from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, layer_delta, project
+from specpair.runtime.blocks import DecoderLayer, Fetch, Norm, Step, Weight, project
 from specpair.runtime.cache import Cache, Pending
 from specpair.runtime.parallel import SINGLE, Parallel
 from specpair.runtime.rope import Rope
@@ -121,11 +121,12 @@ class Transformer:
         step = Step.of(positions, cos, sin, cache, pending, self.parallel.reduce)
         h, delta = self.embed(tokens), None
         for i, layer in enumerate(self.layers):
-            h, delta = layer(h, step, delta)
-            if i in wanted:  # the next norm then adds the tensor, not the terms again
-                delta = layer_delta(delta, h)
-                wanted[i] = h + delta
+            stream, h, delta = layer(h, step, delta)
+            if i - 1 in wanted:  # layer i - 1's output, as this layer's input norm added it: taps change no bit
+                wanted[i - 1] = stream
         h, normed = self.norm.add(h, delta)
+        if len(self.layers) - 1 in wanted:
+            wanted[len(self.layers) - 1] = h
         return StepOutput(
             self.head(normed) if logits else None,
             torch.cat([wanted[k] for k in taps], dim=-1) if taps else None,

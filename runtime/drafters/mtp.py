@@ -89,7 +89,7 @@ class MTP(ChainDrafter):
         z = torch.cat((self.norm_embedding(self.target.embed(tokens)), self.norm_hidden(hidden)), dim=-1)
         z = project(z, self.fc)
         cos, sin = self.target.rope.tables(positions)
-        z, delta = self.layer(z, Step.of(positions, cos, sin, self.cache, None))
+        _, z, delta = self.layer(z, Step.of(positions, cos, sin, self.cache, None))
         _, g = self.norm.add(z, delta)
         return g, self.target.head(g)
 
