@@ -976,10 +976,12 @@ def target_layer_weights(
         attention, mlp = layer.mixer, layer.mlp
         q, kk, v = (
             w.float().cpu()
-            for w in _dense(attention.qkv.groups).split([r.heads * r.head_dim, *[r.kv_heads * r.head_dim] * 2])
+            for w in _dense([w for w, _ in attention.qkv.groups]).split(
+                [r.heads * r.head_dim, *[r.kv_heads * r.head_dim] * 2]
+            )
         )
-        gate, up = _dense(mlp.gate_up.groups).float().cpu().chunk(2)
-        down = _dense([(mlp.down_proj, [])]).float().cpu()
+        gate, up = _dense([w for w, _ in mlp.gate_up.groups]).float().cpu().chunk(2)
+        down = _dense([mlp.down_proj]).float().cpu()
         if gate.shape[0] < r.intermediate:
             raise SystemExit(
                 f"--target-layers: the target's FFN has {gate.shape[0]} neurons, the recipe {r.intermediate}"
@@ -998,7 +1000,7 @@ def target_layer_weights(
             p + "self_attn.q_proj.weight": q,
             p + "self_attn.k_proj.weight": kk,
             p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": _dense([(attention.o_proj, [])]).float().cpu(),
+            p + "self_attn.o_proj.weight": _dense([attention.o_proj]).float().cpu(),
             p + "self_attn.q_norm.weight": torch.full((r.head_dim,), scales["q"]),
             p + "self_attn.k_norm.weight": torch.full((r.head_dim,), scales["k"]),
             p + "mlp.gate_proj.weight": gate[kept],
@@ -1010,11 +1012,11 @@ def target_layer_weights(
     return weights
 
 
-def _dense(groups: list[tuple[Tensor | Packed, list[int]]]) -> Tensor:
-    """The rows of a projection's weights (fused or not) as one dense matrix; a target kept packed is refused."""
-    if not all(isinstance(w, Tensor) for w, _ in groups):
+def _dense(weights: list[Tensor | Packed]) -> Tensor:
+    """A projection's weights (fused or not) as one dense matrix of their rows; a target kept packed is refused."""
+    if not all(isinstance(w, Tensor) for w in weights):
         raise SystemExit("--target-layers: the target's weights are kept packed; load it dequantized")
-    return torch.cat([w for w, _ in groups])
+    return torch.cat(weights)
 
 
 def initial_weights(directory: Path, r: Recipe) -> dict[str, Tensor]:
