@@ -19,8 +19,10 @@ stream), or change a shape between calls. Positions and the ranges attention rea
 are device tensors; the MoE dispatch builds its tile tables on the device for any T·k (kernels/linear.py); the
 CPU reference kernels read routing and ranges on the host, which costs nothing there and is never captured.
 A verify step's commit is a graph of its own (the Pending a ForwardGraph returns rolls back through it: the
-rollback's shapes do not depend on the accepted counts). Left outside the graphs, eager: prefill (its chunk widths vary), sampling and the acceptance
-rule (a few small ops), DFlash2's candidate walk, and a hybrid draft model's rollback of its own state.
+rollback's shapes do not depend on the accepted counts). A block or chain drafter's proposal is one graph, its draws
+and DFlash2's candidate walk included (keyed draws depend on positions, device tensors, not on a host RNG). Left
+outside the graphs, eager: prefill (its chunk widths vary), the target's sampling and the acceptance rule (a few
+small ops), a draft model's draws between its steps, and a hybrid draft model's rollback of its own state.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ why), so no drafter needs to roll its own cache back; a draft model, a target it
 Drafts never change the output (the target verifies them), only how many tokens a round commits: a wrong
 proposal costs speed, never exactness.
 
-With `graphs`, a drafter runs the steps whose shapes recur (a proposal's steps, and the observation of a round's
-block, which is one row wider than the proposal's drafts) through runtime/graphs.py's StepGraphs: CUDA graphs
+With `graphs`, a drafter runs the steps whose shapes recur (a proposal, whole for block and chain drafters or a
+step at a time for a draft model, and the observation of a round's block, which is one row wider than the
+proposal's drafts) through runtime/graphs.py's StepGraphs: CUDA graphs
 captured at the second call of each shape, on CUDA; the same steps eagerly through static buffers on the CPU.
 """
 

@@ -38,7 +38,7 @@ class ChainDrafter(ABC):
         self.cache: Cache | None = None
         self.last_feature: Tensor | None = None  # [batch, H] the output of each sequence's last committed row
         self.last_logits: Tensor | None = None  # [batch, draft vocab]
-        self.steps: StepGraphs | None = None  # `step` for a proposal's rows
+        self.drafting: StepGraphs | None = None  # `_drafted`: a proposal's chain
         self.observing: StepGraphs | None = None  # `observed` for a round's block
         self.round = 0  # rows of a round's block: drafts + 1
 
@@ -63,7 +63,8 @@ class ChainDrafter(ABC):
         self.cache = Cache(self.cache_config, batch, context, t.dtype, t.device)
         self.last_feature = torch.zeros(batch, self.config.hidden_size, dtype=t.dtype, device=t.device)
         self.last_logits = torch.zeros(batch, self.draft_vocab, dtype=t.dtype, device=t.device)
-        self.steps, self.observing, self.round = StepGraphs(self.step, graphs), StepGraphs(self.observed, graphs), 0
+        self.drafting, self.observing = StepGraphs(self._drafted, graphs), StepGraphs(self.observed, graphs)
+        self.round = 0
 
     def observe(self, committed: Committed) -> None:
         rows = self.observing if committed.tokens.shape[1] == self.round else self.observed  # prefill: as they come
@@ -83,9 +84,16 @@ class ChainDrafter(ABC):
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
         batch = anchors.shape[0]
         self.round = drafts + 1
-        ids = [drafting.pick(self.last_logits[:batch, None], positions[:, None] + 1).tokens[:, 0]]
-        feature, at = self.last_feature[:batch, None], positions[:, None]
+        return self.drafting(
+            self.last_feature[:batch], self.last_logits[:batch], positions, drafts=drafts, drafting=drafting
+        )
+
+    def _drafted(self, feature: Tensor, logits: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
+        """A whole proposal from the last committed row's feature and logits: on CUDA one graph, the draws
+        included (keyed by position, so they replay)."""
+        ids = [drafting.pick(logits[:, None], positions[:, None] + 1).tokens[:, 0]]
+        feature, at = feature[:, None], positions[:, None]
         for i in range(1, drafts):
-            feature, logits = self.steps(feature, self.target_ids(ids[-1])[:, None], at + i - 1)
+            feature, logits = self.step(feature, self.target_ids(ids[-1])[:, None], at + i - 1)
             ids.append(drafting.pick(logits, at + i + 1).tokens[:, 0])
-        return Proposal(self.target_ids(torch.stack(ids[:drafts], dim=1)))
+        return Proposal(self.target_ids(torch.stack(ids, dim=1)))

@@ -32,13 +32,14 @@ from torch import Tensor
 from specpair.checkpoint.config import ModelConfig
 from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.errors import BadInput
-from specpair.runtime.blocks import MLP, Fetch, Norm, Weight, optional_bias, project
+from specpair.runtime.blocks import MLP, Fetch, Norm, Projections, Weight, optional_bias, project
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting, Proposal
 from specpair.runtime.drafters.dflash2 import CandidateSelector, DynamicConv
 from specpair.runtime.drafters.weights import load_weights
 from specpair.runtime.graphs import StepGraphs
-from specpair.runtime.kernels import attention
+from specpair.runtime.kernels import attention, qk
+from specpair.runtime.kernels.linear import SplitSums
 from specpair.runtime.model import Transformer
 from specpair.runtime.rope import Rope
 from specpair.sources.model import Model
@@ -51,11 +52,11 @@ class DFlashLayer:
     layer: int
     input_norm: Norm
     post_norm: Norm
-    q_proj: Weight
-    k_proj: Weight
+    qkv: Projections  # the block's q|k|v, one product where they fuse
+    k_proj: Weight  # the context's k and v (observe)
     v_proj: Weight
     o_proj: Weight
-    biases: tuple[Tensor | None, ...]
+    biases: tuple[Tensor | None, ...]  # q, k, v, o
     q_norm: Norm
     k_norm: Norm
     mlp: MLP
@@ -89,7 +90,8 @@ class DFlashLayer:
             i,
             Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
             Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch),
-            *weights,
+            Projections.of(weights[:3], list(biases[:3])),
+            *weights[1:],
             biases,
             Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
             Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
@@ -109,37 +111,63 @@ class DFlashLayer:
         v = project(c, self.v_proj, self.biases[2]).view(B, T, self.kv_heads, self.head_dim)
         return rope.rotate(k, cos, sin), v
 
-    def __call__(
-        self, h: Tensor, positions: Tensor, block_end: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache
-    ) -> Tensor:
-        B, T, _ = h.shape
-        x = self.input_norm(h)
-        if self.attention_conv is not None:
-            x, finish = self.attention_conv.prepare(x)
-        bq, bk, bv, bo = self.biases
-        q = self.q_norm(project(x, self.q_proj, bq).view(B, T, self.heads, self.head_dim))
-        k = self.k_norm(project(x, self.k_proj, bk).view(B, T, self.kv_heads, self.head_dim))
-        v = project(x, self.v_proj, bv).view(B, T, self.kv_heads, self.head_dim)
-        q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
-        k_cache, v_cache = cache.store(self.layer, positions, k, v)
+    def span(self, positions: Tensor, block_end: Tensor) -> tuple[Tensor, Tensor]:
+        """The cache range [start, end) each block row's query reads, for layers of this causality and reach."""
         end = positions + 1 if self.causal else block_end[:, None].expand_as(positions)
         start = torch.zeros_like(positions)
         if self.reach is not None:
             start = (positions - self.reach).clamp(min=0)
             if not self.causal:
                 end = torch.minimum(end, positions + self.reach + 1)
-        o = attention.attention(q.contiguous(), k_cache, v_cache, start, end, self.head_dim**-0.5)
-        y = project(o.reshape(B, T, -1), self.o_proj, bo)
+        return start, end
+
+    def __call__(
+        self,
+        h: Tensor,
+        delta: Tensor | SplitSums | None,
+        positions: Tensor,
+        span: tuple[Tensor, Tensor],
+        cos: Tensor,
+        sin: Tensor,
+        rope: Rope,
+        cache: Cache,
+    ) -> tuple[Tensor, Tensor]:
+        """(the residual stream, what this layer adds to it): the next layer's input norm adds it, as the
+        target's layers do (one kernel for the add and the norm), the last one's the drafter's final norm."""
+        B, T, _ = h.shape
+        h, x = (h, self.input_norm(h)) if delta is None else self.input_norm.add(h, delta)
+        if self.attention_conv is not None:
+            x, finish = self.attention_conv.prepare(x)
+        # q|k|v's partials added where they are read: normed, rotated and the block's k and v stored in one kernel
+        q, k, v = self.qkv(x, unsummed=True)
+        slot = cache.slots[self.layer]
+        q = qk.rotate_and_store(
+            q.view(B, T, self.heads, self.head_dim),
+            k.view(B, T, self.kv_heads, self.head_dim),
+            v.view(B, T, self.kv_heads, self.head_dim),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            self.q_norm.zero_centred,
+            cos,
+            sin,
+            rope.rotary_dim,
+            cache.kv,
+            slot,
+            positions,
+        )
+        o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], *span, self.head_dim**-0.5)
+        # the convolution reads o_proj's product whole; without it the norm after adds its partials
+        y = project(o.reshape(B, T, -1), self.o_proj, self.biases[3], unsummed=self.attention_conv is None)
         if self.attention_conv is not None:
             y = self.attention_conv.finish(y, finish)
-        h = h + y
-        x = self.post_norm(h)
+        h, x = self.post_norm.add(h, y)
         if self.mlp_conv is not None:
             x, finish = self.mlp_conv.prepare(x)
         y = self.mlp(x)
         if self.mlp_conv is not None:
             y = self.mlp_conv.finish(y, finish)
-        return h + y
+        return h, y
 
 
 class DFlash:
@@ -171,7 +199,7 @@ class DFlash:
         self.samples = selector is not None
         self.rope = Rope(config, target.device)
         self.cache: Cache | None = None
-        self.drafting: StepGraphs | None = None  # `_drafted` for a proposal's block
+        self.drafting: StepGraphs | None = None  # `_drafted`: a proposal
         self.observing: StepGraphs | None = None  # `_context` for a round's block
         self.round = 0  # rows of a round's block: drafts + 1
 
@@ -238,9 +266,14 @@ class DFlash:
             h = self._masked(ids, h)
         cos, sin = self.rope.tables(block_positions)
         end = positions + size
+        spans: dict[tuple[bool, int | None], tuple[Tensor, Tensor]] = {}  # once per block, not per layer
+        delta = None
         for layer in self.layers:
-            h = layer(h, block_positions, end, cos, sin, self.rope, self.cache)
-        return self.norm(h), block_positions
+            key = (layer.causal, layer.reach)
+            if key not in spans:
+                spans[key] = layer.span(block_positions, end)
+            h, delta = layer(h, delta, block_positions, spans[key], cos, sin, self.rope, self.cache)
+        return self.norm.add(h, delta)[1], block_positions
 
     def _masked(self, ids: Tensor, h: Tensor) -> Tensor:
         """The block's embedding rows with those of mask_token_id replaced by the shipped mask embedding, if any (by
@@ -257,16 +290,18 @@ class DFlash:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _drafted(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _drafted(self, anchors: Tensor, positions: Tensor, size: int, drafting: Drafting) -> Proposal:
+        """A whole proposal, block to tokens: on CUDA one graph, the selector's walk and the draws included (keyed
+        by position, so they replay)."""
         out, block_positions = self.block(anchors, positions, size)
-        return out, self.logits(out[:, 1:]), block_positions
-
-    def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
-        self.round = drafts + 1
-        out, logits, block_positions = self.drafting(anchors, positions, size=drafts + 1)
+        logits = self.logits(out[:, 1:])
         if self.selector is not None:
             return self.selector.walk(out[:, 1:], logits, anchors, block_positions[:, 1:], drafting)
         return drafting.pick(logits, block_positions[:, 1:])
+
+    def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
+        self.round = drafts + 1
+        return self.drafting(anchors, positions, size=drafts + 1, drafting=drafting)
 
 
 def check_pair(model: Model, target: Transformer) -> None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.blocks import Fetch, Weight, project
 from specpair.runtime.drafters import Drafting, Proposal
+from specpair.runtime.kernels.conv import dynamic_conv
 
 
 @dataclass
@@ -47,21 +47,16 @@ class DynamicConv:
     def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, T, H] (one block per sequence) -> (the convolved x, the coefficients `finish` takes)."""
         taps = self.base.shape[1]
-        dynamic = project(x, self.projection).float().view(*x.shape[:2], 2, taps, -1)
+        dynamic = project(x, self.projection).view(*x.shape[:2], 2, taps, -1)  # bf16 on the GPU: widened as read
         return self._convolve(x, dynamic[:, :, 0], self.base[0]), dynamic[:, :, 1]
 
     def finish(self, y: Tensor, dynamic: Tensor) -> Tensor:
         return self._convolve(y, dynamic, self.base[1])
 
     def _convolve(self, z: Tensor, dynamic: Tensor, base: Tensor) -> Tensor:
-        """sum over taps j of (base[j] + dynamic[:, :, j] per group) * z shifted down j rows, in float32."""
-        values = z.float()
-        out = torch.zeros_like(values)
-        for j in range(base.shape[0]):
-            shifted = values if j == 0 else F.pad(values[:, :-j], (0, 0, j, 0))
-            out = out + base[j] * shifted
-            out = out + dynamic[:, :, j].repeat_interleave(self.group_size, dim=-1) * shifted
-        return out.to(z.dtype)
+        """sum over taps j of base[j] * z_j + dynamic[:, :, j] (per group) * z_j, z_j being z shifted down j rows,
+        in float32 (kernels/conv.py)."""
+        return dynamic_conv(z, dynamic, base, self.group_size)
 
 
 @dataclass

@@ -3,9 +3,9 @@ GPU tier (tests/gpu/test_kernels_compiled.py), the compiled kernels on CUDA; and
 
 On CUDA the checks stay as written (CPU tensors, the CPU references, the same bounds and bitwise row checks): each
 kernel module's `*_triton` entry is wrapped to move its tensor arguments to the GPU, run the compiled kernel, and
-bring the results back, along with any argument the kernel wrote in place (caches, states); a split product's
-partials (linear.SplitSums) go and come back as tensors do, tile tables (linear.TileTables) go with their
-expert_ids, and a MoE's terms (experts.ExpertTerms) field by field."""
+bring the results back, along with any argument the kernel wrote in place (caches, states); a strided view goes as
+the same view of its base; a split product's partials (linear.SplitSums) go and come back as tensors do, tile tables
+(linear.TileTables) go with their expert_ids, and a MoE's terms (experts.ExpertTerms) field by field."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from specpair.formats.packed import Packed
-from specpair.runtime.kernels import activation, attention, experts, gdn, linear, norm, qk
+from specpair.runtime.kernels import activation, attention, conv, experts, gdn, linear, norm, qk
 
 ON_CUDA = os.environ.get("SPECPAIR_KERNEL_CHECKS") == "cuda"
-KERNEL_MODULES = (activation, attention, experts, gdn, linear, norm, qk)
+KERNEL_MODULES = (activation, attention, conv, experts, gdn, linear, norm, qk)
 
 
 @pytest.fixture(autouse=True)
@@ -34,12 +34,20 @@ def interpreted() -> None:
         pytest.fail("the kernel checks run under TRITON_INTERPRET=1: run them through tests/test_kernels.py")
 
 
+def _strided_on_cuda(t: torch.Tensor) -> torch.Tensor:
+    """t on CUDA with its strides: a strided view into a larger tensor (a slice of a fused product's output) as the
+    same view of its whole base, moved (Tensor.to would hand the kernel a contiguous copy)."""
+    if t._base is None or t.is_contiguous() or not t._base.is_contiguous():
+        return t.to("cuda")
+    return t._base.to("cuda").as_strided(t.shape, t.stride(), t.storage_offset() - t._base.storage_offset())
+
+
 def _to_cuda(value: Any, moved: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     if isinstance(value, torch.Tensor) and not value.is_cuda:
         for original, on_gpu in moved:  # a tensor given twice (expert_ids, and in their TileTables) goes once
             if original is value:
                 return on_gpu
-        on_gpu = value.to("cuda")
+        on_gpu = _strided_on_cuda(value)
         moved.append((value, on_gpu))
         return on_gpu
     if isinstance(value, Packed):
