@@ -1,0 +1,188 @@
+"""A drafter's round at real shape, kernel by kernel, on one GPU: the bytes it must read and where its time goes.
+
+    PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/round_profile.py TARGET \
+        [--draft DIR [--draft-bits 4] | --mtp] [--block 8] [--out DIR]
+
+TARGET and --draft: checkpoint directories (benchmarks/seed_pairs_gpu.py --only build --keep writes the seed pairs';
+without --draft, the target's own MTP head). A round is what bench's `draft` step times (runtime/speculative.py
+step_times): the drafter's proposal of block - 1 tokens and its observation of a verify step's rows, under CUDA
+graphs, after a prefill of one 78-token prompt. Prints step_times' decode step (the baseline, in the same run),
+verify step and round; the round's wall time over ROUNDS back to back; the bytes its matmuls read (each call's
+weight, recorded from an eager round: the graphed round launches the same matmuls in the same order) and the
+roofline they give at the copy bandwidth measured in the run; per kernel, its launches and µs a round under
+torch.profiler; per kind of weight, the matmuls' µs and share of copy bandwidth. Writes round_profile.md and .json
+to --out (default $OUT, else the working directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_profile import MATMUL_KERNELS, copy_bandwidth, matmuls_by_weight, recorded_matmuls  # noqa: E402
+
+from specpair.runtime.drafters import Committed, Drafter, Drafting  # noqa: E402
+from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
+from specpair.runtime.loading import load, plan_load  # noqa: E402
+from specpair.runtime.model import Transformer  # noqa: E402
+from specpair.runtime.sampling import TOKEN_STREAM, Sampling  # noqa: E402
+from specpair.runtime.speculative import step_times  # noqa: E402
+from specpair.sources.model import open_model  # noqa: E402
+
+PROMPT_TOKENS = 78
+ROUNDS = 50  # timed back to back
+PROFILED = 20  # under torch.profiler
+
+
+def prompt_of(target: Transformer) -> list[int]:
+    """A prompt of PROMPT_TOKENS ids inside the target's vocabulary."""
+    return [1 + (31 * i) % (target.config.vocab_size - 2) for i in range(PROMPT_TOKENS)]
+
+
+def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> callable:
+    """One round after a prefill-sized start: a proposal at the prompt's end, then the observation of a verify step
+    that kept nothing (its rows are random features: the observation's cost does not depend on their values)."""
+    device = target.device
+    drafter.start(1, PROMPT_TOKENS + 2 * block, graphs)
+    anchors = torch.tensor([prompt_of(target)[-1]], device=device)
+    positions = torch.tensor([PROMPT_TOKENS - 1], device=device)
+    rows = positions[:, None] + torch.arange(block, device=device)
+    tokens = anchors[:, None].expand(1, block).contiguous()
+    width = target.config.hidden_size
+    taps = torch.randn(1, block, len(drafter.taps) * width, device=device).to(target.dtype) if drafter.taps else None
+    hidden = torch.randn(1, block, width, device=device).to(target.dtype) if drafter.hidden else None
+    nothing = torch.zeros(1, dtype=torch.int64, device=device)
+    drafting = Drafting(Sampling(), False, TOKEN_STREAM)
+    committed = Committed(tokens, rows, tokens, nothing, taps, hidden)
+
+    def one_round() -> None:
+        drafter.propose(anchors, positions, block - 1, drafting)
+        drafter.observe(committed)
+
+    return one_round
+
+
+def round_matmuls(target: Transformer, drafter: Drafter, block: int) -> list[dict]:
+    """The matmul calls of one eager round, in order (step_profile.matmul_call of each: its weight and bytes)."""
+    one_round = round_of(target, drafter, block, graphs=False)
+    with recorded_matmuls() as calls:
+        one_round()
+    return calls
+
+
+def profile_round(one_round: callable) -> dict:
+    """ms a round (ROUNDS back to back), and per kernel its launches and µs a round under torch.profiler."""
+    for _ in range(3):  # the graphs are captured at the second call of each shape
+        one_round()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(ROUNDS):
+        one_round()
+    torch.cuda.synchronize()
+    round_s = (time.perf_counter() - start) / ROUNDS
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            one_round()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    matmuls: list[tuple[float, float]] = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = re.sub(r"\(.*", "", event.name)[:60]
+            kernels[name][0] += 1
+            kernels[name][1] += event.device_time_total
+            if name in MATMUL_KERNELS:
+                matmuls.append((event.time_range.start, event.device_time_total))
+    matmuls.sort()
+    launches = len(matmuls) // PROFILED
+    return {
+        "round_ms": round_s * 1e3,
+        "launches": sum(c for c, _ in kernels.values()) / PROFILED,
+        "kernel_us": sum(us for _, us in kernels.values()) / PROFILED,
+        "kernels": {
+            n: {"launches": c / PROFILED, "us": us / PROFILED}
+            for n, (c, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])
+        },
+        "matmul_us": [sum(us for _, us in matmuls[i::launches]) / PROFILED for i in range(launches)],
+    }
+
+
+def report(figures: dict) -> str:
+    steps, profile = figures["step_ms"], figures["profile"]
+    lines = [
+        f"# A drafter's round: {figures['drafter']} on {figures['target']} ({figures['gpu']})",
+        "",
+        f"block {figures['block']} ({figures['block'] - 1} drafts); copy bandwidth {figures['bandwidth'] / 1e12:.2f} TB/s",
+        "",
+        "| decode step (baseline) | verify step | round | round / decode | round, wall of "
+        f"{ROUNDS} | kernels a round | matmul bytes a round | roofline | round / roofline |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {steps['decode']:.3f} ms | {steps['verify']:.3f} | {steps['round']:.3f} | "
+        f"{steps['round'] / steps['decode']:.2f} | {profile['round_ms']:.3f} | {profile['launches']:.0f} | "
+        f"{figures['round_bytes'] / 1e9:.3f} GB | {figures['roofline_ms']:.3f} ms | "
+        f"{profile['round_ms'] / figures['roofline_ms']:.2f}× |",
+        "",
+        "| kernel | launches a round | µs a round |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{n}` | {k['launches']:.1f} | {k['us']:.1f} |" for n, k in list(profile["kernels"].items())[:20]]
+    lines += ["", "| matmul weight | calls | µs | GB | of copy |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {g['weight']} | {g['calls']} | {g['us']:.1f} | {g['bytes'] / 1e9:.4f} | {g['of_copy']:.0%} |"
+        for g in figures["matmuls"]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("target")
+    parser.add_argument("--draft", help="a drafter checkpoint (default: the target's MTP head)")
+    parser.add_argument("--draft-bits", type=int, help="quantize the drafter to affine-N at load")
+    parser.add_argument("--block", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = parser.parse_args()
+    target_model = open_model(args.target)
+    target = load(plan_load(target_model, "cuda"))
+    draft_model = open_model(args.draft) if args.draft else None
+    drafter = load_drafter(draft_model, target_model, target, args.draft_bits)
+    times = step_times(target, drafter, [prompt_of(target)], args.block)
+    calls = round_matmuls(target, drafter, args.block)
+    profile = profile_round(round_of(target, drafter, args.block, graphs=True))
+    bandwidth = copy_bandwidth()
+    round_bytes = sum(c["bytes"] for c in calls)
+    paired = len(calls) == len(profile["matmul_us"])
+    figures = {
+        "target": args.target,
+        "drafter": f"{drafter.kind} ({args.draft or 'its MTP head'}"
+        + (f", affine-{args.draft_bits}" if args.draft_bits else "")
+        + ")",
+        "gpu": torch.cuda.get_device_name(),
+        "block": args.block,
+        "bandwidth": bandwidth,
+        "step_ms": {"decode": times.decode_s * 1e3, "verify": times.verify_s * 1e3, "round": times.draft_s * 1e3},
+        "round_bytes": round_bytes,
+        "roofline_ms": round_bytes / bandwidth * 1e3,
+        "profile": profile,
+        # a matmul launch per call, paired in order; if the counts differ the pairing is unknown and not shown
+        "matmuls": matmuls_by_weight(calls, profile["matmul_us"], bandwidth) if paired else [],
+    }
+    text = report(figures)
+    print(text, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "round_profile.md").write_text(text)
+    (args.out / "round_profile.json").write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""benchmarks/round_profile.py's accounting on the CPU: the matmul calls of one drafter round and the bytes they
+read, which its roofline divides (the profile itself needs a GPU: the script runs there)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures import DFlash2, build_dflash, build_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import round_profile  # noqa: E402
+
+from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
+from specpair.runtime.loading import load, plan_load  # noqa: E402
+from specpair.sources.model import open_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+VOCAB, HIDDEN, LAYERS = 512, 64, 3
+
+
+def test_a_dflash2_round_reads_each_weight_once_and_the_contexts_keys_and_values_twice(tmp_path):
+    """The proposal reads every projection of the drafter and the target's head once (the block's rows in one
+    call each); the observation reads fc and each layer's k and v projections again, for the context's rows."""
+    target_model = open_model(str(build_target(tmp_path / "t", "qwen3", vocab_size=VOCAB, hidden=HIDDEN)))
+    target = load(plan_load(target_model, "cpu"))
+    draft = build_dflash(
+        tmp_path / "d",
+        target_layer_ids=[1, 4],
+        layers=LAYERS,
+        hidden=HIDDEN,
+        block_size=8,
+        vocab_size=VOCAB,
+        mask_token_id=VOCAB - 1,
+        dflash2=DFlash2(),
+    )
+    drafter = load_drafter(open_model(str(draft)), target_model, target)
+    calls = round_profile.round_matmuls(target, drafter, 8)
+    matrices = {n: w for n, w in drafter.weights.items() if w.ndim == 2 and not n.endswith("_codebook")}
+    context = [f"layers.{i}.self_attn.{p}_proj.weight" for i in range(LAYERS) for p in "kv"]
+    head = target.lm_head.nbytes
+    assert [c["weight"] for c in calls].count(f"float32 {VOCAB}x{HIDDEN}") == 1  # the head, all 7 rows in one call
+    assert sum(c["bytes"] for c in calls) == head + sum(w.nbytes for w in matrices.values()) + sum(
+        matrices[n].nbytes for n in context
+    )
+    assert "fc.weight" in matrices and all(n in matrices for n in context)
