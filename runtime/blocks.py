@@ -324,9 +324,10 @@ class MLP:
         biases = [optional_bias(bias, fetch, f"{prefix}{k}.weight", s[0]) for k, s in shapes.items()]
         return cls(Projections.of(weights[:2], biases[:2]), weights[2], biases[2])
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, unsummed: bool = False) -> Tensor | SplitSums:
+        """`unsummed`: down_proj's split-K partials, for a kernel that adds them as it reads them (a drafter's)."""
         gate, up = self.gate_up(x)
-        return project(activation.silu_mul(gate, up), self.down_proj, self.down_bias)
+        return project(activation.silu_mul(gate, up), self.down_proj, self.down_bias, unsummed=unsummed)
 
 
 @dataclass

@@ -137,7 +137,7 @@ class DFlashLayer:
         B, T, _ = h.shape
         h, x = (h, self.input_norm(h)) if delta is None else self.input_norm.add(h, delta)
         if self.attention_conv is not None:
-            x, finish = self.attention_conv.prepare(x)
+            x, coefficients = self.attention_conv.prepare(x)
         # q|k|v's partials added where they are read: normed, rotated and the block's k and v stored in one kernel
         q, k, v = self.qkv(x, unsummed=True)
         slot = cache.slots[self.layer]
@@ -157,16 +157,16 @@ class DFlashLayer:
             positions,
         )
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], *span, self.head_dim**-0.5)
-        # the convolution reads o_proj's product whole; without it the norm after adds its partials
-        y = project(o.reshape(B, T, -1), self.o_proj, self.biases[3], unsummed=self.attention_conv is None)
+        # o_proj's and the MLP's partials added where they are read: by DFlash2's convolution, or by the next norm
+        y = project(o.reshape(B, T, -1), self.o_proj, self.biases[3], unsummed=True)
         if self.attention_conv is not None:
-            y = self.attention_conv.finish(y, finish)
+            y = self.attention_conv.finish(y, coefficients, T)
         h, x = self.post_norm.add(h, y)
         if self.mlp_conv is not None:
-            x, finish = self.mlp_conv.prepare(x)
-        y = self.mlp(x)
+            x, coefficients = self.mlp_conv.prepare(x)
+        y = self.mlp(x, unsummed=True)
         if self.mlp_conv is not None:
-            y = self.mlp_conv.finish(y, finish)
+            y = self.mlp_conv.finish(y, coefficients, T)
         return h, y
 
 

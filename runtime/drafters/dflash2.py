@@ -26,6 +26,7 @@ from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.blocks import Fetch, Weight, project
 from specpair.runtime.drafters import Drafting, Proposal
 from specpair.runtime.kernels.conv import dynamic_conv
+from specpair.runtime.kernels.linear import SplitSums
 
 
 @dataclass
@@ -44,19 +45,15 @@ class DynamicConv:
             d.conv_group_size,
         )
 
-    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x [B, T, H] (one block per sequence) -> (the convolved x, the coefficients `finish` takes)."""
-        taps = self.base.shape[1]
-        dynamic = project(x, self.projection).view(*x.shape[:2], 2, taps, -1)  # bf16 on the GPU: widened as read
-        return self._convolve(x, dynamic[:, :, 0], self.base[0]), dynamic[:, :, 1]
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor | SplitSums]:
+        """x [B, T, H] (one block per sequence) -> (the convolved x, the coefficients `finish` reads: the kernel
+        projection's product, both sides, or its partials, which each convolution adds as it reads them)."""
+        coefficients = project(x, self.projection, unsummed=True)
+        return dynamic_conv(x, coefficients, 0, self.base[0], self.group_size, x.shape[1]), coefficients
 
-    def finish(self, y: Tensor, dynamic: Tensor) -> Tensor:
-        return self._convolve(y, dynamic, self.base[1])
-
-    def _convolve(self, z: Tensor, dynamic: Tensor, base: Tensor) -> Tensor:
-        """sum over taps j of base[j] * z_j + dynamic[:, :, j] (per group) * z_j, z_j being z shifted down j rows,
-        in float32 (kernels/conv.py)."""
-        return dynamic_conv(z, dynamic, base, self.group_size)
+    def finish(self, y: Tensor | SplitSums, coefficients: Tensor | SplitSums, block: int) -> Tensor:
+        """y: the sublayer's output [B, T, H], or its product's partials over the B·T rows of blocks of `block`."""
+        return dynamic_conv(y, coefficients, 1, self.base[1], self.group_size, block)
 
 
 @dataclass
