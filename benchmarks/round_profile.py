@@ -19,17 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_profile import MATMUL_KERNELS, copy_bandwidth, matmuls_by_weight, recorded_matmuls  # noqa: E402
+from step_profile import copy_bandwidth, matmuls_by_weight, profiled, recorded_matmuls  # noqa: E402
 
 from specpair.runtime.drafters import Committed, Drafter, Drafting  # noqa: E402
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
@@ -49,7 +48,7 @@ def prompt_of(target: Transformer) -> list[int]:
     return [1 + (31 * i) % (target.config.vocab_size - 2) for i in range(PROMPT_TOKENS)]
 
 
-def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> callable:
+def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> Callable[[], None]:
     """One round after a prefill-sized start: a proposal at the prompt's end, then the observation of a verify step
     that kept nothing (its rows are random features: the observation's cost does not depend on their values)."""
     device = target.device
@@ -80,8 +79,8 @@ def round_matmuls(target: Transformer, drafter: Drafter, block: int) -> list[dic
     return calls
 
 
-def profile_round(one_round: callable) -> dict:
-    """ms a round (ROUNDS back to back), and per kernel its launches and µs a round under torch.profiler."""
+def profile_round(one_round: Callable[[], None]) -> dict:
+    """ms a round (ROUNDS back to back), and step_profile.profiled's figures of PROFILED rounds."""
     for _ in range(3):  # the graphs are captured at the second call of each shape
         one_round()
     torch.cuda.synchronize()
@@ -90,31 +89,7 @@ def profile_round(one_round: callable) -> dict:
         one_round()
     torch.cuda.synchronize()
     round_s = (time.perf_counter() - start) / ROUNDS
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILED):
-            one_round()
-        torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    matmuls: list[tuple[float, float]] = []
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = re.sub(r"\(.*", "", event.name)[:60]
-            kernels[name][0] += 1
-            kernels[name][1] += event.device_time_total
-            if name in MATMUL_KERNELS:
-                matmuls.append((event.time_range.start, event.device_time_total))
-    matmuls.sort()
-    launches = len(matmuls) // PROFILED
-    return {
-        "round_ms": round_s * 1e3,
-        "launches": sum(c for c, _ in kernels.values()) / PROFILED,
-        "kernel_us": sum(us for _, us in kernels.values()) / PROFILED,
-        "kernels": {
-            n: {"launches": c / PROFILED, "us": us / PROFILED}
-            for n, (c, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])
-        },
-        "matmul_us": [sum(us for _, us in matmuls[i::launches]) / PROFILED for i in range(launches)],
-    }
+    return {"round_ms": round_s * 1e3, **profiled(one_round, PROFILED)}
 
 
 def report(figures: dict) -> str:

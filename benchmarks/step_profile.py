@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -251,9 +251,15 @@ def seconds_per_replay(step: ForwardGraph) -> float:
 def profile_graph(step: ForwardGraph) -> dict:
     """ms a replay of a captured step, and per kernel its launches and µs per replay under torch.profiler."""
     step_s = seconds_per_replay(step)
+    return {"step_ms": step_s * 1e3, **profiled(step.graph.graph.replay, PROFILED)}
+
+
+def profiled(run: Callable[[], object], times: int) -> dict:
+    """`run` called `times` times under torch.profiler: per kernel its launches and µs a call, and each matmul
+    launch of a call in order, averaged over the calls."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILED):
-            step.graph.graph.replay()
+        for _ in range(times):
+            run()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     matmuls: list[tuple[float, float]] = []  # (start, µs) of each matmul launch
@@ -264,16 +270,15 @@ def profile_graph(step: ForwardGraph) -> dict:
             kernels[name][1] += event.device_time_total
             if name in MATMUL_KERNELS:
                 matmuls.append((event.time_range.start, event.device_time_total))
-    per_step = {n: (c / PROFILED, us / PROFILED) for n, (c, us) in kernels.items()}
+    per_call = {n: (c / times, us / times) for n, (c, us) in kernels.items()}
     matmuls.sort()
-    launches = len(matmuls) // PROFILED
-    matmul_us = [sum(us for _, us in matmuls[i::launches]) / PROFILED for i in range(launches)] if launches else []
+    launches = len(matmuls) // times
+    matmul_us = [sum(us for _, us in matmuls[i::launches]) / times for i in range(launches)] if launches else []
     return {
-        "step_ms": step_s * 1e3,
-        "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_step.items(), key=lambda kv: -kv[1][1])},
-        "kernel_us": sum(us for _, us in per_step.values()),
-        "launches": sum(c for c, _ in per_step.values()),
-        "matmul_us": matmul_us,  # each matmul launch of a replay, in order, averaged over the replays
+        "kernels": {n: {"launches": c, "us": us} for n, (c, us) in sorted(per_call.items(), key=lambda kv: -kv[1][1])},
+        "kernel_us": sum(us for _, us in per_call.values()),
+        "launches": sum(c for c, _ in per_call.values()),
+        "matmul_us": matmul_us,
     }
 
 
