@@ -52,9 +52,7 @@ class DFlashLayer:
     layer: int
     input_norm: Norm
     post_norm: Norm
-    qkv: Projections  # the block's q|k|v, one product where they fuse
-    k_proj: Weight  # the context's k and v (observe)
-    v_proj: Weight
+    qkv: Projections  # q|k|v, one product where they fuse: the block's rows, and the context's (their k and v)
     o_proj: Weight
     biases: tuple[Tensor | None, ...]  # q, k, v, o
     q_norm: Norm
@@ -91,7 +89,7 @@ class DFlashLayer:
             Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
             Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch),
             Projections.of(weights[:3], list(biases[:3])),
-            *weights[1:],
+            weights[3],
             biases,
             Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
             Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
@@ -105,11 +103,32 @@ class DFlashLayer:
             DynamicConv.build(config, p + "mlp_conv.", fetch) if dflash2 else None,
         )
 
-    def context_kv(self, c: Tensor, cos: Tensor, sin: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
-        B, T, _ = c.shape
-        k = self.k_norm(project(c, self.k_proj, self.biases[1]).view(B, T, self.kv_heads, self.head_dim))
-        v = project(c, self.v_proj, self.biases[2]).view(B, T, self.kv_heads, self.head_dim)
-        return rope.rotate(k, cos, sin), v
+    def store_context(self, c: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache) -> None:
+        """The context rows' k and v, normed and rotated, into the cache at their positions: q|k|v's one product and
+        one kernel (the queries it makes alongside are not read; the k and v products alone and their norm,
+        rotation and store took ~13 launches a layer)."""
+        self.queries(c, positions, cos, sin, rope, cache)
+
+    def queries(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache) -> Tensor:
+        """x's rows through q|k|v: their k and v stored in the cache at `positions`, their q returned, each normed
+        and rotated (q|k|v's partials added where the qk kernel reads them)."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, unsummed=True)
+        return qk.rotate_and_store(
+            q.view(B, T, self.heads, self.head_dim),
+            k.view(B, T, self.kv_heads, self.head_dim),
+            v.view(B, T, self.kv_heads, self.head_dim),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            self.q_norm.zero_centred,
+            cos,
+            sin,
+            rope.rotary_dim,
+            cache.kv,
+            cache.slots[self.layer],
+            positions,
+        )
 
     def span(self, positions: Tensor, block_end: Tensor) -> tuple[Tensor, Tensor]:
         """The cache range [start, end) each block row's query reads, for layers of this causality and reach."""
@@ -138,24 +157,8 @@ class DFlashLayer:
         h, x = (h, self.input_norm(h)) if delta is None else self.input_norm.add(h, delta)
         if self.attention_conv is not None:
             x, coefficients = self.attention_conv.prepare(x)
-        # q|k|v's partials added where they are read: normed, rotated and the block's k and v stored in one kernel
-        q, k, v = self.qkv(x, unsummed=True)
+        q = self.queries(x, positions, cos, sin, rope, cache)
         slot = cache.slots[self.layer]
-        q = qk.rotate_and_store(
-            q.view(B, T, self.heads, self.head_dim),
-            k.view(B, T, self.kv_heads, self.head_dim),
-            v.view(B, T, self.kv_heads, self.head_dim),
-            self.q_norm.weight,
-            self.k_norm.weight,
-            self.q_norm.eps,
-            self.q_norm.zero_centred,
-            cos,
-            sin,
-            rope.rotary_dim,
-            cache.kv,
-            slot,
-            positions,
-        )
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], *span, self.head_dim**-0.5)
         # o_proj's and the MLP's partials added where they are read: by DFlash2's convolution, or by the next norm
         y = project(o.reshape(B, T, -1), self.o_proj, self.biases[3], unsummed=True)
@@ -247,8 +250,7 @@ class DFlash:
         c = self.hidden_norm(project(taps, self.fc))
         cos, sin = self.rope.tables(positions)
         for layer in self.layers:
-            k, v = layer.context_kv(c, cos, sin, self.rope)
-            self.cache.store(layer.layer, positions, k, v)
+            layer.store_context(c, positions, cos, sin, self.rope, self.cache)
 
     def block(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor]:
         """The normed output rows [B, size, H] of the block [anchor, mask x (size - 1)] at positions .. + size,
