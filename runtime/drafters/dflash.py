@@ -54,7 +54,7 @@ class DFlashLayer:
     post_norm: Norm
     qkv: Projections  # q|k|v, one product where they fuse: the block's rows, and the context's (their k and v)
     o_proj: Weight
-    biases: tuple[Tensor | None, ...]  # q, k, v, o
+    o_bias: Tensor | None
     q_norm: Norm
     k_norm: Norm
     mlp: MLP
@@ -79,18 +79,18 @@ class DFlashLayer:
             "o_proj": (hidden, heads * d),
         }
         weights = [fetch(f"{p}self_attn.{k}.weight", s, matmul=True) for k, s in shapes.items()]
-        biases = tuple(
+        biases = [
             optional_bias(config.attention_bias, fetch, f"{p}self_attn.{k}.weight", s[0]) for k, s in shapes.items()
-        )
+        ]
         sliding = config.layer_types[i] == "sliding"
         dflash2 = config.drafter.kind == "dflash2"
         return cls(
             i,
             Norm.build(config, p + "input_layernorm.weight", hidden, fetch),
             Norm.build(config, p + "post_attention_layernorm.weight", hidden, fetch),
-            Projections.of(weights[:3], list(biases[:3])),
+            Projections.of(weights[:3], biases[:3]),
             weights[3],
-            biases,
+            biases[3],
             Norm.build(config, p + "self_attn.q_norm.weight", d, fetch),
             Norm.build(config, p + "self_attn.k_norm.weight", d, fetch),
             MLP.build(config, p + "mlp.", config.intermediate_size, fetch),
@@ -161,7 +161,7 @@ class DFlashLayer:
         slot = cache.slots[self.layer]
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], *span, self.head_dim**-0.5)
         # o_proj's and the MLP's partials added where they are read: by DFlash2's convolution, or by the next norm
-        y = project(o.reshape(B, T, -1), self.o_proj, self.biases[3], unsummed=True)
+        y = project(o.reshape(B, T, -1), self.o_proj, self.o_bias, unsummed=True)
         if self.attention_conv is not None:
             y = self.attention_conv.finish(y, coefficients, T)
         h, x = self.post_norm.add(h, y)

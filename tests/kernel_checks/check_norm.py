@@ -187,9 +187,9 @@ def test_add_a_moes_terms_then_norm(shared: str, zero_centred: bool, tokens: int
     """delta as a MoE layer's terms (experts.ExpertTerms: the routed experts' outputs and weights, the shared
     expert's output as down's last column, its logit plain or its product's partials): the kernel that adds them
     gives the bits of combine_experts then the add; a row alone as among others; terms of other rows are refused.
-    On the CPU, add_rms_norm adds them with combine_experts' reference. At the 35B-A3B's width and top-k too (a
-    model with taps adds its terms through combine_experts, one without in the norm: drafted == undrafted needs
-    the same bits at the shapes it runs)."""
+    On the CPU, add_rms_norm adds them with combine_experts' reference. At the 35B-A3B's width and top-k too
+    (the tensor-parallel reduce adds a MoE's terms with combine_experts before the all-gather, where one GPU adds
+    them in the norm: the same bits at the shapes it runs)."""
     torch.manual_seed(len(shared) + width)
     h, w, _ = inputs((tokens, width), torch.bfloat16)
     weights = experts.route_reference(torch.randn(tokens, 16), top_k, True)[0]
