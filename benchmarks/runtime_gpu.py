@@ -223,6 +223,10 @@ class GeneratedFiles:
         t = self.owner[info.name]
         if self.held[0] != t.name or info.name not in self.held[1]:
             self.held = (t.name, {n: part.cpu() for n, part in drawn(t, self.device, self.codes).items()})
+            if self.device.startswith("cuda"):
+                # the draw's transients go back to the driver: cached, they fragment what the loader allocates
+                # beside them (the 122B's 124 GB of weights on a 141 GB H200 ran out of memory so)
+                torch.cuda.empty_cache()
         data = self.held[1].pop(info.name)  # served once: what the reader is given is its own
         if cut is None:
             return data.reshape(info.shape)

@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from specpair.runtime.sampling import Sampling, keyed_choice, keyed_sample, uniform
+from specpair.runtime.sampling import Sampling, gumbel_of, keyed_choice
 
 
 @dataclass
@@ -72,14 +72,12 @@ class Drafting:
         ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(probs)
         return Proposal(tokens, ids, probs)
 
-    def pick_among(self, scores: Tensor, candidates: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
-        """One token per row among its candidates [B, K] scored [B, K] (DFlash2's selector): (index [B], the
-        K-candidate distribution [B, K] or None when greedy)."""
+    def candidate_noise(self, candidates: Tensor, positions: Tensor) -> Tensor | None:
+        """The keyed Gumbel noise of candidates [B, k, K] for the tokens at positions [B, k], which DFlash2's
+        selector draws among (kernels/selector.py), or None when greedy."""
         if not self.sampled:
-            return scores.argmax(dim=-1), None
-        q = torch.softmax(scores.float() / self.sampling.temperature, dim=-1)
-        noise = -torch.log(-torch.log(uniform(self.sampling.seed, self.stream, positions, candidates)))
-        return keyed_sample(q, noise), q
+            return None
+        return gumbel_of(self.sampling.seed, self.stream, positions, candidates)
 
 
 class Drafter(Protocol):

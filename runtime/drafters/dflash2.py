@@ -12,14 +12,14 @@ index in the block the runtime drafts, whatever block size the drafter was train
 Selector. With U_j the top-K logits of row j (ids C_j) and h_j = hidden_projection(out_j), the score of
 candidate b after the previous token a is U_j(b) + <predecessor[a] · h_j, successor[C_j(b)]>; the walk starts
 from the anchor and takes the best candidate (greedy) or draws one from softmax(scores / T) (sampled: that
-K-candidate distribution is the q of the verify rule).
+K-candidate distribution is the q of the verify rule); on the GPU the candidates are two launches and the whole
+walk one (runtime/kernels/selector.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
@@ -27,6 +27,7 @@ from specpair.runtime.blocks import Fetch, Weight, project
 from specpair.runtime.drafters import Drafting, Proposal
 from specpair.runtime.kernels.conv import dynamic_conv
 from specpair.runtime.kernels.linear import SplitSums
+from specpair.runtime.kernels.selector import selector_walk, top_candidates
 
 
 @dataclass
@@ -78,19 +79,17 @@ class CandidateSelector:
     def walk(self, out: Tensor, logits: Tensor, anchors: Tensor, positions: Tensor, drafting: Drafting) -> Proposal:
         """out [B, k, H] the drafter's normed rows after the anchor, logits [B, k, V] their (scaled) logits,
         positions [B, k] where their tokens go."""
-        unary, candidates = torch.topk(logits.float(), self.top_k, dim=-1)
+        unary, candidates = top_candidates(logits, self.top_k)
         hidden = project(out, self.projection).float()
-        previous, tokens, q_rows = anchors, [], []
-        for j in range(logits.shape[1]):
-            context = self.predecessors[previous] * hidden[:, j]  # [B, R]
-            scores = unary[:, j] + (context[:, None, :] * self.successors[candidates[:, j]]).sum(dim=-1)
-            index, q = drafting.pick_among(scores, candidates[:, j], positions[:, j])
-            previous = candidates[:, j].gather(1, index[:, None])[:, 0]
-            tokens.append(previous)
-            q_rows.append(q)
-        if not tokens:
-            return Proposal(anchors[:, None][:, :0])
-        chosen = torch.stack(tokens, dim=1)
-        if q_rows[0] is None:
-            return Proposal(chosen)
-        return Proposal(chosen, candidates, torch.stack(q_rows, dim=1))
+        noise = drafting.candidate_noise(candidates, positions)
+        tokens, q = selector_walk(
+            unary,
+            candidates,
+            hidden,
+            self.predecessors,
+            self.successors,
+            anchors,
+            noise,
+            drafting.sampling.temperature,
+        )
+        return Proposal(tokens) if q is None else Proposal(tokens, candidates, q)

@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from specpair.formats.packed import Packed
-from specpair.runtime.kernels import activation, attention, conv, experts, gdn, linear, norm, qk
+from specpair.runtime import kernels
+from specpair.runtime.kernels import experts, linear
 
 ON_CUDA = os.environ.get("SPECPAIR_KERNEL_CHECKS") == "cuda"
-KERNEL_MODULES = (activation, attention, conv, experts, gdn, linear, norm, qk)
+# every module of runtime/kernels, so that a new kernel's checks run it on the GPU too, not on CPU pointers
+KERNEL_MODULES = tuple(
+    importlib.import_module(f"{kernels.__name__}.{path.stem}")
+    for path in sorted(Path(kernels.__file__).parent.glob("*.py"))
+    if path.stem != "__init__"
+)
 
 
 @pytest.fixture(autouse=True)
