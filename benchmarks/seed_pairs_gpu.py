@@ -13,6 +13,9 @@ gguf pair gguf-py, installed into /tmp/site from carried wheels as for the other
         python3 benchmarks/seed_pairs_gpu.py --pair 35b-nvfp4        # likewise --pair gguf, --pair exl3
     ... python3 benchmarks/seed_pairs_gpu.py --pair 122b-fp8 --skip-load --users 1,4 --depth 0,5k  # target in memory
 
+(the 122B on one H200: 130.3 GB of its 140 GiB at peak in the gate, run with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; results/seed_pairs.md).
+
 A pair too long for one device call (the gguf pair writes a 35B source and converts it) splits over calls of one
 machine kept warm: `--only build` writes it under --work and records it (built.json), then `--reuse --only gate`
 and `--reuse --only bench` run it (`--reuse` builds it where no record or one of its files is missing).

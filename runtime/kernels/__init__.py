@@ -1,8 +1,9 @@
 """The runtime's compute kernels: weight-only matmuls for every packed layout, and the fusing of projections
 that read one input (linear.py), RMS norms and the residual add before one (norm.py), rotary with the q/k
 norm and the cache write (qk.py), attention over a static cache (attention.py), the SwiGLU gate
-(activation.py), MoE routing and combination (experts.py), and the Gated DeltaNet conv, gates and recurrence
-(gdn.py).
+(activation.py), MoE routing and combination (experts.py), the Gated DeltaNet conv, gates and recurrence
+(gdn.py), and DFlash2's dynamic convolution (conv.py) and candidate selector: its top-k over the vocabulary and
+its walk over a block (selector.py).
 
 Every public function dispatches on its input's device: CUDA tensors run the Triton kernel, CPU tensors the
 torch reference (`*_reference`), which is also what the Triton kernel (`*_triton`, which runs on CPU tensors
