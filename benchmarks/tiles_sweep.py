@@ -9,8 +9,8 @@ The weights are the step's (benchmarks/results/step_profile.md's "matmuls of one
 experts' gate|up (257 of [1024, 2048]) and down (257 of [2048, 512]) in NVFP4, each token naming 9 distinct experts
 (top 8 and the shared one), down reading a row of x per pair; the FP8 per-tensor projections (the GDN's input
 12288x2048, attention's q|gate|k|v 9216x2048, the mixers' outputs 2048x4096); the BF16 router|shared gate 257x2048
-and the GDN's b|a 64x2048; the DFlash2 drafter's affine-4 projections (its round, results/drafter_rounds_h100.md);
-and, beside them, Qwen3-8B's BF16 projections. Each call as the step makes it (the
+and the GDN's b|a 64x2048; the NVFP4 lm_head 248320x2048; the DFlash2 drafter's affine-4 projections (its round,
+results/drafter_rounds_h100.md); and, beside them, Qwen3-8B's BF16 projections. Each call as the step makes it (the
 products a consumer adds left as split partials), timed in a CUDA graph of calls that rotate over enough copies of
 the weight (and, for experts, over different experts) to read from HBM, as kernels_gpu.py times its calls. Per
 candidate and M (tokens): µs per call and the share of copy bandwidth of the bytes it reads (the weight, or the
@@ -48,6 +48,8 @@ CASES = [
     ("attention q|gate|k|v", "fp8-tensor", 0, 9216, 2048, False, False),
     ("router|shared gate", "bf16", 0, 257, 2048, False, True),
     ("GDN b|a", "bf16", 0, 64, 2048, False, False),
+    # the head (NVIDIA's checkpoint quantizes it): a decode step's last product, and an MTP round's three
+    ("lm_head", "nvfp4-modelopt", 0, 248320, 2048, False, False),
     # incoai's DFlash2 drafter for it at affine-4 (--draft-bits 4): a round's products of 8 rows
     ("DFlash2 q|k|v", "affine4-g64", 0, 6144, 2048, False, True),
     ("DFlash2 gate|up", "affine4-g64", 0, 12288, 2048, False, False),
