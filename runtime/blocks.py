@@ -325,9 +325,14 @@ class MLP:
         return cls(Projections.of(weights[:2], biases[:2]), weights[2], biases[2])
 
     def __call__(self, x: Tensor, unsummed: bool = False) -> Tensor | SplitSums:
-        """`unsummed`: down_proj's split-K partials, for a kernel that adds them as it reads them (a drafter's)."""
+        """`unsummed`: down_proj's split-K partials, for a kernel that adds them as it reads them (the next norm's
+        residual add, a DFlash2 convolution)."""
         gate, up = self.gate_up(x)
         return project(activation.silu_mul(gate, up), self.down_proj, self.down_bias, unsummed=unsummed)
+
+    def delta(self, x: Tensor) -> Tensor | SplitSums:
+        """A decoder layer's output for the next norm to add (Norm.add): down_proj's partials where it split K."""
+        return self(x, unsummed=True)
 
 
 @dataclass
@@ -381,7 +386,7 @@ class MoE:
             linear.expert_stacks([*gate_up, down])[: experts.PREFETCHED],
         )
 
-    def __call__(self, x: Tensor) -> ExpertTerms:
+    def delta(self, x: Tensor) -> ExpertTerms:
         """The terms of the output's rows (x's rows flattened), which the next residual add's norm adds."""
         x = x.reshape(-1, x.shape[-1])
         logits = self.router(x, unsummed=True)  # split-K partials added in route and combine
@@ -417,7 +422,7 @@ class DecoderLayer:
         takes the next layer's `stream`: the one addition every step makes, with or without taps."""
         stream, x = (h, self.input_norm(h)) if previous_delta is None else self.input_norm.add(h, previous_delta)
         h, x = self.post_norm.add(stream, step.reduce(self.mixer(x, step)))
-        return stream, h, step.reduce(self.mlp(x))
+        return stream, h, step.reduce(self.mlp.delta(x))
 
 
 def mixer(config: ModelConfig, layer: int, fetch: Fetch, rope: Rope) -> Attention | GatedDeltaNet:
