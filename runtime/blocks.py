@@ -327,8 +327,9 @@ class MLP:
     def __call__(self, x: Tensor, unsummed: bool = False) -> Tensor | SplitSums:
         """`unsummed`: down_proj's split-K partials, for a kernel that adds them as it reads them (the next norm's
         residual add, a DFlash2 convolution)."""
-        gate, up = self.gate_up(x)
-        return project(activation.silu_mul(gate, up), self.down_proj, self.down_bias, unsummed=unsummed)
+        gate, up = self.gate_up(x, unsummed=True)  # split-K partials added in the SwiGLU's kernel
+        act = activation.silu_mul(gate, up).reshape(*x.shape[:-1], -1)  # partials come over x's rows flattened
+        return project(act, self.down_proj, self.down_bias, unsummed=unsummed)
 
     def delta(self, x: Tensor) -> Tensor | SplitSums:
         """A decoder layer's output for the next norm to add (Norm.add): down_proj's partials where it split K."""

@@ -5,8 +5,9 @@ five elementwise ops (and their four intermediate tensors) that torch runs for i
 gate and up may be views into one fused projection's output ([M, 2I] from a gate|up weight): rows are read
 through a row stride, columns must be contiguous. Elementwise, so batch-invariant by construction: an element's
 bits depend on its own two inputs alone. `swiglu(gate_up)` takes the fused output whole, or its split-K partials
-(linear.SplitSums: the routed experts' gate|up), which its kernel adds as the matmul's sum kernel would (in split
-order, rounded to the activations' dtype) before the SwiGLU: one launch instead of two, the same bits.
+(linear.SplitSums: the routed experts' gate|up), and `silu_mul` either operand so (a dense MLP's gate and up, column
+views of one fused product's partials), which the kernel adds as the matmul's sum kernel would (in split order,
+rounded to the activations' dtype) before the SwiGLU: one launch instead of two, the same bits.
 
 The gated attention's output gate: o [..., H, D] times sigmoid(gate) in float32, rounded to o's dtype, times o,
 rounded again (sigmoid_mul_reference; on the GPU `sigmoid_gated`, which the attention kernels apply as they store
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.linear import SplitSums
+from specpair.runtime.kernels.linear import SplitSums, planes_of
 from specpair.runtime.kernels.triton_common import (
     after_previous_kernel,
     device_function,
@@ -38,32 +39,12 @@ def swiglu(gate_up: Tensor | SplitSums) -> Tensor:
     if isinstance(gate_up, Tensor):
         return silu_mul(*gate_up.chunk(2, dim=-1))
     require_triton("swiglu")
-    return swiglu_triton(gate_up)
+    return silu_mul_triton(*gate_up.split([gate_up.shape[-1] // 2] * 2))
 
 
-def swiglu_triton(gate_up: SplitSums) -> Tensor:
-    """silu(gate) * up [rows, I], adding the gate|up product's partials first, as SplitSums.summed does."""
-    splits, rows, width = gate_up.partial.shape[0], gate_up.partial.shape[1], gate_up.partial.shape[2] // 2
-    out = torch.empty(rows, width, dtype=gate_up.dtype, device=gate_up.partial.device)
-    if out.numel():
-        partial = gate_up.partial
-        _silu_mul_kernel[(rows, triton.cdiv(width, BLOCK))](
-            partial,
-            partial[..., width:],
-            out,
-            width,
-            partial.stride(1),
-            partial.stride(1),
-            partial.stride(0),
-            SPLITS=splits,
-            BLOCK=BLOCK,
-            **launch_options(),
-        )
-    return out
-
-
-def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
-    if gate.is_cuda:
+def silu_mul(gate: Tensor | SplitSums, up: Tensor | SplitSums) -> Tensor:
+    """silu(gate) * up; either may be its product's split-K partials ([rows, I] out), which the GPU kernel adds."""
+    if isinstance(gate, SplitSums) or isinstance(up, SplitSums) or gate.is_cuda:
         return silu_mul_triton(gate, up)
     return silu_mul_reference(gate, up)
 
@@ -75,23 +56,30 @@ def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
     return (g / (1 + torch.exp(-g))).to(up.dtype) * up
 
 
-def silu_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
+def silu_mul_triton(gate: Tensor | SplitSums, up: Tensor | SplitSums) -> Tensor:
+    """Each operand as stored, or its product's float32 partials (a column view of a fused gate|up product's, or a
+    product of its own), added in split order and rounded to the product's dtype, as SplitSums.summed does."""
     require_triton("silu_mul")
-    if gate.shape != up.shape:
-        raise ValueError(f"silu_mul: gate {list(gate.shape)} and up {list(up.shape)} differ")
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(
+            f"silu_mul: gate {list(gate.shape)} ({gate.dtype}) and up {list(up.shape)} ({up.dtype}) differ"
+        )
     shape, width = up.shape, up.shape[-1]
-    gate, up = _rows(gate), _rows(up)
-    out = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    (gate, gate_plane, gate_splits), (up_rows, up_plane, up_splits) = planes_of(gate), planes_of(up)
+    gate, up_rows = _rows(gate), _rows(up_rows)
+    out = torch.empty(up_rows.shape, dtype=up.dtype, device=up_rows.device)
     if out.numel():
         _silu_mul_kernel[(out.shape[0], triton.cdiv(width, BLOCK))](
             gate,
-            up,
+            up_rows,
             out,
             width,
             gate.stride(0),
-            up.stride(0),
-            0,
-            SPLITS=0,
+            up_rows.stride(0),
+            gate_plane,
+            up_plane,
+            GATE_SPLITS=gate_splits,
+            UP_SPLITS=up_splits,
             BLOCK=BLOCK,
             **launch_options(),
         )
@@ -119,8 +107,10 @@ if triton is not None:
         width,
         gate_stride,
         up_stride,
-        plane,
-        SPLITS: tl.constexpr,
+        gate_plane,
+        up_plane,
+        GATE_SPLITS: tl.constexpr,
+        UP_SPLITS: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -129,9 +119,9 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < width
         dtype = out_ptr.dtype.element_ty
-        # as stored, or float32 partials [splits, rows, 2I] summed as the matmul's sum kernel sums them
-        g = summed_values(gate_ptr, row * gate_stride + cols, inside, plane, SPLITS, dtype).to(tl.float32)
-        u = summed_values(up_ptr, row * up_stride + cols, inside, plane, SPLITS, dtype).to(tl.float32)
+        # as stored, or float32 partials [splits, rows, N] summed as the matmul's sum kernel sums them
+        g = summed_values(gate_ptr, row * gate_stride + cols, inside, gate_plane, GATE_SPLITS, dtype).to(tl.float32)
+        u = summed_values(up_ptr, row * up_stride + cols, inside, up_plane, UP_SPLITS, dtype).to(tl.float32)
         activated = rounded(g / (1.0 + tl.exp(-g)), dtype).to(tl.float32)
         tl.store(out_ptr + row * width + cols, rounded(activated * u, dtype), mask=inside)
 

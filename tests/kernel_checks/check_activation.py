@@ -32,6 +32,23 @@ def test_swiglu_adds_split_sums_as_the_sum_kernel_does(splits: int) -> None:
     assert torch.equal(alone[0], got[3])
 
 
+def test_silu_mul_adds_each_operands_partials() -> None:
+    """A dense MLP's gate and up as their products' partials: column views of one fused product's (the same
+    splits), or products of their own (other splits), or one stored and one split: the bits of summing first."""
+    torch.manual_seed(3)
+    fused = linear.SplitSums(torch.randn(3, 6, 2 * 700) * 3, torch.bfloat16)
+    gate, up = fused.split([700, 700])
+    want = activation.silu_mul_triton(*fused.summed().chunk(2, dim=-1))
+    assert torch.equal(activation.silu_mul(gate, up), want)
+    own_gate = linear.SplitSums(torch.randn(2, 6, 700) * 3, torch.bfloat16)
+    own_up = linear.SplitSums(torch.randn(5, 6, 700) * 3, torch.bfloat16)
+    want = activation.silu_mul_triton(own_gate.summed(), own_up.summed())
+    assert torch.equal(activation.silu_mul(own_gate, own_up), want)
+    assert torch.equal(activation.silu_mul(own_gate.summed(), own_up), want)
+    with pytest.raises(ValueError, match="differ"):
+        activation.silu_mul(own_gate, linear.SplitSums(torch.randn(2, 6, 600), torch.bfloat16))
+
+
 @pytest.mark.parametrize("shape", [(1, 64), (19, 1500), (2, 3, 40)])
 def test_silu_mul(shape: tuple[int, ...]) -> None:
     torch.manual_seed(shape[-1])
