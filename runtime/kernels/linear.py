@@ -519,7 +519,15 @@ def _config(op: _Operand | _PlanesOperand) -> Tiles:
     # 13.7 -> 12.5 µs a call; attention's, 144, 12.7 -> 11.2; its routed NVFP4 gate|up, 9 experts of 16 blocks,
     # 13.1 -> 11.2 at 1 token, 40.1 -> 31.0 at 4; its down, 9 of 32, whole: 7.8 µs against 10.0 in two)
     wave = 2 if SMS < row_blocks < TARGET_PROGRAMS else 1
-    splits = max(1, min(max(TARGET_PROGRAMS // row_blocks, wave), steps // 2))
+    if op.layout.group:
+        # an affine step waits on each group's dot before scaling it, so a program is a chain of waits: more,
+        # shorter programs hide them, down to one step each, up to 3 programs an SM, splits a power of two (H100,
+        # tiles_sweep.py, DFlash2's affine-4 weights: q|k|v 9.9 -> 7.9 µs a call at 4 splits, its convolution's
+        # kernel projection 3.6 -> 2.9 at 16; o_proj and down best at the 8 they had, gate|up at 2; the 35B
+        # pair's DFlash2 round 0.810 -> 0.801 ms, its consumers reading the extra partials taking back a third)
+        splits = 1 << max(0, min(3 * SMS // row_blocks, steps).bit_length() - 1)
+    else:
+        splits = max(1, min(max(TARGET_PROGRAMS // row_blocks, wave), steps // 2))
     return Tiles(block_n, step, splits, warps=4, stages=3)
 
 
