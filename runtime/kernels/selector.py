@@ -1,11 +1,15 @@
 """DFlash2's candidate selector (runtime/drafters/dflash2.py CandidateSelector) in two steps of few launches: each
 draft row's top-K candidates over the vocabulary, then the walk over them, one launch for a whole block.
 
-Candidates. torch's top-k over 248,320 logits is a radix select of ~10 launches; `top_candidates` is two: each
-program takes the K largest of a chunk of CHUNK logits of one row, then one program a row takes the K largest of
-its chunks' picks. Both take a larger value first and, between equal values, the lower id, so the result is the
-same however the vocabulary is cut (torch leaves the order of ties open: the reference's ids may differ there,
-never its values).
+Candidates. torch's top-k over 248,320 logits is a radix select of ~10 launches; `top_candidates` is three, and
+reads each row's logits once and K chunks of them again: each program finds the largest logit of a chunk of CHUNK;
+K programs a row each take the K largest of one of the row's K chunks of largest maxima (a larger maximum first,
+between equal ones the chunk of lower ids); one program a row takes the K largest of those K·K picks. The K largest
+of a row lie in those chunks: each of them holds a logit at least as large as the K-th chunk's maximum, which is at
+least any logit of another chunk, and a logit equal to it in another chunk comes after all K of them (its chunk's ids
+are higher). Every pass takes a larger value first and, between equal values, the lower id, so the result is the
+same however the vocabulary is cut (torch leaves the order of ties open: the reference's ids may differ there, never
+its values).
 
 Walk. For each sequence, left to right over the block's k rows after the anchor, with `previous` the token chosen
 before (the anchor first):
@@ -55,22 +59,35 @@ def top_candidates_triton(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     chunks = triton.cdiv(vocab, CHUNK)
-    picked = torch.empty(rows.shape[0], chunks * k, dtype=torch.float32, device=logits.device)
-    picked_ids = torch.empty(rows.shape[0], chunks * k, dtype=torch.int64, device=logits.device)
+    kept = min(k, chunks)  # the chunks of largest maxima, which hold the k largest logits
+    maxima = torch.empty(rows.shape[0], chunks, dtype=torch.float32, device=logits.device)
+    picked = torch.empty(rows.shape[0], kept * k, dtype=torch.float32, device=logits.device)
+    picked_ids = torch.empty(rows.shape[0], kept * k, dtype=torch.int64, device=logits.device)
     values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows.shape[0], k, dtype=torch.int64, device=logits.device)
     if rows.shape[0]:
-        _chunk_top_kernel[(rows.shape[0], chunks)](
-            rows, picked, picked_ids, vocab, rows.stride(0), K=k, CHUNK=CHUNK, **launch_options()
+        _chunk_max_kernel[(rows.shape[0], chunks)](rows, maxima, vocab, rows.stride(0), CHUNK=CHUNK, **launch_options())
+        _chunk_top_kernel[(rows.shape[0], kept)](
+            rows,
+            maxima,
+            picked,
+            picked_ids,
+            vocab,
+            rows.stride(0),
+            chunks,
+            K=k,
+            CHUNK=CHUNK,
+            CHUNKS=triton.next_power_of_2(chunks),
+            **launch_options(),
         )
         _merge_top_kernel[(rows.shape[0],)](
             picked,
             picked_ids,
             values,
             ids,
-            chunks * k,
+            kept * k,
             K=k,
-            BLOCK=triton.next_power_of_2(chunks * k),
+            BLOCK=triton.next_power_of_2(kept * k),
             **launch_options(),
         )
     return values.view(*logits.shape[:-1], k), ids.view(*logits.shape[:-1], k)
@@ -227,23 +244,44 @@ if triton is not None:
             tl.store(tokens_ptr + row, previous)
 
     @triton.jit
-    def _chunk_top_kernel(
-        logits_ptr,
-        picked_ptr,
-        picked_ids_ptr,
-        vocab,
-        row_stride,
-        K: tl.constexpr,
-        CHUNK: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
+    def _chunk_max_kernel(logits_ptr, maxima_ptr, vocab, row_stride, CHUNK: tl.constexpr, PDL: tl.constexpr):
         after_previous_kernel(PDL)
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         ids = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(logits_ptr + row * row_stride + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
+        tl.store(maxima_ptr + row * tl.num_programs(1) + chunk, tl.max(x, axis=0))
+
+    @triton.jit
+    def _chunk_top_kernel(
+        logits_ptr,
+        maxima_ptr,
+        picked_ptr,
+        picked_ids_ptr,
+        vocab,
+        row_stride,
+        chunks,
+        K: tl.constexpr,
+        CHUNK: tl.constexpr,
+        CHUNKS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        """The K largest logits of the row's chunk ranked program_id(1) by its maximum (larger first, between
+        equal maxima the lower chunk)."""
+        after_previous_kernel(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        rank = tl.program_id(1)
+        c = tl.arange(0, CHUNKS)
+        real = c < chunks
+        m = tl.load(maxima_ptr + row * chunks + c, mask=real, other=float("-inf"))
+        # a chunk's rank: the real chunks before it in that order
+        before = ((m[None, :] > m[:, None]) | ((m[None, :] == m[:, None]) & (c[None, :] < c[:, None]))) & real[None, :]
+        ranks = tl.sum(before.to(tl.int32), axis=1)
+        chunk = tl.sum(tl.where(real & (ranks == rank), c, 0), axis=0)
+        ids = chunk * CHUNK + tl.arange(0, CHUNK)
         live = ids < vocab  # not yet picked (a logit of -inf is picked in its turn, as any other)
         x = tl.load(logits_ptr + row * row_stride + ids, mask=live, other=float("-inf")).to(tl.float32)
-        out = (row * tl.num_programs(1) + chunk) * K
+        out = (row * tl.num_programs(1) + rank) * K
         for i in tl.static_range(K):
             best = tl.max(tl.where(live, x, float("-inf")), axis=0)
             at = tl.min(tl.where(live & (x == best), ids, vocab), axis=0)  # the lowest id of the largest value
@@ -270,8 +308,9 @@ if triton is not None:
         ids = tl.load(picked_ids_ptr + row * count + slots, mask=live, other=0)
         for i in tl.static_range(K):
             best = tl.max(tl.where(live, x, float("-inf")), axis=0)
-            # slots run by chunk, and within a chunk equal values by id: the first slot is the lowest id
-            at = tl.min(tl.where(live & (x == best), slots, BLOCK), axis=0)
+            first = tl.min(tl.where(live & (x == best), ids, tl.cast(2**62, tl.int64)), axis=0)  # the lowest id
+            # one slot of it (a chunk that ran out repeats the id vocab, with -inf)
+            at = tl.min(tl.where(live & (x == best) & (ids == first), slots, BLOCK), axis=0)
             tl.store(values_ptr + row * K + i, best)
-            tl.store(ids_ptr + row * K + i, tl.sum(tl.where(slots == at, ids, 0), axis=0))
+            tl.store(ids_ptr + row * K + i, first)
             live = live & (slots != at)

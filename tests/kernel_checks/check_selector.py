@@ -111,6 +111,20 @@ def test_top_candidates_match_torch_topk(rows: int, vocab: int, k: int) -> None:
     assert ids[0, 0].item() == 7 and ids[0, 1].item() == vocab - 3
 
 
+def test_top_candidates_among_chunks_of_equal_maxima() -> None:
+    """More chunks than k share the largest maximum: the k lowest ids of it win (the chunks of lower ids are
+    ranked first); and a row whose k largest lie in one chunk takes them all from there."""
+    chunk = selector.CHUNK
+    logits = torch.rand(2, 20 * chunk + 100) - 1
+    logits[0, torch.arange(3, 21) * chunk + 1000 - (torch.arange(3, 21) == 20).long() * 1000] = 5.0
+    logits[1, 7 * chunk + torch.tensor([9, 3, 2047, 600])] = torch.tensor([9.0, 8.0, 7.0, 6.0])
+    values, ids = selector.top_candidates_triton(logits, 4)
+    assert ids[0].tolist() == [c * chunk + 1000 for c in (3, 4, 5, 6)] and values[0].tolist() == [5.0] * 4
+    assert ids[1].tolist() == [7 * chunk + i for i in (9, 3, 2047, 600)]
+    for r in range(2):
+        assert torch.equal(ids[r], sorted_top(logits[r], 4)[1])
+
+
 def test_top_candidates_with_minus_infinity() -> None:
     """Logits of -inf (a vocabulary's unused rows, masked) are picked only after every finite one, by id."""
     logits = torch.full((2, 3000), float("-inf"))
