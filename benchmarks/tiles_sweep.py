@@ -2,7 +2,7 @@
 against the tiles the runtime picks (linear.tiles_of), in the same run.
 
     PYTHONPATH=/tmp/pkgs:/tmp/site python3 benchmarks/tiles_sweep.py \
-        [--candidates 'splits=1;block_n=32'] [--cases NAMES] [--out F]
+        [--candidates 'splits=1;block_n=32'] [--cases NAMES] [--layouts nvfp4-modelopt,gguf-Q4_K] [--out F]
     TRITON_INTERPRET=1 python benchmarks/tiles_sweep.py --smoke   # tiny shapes, no timing: the script's logic
 
 The weights are the step's (benchmarks/results/step_profile.md's "matmuls of one step, by weight"): the routed
@@ -16,7 +16,9 @@ the weight (and, for experts, over different experts) to read from HBM, as kerne
 candidate and M (tokens): µs per call and the share of copy bandwidth of the bytes it reads (the weight, or the
 touched experts). A candidate's products must match the runtime tiles' to float32 rounding of a different split
 (checked: relative difference < 1e-2), which catches a candidate the kernel computes wrongly; its bits are the
-kernel checks' business.
+kernel checks' business. `--layouts`: each case's weight also in these layouts (as loaders give them to the kernel,
+`linear.to_kernel_layout`), with their own runtime tiles: what the layout, not the tiling, costs at that shape (a
+layout's product is checked against x times its dequantized weight, relative difference < 2e-2).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels_gpu import Bench, clone, copies_for, expert_stack, weight  # noqa: E402
+from kernels_gpu import Bench, clone, copies_for, dequantized, expert_stack, weight  # noqa: E402
 
+from specpair.formats.packed import Packed  # noqa: E402
 from specpair.runtime.kernels import linear  # noqa: E402
 
 EXPERTS, TOUCHED, DISTINCT = 256, 9, 32
@@ -77,19 +80,26 @@ def label(overrides: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "runtime"
 
 
+def kernel_weight(layout: str, w: torch.Tensor) -> torch.Tensor | Packed:
+    """w in `layout` as a loader hands it to the kernel (linear.to_kernel_layout: GGUF k-quants as planes)."""
+    packed = weight(layout, w)
+    return packed if isinstance(packed, torch.Tensor) else linear.to_kernel_layout(packed)
+
+
 def case_calls(case: tuple, m: int, device: str):
-    """(fn(i, tiles) -> the call's product, bytes a call reads, calls to rotate over) for one case at m tokens."""
+    """(fn(i, tiles) -> the call's product, bytes a call reads, calls to rotate over, and for a dense weight the
+    product x times its dequantized weight, made when asked) for one case at m tokens."""
     _, layout, experts, n, k, per_pair, unsummed = case
     gen = torch.Generator(device=device).manual_seed(0)
     if not experts:
-        w = weight(layout, torch.randn(n, k, device=device, generator=gen) * 0.05)
+        w = kernel_weight(layout, torch.randn(n, k, device=device, generator=gen) * 0.05)
         copies = [w] + [clone(w) for _ in range(copies_for(w.nbytes) - 1)]
         x = torch.randn(m, k, device=device, generator=gen).bfloat16()
 
-        def dense(i: int, tiles: linear.Tiles):
+        def dense(i: int, tiles: linear.Tiles | None):
             return linear.matmul_triton(x, copies[i % len(copies)], tiles=tiles, unsummed=unsummed)
 
-        return dense, w.nbytes, len(copies)
+        return dense, w.nbytes, len(copies), lambda: x.float() @ dequantized(w).T
     distinct = min(DISTINCT, experts)
     w = expert_stack(layout, torch.randn(distinct, n, k, device=device, generator=gen) * 0.05, experts)
     sets = 64  # rotate over different experts: a call's experts are seldom in L2 from the last
@@ -102,7 +112,7 @@ def case_calls(case: tuple, m: int, device: str):
     def routed(i: int, tiles: linear.Tiles):
         return linear.matmul_experts_triton(x, w, ids[i % sets], tiles=tiles, per_pair=per_pair, unsummed=unsummed)
 
-    return routed, touched, sets
+    return routed, touched, sets, None
 
 
 def summed(y) -> torch.Tensor:
@@ -114,7 +124,7 @@ def runtime_tiles(case: tuple, device: str) -> linear.Tiles:
     """The tiles the runtime picks for the case's weight: a function of its layout and [N, K] alone."""
     _, layout, experts, n, k, _, _ = case
     w = torch.randn(n, k, device=device) * 0.05
-    return linear.tiles_of(expert_stack(layout, w[None], 1) if experts else weight(layout, w))
+    return linear.tiles_of(expert_stack(layout, w[None], 1) if experts else kernel_weight(layout, w))
 
 
 def tiles_text(t: linear.Tiles) -> str:
@@ -125,6 +135,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="';'-separated linear.Tiles overrides")
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument(
+        "--layouts", default="", help="also each dense case's weight in these layouts (comma-separated)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (the CPU under TRITON_INTERPRET)")
     parser.add_argument("--out", help="also write the table as markdown here")
     args = parser.parse_args()
@@ -151,7 +164,7 @@ def main() -> int:
             tiles = replace(runtime, **overrides)
             cells = []
             for m in ROWS:
-                fn, read, rotate = calls[m]
+                fn, read, rotate, _ = calls[m]
                 got, want = summed(fn(0, tiles)), wants[m]
                 wrong = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() > 1e-2
                 failed |= wrong
@@ -162,6 +175,21 @@ def main() -> int:
                 cells.append(f"{seconds * 1e6:.1f}{' WRONG' if wrong else ''} | {share:.1%}")
             name = case[0].replace("|", "\\|")  # a fused weight's name, in a markdown cell
             lines.append(f"| {name} | {case[1]} | {label(overrides)} {tiles_text(tiles)} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+        for layout in [name for name in args.layouts.split(",") if name] if not case[2] else []:
+            other = (case[0], layout, *case[2:])
+            tiles = runtime_tiles(other, device)
+            cells = []
+            for m in ROWS:
+                fn, read, rotate, exact = case_calls(other, m, device)
+                got, want = summed(fn(0, None)), exact()
+                wrong = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() > 2e-2
+                failed |= wrong
+                seconds = bench.seconds_per_call(lambda i, fn=fn: fn(i, None), max(16, rotate)) if bench.timing else 0
+                share = read / seconds / bench.copy if seconds else float("nan")
+                cells.append(f"{seconds * 1e6:.1f}{' WRONG' if wrong else ''} | {share:.1%}")
+            name = case[0].replace("|", "\\|")
+            lines.append(f"| {name} | {layout} | runtime {tiles_text(tiles)} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

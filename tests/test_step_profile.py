@@ -105,6 +105,28 @@ def test_the_tile_sweep_runs_each_case_and_candidate(tmp_path: Path) -> None:
     assert "WRONG" not in out.read_text()
 
 
+def test_the_tile_sweep_times_a_dense_case_in_other_layouts(tmp_path: Path) -> None:
+    """--layouts: a dense case's weight also in other layouts, each with its own runtime tiles and its product checked
+    against x times its dequantized weight; a routed case keeps its own layout only."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "tiles_sweep.py"
+    out = tmp_path / "tiles.md"
+    args = ["--smoke", "--candidates", "splits=2", "--cases", "DFlash2 q|k|v,experts down"]
+    args += ["--layouts", "nvfp4-modelopt,affine8-g64", "--out", str(out)]
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ")[:3] for line in out.read_text().splitlines() if line.startswith(("| DFlash2", "| experts"))]
+    assert [(r[0], r[1], r[2].split(" (")[0]) for r in rows] == [
+        ("| experts down", "nvfp4-modelopt", "runtime"),
+        ("| experts down", "nvfp4-modelopt", "splits=2"),
+        ("| DFlash2 q\\|k\\|v", "affine4-g64", "runtime"),
+        ("| DFlash2 q\\|k\\|v", "affine4-g64", "splits=2"),
+        ("| DFlash2 q\\|k\\|v", "nvfp4-modelopt", "runtime"),
+        ("| DFlash2 q\\|k\\|v", "affine8-g64", "runtime"),
+    ]
+    assert "WRONG" not in out.read_text()
+
+
 def test_a_packed_weight_counts_its_parts_bytes() -> None:
     """Packed.nbytes, as a tensor's: an NVFP4 weight's codes (half a byte a value), block scales (a byte per 16) and
     global scale; a stack of experts, each expert's times their count."""
