@@ -49,8 +49,10 @@ def prompt_of(target: Transformer) -> list[int]:
 
 
 def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> Callable[[], None]:
-    """One round after a prefill-sized start: a proposal at the prompt's end, then the observation of a verify step
-    that kept nothing (its rows are random features: the observation's cost does not depend on their values)."""
+    """One round after a prefill-sized start: the observation of a verify step that kept nothing (its rows are random
+    features: the observation's cost does not depend on their values), then a proposal at the prompt's end (a
+    DFlash drafter stores that observation with the proposal's products: from the second round on, each round is
+    the steady state's)."""
     device = target.device
     drafter.start(1, PROMPT_TOKENS + 2 * block, graphs)
     anchors = torch.tensor([prompt_of(target)[-1]], device=device)
@@ -65,15 +67,17 @@ def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) ->
     committed = Committed(tokens, rows, tokens, nothing, taps, hidden)
 
     def one_round() -> None:
-        drafter.propose(anchors, positions, block - 1, drafting)
         drafter.observe(committed)
+        drafter.propose(anchors, positions, block - 1, drafting)
 
     return one_round
 
 
 def round_matmuls(target: Transformer, drafter: Drafter, block: int) -> list[dict]:
-    """The matmul calls of one eager round, in order (step_profile.matmul_call of each: its weight and bytes)."""
+    """The matmul calls of one eager round in the steady state (the second), in order (step_profile.matmul_call of
+    each: its weight and bytes)."""
     one_round = round_of(target, drafter, block, graphs=False)
+    one_round()
     with recorded_matmuls() as calls:
         one_round()
     return calls

@@ -33,6 +33,7 @@ from specpair.convert import converter as conv
 from specpair.runtime import acceptance
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting
+from specpair.runtime.drafters.dflash import DFlash
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
@@ -243,6 +244,41 @@ def test_finished_sequences_leave_the_rounds_and_the_rest_stay_exact(workshop, k
     assert out[0].stopped and len(out[0].tokens) < len(out[1].tokens)
     assert orders and all(sorted(o) == list(range(len(s.prompts))) for o in orders)  # rows moved, none lost
     assert widths[-1] < len(s.prompts)  # the last rounds ran fewer rows than the batch
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_context_stored_with_the_next_proposal_drafts_as_one_stored_at_once(workshop, kind, monkeypatch):
+    """A DFlash drafter stores a verify block's context with the next proposal's products (its rows past what the
+    target kept at no position): every proposal is the one it makes when each observation is stored at once (the
+    rows past kept written, then overwritten by the block), through rounds where a sequence finished and the
+    others' rows moved, greedy and sampled."""
+    family = "llama"
+    s = workshop.setup(family)
+    drafter = workshop.load(family, kind)
+    stop = s.reference[0][3]
+    real_propose, real_observe = DFlash.propose, DFlash.observe
+
+    def run(sampling: Sampling) -> tuple[list, list]:
+        proposals = []
+
+        def propose(self, *args, **kwargs):
+            waited = self.pending is not None
+            proposal = real_propose(self, *args, **kwargs)
+            proposals.append((waited, proposal.tokens.tolist()))
+            return proposal
+
+        monkeypatch.setattr(DFlash, "propose", propose)
+        out, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, sampling, [stop], block_size=4)
+        return [(r.tokens, r.accepted) for r in out], proposals
+
+    for sampling in (GREEDY, Sampling(temperature=0.8, top_k=20, seed=7)):
+        merged, merged_proposals = run(sampling)
+        monkeypatch.setattr(DFlash, "observe", lambda self, committed: (real_observe(self, committed), self.flush()))
+        at_once, at_once_proposals = run(sampling)
+        monkeypatch.setattr(DFlash, "observe", real_observe)
+        assert merged == at_once and [t for _, t in merged_proposals] == [t for _, t in at_once_proposals]
+        assert sum(w for w, _ in merged_proposals) == len(merged_proposals) - 1  # all but the first took a context
+        assert not any(w for w, _ in at_once_proposals)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2", "eagle3", "mtp", "draft_model"])

@@ -115,7 +115,9 @@ def test_the_tile_sweep_times_a_dense_case_in_other_layouts(tmp_path: Path) -> N
     env = os.environ | {"TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line.split(" | ")[:3] for line in out.read_text().splitlines() if line.startswith(("| DFlash2", "| experts"))]
+    rows = [
+        line.split(" | ")[:3] for line in out.read_text().splitlines() if line.startswith(("| DFlash2", "| experts"))
+    ]
     assert [(r[0], r[1], r[2].split(" (")[0]) for r in rows] == [
         ("| experts down", "nvfp4-modelopt", "runtime"),
         ("| experts down", "nvfp4-modelopt", "splits=2"),

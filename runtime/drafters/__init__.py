@@ -21,7 +21,7 @@ proposal costs speed, never exactness.
 
 With `graphs`, a drafter runs the steps whose shapes recur (a proposal, whole for block and chain drafters or a
 step at a time for a draft model, and the observation of a round's block, which is one row wider than the
-proposal's drafts) through runtime/graphs.py's StepGraphs: CUDA graphs
+proposal's drafts; a DFlash drafter's inside its next proposal) through runtime/graphs.py's StepGraphs: CUDA graphs
 captured at the second call of each shape, on CUDA; the same steps eagerly through static buffers on the CPU.
 """
 

@@ -3,7 +3,11 @@
 Context. For every committed position p the target's taps (the residual stream after layers
 target_layer_ids, concatenated) become c_p = hidden_norm(fc(taps_p)), and each draft layer l stores
 K_l[p] = rope_p(k_norm(W_k c_p)), V_l[p] = W_v c_p in the drafter's own static cache, once, when p is committed
-(`observe`); c_p feeds every layer's k/v projection directly, never a layer's input.
+(`observe`); c_p feeds every layer's k/v projection directly, never a layer's input. The context of a round's
+verify block waits for the next proposal, whose products take its rows beside the block's (each layer's q|k|v reads
+its weight once a round, not twice; on a GPU the rows share one tile of the matmul, whose rows do not change each
+other's bits); its rows past what the target kept store nothing, as the block writes those positions in the same
+kernel. Any other step (a prompt's chunks) is stored when observed.
 
 Block. A round at anchor position s runs [anchor, mask x (B - 1)] at positions s .. s+B-1: the target's raw
 embedding rows (times input_embedding_scale; the rows of mask_token_id are the drafter's shipped mask embedding
@@ -17,9 +21,11 @@ bidirectional on every layer, and a window that reaches |p - k| <= W. Rows 1..B-
 head, times output_multiplier, soft-capped by final_logit_softcapping: DFlash drafts each row's argmax, DFlash2
 walks its candidate selector.
 
-Cache hygiene without rollback: block K/V at s..s+B-1 and the context of rejected verify rows (at positions at
-or after the next anchor s') are all overwritten by the next round's block, which covers s'..s'+B-1, before its
-attention reads them; nothing at or beyond s'+B is read.
+Cache hygiene without rollback: block K/V at s..s+B-1 are overwritten by the next round's block, which covers
+s'..s'+B-1, before its attention reads them; the context of rejected verify rows (at positions at or after the next
+anchor s') is not stored with that block (those rows have no position), and where a verify block's context is
+stored at once (no proposal followed its observation) the next block overwrites those rows as it does its own;
+nothing at or beyond s'+B is read.
 """
 
 from __future__ import annotations
@@ -105,13 +111,16 @@ class DFlashLayer:
 
     def store_context(self, c: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache) -> None:
         """The context rows' k and v, normed and rotated, into the cache at their positions: q|k|v's one product and
-        one kernel (the queries it makes alongside are not read; the k and v products alone and their norm,
-        rotation and store took ~13 launches a layer)."""
-        self.queries(c, positions, cos, sin, rope, cache)
+        one kernel, no queries (the k and v products alone and their norm, rotation and store took ~13 launches a
+        layer)."""
+        self.queries(c, positions, cos, sin, rope, cache, context_rows=c.shape[1])
 
-    def queries(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache) -> Tensor:
-        """x's rows through q|k|v: their k and v stored in the cache at `positions`, their q returned, each normed
-        and rotated (q|k|v's partials added where the qk kernel reads them)."""
+    def queries(
+        self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, rope: Rope, cache: Cache, context_rows: int = 0
+    ) -> Tensor:
+        """x's rows through q|k|v: their k and v stored in the cache at `positions` (none at a negative one), the q
+        of the rows from context_rows on returned, each normed and rotated (q|k|v's partials added where the qk
+        kernel reads them)."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x, unsummed=True)
         return qk.rotate_and_store(
@@ -128,6 +137,7 @@ class DFlashLayer:
             cache.kv,
             cache.slots[self.layer],
             positions,
+            context_rows,
         )
 
     def span(self, positions: Tensor, block_end: Tensor) -> tuple[Tensor, Tensor]:
@@ -150,14 +160,20 @@ class DFlashLayer:
         sin: Tensor,
         rope: Rope,
         cache: Cache,
+        context: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(the residual stream, what this layer adds to it): the next layer's input norm adds it, as the
-        target's layers do (one kernel for the add and the norm), the last one's the drafter's final norm."""
+        target's layers do (one kernel for the add and the norm), the last one's the drafter's final norm.
+        `context` [B, Tc, H]: context rows stored by the block's q|k|v product, before its rows (`positions`, `cos`
+        and `sin` then cover both)."""
         B, T, _ = h.shape
         h, x = (h, self.input_norm(h)) if delta is None else self.input_norm.add(h, delta)
         if self.attention_conv is not None:
             x, coefficients = self.attention_conv.prepare(x)
-        q = self.queries(x, positions, cos, sin, rope, cache)
+        if context is None:
+            q = self.queries(x, positions, cos, sin, rope, cache)
+        else:
+            q = self.queries(torch.cat((context, x), dim=1), positions, cos, sin, rope, cache, context.shape[1])
         slot = cache.slots[self.layer]
         o = attention.attention(q, cache.kv[0, slot, :B], cache.kv[1, slot, :B], *span, self.head_dim**-0.5)
         # o_proj's and the MLP's partials added where they are read: by DFlash2's convolution, or by the next norm
@@ -202,8 +218,8 @@ class DFlash:
         self.samples = selector is not None
         self.rope = Rope(config, target.device)
         self.cache: Cache | None = None
-        self.drafting: StepGraphs | None = None  # `_drafted`: a proposal
-        self.observing: StepGraphs | None = None  # `_context` for a round's block
+        self.drafting: StepGraphs | None = None  # `_drafted`: a proposal, with the context that waits for it
+        self.pending: tuple[Tensor, Tensor, Tensor] | None = None  # a round's context: taps, positions, kept
         self.round = 0  # rows of a round's block: drafts + 1
 
     @classmethod
@@ -236,15 +252,30 @@ class DFlash:
 
     def start(self, batch: int, context: int, graphs: bool = False) -> None:
         self.cache = Cache(self.config, batch, context, self.target.dtype, self.target.device)
-        self.drafting, self.observing = StepGraphs(self._drafted, graphs), StepGraphs(self._context, graphs)
+        self.drafting = StepGraphs(self._drafted, graphs)
+        self.pending = None
         self.round = 0
 
     def reorder(self, order: Tensor) -> None:
         self.cache.reorder(order)
+        if self.pending is not None:  # the rows of the last step, whose order moves within them
+            self.pending = tuple(t[order[: t.shape[0]]] for t in self.pending)
 
     def observe(self, committed: Committed) -> None:
-        rows = self.observing if committed.tokens.shape[1] == self.round else self._context  # prefill: as they come
-        rows(committed.taps, committed.positions)
+        """A round's verify block (as wide as the last proposal's) waits for the next proposal; a prompt's chunk
+        is stored now."""
+        self.flush()
+        if committed.tokens.shape[1] == self.round:
+            self.pending = (committed.taps, committed.positions, committed.kept)
+        else:
+            self._context(committed.taps, committed.positions)
+
+    def flush(self) -> None:
+        """Store the context that waits for a proposal now (an observation that no proposal followed)."""
+        if self.pending is not None:
+            taps, positions, _ = self.pending
+            self.pending = None
+            self._context(taps, positions)
 
     def _context(self, taps: Tensor, positions: Tensor) -> None:
         c = self.hidden_norm(project(taps, self.fc))
@@ -252,9 +283,12 @@ class DFlash:
         for layer in self.layers:
             layer.store_context(c, positions, cos, sin, self.rope, self.cache)
 
-    def block(self, anchors: Tensor, positions: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    def block(
+        self, anchors: Tensor, positions: Tensor, size: int, context: tuple[Tensor, ...] = ()
+    ) -> tuple[Tensor, Tensor]:
         """The normed output rows [B, size, H] of the block [anchor, mask x (size - 1)] at positions .. + size,
-        and the block's positions [B, size]."""
+        and the block's positions [B, size]. `context`: a verify block's taps [B, T, n·H], positions [B, T] and
+        kept rows [B], stored by the block's products (the rows past kept at no position)."""
         batch = anchors.shape[0]
         ids = torch.full((batch, size), self.mask_token_id, dtype=torch.int64, device=anchors.device)
         ids[:, 0] = anchors
@@ -266,7 +300,13 @@ class DFlash:
             h = h * self.embedding_scale
         if not self.mask_before_scale:
             h = self._masked(ids, h)
-        cos, sin = self.rope.tables(block_positions)
+        c, rows = None, block_positions
+        if context:
+            taps, at, kept = context
+            c = self.hidden_norm(project(taps, self.fc))
+            at = torch.where(torch.arange(at.shape[1], device=at.device) < kept[:, None], at, -1)
+            rows = torch.cat((at, block_positions), dim=1)
+        cos, sin = self.rope.tables(rows)
         end = positions + size
         spans: dict[tuple[bool, int | None], tuple[Tensor, Tensor]] = {}  # once per block, not per layer
         delta = None
@@ -274,7 +314,7 @@ class DFlash:
             key = (layer.causal, layer.reach)
             if key not in spans:
                 spans[key] = layer.span(block_positions, end)
-            h, delta = layer(h, delta, block_positions, spans[key], cos, sin, self.rope, self.cache)
+            h, delta = layer(h, delta, rows, spans[key], cos, sin, self.rope, self.cache, c)
         return self.norm.add(h, delta)[1], block_positions
 
     def _masked(self, ids: Tensor, h: Tensor) -> Tensor:
@@ -292,18 +332,21 @@ class DFlash:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _drafted(self, anchors: Tensor, positions: Tensor, size: int, drafting: Drafting) -> Proposal:
-        """A whole proposal, block to tokens: on CUDA one graph, the selector's walk and the draws included (keyed
-        by position, so they replay)."""
-        out, block_positions = self.block(anchors, positions, size)
+    def _drafted(self, anchors: Tensor, positions: Tensor, *context: Tensor, size: int, drafting: Drafting) -> Proposal:
+        """A whole proposal, the context that waited for it to tokens: on CUDA one graph, the selector's walk and
+        the draws included (keyed by position, so they replay)."""
+        out, block_positions = self.block(anchors, positions, size, context)
         logits = self.logits(out[:, 1:])
         if self.selector is not None:
             return self.selector.walk(out[:, 1:], logits, anchors, block_positions[:, 1:], drafting)
         return drafting.pick(logits, block_positions[:, 1:])
 
     def propose(self, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting) -> Proposal:
+        # the context's live rows: finished sequences were moved behind them (reorder) and propose no more
+        context = () if self.pending is None else tuple(t[: anchors.shape[0]] for t in self.pending)
+        self.pending = None
         self.round = drafts + 1
-        return self.drafting(anchors, positions, size=drafts + 1, drafting=drafting)
+        return self.drafting(anchors, positions, *context, size=drafts + 1, drafting=drafting)
 
 
 def check_pair(model: Model, target: Transformer) -> None:

@@ -3,14 +3,17 @@
 their positions. On the GPU one kernel replaces the ~20 small ops (norms, casts, halves, concatenations, the
 index_put) a layer would otherwise launch for them.
 
-    q_out = rotate_and_store(q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions)
+    q_out = rotate_and_store(q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions,
+                             context_rows=0)
 
 q [B, T, Hq, D], k and v [B, T, Hkv, D] (views of a fused projection's output: heads and tokens through
 strides, dims contiguous; on the GPU each may be that product's split-K partials, linear.SplitSums, which the
 kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin
 [B, T, 1, rotary_dim] float32 (rope.py's tables: each half repeats the other); kv the cache's buffer
 [2, layers, batch, context, Hkv, D], slot the layer's index in it; positions [B, T]. Returns the rotated q,
-contiguous. The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32
+contiguous, of the rows from `context_rows` on (the rows before are a drafter's context, whose k and v alone are
+kept: DFlash's context beside its block in one product); a row at a negative position stores nothing (a context row
+the target rejected, whose position the block's row writes in the same launch). The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32
 on the (normed, rounded) values, rounded once. Each (token, head) is its own program and its own reference step:
 batch-invariant by construction.
 """
@@ -57,8 +60,9 @@ def rotate_and_store(
     kv: Tensor,
     slot: int,
     positions: Tensor,
+    context_rows: int = 0,
 ) -> Tensor:
-    args = (q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions)
+    args = (q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions, context_rows)
     if any(isinstance(x, SplitSums) or x.is_cuda for x in (q, k, v)):
         return rotate_and_store_triton(*args)
     return rotate_and_store_reference(*args)
@@ -78,6 +82,7 @@ def rotate_and_store_reference(
     kv: Tensor,
     slot: int,
     positions: Tensor,
+    context_rows: int = 0,
 ) -> Tensor:
     if q_gain is not None:
         q = rms_norm_reference(q, q_gain, eps, zero_centred)
@@ -87,10 +92,11 @@ def rotate_and_store_reference(
     turned = rotate(torch.cat((q, k), dim=2), cos, sin, rotary_dim)
     q, k = turned[:, :, : q.shape[2]], turned[:, :, q.shape[2] :]
     rows = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
+    stored = positions >= 0
     # one write into the cache's shared buffer (autograd, which tests train drafters through, refuses in-place
     # writes into views taken before another write to their buffer: the caller takes its views after)
-    kv[:, slot, rows, positions] = torch.stack((k, v))
-    return q.contiguous()
+    kv[:, slot, rows[stored], positions[stored]] = torch.stack((k, v))[:, stored]
+    return q[:, context_rows:].contiguous()
 
 
 def rotate_and_store_triton(
@@ -107,6 +113,7 @@ def rotate_and_store_triton(
     kv: Tensor,
     slot: int,
     positions: Tensor,
+    context_rows: int = 0,
 ) -> Tensor:
     require_triton("rotate_and_store")
     dtype = q.dtype
@@ -127,8 +134,8 @@ def rotate_and_store_triton(
             f"rotate_and_store: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, cache {list(kv.shape)}, "
             f"rotary_dim {rotary_dim} do not fit"
         )
-    out = torch.empty(batch, tokens, q_heads, head_dim, dtype=dtype, device=q.device)
-    if out.numel() == 0:
+    out = torch.empty(batch, tokens - context_rows, q_heads, head_dim, dtype=dtype, device=q.device)
+    if batch * tokens == 0:
         return out
     cos = cos.reshape(batch * tokens, rotary_dim).contiguous()
     sin = sin.reshape(batch * tokens, rotary_dim).contiguous()
@@ -146,6 +153,7 @@ def rotate_and_store_triton(
         kv[0, slot],
         kv[1, slot],
         tokens,
+        context_rows,
         q_heads,
         head_dim,
         half,
@@ -193,6 +201,7 @@ if triton is not None:
         kc_ptr,
         vc_ptr,
         tokens,
+        context_rows,
         q_heads,
         head_dim,
         half,
@@ -263,16 +272,25 @@ if triton is not None:
         y1 = rounded(x1 * c1 + (-x2) * s1, dtype)
         y2 = rounded(x2 * c2 + x1 * s2, dtype)
         y3 = rounded(x3, dtype)
+        # masks as tensors (the interpreter takes no scalar bool in one): a query of a row from context_rows on, as
+        # a row of out; a key and value at a position of 0 or more
         if is_query:
-            dst = out_ptr + (bt * q_heads + head) * head_dim
+            dst = out_ptr + ((b * (tokens - context_rows) + t - context_rows) * q_heads + head) * head_dim
+            store_half = in_half & (lo * 0 + t >= context_rows)
+            store_rest = in_rest & (rest * 0 + t >= context_rows)
         else:
             position = tl.load(pos_ptr + bt)
+            store_half = in_half & (lo * 0 + position >= 0)
+            store_rest = in_rest & (rest * 0 + position >= 0)
+            position = tl.maximum(position, 0)
             dst = kc_ptr + b * scb + position * scs + kv_head * sch
             vsrc = v_ptr + b * svb + t * svt + kv_head * svh
             vdst = vc_ptr + b * scb + position * scs + kv_head * sch
-            tl.store(vdst + lo, summed_values(vsrc, lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
-            tl.store(vdst + half + lo, summed_values(vsrc, half + lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
-            tl.store(vdst + rest, summed_values(vsrc, rest, in_rest, v_plane, V_SPLITS, dtype), mask=in_rest)
-        tl.store(dst + lo, y1, mask=in_half)
-        tl.store(dst + half + lo, y2, mask=in_half)
-        tl.store(dst + rest, y3, mask=in_rest)
+            tl.store(vdst + lo, summed_values(vsrc, lo, in_half, v_plane, V_SPLITS, dtype), mask=store_half)
+            tl.store(
+                vdst + half + lo, summed_values(vsrc, half + lo, in_half, v_plane, V_SPLITS, dtype), mask=store_half
+            )
+            tl.store(vdst + rest, summed_values(vsrc, rest, in_rest, v_plane, V_SPLITS, dtype), mask=store_rest)
+        tl.store(dst + lo, y1, mask=store_half)
+        tl.store(dst + half + lo, y2, mask=store_half)
+        tl.store(dst + rest, y3, mask=store_rest)

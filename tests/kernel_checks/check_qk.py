@@ -118,3 +118,24 @@ def test_rotate_and_store_adds_a_split_products_partials(family: str) -> None:
         positions,
     )
     assert torch.equal(mixed, want) and torch.equal(mixed_kv, want_kv)
+
+
+@pytest.mark.parametrize("fn", [qk.rotate_and_store_reference, qk.rotate_and_store_triton])
+def test_context_rows_give_no_queries_and_negative_positions_store_nothing(fn) -> None:
+    """DFlash's context beside its block in one call: the queries of the rows from context_rows on, the bits of
+    the call that returns every row's; a row at a negative position (a context row the target rejected) leaves the
+    cache as it was, the others written as before."""
+    q, k, v, gains, zc, cos, sin, rotary, positions = case("qwen3", 2, 5)
+    everything, everything_kv = run(fn, q, k, v, gains, zc, cos, sin, rotary, positions)
+    masked = positions.clone()
+    masked[0, 1] = masked[1, 0] = -1
+    kv = torch.full((2, LAYERS, 3, CONTEXT, HKV, q.shape[-1]), 7.0).bfloat16()
+    out = fn(q, k, v, *gains, EPS, zc, cos, sin, rotary, kv, 1, masked, context_rows=2)
+    assert out.is_contiguous() and torch.equal(out, everything[:, 2:])
+    for b in range(2):
+        for t in range(5):
+            at = (slice(None), 1, b, int(positions[b, t]))
+            if masked[b, t] < 0:
+                assert (kv[at] == 7.0).all(), (b, t)
+            else:
+                assert torch.equal(kv[at], everything_kv[at]), (b, t)
