@@ -12,8 +12,8 @@ index in the block the runtime drafts, whatever block size the drafter was train
 Selector. With U_j the top-K logits of row j (ids C_j) and h_j = hidden_projection(out_j), the score of
 candidate b after the previous token a is U_j(b) + <predecessor[a] · h_j, successor[C_j(b)]>; the walk starts
 from the anchor and takes the best candidate (greedy) or draws one from softmax(scores / T) (sampled: that
-K-candidate distribution is the q of the verify rule); on the GPU the candidates are two launches and the whole
-walk one (runtime/kernels/selector.py).
+K-candidate distribution is the q of the verify rule); on the GPU the candidates are three launches and the
+whole walk one (runtime/kernels/selector.py).
 """
 
 from __future__ import annotations

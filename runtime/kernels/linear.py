@@ -514,11 +514,6 @@ def _config(op: _Operand | _PlanesOperand) -> Tiles:
     block_n = 64
     steps = triton.cdiv(op.k, step)
     row_blocks = triton.cdiv(op.n, block_n) * (1 if op.experts is None else EXPERTS_PER_CALL)
-    # row blocks that fill the SMs once but not twice are split in two: whole, a second wave of a few programs
-    # leaves most SMs idle (H100, benchmarks/tiles_sweep.py: the 35B-A3B's FP8 GDN input projection, 192 blocks,
-    # 13.7 -> 12.5 µs a call; attention's, 144, 12.7 -> 11.2; its routed NVFP4 gate|up, 9 experts of 16 blocks,
-    # 13.1 -> 11.2 at 1 token, 40.1 -> 31.0 at 4; its down, 9 of 32, whole: 7.8 µs against 10.0 in two)
-    wave = 2 if SMS < row_blocks < TARGET_PROGRAMS else 1
     if op.layout.group:
         # an affine step waits on each group's dot before scaling it, so a program is a chain of waits: more,
         # shorter programs hide them, down to one step each, up to 3 programs an SM, splits a power of two (H100,
@@ -527,6 +522,11 @@ def _config(op: _Operand | _PlanesOperand) -> Tiles:
         # pair's DFlash2 round 0.810 -> 0.801 ms, its consumers reading the extra partials taking back a third)
         splits = 1 << max(0, min(3 * SMS // row_blocks, steps).bit_length() - 1)
     else:
+        # row blocks that fill the SMs once but not twice are split in two: whole, a second wave of a few programs
+        # leaves most SMs idle (H100, benchmarks/tiles_sweep.py: the 35B-A3B's FP8 GDN input projection, 192 blocks,
+        # 13.7 -> 12.5 µs a call; attention's, 144, 12.7 -> 11.2; its routed NVFP4 gate|up, 9 experts of 16 blocks,
+        # 13.1 -> 11.2 at 1 token, 40.1 -> 31.0 at 4; its down, 9 of 32, whole: 7.8 µs against 10.0 in two)
+        wave = 2 if SMS < row_blocks < TARGET_PROGRAMS else 1
         splits = max(1, min(max(TARGET_PROGRAMS // row_blocks, wave), steps // 2))
     return Tiles(block_n, step, splits, warps=4, stages=3)
 

@@ -3,17 +3,17 @@
 their positions. On the GPU one kernel replaces the ~20 small ops (norms, casts, halves, concatenations, the
 index_put) a layer would otherwise launch for them.
 
-    q_out = rotate_and_store(q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions,
-                             context_rows=0)
+    q_out = rotate_and_store(q, k, v, q_gain, k_gain, eps, zero_centred, cos, sin, rotary_dim, kv, slot, positions)
 
 q [B, T, Hq, D], k and v [B, T, Hkv, D] (views of a fused projection's output: heads and tokens through
 strides, dims contiguous; on the GPU each may be that product's split-K partials, linear.SplitSums, which the
 kernel adds as it reads them, the bits of the summed product); gains [D], both or neither; cos, sin
 [B, T, 1, rotary_dim] float32 (rope.py's tables: each half repeats the other); kv the cache's buffer
 [2, layers, batch, context, Hkv, D], slot the layer's index in it; positions [B, T]. Returns the rotated q,
-contiguous, of the rows from `context_rows` on (the rows before are a drafter's context, whose k and v alone are
-kept: DFlash's context beside its block in one product); a row at a negative position stores nothing (a context row
-the target rejected, whose position the block's row writes in the same launch). The norm rounds as norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32
+contiguous, of the rows from `context_rows` (default 0) on: the rows before are a drafter's context, whose k and v
+alone are kept (DFlash's context beside its block in one product). A row at a negative position stores nothing (a
+context row the target rejected, whose position the block's row writes in the same launch). The norm rounds as
+norm.py's `rms_norm` does; the rotation is `x·cos + rotate_half(x)·sin` in float32
 on the (normed, rounded) values, rounded once. Each (token, head) is its own program and its own reference step:
 batch-invariant by construction.
 """
@@ -241,6 +241,10 @@ if triton is not None:
         rest = rotary + tl.arange(0, BLOCK_PASS)
         in_rest = rest < head_dim
         is_query = head < q_heads
+        position = tl.load(pos_ptr + bt)
+        # a context row's query is not asked for; a key and value at a negative position are not stored
+        if (is_query and t < context_rows) or (not is_query and position < 0):
+            return
         kv_head = head - q_heads
         dtype = out_ptr.dtype.element_ty
         if is_query:  # q's and k's pointers may differ in type (a product, or partials): no shared variable
@@ -272,25 +276,15 @@ if triton is not None:
         y1 = rounded(x1 * c1 + (-x2) * s1, dtype)
         y2 = rounded(x2 * c2 + x1 * s2, dtype)
         y3 = rounded(x3, dtype)
-        # masks as tensors (the interpreter takes no scalar bool in one): a query of a row from context_rows on, as
-        # a row of out; a key and value at a position of 0 or more
         if is_query:
             dst = out_ptr + ((b * (tokens - context_rows) + t - context_rows) * q_heads + head) * head_dim
-            store_half = in_half & (lo * 0 + t >= context_rows)
-            store_rest = in_rest & (rest * 0 + t >= context_rows)
         else:
-            position = tl.load(pos_ptr + bt)
-            store_half = in_half & (lo * 0 + position >= 0)
-            store_rest = in_rest & (rest * 0 + position >= 0)
-            position = tl.maximum(position, 0)
             dst = kc_ptr + b * scb + position * scs + kv_head * sch
             vsrc = v_ptr + b * svb + t * svt + kv_head * svh
             vdst = vc_ptr + b * scb + position * scs + kv_head * sch
-            tl.store(vdst + lo, summed_values(vsrc, lo, in_half, v_plane, V_SPLITS, dtype), mask=store_half)
-            tl.store(
-                vdst + half + lo, summed_values(vsrc, half + lo, in_half, v_plane, V_SPLITS, dtype), mask=store_half
-            )
-            tl.store(vdst + rest, summed_values(vsrc, rest, in_rest, v_plane, V_SPLITS, dtype), mask=store_rest)
-        tl.store(dst + lo, y1, mask=store_half)
-        tl.store(dst + half + lo, y2, mask=store_half)
-        tl.store(dst + rest, y3, mask=store_rest)
+            tl.store(vdst + lo, summed_values(vsrc, lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
+            tl.store(vdst + half + lo, summed_values(vsrc, half + lo, in_half, v_plane, V_SPLITS, dtype), mask=in_half)
+            tl.store(vdst + rest, summed_values(vsrc, rest, in_rest, v_plane, V_SPLITS, dtype), mask=in_rest)
+        tl.store(dst + lo, y1, mask=in_half)
+        tl.store(dst + half + lo, y2, mask=in_half)
+        tl.store(dst + rest, y3, mask=in_rest)

@@ -32,7 +32,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specpair.runtime.kernels.triton_common import after_previous_kernel, launch_options, require_triton, tl, triton
+from specpair.runtime.kernels.triton_common import (
+    after_previous_kernel,
+    device_function,
+    launch_options,
+    require_triton,
+    tl,
+    triton,
+)
 from specpair.runtime.sampling import keyed_sample
 
 CHUNK = 2048  # logits per program of the candidates' first pass: 122 programs a row for a 248,320-token vocabulary
@@ -279,15 +286,9 @@ if triton is not None:
         ranks = tl.sum(before.to(tl.int32), axis=1)
         chunk = tl.sum(tl.where(real & (ranks == rank), c, 0), axis=0)
         ids = chunk * CHUNK + tl.arange(0, CHUNK)
-        live = ids < vocab  # not yet picked (a logit of -inf is picked in its turn, as any other)
-        x = tl.load(logits_ptr + row * row_stride + ids, mask=live, other=float("-inf")).to(tl.float32)
+        x = tl.load(logits_ptr + row * row_stride + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
         out = (row * tl.num_programs(1) + rank) * K
-        for i in tl.static_range(K):
-            best = tl.max(tl.where(live, x, float("-inf")), axis=0)
-            at = tl.min(tl.where(live & (x == best), ids, vocab), axis=0)  # the lowest id of the largest value
-            tl.store(picked_ptr + out + i, best)
-            tl.store(picked_ids_ptr + out + i, at.to(tl.int64))  # vocab: a chunk of fewer than K logits ran out
-            live = live & (ids != at)
+        _store_largest(x, ids.to(tl.int64), ids < vocab, picked_ptr + out, picked_ids_ptr + out, K)
 
     @triton.jit
     def _merge_top_kernel(
@@ -306,11 +307,18 @@ if triton is not None:
         live = slots < count
         x = tl.load(picked_ptr + row * count + slots, mask=live, other=float("-inf"))
         ids = tl.load(picked_ids_ptr + row * count + slots, mask=live, other=0)
+        _store_largest(x, ids, live, values_ptr + row * K, ids_ptr + row * K, K)
+
+    @device_function
+    def _store_largest(x, ids, live, values_ptr, ids_ptr, K: tl.constexpr):
+        """The K largest of x where live (a logit of -inf in its turn, as any other) and their ids, a larger value
+        first and between equal values the lower id: what both passes of the candidates keep. ids are distinct but
+        for no_id, which a chunk of fewer than K logits stores once it runs out, with -inf; the K largest of a row's
+        picks never reach one (its K chunks of largest maxima hold at least K logits)."""
+        no_id = tl.cast(2**62, tl.int64)  # larger than any id
         for i in tl.static_range(K):
             best = tl.max(tl.where(live, x, float("-inf")), axis=0)
-            first = tl.min(tl.where(live & (x == best), ids, tl.cast(2**62, tl.int64)), axis=0)  # the lowest id
-            # one slot of it (a chunk that ran out repeats the id vocab, with -inf)
-            at = tl.min(tl.where(live & (x == best) & (ids == first), slots, BLOCK), axis=0)
-            tl.store(values_ptr + row * K + i, best)
-            tl.store(ids_ptr + row * K + i, first)
-            live = live & (slots != at)
+            first = tl.min(tl.where(live & (x == best), ids, no_id), axis=0)
+            tl.store(values_ptr + i, best)
+            tl.store(ids_ptr + i, first)
+            live = live & (ids != first)
