@@ -160,36 +160,26 @@ def main() -> int:
         runtime = runtime_tiles(case, device)
         calls = {m: case_calls(case, m, device) for m in ROWS}
         wants = {m: summed(calls[m][0](0, runtime)) for m in ROWS}
-        for overrides in candidates:
-            tiles = replace(runtime, **overrides)
+        rows = [(case[1], label(o), replace(runtime, **o), calls, wants, 1e-2) for o in candidates]
+        for layout in [] if case[2] else [name for name in args.layouts.split(",") if name]:
+            other = (case[0], layout, *case[2:])
+            other_calls = {m: case_calls(other, m, device) for m in ROWS}
+            exact = {m: other_calls[m][3]() for m in ROWS}
+            rows.append((layout, "runtime", runtime_tiles(other, device), other_calls, exact, 2e-2))
+        for layout, name, tiles, row_calls, row_wants, tolerance in rows:
             cells = []
             for m in ROWS:
-                fn, read, rotate, _ = calls[m]
-                got, want = summed(fn(0, tiles)), wants[m]
-                wrong = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() > 1e-2
+                fn, read, rotate, _ = row_calls[m]
+                got, want = summed(fn(0, tiles)), row_wants[m]
+                wrong = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() > tolerance
                 failed |= wrong
                 seconds = (
                     bench.seconds_per_call(lambda i, fn=fn, t=tiles: fn(i, t), max(16, rotate)) if bench.timing else 0
                 )
                 share = read / seconds / bench.copy if seconds else float("nan")
                 cells.append(f"{seconds * 1e6:.1f}{' WRONG' if wrong else ''} | {share:.1%}")
-            name = case[0].replace("|", "\\|")  # a fused weight's name, in a markdown cell
-            lines.append(f"| {name} | {case[1]} | {label(overrides)} {tiles_text(tiles)} | " + " | ".join(cells) + " |")
-            print(lines[-1], flush=True)
-        for layout in [name for name in args.layouts.split(",") if name] if not case[2] else []:
-            other = (case[0], layout, *case[2:])
-            tiles = runtime_tiles(other, device)
-            cells = []
-            for m in ROWS:
-                fn, read, rotate, exact = case_calls(other, m, device)
-                got, want = summed(fn(0, None)), exact()
-                wrong = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() > 2e-2
-                failed |= wrong
-                seconds = bench.seconds_per_call(lambda i, fn=fn: fn(i, None), max(16, rotate)) if bench.timing else 0
-                share = read / seconds / bench.copy if seconds else float("nan")
-                cells.append(f"{seconds * 1e6:.1f}{' WRONG' if wrong else ''} | {share:.1%}")
-            name = case[0].replace("|", "\\|")
-            lines.append(f"| {name} | {layout} | runtime {tiles_text(tiles)} | " + " | ".join(cells) + " |")
+            case_name = case[0].replace("|", "\\|")  # a fused weight's name, in a markdown cell
+            lines.append(f"| {case_name} | {layout} | {name} {tiles_text(tiles)} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
