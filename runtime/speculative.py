@@ -330,10 +330,12 @@ def _warm_up_graphs(
 ) -> ForwardGraph:
     """Before the first round, untimed: the target's verify step captured (its warm-up run at the first round's
     positions is rolled back to nothing), and the drafter's graphs, which it builds at the second call of each
-    fixed-shape step, warmed up and captured by two proposals and two observations of a step that kept nothing.
-    Neither leaves history behind: a proposal writes its cache only at positions from the anchor on, which the
-    next round's proposal rewrites before reading (each drafter's cache hygiene), and a step that kept nothing
-    commits nothing (drafters/__init__.py)."""
+    fixed-shape step, warmed up and captured in the order the rounds call them: two proposals after the prompt
+    (the first round's), then twice an observation of a step that kept nothing and a proposal after it (every
+    later round's: a DFlash drafter's proposal then carries that observation, a shape of its own). Nothing
+    leaves history behind: a proposal writes its cache only at positions from the anchor on, which the next
+    round's proposal rewrites before reading (each drafter's cache hygiene), a step that kept nothing commits
+    nothing (drafters/__init__.py), and the last call is a proposal, which leaves no observation waiting."""
     batch = anchors.shape[0]
     if block > 1:
         for _ in range(2):
@@ -345,6 +347,8 @@ def _warm_up_graphs(
     nothing = torch.zeros(batch, dtype=torch.int64, device=anchors.device)
     for _ in range(2):
         drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
+        if block > 1:
+            drafter.propose(anchors, positions, block - 1, drafting)
     return verify
 
 

@@ -36,6 +36,7 @@ from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.dflash import DFlash
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
+from specpair.runtime.graphs import ForwardGraph, StepGraph
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
 from specpair.runtime.speculative import (
     ACCEPT_STREAM,
@@ -580,6 +581,41 @@ def test_differentiable_kernels_match_the_runtimes(workshop):
     with differentiable_kernels():
         fast = s.target.forward(tokens, rows, s.target.new_cache(1, 16)).logits
     assert torch.allclose(exact, fast, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, kind):
+    """Every fixed-shape step the rounds call (the drafter's, the verify step's rollback) was captured before the
+    first round's verify step (a graph records at its shape's second call): an eager run or a capture inside the
+    rounds would be timed as drafting or verifying. On the CPU the graph objects run eagerly and record nothing,
+    but call and record in the order CUDA's do."""
+    family = SOLO[kind]
+    s, drafter = workshop.setup(family), workshop.load(family, kind)
+    recorded: list[StepGraph] = []
+    late: list[str] = []
+    rounds = []  # set at the first call of a ForwardGraph: the first round's verify step
+    record, call, forward = StepGraph.record, StepGraph.__call__, ForwardGraph.__call__
+
+    def noting_record(self: StepGraph) -> None:
+        recorded.append(self)
+        record(self)
+
+    def checked_call(self: StepGraph, *inputs: torch.Tensor):
+        if rounds and not any(g is self for g in recorded):
+            step = getattr(self.step, "func", self.step)
+            late.append(f"{step.__qualname__}{[list(x.shape) for x in inputs]}")
+        return call(self, *inputs)
+
+    def first_round(self: ForwardGraph, tokens: torch.Tensor, positions: torch.Tensor):
+        rounds.append(True)
+        return forward(self, tokens, positions)
+
+    monkeypatch.setattr(StepGraph, "record", noting_record)
+    monkeypatch.setattr(StepGraph, "__call__", checked_call)
+    monkeypatch.setattr(ForwardGraph, "__call__", first_round)
+    results, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=4, graphs=True)
+    assert [r.tokens for r in results] == s.reference
+    assert rounds and late == []
 
 
 @pytest.mark.parametrize("kind", KINDS)
