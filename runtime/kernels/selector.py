@@ -69,7 +69,7 @@ def top_candidates_triton(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     kept = min(k, chunks)  # the chunks of largest maxima, which hold the k largest logits
     maxima = torch.empty(rows.shape[0], chunks, dtype=torch.float32, device=logits.device)
     picked = torch.empty(rows.shape[0], kept * k, dtype=torch.float32, device=logits.device)
-    picked_ids = torch.empty(rows.shape[0], kept * k, dtype=torch.int64, device=logits.device)
+    picked_ids = torch.empty(rows.shape[0], kept * k, dtype=torch.int32, device=logits.device)
     values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows.shape[0], k, dtype=torch.int64, device=logits.device)
     if rows.shape[0]:
@@ -288,7 +288,7 @@ if triton is not None:
         ids = chunk * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(logits_ptr + row * row_stride + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
         out = (row * tl.num_programs(1) + rank) * K
-        _store_largest(x, ids.to(tl.int64), ids < vocab, picked_ptr + out, picked_ids_ptr + out, K)
+        _store_largest(x, ids, ids < vocab, picked_ptr + out, picked_ids_ptr + out, K)
 
     @triton.jit
     def _merge_top_kernel(
@@ -306,19 +306,21 @@ if triton is not None:
         slots = tl.arange(0, BLOCK)
         live = slots < count
         x = tl.load(picked_ptr + row * count + slots, mask=live, other=float("-inf"))
-        ids = tl.load(picked_ids_ptr + row * count + slots, mask=live, other=0)
+        ids = tl.load(picked_ids_ptr + row * count + slots, mask=live, other=0)  # int32
         _store_largest(x, ids, live, values_ptr + row * K, ids_ptr + row * K, K)
 
     @device_function
     def _store_largest(x, ids, live, values_ptr, ids_ptr, K: tl.constexpr):
-        """The K largest of x where live (a logit of -inf in its turn, as any other) and their ids, a larger value
-        first and between equal values the lower id: what both passes of the candidates keep. ids are distinct but
-        for no_id, which a chunk of fewer than K logits stores once it runs out, with -inf; the K largest of a row's
-        picks never reach one (its K chunks of largest maxima hold at least K logits)."""
-        no_id = tl.cast(2**62, tl.int64)  # larger than any id
+        """The K largest of x where live (a logit of -inf in its turn, as any other) and their int32 ids, a larger
+        value first and between equal values the lower id: what both passes of the candidates keep. ids are
+        distinct but for no_id, which a chunk of fewer than K logits stores once it runs out, with -inf; the K
+        largest of a row's picks never reach one (its K chunks of largest maxima hold at least K logits). int32,
+        not int64: each of the K rounds reduces the ids, and with 64-bit ids the chunk pass took 27.6 µs a DFlash2
+        round on an H100 against 13.2 (plain launches)."""
+        no_id = tl.cast(2**31 - 1, tl.int32)  # larger than any id: a vocabulary has fewer tokens
         for i in tl.static_range(K):
             best = tl.max(tl.where(live, x, float("-inf")), axis=0)
             first = tl.min(tl.where(live & (x == best), ids, no_id), axis=0)
             tl.store(values_ptr + i, best)
-            tl.store(ids_ptr + i, first)
+            tl.store(ids_ptr + i, first.to(ids_ptr.dtype.element_ty))
             live = live & (ids != first)
