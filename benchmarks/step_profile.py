@@ -1,7 +1,8 @@
 """Where a decode step's time goes, kernel by kernel, on one GPU, beside the baselines measured in the same run.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/step_profile.py \
-        [--only check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16] [--out DIR] [--hf-tokens 32] [--tokens 4,16]
+        [--only check-8b-f32,check-35b-f32,8b,35b-nvfp4,35b-bf16] [--out DIR] [--hf-tokens 32] [--tokens 4,16] \
+        [--gpt-fast DIR]
 
 Targets, random weights at real shape built in GPU memory through the runtime's own blocks (no checkpoint: a BF16
 35B-A3B is 70 GB, more than the GPU machine's disk holds):
@@ -22,6 +23,9 @@ the nominal 4.8 TB/s). Then torch.profiler over 20 replays: per kernel, its laun
 are the eager step's; a token decoded alone is the same inside a verify block of 8.
 `--tokens T,...`: also a step of T tokens of one sequence (a verify step's shape), graphed and profiled the same
 way, after the decode step (its kernels: a section of their own).
+`--gpt-fast DIR`: the 8b's second baseline, gpt-fast (a checkout of pytorch-labs/gpt-fast; BSD-3, run beside, not
+shipped): its model.py at Qwen3-8B's shape (it has no q/k norms: 147 KB fewer a step) with random BF16 weights, its
+decode step compiled as its generate.py compiles it, timed in the same run against the same copy bandwidth.
 Correctness first (check-8b-f32, check-35b-f32: the 8B, and the 35B-A3B's first four layers, in float32, against
 transformers in float32 on the same weights: bf16 rounding would hide a wrong kernel among rounding differences).
 Writes step_profile.md and step_profile.json to --out (default $OUT, else the working directory).
@@ -336,6 +340,73 @@ def profile_step(model: Transformer, prompt: list[int], bandwidth: float, tokens
     }
 
 
+def gpt_fast_rate(checkout: Path, config, prompt: list[int], steps: int = 100) -> dict:
+    """gpt-fast's decode at a dense target's shape: its model.py from `checkout`, random BF16 weights, its decode
+    step compiled as its generate.py compiles it (inductor's coordinate-descent tuning, mode="reduce-overhead",
+    fullgraph), the next token by argmax (its greedy pick; its sampler draws). tok/s over `steps` steps after a
+    warm-up of three, and the bytes a step reads (every parameter but the embedding table, and the K/V cache it
+    attends over: all of max_seq_length under its mask)."""
+    import importlib.util
+
+    import torch._inductor.config as inductor
+
+    spec = importlib.util.spec_from_file_location("gpt_fast_model", checkout / "model.py")
+    gf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gf)
+    inductor.coordinate_descent_tuning = True
+    inductor.triton.unique_kernel_names = True
+    length = len(prompt) + steps + 8
+    args = gf.ModelArgs(
+        block_size=length,
+        n_layer=config.num_layers,
+        n_head=config.num_heads,
+        n_local_heads=config.num_kv_heads,
+        dim=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        rope_base=config.rope_theta,
+        norm_eps=config.rms_norm_eps,
+    )
+    if args.head_dim != config.head_dim:
+        raise ValueError(f"gpt-fast's head_dim {args.head_dim} (dim / heads) is not the target's {config.head_dim}")
+    with torch.device("cuda"):
+        model = gf.Transformer(args).to(torch.bfloat16).eval()
+        model.setup_caches(max_batch_size=1, max_seq_length=length)
+    weights = sum(p.nbytes for n, p in model.named_parameters() if not n.startswith("tok_embeddings"))
+    caches = sum(b.nbytes for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache")))
+
+    def decode_one_token(model: torch.nn.Module, x: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        return model(x, input_pos)[:, -1].argmax(-1, keepdim=True)
+
+    decode = torch.compile(decode_one_token, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        token = model(torch.tensor([prompt], device="cuda"), torch.arange(len(prompt), device="cuda"))
+        token = token[:, -1].argmax(-1, keepdim=True)
+        position = torch.tensor([len(prompt)], device="cuda")
+        start = time.perf_counter()
+        for _ in range(3):  # compiles, then records its CUDA graph
+            token = decode(model, token, position).clone()
+            position += 1
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(steps):
+            token = decode(model, token, position).clone()
+            position += 1
+        torch.cuda.synchronize()
+        step_s = (time.perf_counter() - start) / steps
+    del model, decode
+    torch.cuda.empty_cache()
+    return {
+        "step_ms": step_s * 1e3,
+        "tokens_per_s": 1 / step_s,
+        "bytes_per_step": weights + caches,
+        "weight_bytes": weights,
+        "compile_s": compile_s,
+        "torch": torch.__version__,
+    }
+
+
 def check_float32(which: str, prompt: list[int]) -> dict:
     """Ours against transformers in float32 on the GPU, on the same weights: every kernel's arithmetic (the fused
     projections, rotary and cache write, MoE routing and combination, GDN conv and gates) against theirs, where
@@ -394,7 +465,9 @@ def check_float32(which: str, prompt: list[int]) -> dict:
     return result
 
 
-def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float, tokens: list[int]) -> dict:
+def target(
+    which: str, prompt: list[int], hf_tokens: int, bandwidth: float, tokens: list[int], gpt_fast: Path | None
+) -> dict:
     gen = torch.Generator("cuda").manual_seed(0)
     if which == "8b":
         raw = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
@@ -429,6 +502,9 @@ def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float, toke
     )
     if which != "35b-nvfp4":
         del hf
+        if gpt_fast is not None and which == "8b":  # a dense model: gpt-fast's model.py runs its shape
+            torch.cuda.empty_cache()
+            result["gpt_fast"] = gpt_fast_rate(gpt_fast, config, prompt)
         cache = model.new_cache(1, PROMPT)
         ours = model.forward(torch.tensor([prompt], device="cuda"), torch.arange(PROMPT, device="cuda")[None], cache)
         ours = ours.logits.float()
@@ -442,6 +518,8 @@ def target(which: str, prompt: list[int], hf_tokens: int, bandwidth: float, toke
     result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
     if "transformers" in result:
         result["vs_transformers"] = result["tokens_per_s"] / result["transformers"]["tokens_per_s"]
+    if "gpt_fast" in result:
+        result["vs_gpt_fast"] = result["tokens_per_s"] / result["gpt_fast"]["tokens_per_s"]
     del model
     torch.cuda.empty_cache()
     return result
@@ -477,6 +555,22 @@ def report(results: list[dict], checks: list[dict], bandwidth: float) -> str:
             f"{r['launches']:.0f} | {r['kernel_us'] / 1e3:.3f} | {r['step_ms'] - r['kernel_us'] / 1e3:.3f} | - | - | "
             f"{r['graph_equals_eager']} | {r['alone_equals_block_of_8']} |"
         )
+    beside = [r for r in results if "gpt_fast" in r]
+    if beside:  # each against its own bytes a step, at the copy bandwidth of this run
+        lines += [
+            "",
+            "Beside gpt-fast (its model.py at the target's shape, compiled as its generate.py compiles it):",
+            "",
+            "| target | tok/s | of roofline (copy) | gpt-fast tok/s | its GB read/step | its share of copy | × gpt-fast |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in beside:
+            g = r["gpt_fast"]
+            lines.append(
+                f"| {r['target']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / r['roofline_copy']:.1%} | "
+                f"{g['tokens_per_s']:.1f} | {g['bytes_per_step'] / 1e9:.2f} | "
+                f"{g['bytes_per_step'] / bandwidth * g['tokens_per_s']:.1%} | {r['vs_gpt_fast']:.2f}× |"
+            )
     wider = [(r, t, step) for r in results for t, step in r.get("steps_of_tokens", {}).items()]
     if wider:  # a verify step against its own roofline, beside the decode step's share of its roofline
         lines += [
@@ -534,6 +628,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--hf-tokens", type=int, default=32)
     parser.add_argument("--tokens", default="", help="also steps of these many tokens (a verify step's shape)")
+    parser.add_argument("--gpt-fast", type=Path, help="a checkout of pytorch-labs/gpt-fast: the 8b beside it")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     prompt = torch.randint(0, 150000, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -546,7 +641,7 @@ def main() -> None:
                 checks.append(check_float32(which, prompt))
                 print(json.dumps(checks[-1]), file=sys.stderr, flush=True)
                 continue
-            results.append(target(which, prompt, args.hf_tokens, bandwidth, tokens))
+            results.append(target(which, prompt, args.hf_tokens, bandwidth, tokens, args.gpt_fast))
         except Exception:  # report it and go on to the next target: one run of the GPU machine serves them all
             traceback.print_exc()
             continue
