@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpair.app.device import place_runtime
 from specpair.app.gate import MIN_COMPARED
-from specpair.app.models import dtype_name, load_target
+from specpair.app.models import LoadedTarget, dtype_name, load_target
 from specpair.app.pair import opened
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt
@@ -146,12 +146,14 @@ def run_bench(
     graphs: bool | None = None,
     bandwidth: float | None = None,
     progress: Progress = SILENT,
+    loaded: LoadedTarget | None = None,
 ) -> BenchReport:
     """Decode tok/s of `target` (and drafted with `draft` or its MTP head) for each users count and depth, greedy,
     `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
     the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
     table's figure for this GPU. `command` is the command line the report names. `target` and `draft`: refs, or
-    checkpoints opened already (sources/model.open_files: files from any source)."""
+    checkpoints opened already (sources/model.open_files: files from any source); `loaded`: the target loaded
+    already (models.load_target)."""
     import torch
 
     from specpair.compat.memory import gpu_named
@@ -174,7 +176,7 @@ def run_bench(
     if not text:
         raise BadInput(target_model.ref, "its tokenizer encodes the built-in prompts to no tokens")
     context = max(depths + [len(p) for p in user_prompts]) + tokens + (block_size or FIT_BLOCK)
-    runtime = load_target(plan, progress, context).runtime
+    runtime = load_target(plan, progress, context, loaded).runtime
     drafter = None
     if draft_model is not None or mtp:
         progress.stage(

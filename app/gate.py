@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpair.app.device import place_runtime
 from specpair.app.generation import SCHEMA, SamplingArgs
-from specpair.app.models import describe, load_target
+from specpair.app.models import LoadedTarget, describe, load_target
 from specpair.app.pair import GatePair, gate_pair, metadata, opened
 from specpair.app.progress import SILENT, Progress
 from specpair.app.prompts import BUILTIN_PROMPTS, Prompt, chat_by_default, encode_prompt, prompt_text
@@ -318,11 +318,13 @@ def run_gate(
     rule: str = "exact",
     graphs: bool | None = None,
     progress: Progress = SILENT,
+    loaded: LoadedTarget | None = None,
 ) -> GateReport:
     """The gate on the pair the arguments name (`pair.gate_pair`): `prompt`, `prompts` (name, text or chat) or the
     built-in ones, through the target's chat template unless `chat` is False (None: when it has one), `sampling`
     or the gate's three settings, `batch` or solo and CONCURRENT at once. `target` and `draft`: refs, or checkpoints
-    opened already (sources/model.open_files: files from any source)."""
+    opened already (sources/model.open_files: files from any source); `loaded`: the target loaded already
+    (models.load_target)."""
     from specpair.runtime import loading
     from specpair.runtime.drafters.loading import drafter_kind, load_drafter
     from specpair.runtime.speculative import RULES
@@ -348,7 +350,7 @@ def run_gate(
     verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
 
     plan = loading.plan_load(target_model, where, placed.dtype, parallel=parallel)
-    target_run = load_target(plan, progress, context).runtime
+    target_run = load_target(plan, progress, context, loaded).runtime
     progress.stage(
         f"loading the {kind} drafter"
         + (f" from {draft_model.ref}" if draft_model else "")

@@ -33,16 +33,24 @@ class LoadedTarget:
         return dtype_name(self.plan)
 
 
-def load_target(plan: LoadPlan, progress: Progress = SILENT, context: int | None = None) -> LoadedTarget:
+def load_target(
+    plan: LoadPlan, progress: Progress = SILENT, context: int | None = None, loaded: LoadedTarget | None = None
+) -> LoadedTarget:
     """What `plan` (runtime.loading.plan_load) says, loaded. With `context` (tokens) on CUDA: refused first,
     saying what would fit, when the weights, the cache for that context and working memory exceed the free
-    memory."""
+    memory. `loaded`: that load made before, returned as it is (a pair's gate and bench in one process, where a
+    load draws a generated 124 GB checkpoint again); it must be of the same opened checkpoint and placement."""
     import torch
 
     from specpair.app.memory import check_fits, out_of_memory
     from specpair.runtime import loading
 
     model, where = plan.model, plan.device
+    if loaded is not None:
+        made = loaded.plan
+        if made.model is not model or (made.device, made.dtype, made.parallel) != (where, plan.dtype, plan.parallel):
+            raise ValueError(f"{made.model.ref} was loaded on {made.device} as {made.dtype}: not what this run asks")
+        return loaded
     if where.type == "cuda" and context is not None:
         check_fits(plan, context)
     progress.stage(f"loading {size_label(plan.stored_bytes)} from {model.ref} onto {where} ({dtype_name(plan)})")

@@ -49,7 +49,7 @@ Pairs (one row of PAIRS each):
   in host memory one tensor (one stack of experts) at a time. sources/model.open_files opens it; the loader reads
   it through the same code as a directory (Model.reader.tensor: formats/weights.read_parts / read_cut); the gate
   and bench run through the app functions the CLI calls (app/gate.run_gate, app/bench.run_bench), given the opened
-  Model; each load draws the tensors again. The drafter is written.
+  Model, loaded once for all of them (a load draws every tensor again). The drafter is written.
 
 Each pair: a line per stage with the elapsed seconds (flushed), and after every stage (so a run cut off keeps what
 it measured) in --out (default $OUT, else --work): seed_pairs_<pair>.json (each stage's result: the target's load
@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import io
 import json
@@ -91,6 +92,7 @@ from bench_gpu import byte_tokenizer, write_byte_tokenizer  # noqa: E402
 from runtime_gpu import CONFIGS, GB, GeneratedFiles, Tensor, qwen36_tensors, write_checkpoint  # noqa: E402
 from speculative_gpu import DFLASH2, INCOAI_35B, DraftShape, dflash_tensors, mtp_tensors  # noqa: E402
 
+from specpair.app.models import LoadedTarget  # noqa: E402
 from specpair.convert.quant_configs import quantization_files  # noqa: E402
 from specpair.formats import exl3  # noqa: E402
 from specpair.formats.codecs import codec, stored_nbytes  # noqa: E402
@@ -552,12 +554,13 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
     device = ["--device", args.device]
     target = built.target.ref if isinstance(built.target, Model) else str(built.target)
+    loaded = shared_load(built.target, args.device) if isinstance(built.target, Model) else None
     for d in built.drafters:
         pair = [target, *([str(d.draft)] if d.draft else []), *d.options]
         gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
-        run = (lambda gate=gate: specpair(gate)) if isinstance(built.target, Path) else gate_of(built.target, d, args)
+        run = (lambda gate=gate: specpair(gate)) if loaded is None else gate_of(built.target, d, args, loaded)
         if args.only != "bench":
             attempt(
                 stage,
@@ -573,8 +576,8 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         bench += ["--plot", str(plot), *device]
         run = (
             (lambda bench=bench: specpair(bench))
-            if isinstance(built.target, Path)
-            else bench_of(built.target, d, args, shlex.join(["specpair", *bench]), plot)
+            if loaded is None
+            else bench_of(built.target, d, args, shlex.join(["specpair", *bench]), plot, loaded)
         )
         attempt(
             stage, figures, f"bench_{d.label}", f"bench ({d.label})", lambda b=bench, r=run: measured(b, r, args.device)
@@ -615,9 +618,11 @@ def reused(work: Path) -> Built | None:
     return Built(work / r["target"], drafters, r["notes"])
 
 
-def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[], tuple[int, str]]:
+def gate_of(
+    target: Model, d: Drafted, args: argparse.Namespace, loaded: Callable[[], LoadedTarget]
+) -> Callable[[], tuple[int, str]]:
     """`specpair run`'s gate as the command line would run it, on a target opened from generated files: the app
-    function the CLI calls, given the opened Model."""
+    function the CLI calls, given the opened Model and its load (`shared_load`)."""
     from specpair.app.gate import run_gate
 
     def run() -> tuple[int, str]:
@@ -631,6 +636,7 @@ def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[],
             max_tokens=args.gate_tokens,
             device=args.device,
             batch=args.gate_batch,
+            loaded=loaded(),
         )
         return report.exit_code, json.dumps(report.to_json())
 
@@ -638,9 +644,15 @@ def gate_of(target: Model, d: Drafted, args: argparse.Namespace) -> Callable[[],
 
 
 def bench_of(
-    target: Model, d: Drafted, args: argparse.Namespace, command: str, plot: Path
+    target: Model,
+    d: Drafted,
+    args: argparse.Namespace,
+    command: str,
+    plot: Path,
+    loaded: Callable[[], LoadedTarget],
 ) -> Callable[[], tuple[int, str]]:
-    """`specpair bench` as the command line would run it (`command`), on a target opened from generated files."""
+    """`specpair bench` as the command line would run it (`command`), on a target opened from generated files and
+    its load (`shared_load`)."""
     from specpair.app.bench import run_bench
     from specpair.cli.bench import parse_counts, write_plot
 
@@ -655,12 +667,28 @@ def bench_of(
             user_counts=parse_counts("--users", args.users, 1),
             tokens=args.tokens,
             device=args.device,
+            loaded=loaded(),
         )
         write_plot(str(plot), report.depth)
         report.plot = str(plot)
         return report.exit_code, json.dumps(report.to_json())
 
     return run
+
+
+def shared_load(target: Model, device: str) -> Callable[[], LoadedTarget]:
+    """The generated target loaded at its first use and kept for every gate and bench of the pair: a load draws
+    the whole checkpoint again (the 122B's 124 GB: most of its gate's two minutes on an H200)."""
+    from specpair.app.device import place_runtime
+    from specpair.app.models import load_target
+    from specpair.runtime.loading import plan_load
+
+    @functools.cache
+    def loaded() -> LoadedTarget:
+        placed = place_runtime(device)
+        return load_target(plan_load(target, placed.device, placed.dtype, parallel=placed.parallel))
+
+    return loaded
 
 
 def draft_bits(d: Drafted) -> int | None:

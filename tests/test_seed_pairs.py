@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -163,6 +164,37 @@ def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
     assert [r["drafted"]["identical"] for r in bench["document"]["users"]] == [True]
     assert (tmp_path / "seed_pairs_122b-fp8_dflash2_depth.png").is_file()
     assert "- load: skipped (--skip-load)" in (tmp_path / "seed_pairs_122b-fp8.md").read_text()
+
+
+def test_122b_fp8_gate_and_bench_share_one_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generated target is loaded once for its gate and its bench (each load draws every tensor again); a load
+    asked for another placement is refused, not handed over."""
+    from specpair.app.models import load_target
+    from specpair.runtime import loading
+    from specpair.runtime.loading import plan_load
+
+    loads: list[str] = []
+    load = loading.load
+
+    def counted(plan, *args, **kwargs):
+        loads.append(plan.model.ref)
+        return load(plan, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "load", counted)
+    args = ["--pair", "122b-fp8", "--scale", "tiny", "--device", "cpu", "--in-memory", "--skip-load", "--gate-batch"]
+    args += ["1", "--gate-tokens", "16", "--users", "1", "--depth", "0", "--tokens", "16"]
+    assert seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "seed_pairs_122b-fp8.json").read_text())
+    assert figures["gate_dflash2"]["document"]["identical"] is True
+    assert [r["drafted"]["identical"] for r in figures["bench_dflash2"]["document"]["users"]] == [True]
+    assert loads == ["generated:qwen3.5-122b-a10b-fp8"]
+
+    built = seed_pairs_gpu.build_122b(tmp_path / "work", seed_pairs_gpu.Scale("tiny", "cpu", True), lambda _: None)
+    loaded = seed_pairs_gpu.shared_load(built.target, "cpu")()
+    assert load_target(plan_load(built.target, "cpu", loaded.plan.dtype), loaded=loaded) is loaded
+    other = torch.float32 if loaded.plan.dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(ValueError, match=f"was loaded on cpu as {loaded.plan.dtype}: not what this run asks"):
+        load_target(plan_load(built.target, "cpu", other), loaded=loaded)
 
 
 def test_reuse_needs_the_record_and_every_file_it_names(tmp_path: Path) -> None:
