@@ -497,14 +497,19 @@ def peak_bytes(device: str) -> int | None:
     return torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
 
 
-def load_once(target: Path | Model, device: str) -> dict:
-    """The target loaded alone: seconds, resident bytes, bytes read, peak GPU memory."""
+def load_once(target: Path | Callable[[], LoadedTarget], device: str) -> dict:
+    """The target loaded alone: seconds, resident bytes, bytes read, peak GPU memory. A written target is loaded
+    and let go; a generated one is its shared load (`shared_load`), kept for the pair's gate and bench."""
     from specpair.runtime.loading import load, plan_load
 
     fresh_peak(device)
     start = time.perf_counter()
-    plan = plan_load(target if isinstance(target, Model) else open_model(str(target)), device)
-    model = load(plan)
+    if isinstance(target, Path):
+        plan = plan_load(open_model(str(target)), device)
+        model = load(plan)
+    else:
+        shared = target()
+        plan, model = shared.plan, shared.runtime
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -548,19 +553,19 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
     figures["notes"] = built.notes
     if args.only == "build":
         return figures
+    loaded = shared_load(built.target, args.device) if isinstance(built.target, Model) else None
     if args.skip_load:
         figures["load"] = {"skipped": "--skip-load"}
     else:
-        attempt(stage, figures, "load", "target loaded alone", lambda: load_once(built.target, args.device))
+        attempt(stage, figures, "load", "target loaded alone", lambda: load_once(loaded or built.target, args.device))
     device = ["--device", args.device]
     target = built.target.ref if isinstance(built.target, Model) else str(built.target)
-    loaded = shared_load(built.target, args.device) if isinstance(built.target, Model) else None
     for d in built.drafters:
         pair = [target, *([str(d.draft)] if d.draft else []), *d.options]
         gate = ["run", *pair, "--json", "--max-tokens", str(args.gate_tokens), *device]
         gate += ["--batch", str(args.gate_batch)] if args.gate_batch else []
         gate += ["--prompt", QUICK_PROMPT, "--temperature", "0"] if args.quick else []
-        run = (lambda gate=gate: specpair(gate)) if loaded is None else gate_of(built.target, d, args, loaded)
+        run = (lambda gate=gate: specpair(gate)) if loaded is None else gate_of(d, args, loaded)
         if args.only != "bench":
             attempt(
                 stage,
@@ -577,7 +582,7 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
         run = (
             (lambda bench=bench: specpair(bench))
             if loaded is None
-            else bench_of(built.target, d, args, shlex.join(["specpair", *bench]), plot, loaded)
+            else bench_of(d, args, shlex.join(["specpair", *bench]), plot, loaded)
         )
         attempt(
             stage, figures, f"bench_{d.label}", f"bench ({d.label})", lambda b=bench, r=run: measured(b, r, args.device)
@@ -618,16 +623,14 @@ def reused(work: Path) -> Built | None:
     return Built(work / r["target"], drafters, r["notes"])
 
 
-def gate_of(
-    target: Model, d: Drafted, args: argparse.Namespace, loaded: Callable[[], LoadedTarget]
-) -> Callable[[], tuple[int, str]]:
+def gate_of(d: Drafted, args: argparse.Namespace, loaded: Callable[[], LoadedTarget]) -> Callable[[], tuple[int, str]]:
     """`specpair run`'s gate as the command line would run it, on a target opened from generated files: the app
     function the CLI calls, given the opened Model and its load (`shared_load`)."""
     from specpair.app.gate import run_gate
 
     def run() -> tuple[int, str]:
         report = run_gate(
-            target,
+            loaded().model,
             str(d.draft) if d.draft else None,
             mtp="--mtp" in d.options,
             draft_bits=draft_bits(d),
@@ -644,12 +647,7 @@ def gate_of(
 
 
 def bench_of(
-    target: Model,
-    d: Drafted,
-    args: argparse.Namespace,
-    command: str,
-    plot: Path,
-    loaded: Callable[[], LoadedTarget],
+    d: Drafted, args: argparse.Namespace, command: str, plot: Path, loaded: Callable[[], LoadedTarget]
 ) -> Callable[[], tuple[int, str]]:
     """`specpair bench` as the command line would run it (`command`), on a target opened from generated files and
     its load (`shared_load`)."""
@@ -658,7 +656,7 @@ def bench_of(
 
     def run() -> tuple[int, str]:
         report = run_bench(
-            target,
+            loaded().model,
             str(d.draft) if d.draft else None,
             command=command,
             mtp="--mtp" in d.options,

@@ -167,8 +167,8 @@ def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
 
 
 def test_122b_fp8_gate_and_bench_share_one_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A generated target is loaded once for its gate and its bench (each load draws every tensor again); a load
-    asked for another placement is refused, not handed over."""
+    """A generated target is loaded once for its load stage, its gate and its bench (each load draws every tensor
+    again); a load asked for another placement is refused, not handed over."""
     from specpair.app.models import load_target
     from specpair.runtime import loading
     from specpair.runtime.loading import plan_load
@@ -181,10 +181,11 @@ def test_122b_fp8_gate_and_bench_share_one_load(tmp_path: Path, monkeypatch: pyt
         return load(plan, *args, **kwargs)
 
     monkeypatch.setattr(loading, "load", counted)
-    args = ["--pair", "122b-fp8", "--scale", "tiny", "--device", "cpu", "--in-memory", "--skip-load", "--gate-batch"]
+    args = ["--pair", "122b-fp8", "--scale", "tiny", "--device", "cpu", "--in-memory", "--gate-batch"]
     args += ["1", "--gate-tokens", "16", "--users", "1", "--depth", "0", "--tokens", "16"]
     assert seed_pairs_gpu.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path)]) == 0
     figures = json.loads((tmp_path / "seed_pairs_122b-fp8.json").read_text())
+    assert figures["load"]["layouts"] == ["bf16", "fp8-block"] and figures["load"]["load_s"] > 0
     assert figures["gate_dflash2"]["document"]["identical"] is True
     assert [r["drafted"]["identical"] for r in figures["bench_dflash2"]["document"]["users"]] == [True]
     assert loads == ["generated:qwen3.5-122b-a10b-fp8"]
