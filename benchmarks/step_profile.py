@@ -352,6 +352,7 @@ def gpt_fast_rate(checkout: Path, config, prompt: list[int], steps: int = 100) -
 
     spec = importlib.util.spec_from_file_location("gpt_fast_model", checkout / "model.py")
     gf = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gf  # dynamo imports a traced function's module by name
     spec.loader.exec_module(gf)
     inductor.coordinate_descent_tuning = True
     inductor.triton.unique_kernel_names = True
