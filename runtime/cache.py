@@ -50,14 +50,6 @@ from specpair.checkpoint.config import ModelConfig
 from specpair.runtime.kernels import gdn
 
 
-def on_device(values: Sequence[int], device: torch.device) -> Tensor:
-    """Host integers as an int64 tensor on `device` without waiting for its stream: torch.tensor(values,
-    device="cuda") synchronises with the stream (a pageable copy); from pinned memory the copy is queued."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=torch.int64, device=device)
-    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
-
-
 @dataclass
 class GDNInputs:
     """What a verify step keeps of one Gated DeltaNet layer to replay a prefix of it."""

@@ -20,9 +20,11 @@ the undrafted run's draws.
 
 Speed. With `graphs` (the default on CUDA) the verify step is a CUDA graph (runtime/graphs.py) and each drafter
 captures its fixed-shape steps (`start(batch, context, graphs)`), all warmed up and captured before the first
-round, untimed, and so is the commit's rollback (its shapes do not depend on the counts). A round reads the device
-once: the accepted counts, the tokens after them and the drafts, in one copy, which the host needs to emit
-tokens; its draft and verify phases are timed by CUDA events, read at the end.
+round, untimed, and so is the commit's rollback (its shapes do not depend on the counts). What a round commits is
+worked out on the device (`_kept`: the accepted drafts and the token after them, cut at max_tokens and at a stop
+id), so commit, observation and the next round's proposal are queued before the host reads the round, once, in one
+copy (the counts, the committed tokens, which rows are done), which it needs to emit tokens: the GPU drafts while
+the host emits. Its draft and verify phases are timed by CUDA events, read at the end.
 
 What the loop costs beyond its steps: `step_times` times the target's decode step, its verify step and the
 drafter's round (propose + observe) alone, replayed back to back after a prefill of the same prompts. From them
@@ -41,8 +43,8 @@ import torch
 from torch import Tensor
 
 from specpair.runtime import acceptance
-from specpair.runtime.cache import Cache, on_device
-from specpair.runtime.drafters import Committed, Drafter, Drafting
+from specpair.runtime.cache import Cache
+from specpair.runtime.drafters import Committed, Drafter, Drafting, Proposal
 from specpair.runtime.generate import PREFILL_CHUNK, prefill
 from specpair.runtime.graphs import ForwardGraph
 from specpair.runtime.model import StepOutput, Transformer
@@ -135,9 +137,12 @@ def speculative_generate(
     chunk: int = PREFILL_CHUNK,
     on_token: Callable[[int, int], None] | None = None,
     graphs: bool | None = None,
+    keep_rows: bool | None = None,
 ) -> tuple[list[Drafted], SpeculativeTiming]:
     """Up to `max_tokens` new tokens per prompt, `block_size` (default: the drafter's) tokens verified a round.
-    `graphs`: the verify step and the drafter's fixed-shape steps as CUDA graphs (default: on CUDA)."""
+    `graphs`: the verify step and the drafter's fixed-shape steps as CUDA graphs (default: on CUDA). `keep_rows`:
+    finished sequences keep their rows and the next proposal is queued before the host reads a round (default,
+    and required, with graphs); else they leave the rounds."""
     if max_tokens < 1 or not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("speculative_generate needs max_tokens >= 1 and non-empty prompts")
     if rule not in RULES:
@@ -147,6 +152,9 @@ def speculative_generate(
         raise ValueError(f"block size {block} verifies no token")
     drafts, device, batch = block - 1, target.device, len(prompts)
     graphs = device.type == "cuda" if graphs is None else graphs
+    keep_rows = graphs if keep_rows is None else keep_rows
+    if graphs and not keep_rows:
+        raise ValueError("a graphed verify step keeps its batch: keep_rows=False needs graphs=False")
     lengths = [len(p) for p in prompts]
     context = max(lengths) + max_tokens + block
     cache = target.new_cache(batch, context)
@@ -171,61 +179,55 @@ def speculative_generate(
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
-    # slots[i]: the sequence in batch row i. Without graphs, finished sequences leave the rounds: moved behind the
-    # live ones (cache and drafter rows with them), which run as a prefix of the batch; a round's cost then follows
-    # the sequences still generating, not the batch it started with. A graphed verify step keeps its batch.
+    # slots[i]: the sequence in batch row i. With keep_rows (a graphed verify step keeps its batch) finished rows
+    # stay, committing nothing, and the next round's proposal is queued before the host reads this round, so the
+    # GPU drafts while the host emits tokens. Else finished sequences leave the rounds: moved behind the live ones
+    # (cache and drafter rows with them), which run as a prefix of the batch; a round's cost then follows the
+    # sequences still generating, and the next proposal waits for the host to know which they are.
     slots, live_rows = list(range(batch)), batch
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
+    generated = torch.zeros(batch, dtype=torch.int64, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    ahead: tuple[Proposal | None, Tensor] | None = None
     while live_rows:
         clock.mark("draft")
         step_anchors, step_positions = anchors[:live_rows], positions[:live_rows]
-        if drafts:
-            proposal = drafter.propose(step_anchors, step_positions, drafts, drafting)
-            proposed = proposal.tokens
-        else:
-            proposal, proposed = None, step_anchors[:, None][:, :0]
+        proposal, proposed = ahead or _propose(drafter, step_anchors, step_positions, drafts, drafting)
 
         clock.mark("verify")
         tokens = torch.cat((step_anchors[:, None], proposed), dim=1)
         rows = step_positions[:, None] + offsets
         out = verify(tokens, rows)
         accepted, following = _verify(out.logits, proposed, proposal, rows, sampling, rule)
-        read = torch.cat((accepted[:, None], following[:, None], proposed), dim=1).tolist()  # the round's one read
-        kept = []
-        for row, b in enumerate(slots[:live_rows]):
-            r = results[b]
-            if r.finished:
-                kept.append(0)
-                continue
-            count, after_drafts = read[row][0], read[row][1]
-            emitted = read[row][2 : 2 + count] + [after_drafts]
-            room = max_tokens - len(r.tokens)
-            taken = emitted[:room]
-            for i, t in enumerate(taken):
-                if t in stops:
-                    taken = taken[: i + 1]
-                    break
-            r.tokens += taken
-            if on_token:
-                for t in taken:
-                    on_token(b, t)
-            r.accepted.append(count)
-            r.committed.append(len(taken))
-            r.stopped = taken[-1] in stops
-            r.finished = r.stopped or len(r.tokens) >= max_tokens
-            kept.append(count + 1)
-        kept_t = on_device(kept, device)
-        out.pending.commit(kept_t, kept)
+        after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
+        after[torch.arange(live_rows, device=device), accepted] = following
+        kept_t, done_t = _kept(after, accepted, generated[:live_rows], done[:live_rows], max_tokens, stop_tensor)
+        read = _HostCopy(torch.cat((accepted[:, None], kept_t[:, None], done_t[:, None], after), dim=1))
+        out.pending.commit(kept_t)
         timing.rounds += 1
 
         clock.mark("draft")
-        after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
-        after[torch.arange(live_rows, device=device), accepted] = following
         drafter.observe(Committed(tokens, rows, after, kept_t, out.taps, out.hidden))
-        finished = [results[b].finished for b in slots[:live_rows]]
-        live = on_device([not f for f in finished], device).bool()
-        anchors = torch.cat((torch.where(live, following, step_anchors), anchors[live_rows:]))
-        positions = torch.cat((torch.where(live, step_positions + kept_t, step_positions), positions[live_rows:]))
-        if graphs:
+        generated = torch.cat((generated[:live_rows] + kept_t, generated[live_rows:]))
+        done = torch.cat((done_t, done[live_rows:]))
+        anchors = torch.cat((torch.where(done_t, step_anchors, following), anchors[live_rows:]))
+        positions = torch.cat((torch.where(done_t, step_positions, step_positions + kept_t), positions[live_rows:]))
+        ahead = _propose(drafter, anchors[:live_rows], positions[:live_rows], drafts, drafting) if keep_rows else None
+
+        finished = []
+        for row, (count, kept, ended, *emitted) in enumerate(read.values()):
+            r = results[slots[row]]
+            if not r.finished:  # a row done before this round committed nothing
+                taken = emitted[:kept]
+                r.tokens += taken
+                if on_token:
+                    for t in taken:
+                        on_token(slots[row], t)
+                r.accepted.append(count)
+                r.committed.append(kept)
+                r.finished, r.stopped = bool(ended), bool(ended) and taken[-1] in stops
+            finished.append(r.finished)
+        if keep_rows:
             live_rows = 0 if all(finished) else live_rows
         elif any(finished):
             order = [i for i in range(live_rows) if not finished[i]] + [i for i in range(live_rows) if finished[i]]
@@ -233,13 +235,58 @@ def speculative_generate(
             moved = torch.tensor(order, device=device)
             cache.reorder(moved)
             drafter.reorder(moved)
-            anchors, positions, slots = anchors[moved], positions[moved], [slots[i] for i in order]
+            anchors, positions, generated, done = anchors[moved], positions[moved], generated[moved], done[moved]
+            slots = [slots[i] for i in order]
             live_rows -= sum(finished)
     clock.mark("end")
     spent = clock.totals()
     timing.draft_s, timing.verify_s = spent.get("draft", 0.0), spent.get("verify", 0.0)
     timing.generated_tokens = sum(len(r.tokens) for r in results)
     return results, timing
+
+
+def _propose(
+    drafter: Drafter, anchors: Tensor, positions: Tensor, drafts: int, drafting: Drafting
+) -> tuple[Proposal | None, Tensor]:
+    """The drafter's proposal for a round at `anchors` and its tokens [B, drafts] (none for a block of 1)."""
+    if not drafts:
+        return None, anchors[:, None][:, :0]
+    proposal = drafter.propose(anchors, positions, drafts, drafting)
+    return proposal, proposal.tokens
+
+
+def _kept(
+    after: Tensor, accepted: Tensor, generated: Tensor, done: Tensor, max_tokens: int, stops: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(tokens each row commits this round [B], which rows are done after it [B]). A row offers its accepted drafts
+    and the token after them (after[:, :accepted + 1]); it keeps them up to max_tokens and through its first stop
+    id, and nothing once done. Computed where the round ran, so the commit needs no host read."""
+    offered = accepted + 1
+    index = torch.arange(after.shape[1], device=after.device)
+    stop_at = torch.where(torch.isin(after, stops) & (index < offered[:, None]), index, after.shape[1]).amin(dim=1)
+    allowed = torch.minimum(offered, max_tokens - generated)
+    kept = torch.where(done, 0, torch.minimum(allowed, stop_at + 1))
+    return kept, done | (stop_at < allowed) | (generated + kept >= max_tokens)
+
+
+class _HostCopy:
+    """A device tensor's values for the host, copied without waiting: on CUDA into pinned memory, queued on the
+    stream with an event after it, so the host can queue more work before it waits for them."""
+
+    def __init__(self, values: Tensor) -> None:
+        self.event = None
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = values
+
+    def values(self) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 def step_times(

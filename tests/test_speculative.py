@@ -210,16 +210,23 @@ def test_rounds_that_keep_nothing_and_rounds_that_keep_everything(workshop, tmp_
     assert all(r.accepted.count(0) >= len(r.accepted) - 2 for r in out)
 
 
-def test_rounds_at_the_end_of_max_tokens_and_at_stop_ids(workshop):
+@pytest.mark.parametrize("keep_rows", [False, True])
+def test_rounds_at_the_end_of_max_tokens_and_at_stop_ids(workshop, keep_rows):
+    """Rounds cut inside their block, by max_tokens and by a stop id among the accepted drafts, in both loop orders
+    (finished rows leaving, or kept with the next proposal queued first)."""
     s = workshop.setup("qwen3")
     drafter = load_drafter(open_model(str(s.path)), s.model, s.target)  # keeps every draft: rounds of 4
     for max_tokens in (1, 2, 7, 13):
-        out, _ = speculative_generate(s.target, drafter, s.prompts, max_tokens, GREEDY, block_size=4)
+        out, _ = speculative_generate(
+            s.target, drafter, s.prompts, max_tokens, GREEDY, block_size=4, keep_rows=keep_rows
+        )
         assert [r.tokens for r in out] == [r[:max_tokens] for r in s.reference]
         assert all(r.committed[-1] == (max_tokens - 1) % 4 + 1 for r in out)
     stop = s.reference[1][10]
     undrafted, _ = generate(s.target, s.prompts, TOKENS, GREEDY, [stop])
-    out, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, [stop], block_size=4)
+    out, _ = speculative_generate(
+        s.target, drafter, s.prompts, TOKENS, GREEDY, [stop], block_size=4, keep_rows=keep_rows
+    )
     assert [r.tokens for r in out] == [r.tokens for r in undrafted]
     assert [r.stopped for r in out] == [r.stopped for r in undrafted] and out[1].stopped
 
@@ -245,6 +252,44 @@ def test_finished_sequences_leave_the_rounds_and_the_rest_stay_exact(workshop, k
     assert out[0].stopped and len(out[0].tokens) < len(out[1].tokens)
     assert orders and all(sorted(o) == list(range(len(s.prompts))) for o in orders)  # rows moved, none lost
     assert widths[-1] < len(s.prompts)  # the last rounds ran fewer rows than the batch
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_kept_with_the_next_proposal_queued_first_give_the_same_rounds(workshop, kind, monkeypatch):
+    """keep_rows, the order a graphed loop runs in (finished rows stay, committing nothing; the next round's
+    proposal queued before the host reads the round): the tokens, stops, rounds and acceptance of the rows-leaving
+    loop, greedy and seeded, cut by a stop id and by max_tokens; and each round's tokens reach the host only after
+    the next proposal was asked for."""
+    family = "qwen3_5" if kind == "mtp" else "llama"
+    s = workshop.setup(family)
+    drafter = workshop.load(family, kind)
+    stop = s.reference[0][3]  # the first prompt stops early
+    for sampling in (GREEDY, Sampling(temperature=0.8, top_k=20, seed=7)):
+        for max_tokens in (TOKENS, 7):
+            undrafted, _ = generate(s.target, s.prompts, max_tokens, sampling, [stop])
+            runs = [
+                speculative_generate(
+                    s.target, drafter, s.prompts, max_tokens, sampling, [stop], block_size=4, keep_rows=keep
+                )[0]
+                for keep in (False, True)
+            ]
+            for out in runs:
+                assert [(r.tokens, r.stopped) for r in out] == [(r.tokens, r.stopped) for r in undrafted]
+            leaving, kept = ([(r.accepted, r.committed, r.finished) for r in out] for out in runs)
+            assert kept == leaving, (sampling, max_tokens)
+
+    log, propose = [], drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a, **k: log.append("propose") or propose(*a, **k))
+    out, timing = speculative_generate(
+        s.target, drafter, s.prompts, 16, GREEDY, block_size=4, keep_rows=True, on_token=lambda b, t: log.append(b)
+    )
+    proposed, asked_before = 0, []
+    for event, previous in zip(log, [None, *log]):
+        if event == "propose":
+            proposed += 1
+        elif previous == "propose":  # the first token a round emits
+            asked_before.append(proposed)
+    assert asked_before == [r + 2 for r in range(timing.rounds)]  # the round's own proposal and the next one
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])
