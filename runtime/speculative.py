@@ -181,7 +181,7 @@ def speculative_generate(
     clock = _Clock(device)
     # slots[i]: the sequence in batch row i. With keep_rows (a graphed verify step keeps its batch) finished rows
     # stay, committing nothing, and the next round's proposal is queued before the host reads this round, so the
-    # GPU drafts while the host emits tokens. Else finished sequences leave the rounds: moved behind the live ones
+    # GPU drafts while the host emits tokens (after the last round, one proposal goes unused). Else finished sequences leave the rounds: moved behind the live ones
     # (cache and drafter rows with them), which run as a prefix of the batch; a round's cost then follows the
     # sequences still generating, and the next proposal waits for the host to know which they are.
     slots, live_rows = list(range(batch)), batch
