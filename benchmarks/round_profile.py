@@ -1,7 +1,7 @@
 """A drafter's round at real shape, kernel by kernel, on one GPU: the bytes it must read and where its time goes.
 
     PYTHONPATH=<a directory holding the repository as specpair> python3 benchmarks/round_profile.py TARGET \
-        [--draft DIR [--draft-bits 4] | --mtp] [--block 8] [--out DIR]
+        [--draft DIR [--draft-bits 4]] [--block 8] [--out DIR] [--loop [--users 1,4] [--tokens 16,48]]
 
 TARGET and --draft: checkpoint directories (benchmarks/seed_pairs_gpu.py --only build --keep writes the seed pairs';
 without --draft, the target's own MTP head). A round is what bench's `draft` step times (runtime/speculative.py
@@ -12,6 +12,16 @@ weight, recorded from an eager round: the graphed round launches the same matmul
 roofline they give at the copy bandwidth measured in the run; per kernel, its launches and µs a round under
 torch.profiler; per kind of weight, the matmuls' µs and share of copy bandwidth. Writes round_profile.md and .json
 to --out (default $OUT, else the working directory).
+
+--loop: where the speculative loop's rounds spend what its steps alone do not (bench's speedup / predicted), at each
+--users count: a round of the loop (runtime/speculative.py speculative_generate, greedy, CUDA graphs) against the
+same round's steps alone (`round_steps`: the verify step with its commit, then the drafter's round), both after a
+prefill of the same prompts. The loop's wall time a round is its own CUDA-event phases (draft + verify) over its
+rounds; its kernels a round come from two runs of --tokens a and b, each profiled from its first emitted token on
+(the graphs' capture and the prefill left out), their difference over the difference of their rounds (so what the
+first and last rounds do alone cancels). GPU idle a round = wall - the kernels' µs (one stream: the kernels never
+overlap): the time the GPU waited for the host. The wall time a round is the difference of the two runs' too. Then kernel by kernel, the loop's launches and µs a round beside
+the steps', largest difference first. Writes loop_profile.md and .json.
 """
 
 from __future__ import annotations
@@ -28,14 +38,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_profile import copy_bandwidth, matmuls_by_weight, profiled, recorded_matmuls  # noqa: E402
+from step_profile import copy_bandwidth, kernel_totals, matmuls_by_weight, profiled, recorded_matmuls  # noqa: E402
 
 from specpair.runtime.drafters import Committed, Drafter, Drafting  # noqa: E402
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
 from specpair.runtime.loading import load, plan_load  # noqa: E402
 from specpair.runtime.model import Transformer  # noqa: E402
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling  # noqa: E402
-from specpair.runtime.speculative import step_times  # noqa: E402
+from specpair.runtime.speculative import round_steps, speculative_generate, step_times  # noqa: E402
 from specpair.sources.model import open_model  # noqa: E402
 
 PROMPT_TOKENS = 78
@@ -43,9 +53,9 @@ ROUNDS = 50  # timed back to back
 PROFILED = 20  # under torch.profiler
 
 
-def prompt_of(target: Transformer) -> list[int]:
-    """A prompt of PROMPT_TOKENS ids inside the target's vocabulary."""
-    return [1 + (31 * i) % (target.config.vocab_size - 2) for i in range(PROMPT_TOKENS)]
+def prompt_of(target: Transformer, user: int = 0) -> list[int]:
+    """A prompt of PROMPT_TOKENS ids inside the target's vocabulary, one per user."""
+    return [1 + (31 * i + 7 * user) % (target.config.vocab_size - 2) for i in range(PROMPT_TOKENS)]
 
 
 def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> Callable[[], None]:
@@ -123,6 +133,113 @@ def report(figures: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loop_run(target: Transformer, drafter: Drafter, prompts: list[list[int]], block: int, tokens: int) -> dict:
+    """One greedy run of the loop profiled from its first emitted token on (each kernel's launches and µs), then
+    one unprofiled (its rounds and their wall seconds, from the loop's CUDA events): the first also warms up."""
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    started: list[bool] = []
+
+    def start_profiling(sequence: int, token: int) -> None:
+        if not started:
+            started.append(True)
+            prof.start()
+
+    _, profiled_timing = speculative_generate(
+        target, drafter, prompts, tokens, Sampling(), block_size=block, on_token=start_profiling
+    )
+    torch.cuda.synchronize()
+    prof.stop()
+    _, timing = speculative_generate(target, drafter, prompts, tokens, Sampling(), block_size=block)
+    if profiled_timing.rounds != timing.rounds:
+        raise RuntimeError(
+            f"two greedy runs of {tokens} tokens took {profiled_timing.rounds} and {timing.rounds} rounds"
+        )
+    return {"rounds": timing.rounds, "wall_s": timing.draft_s + timing.verify_s, "kernels": kernel_totals(prof)}
+
+
+def per_round(short: dict, long: dict) -> tuple[float, dict[str, list[float]]]:
+    """(wall ms a round, each kernel's [launches, µs] a round) of the loop from two of its runs (loop_run's
+    figures): their difference over the difference of their rounds, so what both runs do once cancels."""
+    rounds = long["rounds"] - short["rounds"]
+    if rounds < 1:
+        raise RuntimeError(f"runs of {short['rounds']} and {long['rounds']} rounds: the second must take more")
+    names = set(short["kernels"]) | set(long["kernels"])
+    kernels = {
+        n: [(long["kernels"].get(n, (0, 0.0))[i] - short["kernels"].get(n, (0, 0.0))[i]) / rounds for i in (0, 1)]
+        for n in names
+    }
+    return (long["wall_s"] - short["wall_s"]) / rounds * 1e3, kernels
+
+
+def loop_against_steps(target: Transformer, drafter: Drafter, users: int, block: int, tokens: tuple[int, int]) -> dict:
+    """A round of the loop against its steps alone at `users` sequences (the module docstring's --loop)."""
+    prompts = [prompt_of(target, u) for u in range(users)]
+    short, long = (loop_run(target, drafter, prompts, block, n) for n in tokens)
+    round_ms, loop = per_round(short, long)
+    steps = round_steps(target, drafter, prompts, block)
+
+    def one_round() -> None:
+        steps.verify()
+        steps.draft()
+
+    alone = profile_round(one_round)
+    figures = {
+        "users": users,
+        "rounds": [short["rounds"], long["rounds"]],
+        "loop_round_ms": round_ms,
+        "loop_kernel_us": sum(us for _, us in loop.values()),
+        "loop_launches": sum(c for c, _ in loop.values()),
+        "steps_round_ms": alone["round_ms"],
+        "steps_kernel_us": alone["kernel_us"],
+        "steps_launches": alone["launches"],
+    }
+    by_kernel = {
+        n: {
+            "loop_launches": loop.get(n, [0, 0.0])[0],
+            "loop_us": loop.get(n, [0, 0.0])[1],
+            "steps_launches": alone["kernels"].get(n, {}).get("launches", 0),
+            "steps_us": alone["kernels"].get(n, {}).get("us", 0.0),
+        }
+        for n in set(loop) | set(alone["kernels"])
+    }
+    figures["kernels"] = dict(sorted(by_kernel.items(), key=lambda kv: -abs(kv[1]["loop_us"] - kv[1]["steps_us"])))
+    return figures
+
+
+def loop_report(target: str, drafter: str, gpu: str, block: int, runs: list[dict]) -> str:
+    lines = [
+        f"# The loop's round against its steps alone: {drafter} on {target} ({gpu})",
+        "",
+        f"block {block}, greedy, CUDA graphs; ms and µs a round; idle: wall - kernels (the GPU waiting for the host)",
+        "",
+        "| users | loop wall | loop kernels | loop idle | launches | steps alone wall | steps' kernels | steps' idle "
+        "| launches | loop / steps (wall) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in runs:
+        lines.append(
+            f"| {f['users']} | {f['loop_round_ms']:.3f} ms | {f['loop_kernel_us'] / 1e3:.3f} | "
+            f"{f['loop_round_ms'] - f['loop_kernel_us'] / 1e3:.3f} | {f['loop_launches']:.1f} | "
+            f"{f['steps_round_ms']:.3f} ms | {f['steps_kernel_us'] / 1e3:.3f} | "
+            f"{f['steps_round_ms'] - f['steps_kernel_us'] / 1e3:.3f} | {f['steps_launches']:.1f} | "
+            f"{f['loop_round_ms'] / f['steps_round_ms']:.3f}× |"
+        )
+    for f in runs:
+        lines += [
+            "",
+            f"## users {f['users']}: kernels, largest difference first (rounds {f['rounds'][0]} and {f['rounds'][1]})",
+            "",
+            "| kernel | loop launches | loop µs | steps' launches | steps' µs | loop - steps µs |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{n}` | {k['loop_launches']:.1f} | {k['loop_us']:.1f} | {k['steps_launches']:.1f} | "
+            f"{k['steps_us']:.1f} | {k['loop_us'] - k['steps_us']:+.1f} |"
+            for n, k in list(f["kernels"].items())[:25]
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target")
@@ -130,11 +247,28 @@ def main() -> None:
     parser.add_argument("--draft-bits", type=int, help="quantize the drafter to affine-N at load")
     parser.add_argument("--block", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--loop", action="store_true", help="the loop's round against its steps alone")
+    parser.add_argument("--users", default="1,4", help="with --loop: concurrent sequences, comma-separated")
+    parser.add_argument("--tokens", default="16,48", help="with --loop: the two runs' tokens a sequence")
     args = parser.parse_args()
     target_model = open_model(args.target)
     target = load(plan_load(target_model, "cuda"))
     draft_model = open_model(args.draft) if args.draft else None
     drafter = load_drafter(draft_model, target_model, target, args.draft_bits)
+    name = f"{drafter.kind} ({args.draft or 'its MTP head'}" + (
+        f", affine-{args.draft_bits}" if args.draft_bits else ""
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.loop:
+        tokens = tuple(int(n) for n in args.tokens.split(","))
+        if len(tokens) != 2 or tokens[0] >= tokens[1]:
+            raise SystemExit(f"--tokens takes two counts, the smaller first: got {args.tokens}")
+        runs = [loop_against_steps(target, drafter, int(u), args.block, tokens) for u in args.users.split(",")]
+        text = loop_report(args.target, name + ")", torch.cuda.get_device_name(), args.block, runs)
+        print(text, flush=True)
+        (args.out / "loop_profile.md").write_text(text)
+        (args.out / "loop_profile.json").write_text(json.dumps(runs, indent=1) + "\n")
+        return
     times = step_times(target, drafter, [prompt_of(target)], args.block)
     calls = round_matmuls(target, drafter, args.block)
     profile = profile_round(round_of(target, drafter, args.block, graphs=True))
@@ -143,9 +277,7 @@ def main() -> None:
     paired = len(calls) == len(profile["matmul_us"])
     figures = {
         "target": args.target,
-        "drafter": f"{drafter.kind} ({args.draft or 'its MTP head'}"
-        + (f", affine-{args.draft_bits}" if args.draft_bits else "")
-        + ")",
+        "drafter": name + ")",
         "gpu": torch.cuda.get_device_name(),
         "block": args.block,
         "bandwidth": bandwidth,
@@ -158,7 +290,6 @@ def main() -> None:
     }
     text = report(figures)
     print(text, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "round_profile.md").write_text(text)
     (args.out / "round_profile.json").write_text(json.dumps(figures, indent=1) + "\n")
 

@@ -258,6 +258,17 @@ def profile_graph(step: ForwardGraph) -> dict:
     return {"step_ms": step_s * 1e3, **profiled(step.graph.graph.replay, PROFILED)}
 
 
+def kernel_totals(prof: torch.profiler.profile) -> dict[str, tuple[int, float]]:
+    """Per kernel of a finished profile (its name up to the template arguments): launches and device µs, summed."""
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = re.sub(r"\(.*", "", event.name)[:60]
+            kernels[name][0] += 1
+            kernels[name][1] += event.device_time_total
+    return {n: (int(c), us) for n, (c, us) in kernels.items()}
+
+
 def profiled(run: Callable[[], object], times: int) -> dict:
     """`run` called `times` times under torch.profiler: per kernel its launches and µs a call, and each matmul
     launch of a call in order, averaged over the calls."""
@@ -265,16 +276,11 @@ def profiled(run: Callable[[], object], times: int) -> dict:
         for _ in range(times):
             run()
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     matmuls: list[tuple[float, float]] = []  # (start, µs) of each matmul launch
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = re.sub(r"\(.*", "", event.name)[:60]
-            kernels[name][0] += 1
-            kernels[name][1] += event.device_time_total
-            if name in MATMUL_KERNELS:
-                matmuls.append((event.time_range.start, event.device_time_total))
-    per_call = {n: (c / times, us / times) for n, (c, us) in kernels.items()}
+        if event.device_type == torch.autograd.DeviceType.CUDA and re.sub(r"\(.*", "", event.name) in MATMUL_KERNELS:
+            matmuls.append((event.time_range.start, event.device_time_total))
+    per_call = {n: (c / times, us / times) for n, (c, us) in kernel_totals(prof).items()}
     matmuls.sort()
     launches = len(matmuls) // times
     matmul_us = [sum(us for _, us in matmuls[i::launches]) / times for i in range(launches)] if launches else []

@@ -289,21 +289,29 @@ class _HostCopy:
         return self.host.tolist()
 
 
-def step_times(
+@dataclass
+class RoundSteps:
+    """Each step of a round as the loop runs it, ready to call alone: `round_steps` builds them."""
+
+    decode: Callable[[], object]  # the target's one-token step
+    verify: Callable[[], object]  # the target's verify step of a block, with the commit of its whole block
+    draft: Callable[[], object]  # the drafter's proposal of block - 1 drafts and its observation of a verify step
+
+
+def round_steps(
     target: Transformer,
     drafter: Drafter,
     prompts: Sequence[Sequence[int]],
     block: int,
     *,
     graphs: bool | None = None,
-    repeats: int = 20,
     chunk: int = PREFILL_CHUNK,
-) -> StepTimes:
-    """Each step of a round timed alone after a prefill of `prompts`, `repeats` calls back to back (after one
-    untimed call), as the loop runs it (CUDA graphs with `graphs`, the default on CUDA). Values are not kept: every
-    call rewrites the same rows. A verify step is timed with the commit of its whole block (the cache takes one
-    verify step at a time; the rollback costs the same whatever was kept, but for the kept tokens' replay); the
-    drafter's observation is of a step that kept nothing (its observe steps have one shape whatever was kept)."""
+) -> RoundSteps:
+    """The steps of a round after a prefill of `prompts`, as the loop runs them (CUDA graphs with `graphs`, the
+    default on CUDA), each callable again and again: values are not kept, every call rewrites the same rows. The
+    verify step commits its whole block (the cache takes one verify step at a time; the rollback costs the same
+    whatever was kept, but for the kept tokens' replay); the drafter observes a step that kept nothing (its observe
+    steps have one shape whatever was kept)."""
     device, batch = target.device, len(prompts)
     graphs = device.type == "cuda" if graphs is None else graphs
     lengths = [len(p) for p in prompts]
@@ -329,13 +337,29 @@ def step_times(
             drafter.propose(anchors, positions, block - 1, drafting)
         drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
 
-    verify_s = _seconds_per_call(verify_step, repeats, device)
-    draft_s = _seconds_per_call(draft_round, repeats, device)
     decode = functools.partial(target.forward, cache=cache)
     if graphs:
         decode = ForwardGraph(target, cache, batch, 1)
         decode.prepare(anchors[:, None], positions[:, None])
-    decode_s = _seconds_per_call(lambda: decode(anchors[:, None], positions[:, None]), repeats, device)
+    return RoundSteps(lambda: decode(anchors[:, None], positions[:, None]), verify_step, draft_round)
+
+
+def step_times(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    block: int,
+    *,
+    graphs: bool | None = None,
+    repeats: int = 20,
+    chunk: int = PREFILL_CHUNK,
+) -> StepTimes:
+    """Each step of `round_steps` timed alone, `repeats` calls back to back (after one untimed call)."""
+    steps = round_steps(target, drafter, prompts, block, graphs=graphs, chunk=chunk)
+    device = target.device
+    verify_s = _seconds_per_call(steps.verify, repeats, device)
+    draft_s = _seconds_per_call(steps.draft, repeats, device)
+    decode_s = _seconds_per_call(steps.decode, repeats, device)
     return StepTimes(decode_s=decode_s, verify_s=verify_s, draft_s=draft_s)
 
 

@@ -44,3 +44,19 @@ def test_a_dflash2_round_reads_each_weight_once(tmp_path):
     assert [c["weight"] for c in calls].count(f"float32 {VOCAB}x{HIDDEN}") == 1  # the head, all 7 rows in one call
     assert sum(c["bytes"] for c in calls) == head + sum(w.nbytes for w in matrices.values())
     assert "fc.weight" in matrices and len(calls) == len(matrices) + 1  # one call each: context and block rows together
+
+
+def test_the_loops_round_is_the_difference_of_two_runs():
+    """What both runs do once (the first round's proposal, the last round's leftovers) cancels; a kernel only one
+    run launched counts against that run; two runs of the same rounds measure no round."""
+    short = {"rounds": 10, "wall_s": 0.5, "kernels": {"verify": (10 * 3 + 7, 10 * 30.0 + 70.0), "once": (1, 5.0)}}
+    long = {
+        "rounds": 30,
+        "wall_s": 1.3,
+        "kernels": {"verify": (30 * 3 + 7, 30 * 30.0 + 70.0), "once": (1, 5.0), "late": (20, 40.0)},
+    }
+    round_ms, kernels = round_profile.per_round(short, long)
+    assert round_ms == pytest.approx(40.0)
+    assert kernels == {"verify": [3.0, 30.0], "once": [0.0, 0.0], "late": [1.0, 2.0]}
+    with pytest.raises(RuntimeError, match="the second must take more"):
+        round_profile.per_round(long, {**long, "wall_s": 2.0})
