@@ -7,8 +7,8 @@ and the drafter observes every chunk. The last prompt token is the first round's
 position s drafts k = block_size - 1 tokens, runs [anchor, d_1 .. d_k] at s .. s+k through the target as a
 verify step, keeps `accepted` drafts and the token after them (runtime/acceptance.py), commits anchor +
 accepted rows (the verify step's Pending.commit rolls the target's KV and Gated DeltaNet state back to exactly
-that prefix), and the drafter observes the step with its kept rows; the next anchor is the token after the kept drafts, at
-s + accepted + 1. Sequences of a batch sit at their own positions and accept independently; a finished
+that prefix), and the drafter observes the step with its kept rows; the next anchor is the token after the kept
+drafts, at s + accepted + 1. Sequences of a batch sit at their own positions and accept independently; a finished
 sequence (a stop id, or max_tokens) keeps its place and commits nothing.
 
 Exactness. The target's row for position p has the same bits alone, in a batch, in a decode step or in a
@@ -26,8 +26,9 @@ id), so commit, observation and the next round's proposal are queued before the 
 copy (the counts, the committed tokens, which rows are done), which it needs to emit tokens: the GPU drafts while
 the host emits. Its draft and verify phases are timed by CUDA events, read at the end.
 
-What the loop costs beyond its steps: `step_times` times the target's decode step, its verify step and the
-drafter's round (propose + observe) alone, replayed back to back after a prefill of the same prompts. From them
+What the loop costs beyond its steps: `round_steps` builds the target's decode step, its verify step and the
+drafter's round (propose + observe), each callable alone after a prefill of the same prompts, and `step_times`
+times them replayed back to back (benchmarks/round_profile.py --loop profiles them beside the loop's rounds). From them
 and τ, `StepTimes.predicted_speedup` is what a loop with no overhead of its own would reach; a measured speedup
 below it is the loop's host work (the round's one read, the rule, commit, observe's bookkeeping).
 """
@@ -181,9 +182,10 @@ def speculative_generate(
     clock = _Clock(device)
     # slots[i]: the sequence in batch row i. With keep_rows (a graphed verify step keeps its batch) finished rows
     # stay, committing nothing, and the next round's proposal is queued before the host reads this round, so the
-    # GPU drafts while the host emits tokens (after the last round, one proposal goes unused). Else finished sequences leave the rounds: moved behind the live ones
-    # (cache and drafter rows with them), which run as a prefix of the batch; a round's cost then follows the
-    # sequences still generating, and the next proposal waits for the host to know which they are.
+    # GPU drafts while the host emits tokens (after the last round, one proposal goes unused). Else finished
+    # sequences leave the rounds: moved behind the live ones (cache and drafter rows with them), which run as a
+    # prefix of the batch; a round's cost then follows the sequences still generating, and the next proposal
+    # waits for the host to know which they are.
     slots, live_rows = list(range(batch)), batch
     stop_tensor = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
     generated = torch.zeros(batch, dtype=torch.int64, device=device)
