@@ -50,7 +50,8 @@ row whose runs disagree by more than 1.25x (max/min) is marked UNRELIABLE.
 The weights roofline is users x the GPU's nominal memory bandwidth / the bytes of weights one decode step reads
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
 predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
-verify step), each timed alone on the row's prompts; speedup / predicted shows what the loop itself costs.
+verify step), each timed alone on the row's prompts (the verify step on the block a round verifies: the anchor and
+the drafter's proposal); speedup / predicted shows what the loop itself costs.
 Output: a header (GPU, versions, the command line) and the two tables on stdout (--md: as Markdown), progress on
 stderr; --quiet: the same on stdout, nothing on stderr; --json: one document (schema specpair.bench/1).
 --profile F.json: the users rows' acceptance as ModelOpt's speculation_profile.json (schema 1.0).

@@ -311,7 +311,8 @@ def round_steps(
 ) -> RoundSteps:
     """The steps of a round after a prefill of `prompts`, as the loop runs them (CUDA graphs with `graphs`, the
     default on CUDA), each callable again and again: values are not kept, every call rewrites the same rows. The
-    verify step commits its whole block (the cache takes one verify step at a time; the rollback costs the same
+    verify step runs the block a round would verify at the prompts' ends (the anchor and the drafter's proposal
+    after it) and commits its whole block (the cache takes one verify step at a time; the rollback costs the same
     whatever was kept, but for the kept tokens' replay); the drafter observes a step that kept nothing (its observe
     steps have one shape whatever was kept)."""
     device, batch = target.device, len(prompts)
@@ -325,8 +326,12 @@ def round_steps(
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     rows = positions[:, None] + torch.arange(block, device=device)
-    tokens = anchors[:, None].expand(batch, block).contiguous()
     verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    # the block a round verifies: the anchor and the drafter's proposal after it. Not the anchor repeated: a MoE
+    # routes each distinct token to experts of its own, so such a block would read fewer experts than a round does
+    tokens = anchors[:, None]
+    if block > 1:
+        tokens = torch.cat((tokens, drafter.propose(anchors, positions, block - 1, drafting).tokens), dim=1)
     whole, nothing = torch.full((batch,), block, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
     out = verify(tokens, rows)
     out.pending.commit(whole, [block] * batch)

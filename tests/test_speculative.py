@@ -42,6 +42,7 @@ from specpair.runtime.speculative import (
     ACCEPT_STREAM,
     DRAFT_STREAM,
     acceptance_by_position,
+    round_steps,
     speculative_generate,
     step_times,
 )
@@ -661,6 +662,31 @@ def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, k
     results, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=4, graphs=True)
     assert [r.tokens for r in results] == s.reference
     assert rounds and late == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_verify_step_alone_verifies_what_the_drafter_proposes(workshop, monkeypatch, kind):
+    """The steps alone (bench's predicted speedup) verify the block a round would: the anchor, then the drafter's
+    own proposal after it, not the anchor repeated (a MoE would route such a block to fewer experts than a round)."""
+    family = SOLO[kind]
+    s, drafter = workshop.setup(family), workshop.load(family, kind)
+    verified: list[torch.Tensor] = []
+    forward = type(s.target).forward
+
+    def recording(self, tokens, positions, cache, **options):
+        if options.get("verify"):
+            verified.append(tokens.clone())
+        return forward(self, tokens, positions, cache, **options)
+
+    monkeypatch.setattr(type(s.target), "forward", recording)
+    steps = round_steps(s.target, drafter, s.prompts, 4, graphs=False)
+    verified.clear()
+    steps.verify()
+    anchors = torch.tensor([p[-1] for p in s.prompts])
+    positions = torch.tensor([len(p) - 1 for p in s.prompts])
+    proposed = drafter.propose(anchors, positions, 3, Drafting(GREEDY, False, TOKEN_STREAM)).tokens
+    assert len(verified) == 1 and torch.equal(verified[0], torch.cat((anchors[:, None], proposed), dim=1))
+    assert any(len(set(row.tolist())) > 1 for row in verified[0])  # the drafts are not all the anchor again
 
 
 @pytest.mark.parametrize("kind", KINDS)
