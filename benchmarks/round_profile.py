@@ -60,7 +60,7 @@ def prompt_of(target: Transformer, user: int = 0) -> list[int]:
 
 def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> Callable[[], None]:
     """One round after a prefill-sized start: the observation of a verify step that kept nothing (its rows are random
-    features: the observation's cost does not depend on their values), then a proposal at the prompt's end (a
+    features and distinct tokens: a dense observation's cost does not depend on their values), then a proposal at the prompt's end (a
     DFlash drafter stores that observation with the proposal's products: from the second round on, each round is
     the steady state's)."""
     device = target.device
@@ -68,7 +68,9 @@ def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) ->
     anchors = torch.tensor([prompt_of(target)[-1]], device=device)
     positions = torch.tensor([PROMPT_TOKENS - 1], device=device)
     rows = positions[:, None] + torch.arange(block, device=device)
-    tokens = anchors[:, None].expand(1, block).contiguous()
+    # distinct tokens, as a round's verified block holds: a MoE drafter (an MTP head) routes a repeated token's
+    # rows to the same experts, fewer than a round's rows reach
+    tokens = (anchors[:, None] + 7919 * torch.arange(block, device=device)) % target.config.vocab_size
     width = target.config.hidden_size
     taps = torch.randn(1, block, len(drafter.taps) * width, device=device).to(target.dtype) if drafter.taps else None
     hidden = torch.randn(1, block, width, device=device).to(target.dtype) if drafter.hidden else None
