@@ -344,11 +344,14 @@ def round_steps(
             drafter.propose(anchors, positions, block - 1, drafting)
         drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
 
+    # the decode step decodes what the undrafted loop would: the target's own token after each anchor, one a
+    # sequence (the anchors of prompts that end alike, as chat templates make them, are one token repeated)
+    following, at = out.logits[:, 0].argmax(dim=-1)[:, None], positions[:, None] + 1
     decode = functools.partial(target.forward, cache=cache)
     if graphs:
         decode = ForwardGraph(target, cache, batch, 1)
-        decode.prepare(anchors[:, None], positions[:, None])
-    return RoundSteps(lambda: decode(anchors[:, None], positions[:, None]), verify_step, draft_round)
+        decode.prepare(following, at)
+    return RoundSteps(lambda: decode(following, at), verify_step, draft_round)
 
 
 def step_times(

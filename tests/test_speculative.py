@@ -665,28 +665,40 @@ def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, k
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_verify_step_alone_verifies_what_the_drafter_proposes(workshop, monkeypatch, kind):
-    """The steps alone (bench's predicted speedup) verify the block a round would: the anchor, then the drafter's
-    own proposal after it, not the anchor repeated (a MoE would route such a block to fewer experts than a round)."""
+def test_the_steps_alone_run_the_tokens_a_round_and_the_undrafted_loop_run(workshop, monkeypatch, kind):
+    """The steps alone (bench's predicted speedup) verify the block a round would, the anchor and then the drafter's
+    own proposal after it, not the anchor repeated (a MoE would route such a block to fewer experts than a round);
+    the decode step decodes the target's own next token, not the anchor again."""
     family = SOLO[kind]
     s, drafter = workshop.setup(family), workshop.load(family, kind)
-    verified: list[torch.Tensor] = []
+    verified: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, logits) of each verify step
+    decoded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens, positions) of each decode step
     forward = type(s.target).forward
 
     def recording(self, tokens, positions, cache, **options):
-        if options.get("verify"):
-            verified.append(tokens.clone())
-        return forward(self, tokens, positions, cache, **options)
+        out = forward(self, tokens, positions, cache, **options)
+        if self is not s.target:  # a draft model is a Transformer too
+            return out
+        if options.get("verify") and out.logits is not None:  # a padded prefill chunk is a verify step too
+            verified.append((tokens.clone(), out.logits.clone()))
+        elif tokens.shape[1] == 1:
+            decoded.append((tokens.clone(), positions.clone()))
+        return out
 
     monkeypatch.setattr(type(s.target), "forward", recording)
     steps = round_steps(s.target, drafter, s.prompts, 4, graphs=False)
-    verified.clear()
+    ((tokens, logits),) = verified  # the first verify step, right after the prefill
     steps.verify()
+    steps.decode()
     anchors = torch.tensor([p[-1] for p in s.prompts])
     positions = torch.tensor([len(p) - 1 for p in s.prompts])
     proposed = drafter.propose(anchors, positions, 3, Drafting(GREEDY, False, TOKEN_STREAM)).tokens
-    assert len(verified) == 1 and torch.equal(verified[0], torch.cat((anchors[:, None], proposed), dim=1))
-    assert any(len(set(row.tolist())) > 1 for row in verified[0])  # the drafts are not all the anchor again
+    assert torch.equal(tokens, torch.cat((anchors[:, None], proposed), dim=1))
+    assert torch.equal(verified[-1][0], tokens)  # every call verifies that block
+    assert any(len(set(row.tolist())) > 1 for row in tokens)  # the drafts are not all the anchor again
+    # the decode step decodes the target's own token after each anchor there, as the undrafted loop would
+    assert torch.equal(decoded[-1][0], logits[:, 0].argmax(dim=-1)[:, None])
+    assert torch.equal(decoded[-1][1], positions[:, None] + 1)
 
 
 @pytest.mark.parametrize("kind", KINDS)
