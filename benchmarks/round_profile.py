@@ -16,12 +16,12 @@ to --out (default $OUT, else the working directory).
 --loop: where the speculative loop's rounds spend what its steps alone do not (bench's speedup / predicted), at each
 --users count: a round of the loop (runtime/speculative.py speculative_generate, greedy, CUDA graphs) against the
 same round's steps alone (`round_steps`: the verify step with its commit, then the drafter's round), both after a
-prefill of the same prompts. The loop's wall time a round is its own CUDA-event phases (draft + verify) over its
-rounds; its kernels a round come from two runs of --tokens a and b, each profiled from its first emitted token on
-(the graphs' capture and the prefill left out), their difference over the difference of their rounds (so what the
-first and last rounds do alone cancels). GPU idle a round = wall - the kernels' µs (one stream: the kernels never
-overlap): the time the GPU waited for the host. The wall time a round is the difference of the two runs' too. Then kernel by kernel, the loop's launches and µs a round beside
-the steps', largest difference first. Writes loop_profile.md and .json.
+prefill of the same prompts. Two runs of the loop, of --tokens a and b tokens a sequence: the wall time a round is
+the difference of their CUDA-event phases (draft + verify) over the difference of their rounds, and so are the
+kernels a round, each run profiled from its first emitted token on (the graphs' capture and the prefill left out;
+what the first and last rounds do alone cancels). GPU idle a round = wall - the kernels' µs (one stream: the
+kernels never overlap): the time the GPU waited for the host. Then kernel by kernel, the loop's launches and µs a
+round beside the steps', largest difference first. Writes loop_profile.md and .json.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def prompt_of(target: Transformer, user: int = 0) -> list[int]:
 
 def round_of(target: Transformer, drafter: Drafter, block: int, graphs: bool) -> Callable[[], None]:
     """One round after a prefill-sized start: the observation of a verify step that kept nothing (its rows are random
-    features and distinct tokens: a dense observation's cost does not depend on their values), then a proposal at the prompt's end (a
-    DFlash drafter stores that observation with the proposal's products: from the second round on, each round is
-    the steady state's)."""
+    features and distinct tokens: a dense observation's cost does not depend on their values), then a proposal at
+    the prompt's end (a DFlash drafter stores that observation with the proposal's products: from the second round
+    on, each round is the steady state's)."""
     device = target.device
     drafter.start(1, PROMPT_TOKENS + 2 * block, graphs)
     anchors = torch.tensor([prompt_of(target)[-1]], device=device)
