@@ -329,9 +329,7 @@ def round_steps(
     verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     # the block a round verifies: the anchor and the drafter's proposal after it. Not the anchor repeated: a MoE
     # routes each distinct token to experts of its own, so such a block would read fewer experts than a round does
-    tokens = anchors[:, None]
-    if block > 1:
-        tokens = torch.cat((tokens, drafter.propose(anchors, positions, block - 1, drafting).tokens), dim=1)
+    tokens = torch.cat((anchors[:, None], _propose(drafter, anchors, positions, block - 1, drafting)[1]), dim=1)
     whole, nothing = torch.full((batch,), block, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
     out = verify(tokens, rows)
     out.pending.commit(whole, [block] * batch)
@@ -340,8 +338,7 @@ def round_steps(
         verify(tokens, rows).pending.commit(whole, [block] * batch)
 
     def draft_round() -> None:
-        if block > 1:
-            drafter.propose(anchors, positions, block - 1, drafting)
+        _propose(drafter, anchors, positions, block - 1, drafting)
         drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
 
     # the decode step decodes what the undrafted loop would: the target's own token after each anchor, one a
