@@ -20,9 +20,11 @@ are device tensors; the MoE dispatch builds its tile tables on the device for an
 CPU reference kernels read routing and ranges on the host, which costs nothing there and is never captured.
 A verify step's commit is a graph of its own (the Pending a ForwardGraph returns rolls back through it: the
 rollback's shapes do not depend on the accepted counts). A block or chain drafter's proposal is one graph, its draws
-and DFlash2's candidate walk included (keyed draws depend on positions, device tensors, not on a host RNG). Left
-outside the graphs, eager: prefill (its chunk widths vary), the target's sampling and the acceptance rule (a few
-small ops), a draft model's draws between its steps, and a hybrid draft model's rollback of its own state.
+and DFlash2's candidate walk included (keyed draws depend on positions, device tensors, not on a host RNG). What a round
+keeps is a graph as well (runtime/speculative.py `_decided`: the target's choices, the exact rule, the cut at
+max_tokens and stop ids, the next anchors). Left outside the graphs, eager: prefill (its chunk widths vary), the
+rejection rule's draws, a draft model's draws between its steps, and a hybrid draft model's rollback of its own
+state.
 """
 
 from __future__ import annotations

@@ -21,16 +21,18 @@ the undrafted run's draws.
 Speed. With `graphs` (the default on CUDA) the verify step is a CUDA graph (runtime/graphs.py) and each drafter
 captures its fixed-shape steps (`start(batch, context, graphs)`), all warmed up and captured before the first
 round, untimed, and so is the commit's rollback (its shapes do not depend on the counts). What a round commits is
-worked out on the device (`_kept`: the accepted drafts and the token after them, cut at max_tokens and at a stop
-id), so commit, observation and the next round's proposal are queued before the host reads the round, once, in one
-copy (the counts, the committed tokens, which rows are done), which it needs to emit tokens: the GPU drafts while
-the host emits. Its draft and verify phases are timed by CUDA events, read at the end.
+worked out on the device, in one graph too (`_decided`: the target's choices against the drafts, then `_kept`: the
+accepted drafts and the token after them, cut at max_tokens and at a stop id; the next anchors and positions), so
+commit, observation and the next round's proposal are queued before the host reads the round, once, in one copy
+(the counts, the committed tokens, which rows are done), which it needs to emit tokens: the GPU drafts while the
+host emits. Its draft and verify phases are timed by CUDA events, read at the end.
 
 What the loop costs beyond its steps: `round_steps` builds the target's decode step, its verify step and the
 drafter's round (propose + observe), each callable alone after a prefill of the same prompts, and `step_times`
-times them replayed back to back (benchmarks/round_profile.py --loop profiles them beside the loop's rounds). From them
-and τ, `StepTimes.predicted_speedup` is what a loop with no overhead of its own would reach; a measured speedup
-below it is the loop's host work (the round's one read, the rule, commit, observe's bookkeeping).
+times them replayed back to back (benchmarks/round_profile.py --loop profiles them beside the loop's rounds).
+From them and τ, `StepTimes.predicted_speedup` is what a loop with no overhead of its own would reach; a measured
+speedup below it is the loop's own work (the round's one read, the launches between its graphs, the host's
+bookkeeping).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -47,7 +50,7 @@ from specpair.runtime import acceptance
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafter, Drafting, Proposal
 from specpair.runtime.generate import PREFILL_CHUNK, prefill
-from specpair.runtime.graphs import ForwardGraph
+from specpair.runtime.graphs import ForwardGraph, StepGraphs
 from specpair.runtime.model import StepOutput, Transformer
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
 
@@ -175,8 +178,16 @@ def speculative_generate(
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     offsets = torch.arange(block, device=device)
     start = time.perf_counter()
-    verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    verify, prepared = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
+    generated = torch.zeros(batch, dtype=torch.int64, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    # what a round keeps, from the verify step's logits (the exact rule) or from the rule's counts: one graph each
+    by_choice = sampling.greedy or rule == "exact"
+    decide = StepGraphs(functools.partial(_decided, max_tokens=max_tokens, sampling=sampling), graphs and by_choice)
+    settle = StepGraphs(functools.partial(_settled, max_tokens=max_tokens), graphs and not by_choice)
     if graphs:
+        _warm_up_decision(prepared, decide if by_choice else settle, by_choice, anchors, positions, block, stop_tensor)
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
@@ -187,9 +198,6 @@ def speculative_generate(
     # prefix of the batch; a round's cost then follows the sequences still generating, and the next proposal
     # waits for the host to know which they are.
     slots, live_rows = list(range(batch)), batch
-    stop_tensor = torch.tensor(sorted(stops), dtype=torch.int64, device=device)
-    generated = torch.zeros(batch, dtype=torch.int64, device=device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
     ahead: tuple[Proposal | None, Tensor] | None = None
     while live_rows:
         clock.mark("draft")
@@ -200,20 +208,21 @@ def speculative_generate(
         tokens = torch.cat((step_anchors[:, None], proposed), dim=1)
         rows = step_positions[:, None] + offsets
         out = verify(tokens, rows)
-        accepted, following = _verify(out.logits, proposed, proposal, rows, sampling, rule)
-        after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
-        after[torch.arange(live_rows, device=device), accepted] = following
-        kept_t, done_t = _kept(after, accepted, generated[:live_rows], done[:live_rows], max_tokens, stop_tensor)
-        read = _HostCopy(torch.cat((accepted[:, None], kept_t[:, None], done_t[:, None], after), dim=1))
-        out.pending.commit(kept_t)
+        rows_state = (generated[:live_rows], done[:live_rows], stop_tensor)
+        if by_choice:
+            decision = decide(out.logits, proposed, tokens, rows, *rows_state)
+        else:
+            accepted, following = _rejected(out.logits, proposed, proposal, rows, sampling)
+            decision = settle(accepted, following, tokens, rows, *rows_state)
+        read = _HostCopy(decision.host)
+        out.pending.commit(decision.kept)
         timing.rounds += 1
 
         clock.mark("draft")
-        drafter.observe(Committed(tokens, rows, after, kept_t, out.taps, out.hidden))
-        generated = torch.cat((generated[:live_rows] + kept_t, generated[live_rows:]))
-        done = torch.cat((done_t, done[live_rows:]))
-        anchors = torch.cat((torch.where(done_t, step_anchors, following), anchors[live_rows:]))
-        positions = torch.cat((torch.where(done_t, step_positions, step_positions + kept_t), positions[live_rows:]))
+        drafter.observe(Committed(tokens, rows, decision.after, decision.kept, out.taps, out.hidden))
+        generated, done = _joined(decision.generated, generated, live_rows), _joined(decision.done, done, live_rows)
+        anchors = _joined(decision.anchors, anchors, live_rows)
+        positions = _joined(decision.positions, positions, live_rows)
         ahead = _propose(drafter, anchors[:live_rows], positions[:live_rows], drafts, drafting) if keep_rows else None
 
         finished = []
@@ -255,6 +264,63 @@ def _propose(
         return None, anchors[:, None][:, :0]
     proposal = drafter.propose(anchors, positions, drafts, drafting)
     return proposal, proposal.tokens
+
+
+class Kept(NamedTuple):
+    """What a round keeps, worked out on the device: the next round and the host read it."""
+
+    kept: Tensor  # [B] tokens each row commits: its accepted drafts and the token after them, cut (_kept)
+    after: Tensor  # [B, T] the verified rows' tokens as the round leaves them: row j holds the token after j
+    done: Tensor  # [B] bool: the row is finished
+    generated: Tensor  # [B] tokens each row has generated, this round's included
+    anchors: Tensor  # [B] the next round's anchor (a finished row keeps its own)
+    positions: Tensor  # [B] the next anchor's position
+    host: Tensor  # [B, 3 + T] accepted, kept, done and after: what the host reads of the round, in one copy
+
+
+def _decided(
+    logits: Tensor,
+    proposed: Tensor,
+    tokens: Tensor,
+    rows: Tensor,
+    generated: Tensor,
+    done: Tensor,
+    stops: Tensor,
+    *,
+    max_tokens: int,
+    sampling: Sampling,
+) -> Kept:
+    """The round under the exact rule: the target's own choice at each verified row (its argmax or keyed draw)
+    against the drafts (acceptance.by_choice), then `_settled`."""
+    accepted, following = acceptance.by_choice(proposed, sampling.choose(logits, rows + 1))
+    return _settled(accepted, following, tokens, rows, generated, done, stops, max_tokens=max_tokens)
+
+
+def _settled(
+    accepted: Tensor,
+    following: Tensor,
+    tokens: Tensor,
+    rows: Tensor,
+    generated: Tensor,
+    done: Tensor,
+    stops: Tensor,
+    *,
+    max_tokens: int,
+) -> Kept:
+    """What rows that accepted `accepted` drafts [B], then `following` [B], keep of a round that verified `tokens`
+    at `rows` [B, T]: fixed shapes and no host read, so it runs inside a CUDA graph."""
+    after = torch.cat((tokens[:, 1:], following[:, None]), dim=1)
+    after[torch.arange(after.shape[0], device=after.device), accepted] = following
+    kept, finished = _kept(after, accepted, generated, done, max_tokens, stops)
+    anchors = torch.where(finished, tokens[:, 0], following)
+    positions = torch.where(finished, rows[:, 0], rows[:, 0] + kept)
+    host = torch.cat((accepted[:, None], kept[:, None], finished[:, None], after), dim=1)
+    return Kept(kept, after, finished, generated + kept, anchors, positions, host)
+
+
+def _joined(live: Tensor, old: Tensor, live_rows: int) -> Tensor:
+    """The live rows' new values ahead of the finished rows' old ones (none where every row is live)."""
+    return live if live_rows == old.shape[0] else torch.cat((live, old[live_rows:]))
 
 
 def _kept(
@@ -326,7 +392,7 @@ def round_steps(
     anchors = torch.tensor([p[-1] for p in prompts], device=device)
     positions = torch.tensor([n - 1 for n in lengths], device=device)
     rows = positions[:, None] + torch.arange(block, device=device)
-    verify = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
+    verify, _ = _verify_step(target, drafter, cache, anchors, positions, block, drafting, graphs)
     # the block a round verifies: the anchor and the drafter's proposal after it. Not the anchor repeated: a MoE
     # routes each distinct token to experts of its own, so such a block would read fewer experts than a round does
     tokens = torch.cat((anchors[:, None], _propose(drafter, anchors, positions, block - 1, drafting)[1]), dim=1)
@@ -389,11 +455,12 @@ def _verify_step(
     block: int,
     drafting: Drafting,
     graphs: bool,
-) -> Callable[[Tensor, Tensor], StepOutput]:
+) -> tuple[Callable[[Tensor, Tensor], StepOutput], StepOutput | None]:
     """The verify step, whose output's Pending the caller commits: eager, or with `graphs` captured with its
-    rollback (the drafter's graphs warmed up too)."""
+    rollback (the drafter's graphs warmed up too), with the output of its warm-up (its buffers' shapes)."""
     if not graphs:
-        return functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+        verify = functools.partial(target.forward, cache=cache, taps=drafter.taps, hidden=drafter.hidden, verify=True)
+        return verify, None
     return _warm_up_graphs(target, drafter, cache, anchors, positions, block, drafting)
 
 
@@ -405,7 +472,7 @@ def _warm_up_graphs(
     positions: Tensor,
     block: int,
     drafting: Drafting,
-) -> ForwardGraph:
+) -> tuple[ForwardGraph, StepOutput]:
     """Before the first round, untimed: the target's verify step captured (its warm-up run at the first round's
     positions is rolled back to nothing), and the drafter's graphs, which it builds at the second call of each
     fixed-shape step, warmed up and captured in the order the rounds call them: two proposals after the prompt
@@ -427,7 +494,31 @@ def _warm_up_graphs(
         drafter.observe(Committed(tokens, rows, tokens, nothing, out.taps, out.hidden))
         if block > 1:
             drafter.propose(anchors, positions, block - 1, drafting)
-    return verify
+    return verify, out
+
+
+def _warm_up_decision(
+    prepared: StepOutput,
+    decision: StepGraphs,
+    by_choice: bool,
+    anchors: Tensor,
+    positions: Tensor,
+    block: int,
+    stops: Tensor,
+) -> None:
+    """The round's decision (`_decided`, or `_settled` after another rule) warmed up and captured before the first
+    round, untimed, on the verify graph's warm-up output (`prepared`: its buffers, whatever they hold); a decision
+    reads its inputs and writes only its own outputs, so its warm-up leaves nothing behind."""
+    batch = anchors.shape[0]
+    rows = positions[:, None] + torch.arange(block, device=anchors.device)
+    tokens = anchors[:, None].expand(batch, block).contiguous()
+    counts = torch.zeros(batch, dtype=torch.int64, device=anchors.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=anchors.device)
+    for _ in range(2):  # a StepGraph captures at its second call
+        if by_choice:
+            decision(prepared.logits, tokens[:, 1:], tokens, rows, counts, done, stops)
+        else:
+            decision(counts, anchors, tokens, rows, counts, done, stops)
 
 
 class _Clock:
@@ -456,12 +547,11 @@ class _Clock:
         return spent
 
 
-def _verify(
-    logits: Tensor, proposed: Tensor, proposal, rows: Tensor, sampling: Sampling, rule: str
+def _rejected(
+    logits: Tensor, proposed: Tensor, proposal: Proposal | None, rows: Tensor, sampling: Sampling
 ) -> tuple[Tensor, Tensor]:
-    """(accepted [B], the token after them [B]) for the verify rows' logits [B, k+1, V]."""
-    if sampling.greedy or rule == "exact":
-        return acceptance.by_choice(proposed, sampling.choose(logits, rows + 1))
+    """(accepted [B], the token after them [B]) by the rejection rule at a temperature, for the verify rows' logits
+    [B, k+1, V] (eager: its draws' shapes follow the drafter's q)."""
     p = sampling.probabilities(logits)
     if proposal is None or proposal.q_ids is None:
         q_ids, q_probs = proposed[..., None], torch.ones(proposed.shape + (1,), device=proposed.device)

@@ -330,17 +330,23 @@ def test_a_context_stored_with_the_next_proposal_drafts_as_one_stored_at_once(wo
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2", "eagle3", "mtp", "draft_model"])
 def test_seeded_sampling_equals_undrafted_and_repeats(workshop, kind):
-    """At a temperature the exact rule emits the target's own keyed draws: the undrafted run's tokens."""
+    """At a temperature the exact rule emits the target's own keyed draws: the undrafted run's tokens, through the
+    graph objects too (each round's decision a step graph, as on CUDA). The rejection rule repeats its draws, and
+    its decision after the rule's draws is the same graphed or not."""
     family = "qwen3_5" if kind == "mtp" else "llama"
     s = workshop.setup(family)
     drafter = workshop.load(family, kind)
     sampling = Sampling(temperature=0.8, top_k=20, seed=7)
     undrafted, _ = generate(s.target, s.prompts, 24, sampling)
-    out, _ = speculative_generate(s.target, drafter, s.prompts, 24, sampling, block_size=4)
-    assert [r.tokens for r in out] == [r.tokens for r in undrafted]
+    for graphs in (False, True):
+        out, _ = speculative_generate(s.target, drafter, s.prompts, 24, sampling, block_size=4, graphs=graphs)
+        assert [r.tokens for r in out] == [r.tokens for r in undrafted]
     rejection, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
-    again, _ = speculative_generate(s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection")
+    again, _ = speculative_generate(
+        s.target, drafter, s.prompts[:2], 16, sampling, block_size=4, rule="rejection", graphs=True
+    )
     assert [r.tokens for r in rejection] == [r.tokens for r in again]
+    assert [r.accepted for r in rejection] == [r.accepted for r in again]
 
 
 def test_a_sampling_drafter_with_the_targets_own_draws_keeps_every_draft(workshop):
@@ -629,9 +635,11 @@ def test_differentiable_kernels_match_the_runtimes(workshop):
     assert torch.allclose(exact, fast, atol=1e-4)
 
 
+@pytest.mark.parametrize("rule", ["exact", "rejection"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, kind):
-    """Every fixed-shape step the rounds call (the drafter's, the verify step's rollback) was captured before the
+def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, kind, rule):
+    """Every fixed-shape step the rounds call (the drafter's, the verify step's rollback, the round's decision under
+    either rule) was captured before the
     first round's verify step (a graph records at its shape's second call): an eager run or a capture inside the
     rounds would be timed as drafting or verifying. On the CPU the graph objects run eagerly and record nothing,
     but call and record in the order CUDA's do."""
@@ -659,8 +667,12 @@ def test_rounds_only_replay_graphs_captured_before_them(workshop, monkeypatch, k
     monkeypatch.setattr(StepGraph, "record", noting_record)
     monkeypatch.setattr(StepGraph, "__call__", checked_call)
     monkeypatch.setattr(ForwardGraph, "__call__", first_round)
-    results, _ = speculative_generate(s.target, drafter, s.prompts, TOKENS, GREEDY, block_size=4, graphs=True)
-    assert [r.tokens for r in results] == s.reference
+    sampling = GREEDY if rule == "exact" else Sampling(temperature=0.8, top_k=20, seed=7)
+    results, _ = speculative_generate(
+        s.target, drafter, s.prompts, TOKENS, sampling, block_size=4, graphs=True, rule=rule
+    )
+    if rule == "exact":
+        assert [r.tokens for r in results] == s.reference
     assert rounds and late == []
 
 
