@@ -184,10 +184,11 @@ def speculative_generate(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     # what a round keeps, from the verify step's logits (the exact rule) or from the rule's counts: one graph each
     by_choice = sampling.greedy or rule == "exact"
-    decide = StepGraphs(functools.partial(_decided, max_tokens=max_tokens, sampling=sampling), graphs and by_choice)
-    settle = StepGraphs(functools.partial(_settled, max_tokens=max_tokens), graphs and not by_choice)
+    fixed = {"stops": stop_tensor, "max_tokens": max_tokens}  # the same every round: read in place by a graph
+    decide = StepGraphs(functools.partial(_decided, sampling=sampling, **fixed), graphs and by_choice)
+    settle = StepGraphs(functools.partial(_settled, **fixed), graphs and not by_choice)
     if graphs:
-        _warm_up_decision(prepared, decide if by_choice else settle, by_choice, anchors, positions, block, stop_tensor)
+        _warm_up_decision(prepared, decide if by_choice else settle, by_choice, anchors, positions, block)
         _sync(device)
         timing.capture_s = time.perf_counter() - start
     clock = _Clock(device)
@@ -208,12 +209,11 @@ def speculative_generate(
         tokens = torch.cat((step_anchors[:, None], proposed), dim=1)
         rows = step_positions[:, None] + offsets
         out = verify(tokens, rows)
-        rows_state = (generated[:live_rows], done[:live_rows], stop_tensor)
         if by_choice:
-            decision = decide(out.logits, proposed, tokens, rows, *rows_state)
+            decision = decide(out.logits, proposed, tokens, rows, generated[:live_rows], done[:live_rows])
         else:
             accepted, following = _rejected(out.logits, proposed, proposal, rows, sampling)
-            decision = settle(accepted, following, tokens, rows, *rows_state)
+            decision = settle(accepted, following, tokens, rows, generated[:live_rows], done[:live_rows])
         read = _HostCopy(decision.host)
         out.pending.commit(decision.kept)
         timing.rounds += 1
@@ -285,15 +285,15 @@ def _decided(
     rows: Tensor,
     generated: Tensor,
     done: Tensor,
-    stops: Tensor,
     *,
+    stops: Tensor,
     max_tokens: int,
     sampling: Sampling,
 ) -> Kept:
     """The round under the exact rule: the target's own choice at each verified row (its argmax or keyed draw)
     against the drafts (acceptance.by_choice), then `_settled`."""
     accepted, following = acceptance.by_choice(proposed, sampling.choose(logits, rows + 1))
-    return _settled(accepted, following, tokens, rows, generated, done, stops, max_tokens=max_tokens)
+    return _settled(accepted, following, tokens, rows, generated, done, stops=stops, max_tokens=max_tokens)
 
 
 def _settled(
@@ -303,8 +303,8 @@ def _settled(
     rows: Tensor,
     generated: Tensor,
     done: Tensor,
-    stops: Tensor,
     *,
+    stops: Tensor,
     max_tokens: int,
 ) -> Kept:
     """What rows that accepted `accepted` drafts [B], then `following` [B], keep of a round that verified `tokens`
@@ -506,7 +506,6 @@ def _warm_up_decision(
     anchors: Tensor,
     positions: Tensor,
     block: int,
-    stops: Tensor,
 ) -> None:
     """The round's decision (`_decided`, or `_settled` after another rule) warmed up and captured before the first
     round, untimed, on the verify graph's warm-up output (`prepared`: its buffers, whatever they hold); a decision
@@ -518,9 +517,9 @@ def _warm_up_decision(
     done = torch.zeros(batch, dtype=torch.bool, device=anchors.device)
     for _ in range(2):  # a StepGraph captures at its second call
         if by_choice:
-            decision(prepared.logits, tokens[:, 1:], tokens, rows, counts, done, stops)
+            decision(prepared.logits, tokens[:, 1:], tokens, rows, counts, done)
         else:
-            decision(counts, anchors, tokens, rows, counts, done, stops)
+            decision(counts, anchors, tokens, rows, counts, done)
 
 
 class _Clock:
