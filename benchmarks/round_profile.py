@@ -19,9 +19,12 @@ same round's steps alone (`round_steps`: the verify step with its commit, then t
 prefill of the same prompts. Two runs of the loop, of --tokens a and b tokens a sequence: the wall time a round is
 the difference of their CUDA-event phases (draft + verify) over the difference of their rounds, and so are the
 kernels a round, each run profiled from its first emitted token on (the graphs' capture and the prefill left out;
-what the first and last rounds do alone cancels). GPU idle a round = wall - the kernels' µs (one stream: the
-kernels never overlap): the time the GPU waited for the host. Then kernel by kernel, the loop's launches and µs a
-round beside the steps', largest difference first. Writes loop_profile.md and .json.
+what the first and last rounds do alone cancels). GPU busy a round: the time some kernel or copy ran (the union
+of their intervals; under programmatic dependent launch a kernel starts before the one it follows has ended and
+waits in place, so the kernels' own µs, summed, exceed the wall); idle = wall - busy, the time the GPU waited for
+the host. Then kernel by kernel, the loop's launches and µs a round beside the steps', largest difference first (a
+kernel's µs include such a wait: a PDL kernel's figure moves with what runs before it). Writes loop_profile.md and
+.json.
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_profile import copy_bandwidth, kernel_totals, matmuls_by_weight, profiled, recorded_matmuls  # noqa: E402
+from step_profile import (
+    busy_us,
+    copy_bandwidth,
+    device_intervals,
+    kernel_totals,
+    matmuls_by_weight,
+    profiled,
+    recorded_matmuls,
+)  # noqa: E402
 
 from specpair.runtime.drafters import Committed, Drafter, Drafting  # noqa: E402
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
@@ -156,11 +167,16 @@ def loop_run(target: Transformer, drafter: Drafter, prompts: list[list[int]], bl
         raise RuntimeError(
             f"two greedy runs of {tokens} tokens took {profiled_timing.rounds} and {timing.rounds} rounds"
         )
-    return {"rounds": timing.rounds, "wall_s": timing.draft_s + timing.verify_s, "kernels": kernel_totals(prof)}
+    return {
+        "rounds": timing.rounds,
+        "wall_s": timing.draft_s + timing.verify_s,
+        "busy_us": busy_us(device_intervals(prof)),
+        "kernels": kernel_totals(prof),
+    }
 
 
-def per_round(short: dict, long: dict) -> tuple[float, dict[str, list[float]]]:
-    """(wall ms a round, each kernel's [launches, µs] a round) of the loop from two of its runs (loop_run's
+def per_round(short: dict, long: dict) -> tuple[float, float, dict[str, list[float]]]:
+    """(wall ms, busy ms, each kernel's [launches, µs]) a round of the loop from two of its runs (loop_run's
     figures): their difference over the difference of their rounds, so what both runs do once cancels."""
     rounds = long["rounds"] - short["rounds"]
     if rounds < 1:
@@ -170,14 +186,15 @@ def per_round(short: dict, long: dict) -> tuple[float, dict[str, list[float]]]:
         n: [(long["kernels"].get(n, (0, 0.0))[i] - short["kernels"].get(n, (0, 0.0))[i]) / rounds for i in (0, 1)]
         for n in names
     }
-    return (long["wall_s"] - short["wall_s"]) / rounds * 1e3, kernels
+    wall_ms = (long["wall_s"] - short["wall_s"]) / rounds * 1e3
+    return wall_ms, (long["busy_us"] - short["busy_us"]) / rounds / 1e3, kernels
 
 
 def loop_against_steps(target: Transformer, drafter: Drafter, users: int, block: int, tokens: tuple[int, int]) -> dict:
     """A round of the loop against its steps alone at `users` sequences (the module docstring's --loop)."""
     prompts = [prompt_of(target, u) for u in range(users)]
     short, long = (loop_run(target, drafter, prompts, block, n) for n in tokens)
-    round_ms, loop = per_round(short, long)
+    round_ms, busy_ms, loop = per_round(short, long)
     steps = round_steps(target, drafter, prompts, block)
 
     def one_round() -> None:
@@ -189,9 +206,11 @@ def loop_against_steps(target: Transformer, drafter: Drafter, users: int, block:
         "users": users,
         "rounds": [short["rounds"], long["rounds"]],
         "loop_round_ms": round_ms,
+        "loop_busy_ms": busy_ms,
         "loop_kernel_us": sum(us for _, us in loop.values()),
         "loop_launches": sum(c for c, _ in loop.values()),
         "steps_round_ms": alone["round_ms"],
+        "steps_busy_ms": alone["busy_us"] / 1e3,
         "steps_kernel_us": alone["kernel_us"],
         "steps_launches": alone["launches"],
     }
@@ -212,19 +231,21 @@ def loop_report(target: str, drafter: str, gpu: str, block: int, runs: list[dict
     lines = [
         f"# The loop's round against its steps alone: {drafter} on {target} ({gpu})",
         "",
-        f"block {block}, greedy, CUDA graphs; ms and µs a round; idle: wall - kernels (the GPU waiting for the host)",
+        f"block {block}, greedy, CUDA graphs; ms and µs a round; busy: some kernel or copy running (the union of "
+        "their intervals); idle: wall - busy (the GPU waiting for the host); kernels: their own µs summed (under "
+        "programmatic dependent launch, waits included)",
         "",
-        "| users | loop wall | loop kernels | loop idle | launches | steps alone wall | steps' kernels | steps' idle "
+        "| users | loop wall | busy | idle | kernels | launches | steps alone wall | busy | idle | kernels "
         "| launches | loop / steps (wall) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in runs:
         lines.append(
-            f"| {f['users']} | {f['loop_round_ms']:.3f} ms | {f['loop_kernel_us'] / 1e3:.3f} | "
-            f"{f['loop_round_ms'] - f['loop_kernel_us'] / 1e3:.3f} | {f['loop_launches']:.1f} | "
-            f"{f['steps_round_ms']:.3f} ms | {f['steps_kernel_us'] / 1e3:.3f} | "
-            f"{f['steps_round_ms'] - f['steps_kernel_us'] / 1e3:.3f} | {f['steps_launches']:.1f} | "
-            f"{f['loop_round_ms'] / f['steps_round_ms']:.3f}× |"
+            f"| {f['users']} | {f['loop_round_ms']:.3f} ms | {f['loop_busy_ms']:.3f} | "
+            f"{f['loop_round_ms'] - f['loop_busy_ms']:.3f} | {f['loop_kernel_us'] / 1e3:.3f} | "
+            f"{f['loop_launches']:.1f} | {f['steps_round_ms']:.3f} ms | {f['steps_busy_ms']:.3f} | "
+            f"{f['steps_round_ms'] - f['steps_busy_ms']:.3f} | {f['steps_kernel_us'] / 1e3:.3f} | "
+            f"{f['steps_launches']:.1f} | {f['loop_round_ms'] / f['steps_round_ms']:.3f}× |"
         )
     for f in runs:
         lines += [

@@ -12,6 +12,7 @@ from fixtures import DFlash2, build_dflash, build_target
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import round_profile  # noqa: E402
+import step_profile  # noqa: E402
 
 from specpair.runtime.drafters.loading import load_drafter  # noqa: E402
 from specpair.runtime.loading import load, plan_load  # noqa: E402
@@ -49,14 +50,30 @@ def test_a_dflash2_round_reads_each_weight_once(tmp_path):
 def test_the_loops_round_is_the_difference_of_two_runs():
     """What both runs do once (the first round's proposal, the last round's leftovers) cancels; a kernel only one
     run launched counts against that run; two runs of the same rounds measure no round."""
-    short = {"rounds": 10, "wall_s": 0.5, "kernels": {"verify": (10 * 3 + 7, 10 * 30.0 + 70.0), "once": (1, 5.0)}}
+    short = {
+        "rounds": 10,
+        "wall_s": 0.5,
+        "busy_us": 10 * 25_000.0 + 9_000.0,
+        "kernels": {"verify": (10 * 3 + 7, 10 * 30.0 + 70.0), "once": (1, 5.0)},
+    }
     long = {
         "rounds": 30,
         "wall_s": 1.3,
+        "busy_us": 30 * 25_000.0 + 9_000.0,
         "kernels": {"verify": (30 * 3 + 7, 30 * 30.0 + 70.0), "once": (1, 5.0), "late": (20, 40.0)},
     }
-    round_ms, kernels = round_profile.per_round(short, long)
-    assert round_ms == pytest.approx(40.0)
+    round_ms, busy_ms, kernels = round_profile.per_round(short, long)
+    assert round_ms == pytest.approx(40.0) and busy_ms == pytest.approx(25.0)
     assert kernels == {"verify": [3.0, 30.0], "once": [0.0, 0.0], "late": [1.0, 2.0]}
     with pytest.raises(RuntimeError, match="the second must take more"):
         round_profile.per_round(long, {**long, "wall_s": 2.0})
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    """A kernel launched under programmatic dependent launch starts before the one it follows ends: the GPU is busy
+    for the union of their intervals, not their sum; gaps between them are idle, in whatever order they come."""
+    assert step_profile.busy_us([]) == 0.0
+    assert step_profile.busy_us([(0.0, 10.0), (20.0, 25.0)]) == 15.0  # a gap of 10 idle
+    assert step_profile.busy_us([(8.0, 30.0), (0.0, 10.0)]) == 30.0  # overlapping by 2, out of order
+    assert step_profile.busy_us([(0.0, 30.0), (5.0, 10.0), (12.0, 20.0), (40.0, 41.0)]) == 31.0  # nested
+    assert step_profile.busy_us([(0.0, 10.0), (10.0, 12.0)]) == 12.0  # touching
