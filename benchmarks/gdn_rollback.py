@@ -1,14 +1,14 @@
-"""Rolling Gated DeltaNet state back after a verify step: per-position state slots vs snapshot-and-replay
-(the runtime's design, runtime/cache.py), memory and time, against a verify step that cannot roll back.
+"""Rolling Gated DeltaNet state back after a verify step: per-position state slots vs replay (the runtime's
+design, runtime/cache.py), memory and time, against a verify step that cannot roll back.
 
     OMP_NUM_THREADS=1 python benchmarks/gdn_rollback.py [--device cpu|cuda] [--scale 4] [--block 16] [--batch 1]
 
 One round = a verify step of `--block` tokens through the recurrence of every GDN layer, then a commit that
 keeps `accepted` of them, for accepted = 0, 1, T/2, T-1, T. Baseline: the same recurrence with no rollback
 support. Slots: the recurrence also writes the state after every token (`step_states`, as vLLM keeps them),
-plus a copy of the state before the step for accepted = 0; commit gathers slot accepted-1. Snapshot-and-replay:
-runtime/cache.py itself (Cache.begin / gdn_state, the Pending's commit): a copy of the state before the step; commit
-restores it and reruns the recurrence over the kept tokens where a sequence rejected some. Both end in the
+plus a copy of the state before the step for accepted = 0; commit gathers slot accepted-1. Replay:
+runtime/cache.py itself (Cache.begin / gdn_state, the Pending's commit): the step leaves the state unwritten;
+commit reruns the recurrence over each sequence's kept tokens from it. Both end in the
 same state, bit for bit (checked). The shape is Qwen3.6-35B-A3B's (30 GDN layers, 16 key / 32 value heads of
 128) divided by `--scale` in heads and head size (1: the real shape). Memory is what each design adds to the
 state the cache holds anyway.
@@ -110,9 +110,9 @@ def replay_round(config: ModelConfig, cache: Cache, x: Inputs, accepted: torch.T
     batch, block = x.q.shape[:2]
     pending = cache.begin(torch.arange(block, device=accepted.device).expand(batch, block), verify=True)
     for layer in layers(config):
-        _, state = cache.gdn_state(layer, batch, snapshot=True)
+        _, state = cache.gdn_state(layer, batch)
         pending.gdn[layer] = GDNInputs(x.columns, x.q, x.k, x.v, x.g, x.beta)
-        gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, state)
+        gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, state, write_state=False)
     pending.commit(accepted)
 
 
@@ -146,7 +146,7 @@ def measure(config: ModelConfig, device: str, batch: int, block: int, repeats: i
     memory = {
         "state": state_bytes * len(gdn_layers),
         "slots": (block + 1) * state_bytes * len(gdn_layers),
-        "snapshot_and_replay": (state_bytes + saved_inputs) * len(gdn_layers),
+        "replay": saved_inputs * len(gdn_layers),
     }
     cache_replay = Cache(config, batch, block, dtype, device)
     cache_slots = Cache(config, batch, block, dtype, device)
@@ -184,7 +184,7 @@ def measure(config: ModelConfig, device: str, batch: int, block: int, repeats: i
         same = all(torch.equal(cache_slots.state[i], cache_replay.state[i]) for i in gdn_layers)
         rounds[kept] = {
             "slots": best[f"slots {kept}"],
-            "snapshot_and_replay": best[f"replay {kept}"],
+            "replay": best[f"replay {kept}"],
             "identical": same,
         }
     return {"baseline": base, "rounds": rounds, "memory": memory, "gdn_layers": len(gdn_layers)}
@@ -197,11 +197,11 @@ def report(result: dict, title: str) -> str:
         "",
         f"baseline (a verify step's recurrence, no rollback): {base * 1e3:.3f} ms",
         "",
-        "| accepted | slots ms | x baseline | snapshot+replay ms | x baseline | same state |",
+        "| accepted | slots ms | x baseline | replay ms | x baseline | same state |",
         "|---|---|---|---|---|---|",
     ]
     for kept, r in result["rounds"].items():
-        slots, replay = r["slots"], r["snapshot_and_replay"]
+        slots, replay = r["slots"], r["replay"]
         lines.append(
             f"| {kept} | {slots * 1e3:.3f} | {slots / base:.2f}x | {replay * 1e3:.3f} | "
             f"{replay / base:.2f}x | {'yes' if r['identical'] else 'NO'} |"
@@ -209,7 +209,7 @@ def report(result: dict, title: str) -> str:
     lines += [
         "",
         f"memory over the state held anyway ({memory['state'] / MiB:.1f} MiB): slots "
-        f"{memory['slots'] / MiB:.1f} MiB, snapshot+replay {memory['snapshot_and_replay'] / MiB:.1f} MiB",
+        f"{memory['slots'] / MiB:.1f} MiB, replay {memory['replay'] / MiB:.1f} MiB",
     ]
     return "\n".join(lines)
 

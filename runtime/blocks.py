@@ -292,7 +292,7 @@ class GatedDeltaNet:
         # the norm
         qkv, z, b, a = self.in_proj(h, unsummed=True)
         verify = step.pending is not None
-        conv_window, state = step.cache.gdn_state(self.layer, B, snapshot=verify)
+        conv_window, state = step.cache.gdn_state(self.layer, B)
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         q, k, v, columns, g, beta = gdn.conv_silu_gates(
             conv_window, qkv, self.conv, (keys, keys, values), verify, a, b, self.A_log, self.dt_bias
@@ -303,7 +303,8 @@ class GatedDeltaNet:
         g, beta = g.reshape(B, T, self.value_heads), beta.reshape(B, T, self.value_heads)
         if verify:
             step.pending.gdn[self.layer] = GDNInputs(columns, q, k, v, g, beta)
-        o = gdn.gdn_recurrent(q, k, v, g, beta, state)
+        # a verify step leaves the state as it was: its commit replays the kept tokens from it
+        o = gdn.gdn_recurrent(q, k, v, g, beta, state, write_state=not verify)
         o = norm.gated_rms_norm(o.reshape(-1, self.value_dim), z, self.norm_weight, self.eps)
         return project(o.reshape(B, T, -1), self.out_proj, unsummed=True)
 

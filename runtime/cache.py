@@ -6,7 +6,7 @@ kv_start = p - window + 1, not a ring buffer: a position is never wrapped, rollb
   - full and sliding attention layers: k, v [batch, context, kv_heads, head_dim] in the model dtype (views of
     one buffer `kv` [2, layers, ...], which commit rewrites in one op);
   - Gated DeltaNet layers: the conv window [batch, K-1, C] (the last K-1 pre-conv projections, model dtype)
-    and the recurrent state [batch, Hv, dk, dv] float32, plus a snapshot buffer of the same shape.
+    and the recurrent state [batch, Hv, dk, dv] float32.
 
 Rollback. A step run with `verify=True` is provisional: it returns a `Pending`, which the caller decides before
 any other step runs: `pending.commit(accepted)` keeps, per sequence, the first accepted[b] of its T tokens, 0 and
@@ -17,18 +17,19 @@ window after a kept tokens is columns a .. a+K-2 of [old window | step projectio
 For the recurrent state there are two designs (runtime.md §2):
   (a) per-position slots, as vLLM does: the step writes the state after every token, [B, T, Hv, dk, dv], and
       commit picks slot a-1 (plus the state before the step, for a = 0);
-  (b) snapshot-and-replay, chosen here: the step copies the state before it runs into the snapshot buffer and
-      keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit restores the snapshot and
-      reruns the recurrence alone over each sequence's kept tokens (no projection, no other layer: the inputs
-      are kept), one call per GDN layer whose shapes do not depend on the counts (gdn_recurrent's `lengths`), so
+  (b) replay, chosen here: the step reads the state and leaves it unwritten (gdn_recurrent's `write_state`),
+      and keeps its recurrence inputs (q, k, v, g, beta and the conv columns); commit reruns the recurrence
+      alone over each sequence's kept tokens from that state (no projection, no other layer: the inputs are
+      kept), one call per GDN layer whose shapes do not depend on the counts (gdn_recurrent's `lengths`), so
       the whole rollback is a CUDA graph (runtime/graphs.py: the Pending of a graphed verify step carries it)
-      and never reads the counts.
+      and never reads the counts. (Until stop 48 the step wrote the state after a copy into a snapshot buffer,
+      which commit copied back: two copies of the state a layer a round, and a buffer its size.)
 Why (b): memory, and traffic that does not grow with T or the batch. At Qwen3.6-35B-A3B's shape (30 GDN layers,
 32 value heads of 128 x 128 fp32: 60 MiB of state per sequence) and a verify block of 16, (a) adds 1020 MiB per
 sequence (17 states a layer) and writes 960 MiB of it on every verify step, whatever is accepted (~0.25 ms of the
-H200's bandwidth per sequence, 4x that at batch 4); (b) adds 77 MiB per sequence (the snapshot, and 16.5 MiB of
-kept inputs) and moves 120 MiB per step (the snapshot copy), plus 120 MiB and one short kernel per layer at
-commit. Its cost: the replay reruns the kept tokens' recurrence. Measured on the CPU at half the shape (30
+H200's bandwidth per sequence, 4x that at batch 4); (b) adds the 16.5 MiB of kept inputs per sequence and moves
+120 MiB and one short kernel per layer at commit (the replay's read and write of the state). Its cost: the replay
+reruns the kept tokens' recurrence. Measured on the CPU at half the shape, with the snapshot copies then (30
 layers, 8/16 heads of 64, T = 16, one thread, the torch reference kernels, where the recurrence is compute-bound;
 benchmarks/gdn_rollback.py, benchmarks/results/gdn_rollback.md), against a verify step that cannot roll back
 (155-170 ms; two runs, ~15 % noise on this shared machine): (a) +4..44 % at every accepted count; (b) within the
@@ -93,7 +94,6 @@ class Cache:
         self.v: dict[int, Tensor] = {}
         self.conv: dict[int, Tensor] = {}
         self.state: dict[int, Tensor] = {}
-        self.snapshot: dict[int, Tensor] = {}
         attention = [i for i, kind in enumerate(config.layer_types) if kind != "linear"]
         # every attention layer's K and V are views of one buffer, so that commit zeroes them all in one op
         self.kv = torch.zeros(
@@ -109,7 +109,6 @@ class Cache:
                     batch, config.linear_conv_kernel - 1, config.linear_conv_dim, dtype=dtype, device=device
                 )
                 self.state[i] = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=device)
-                self.snapshot[i] = torch.zeros_like(self.state[i])
         self.open: Pending | None = None  # the verify step awaiting its decision, which every other step waits for
 
     @property
@@ -119,7 +118,6 @@ class Cache:
             *self.v.values(),
             *self.conv.values(),
             *self.state.values(),
-            *self.snapshot.values(),
         ]
         return sum(t.nbytes for t in buffers)
 
@@ -130,7 +128,7 @@ class Cache:
         if self.open is not None:
             raise RuntimeError("reorder() between steps: decide the open verify step first")
         self.kv.copy_(self.kv[:, :, order])
-        for buffers in (self.conv, self.state, self.snapshot):
+        for buffers in (self.conv, self.state):
             for buffer in buffers.values():
                 buffer.copy_(buffer[order])
 
@@ -169,13 +167,10 @@ class Cache:
         self.kv[:, slot, rows, positions] = torch.stack((k, v))
         return self.kv[0, slot, :batch], self.kv[1, slot, :batch]
 
-    def gdn_state(self, layer: int, batch: int, snapshot: bool) -> tuple[Tensor, Tensor]:
-        """The conv window and recurrent state of rows 0..batch-1 (views: the step updates them in place); with
-        `snapshot` (a verify step) the state is first copied into the snapshot that its rollback restores."""
-        state = self.state[layer][:batch]
-        if snapshot:
-            self.snapshot[layer][:batch].copy_(state)
-        return self.conv[layer][:batch], state
+    def gdn_state(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
+        """The conv window and recurrent state of rows 0..batch-1 (views: a decode step updates both in place; a
+        verify step only the window, whose columns it keeps, and leaves the state for its commit to replay from)."""
+        return self.conv[layer][:batch], self.state[layer][:batch]
 
     # -------------------------------------------------------------------------------------- after a verify step
 
@@ -211,8 +206,6 @@ class Cache:
             taps = x.columns.shape[1] - steps
             index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
             self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
-            # every sequence's state from its snapshot through its kept tokens, in one call (all T kept replays
-            # the step's own recurrence: the state it ended with, the same bits)
-            state = self.state[layer][:batch]
-            state.copy_(self.snapshot[layer][:batch])
-            gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, state, lengths=accepted)
+            # every sequence's state through its kept tokens, from the state before the step (which the step left
+            # unwritten), in one call: the step's own recurrence over its first tokens, the same bits
+            gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, self.state[layer][:batch], lengths=accepted)

@@ -29,7 +29,7 @@ def _rollback(p: Pair, stack: str) -> Iterable[Values]:
     if not p.target.is_hybrid:
         return
     how = {
-        "specpair": "specpair snapshots the state before verify and re-runs the accepted prefix",
+        "specpair": "specpair keeps the state from before verify and re-runs the accepted prefix",
         "sglang": "SGLang needs --mamba-scheduler-strategy extra_buffer (in the launch line)",
         "vllm": "vLLM keeps one state slot per draft position and resumes from the last accepted one",
         "exllamav3": "ExLlamaV3 checkpoints the recurrent state per draft round",

@@ -21,7 +21,8 @@ q, k [B, T, Hk, dk] raw (after the conv); v [B, T, Hv, dv]; g [B, T, Hv] log dec
 value head j reads key head j // (Hv // Hk). In float32: q and k are L2-normalised (x · rsqrt(Σx² + 1e-6)),
 q is divided by sqrt(dk), and per value head, with the state S [dk, dv]:
     S = exp(g_t) · S;  u = beta_t · (v_t − Sᵀk_t);  S = S + k_t uᵀ;  o_t = Sᵀq_t
-`state` (float32 [B, Hv, dk, dv]) is updated in place to the state after the last token; `step_states`
+`state` (float32 [B, Hv, dk, dv]) is updated in place to the state after the last token, unless `write_state` is
+False (a verify step: the state stays what it was, and its commit replays the kept tokens from it); `step_states`
 (float32 [B, T, Hv, dk, dv]), when given, receives the state after every token, for rolling a verify back.
 `lengths` (int [B]), when given, runs sequence b through its first lengths[b] tokens only (clamped to 0..T; its o
 past them is not written): a rollback replays each sequence's kept tokens in one call whose shapes do not depend
@@ -274,10 +275,11 @@ def gdn_recurrent(
     state: Tensor,
     step_states: Tensor | None = None,
     lengths: Tensor | None = None,
+    write_state: bool = True,
 ) -> Tensor:
     if v.is_cuda:
-        return gdn_recurrent_triton(q, k, v, g, beta, state, step_states, lengths)
-    return gdn_recurrent_reference(q, k, v, g, beta, state, step_states, lengths)
+        return gdn_recurrent_triton(q, k, v, g, beta, state, step_states, lengths, write_state)
+    return gdn_recurrent_reference(q, k, v, g, beta, state, step_states, lengths, write_state)
 
 
 def _l2norm(x: Tensor) -> Tensor:
@@ -293,6 +295,7 @@ def gdn_recurrent_reference(
     state: Tensor,
     step_states: Tensor | None = None,
     lengths: Tensor | None = None,
+    write_state: bool = True,
 ) -> Tensor:
     batch, tokens, key_heads, key_dim = k.shape
     value_heads = v.shape[2]
@@ -312,7 +315,8 @@ def gdn_recurrent_reference(
             out[b, t] = (s * q_t.unsqueeze(-1)).sum(dim=-2)
             if step_states is not None:
                 step_states[b, t] = s
-        state[b] = s
+        if write_state:
+            state[b] = s
     return out
 
 
@@ -325,6 +329,7 @@ def gdn_recurrent_triton(
     state: Tensor,
     step_states: Tensor | None = None,
     lengths: Tensor | None = None,
+    write_state: bool = True,
 ) -> Tensor:
     require_triton("gdn_recurrent")
     batch, tokens, key_heads, key_dim = k.shape
@@ -370,6 +375,7 @@ def gdn_recurrent_triton(
         L2_EPS,
         STEPS=step_states is not None,
         LENGTHS=lengths is not None,
+        WRITE_STATE=write_state,
         BLOCK_K=triton.next_power_of_2(key_dim),
         BLOCK_V=BLOCK_V,
         **launch_options(),
@@ -402,6 +408,7 @@ if triton is not None:
         eps,
         STEPS: tl.constexpr,
         LENGTHS: tl.constexpr,
+        WRITE_STATE: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr,
         PDL: tl.constexpr,
@@ -440,7 +447,8 @@ if triton is not None:
             tl.store(out_ptr + head_row * value_dim + vv, rounded(o, out_ptr.dtype.element_ty), mask=v_in)
             if STEPS:
                 tl.store(steps_ptr + head_row * key_dim * value_dim + tile_offsets, s, mask=tile)
-        tl.store(state_base + tile_offsets, s, mask=tile)
+        if WRITE_STATE:
+            tl.store(state_base + tile_offsets, s, mask=tile)
 
     @device_function
     def _conv_program(

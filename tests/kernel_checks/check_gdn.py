@@ -1,6 +1,7 @@
 """runtime/kernels/gdn.py: the reference equals transformers' torch_recurrent_gated_delta_rule bit for bit; the
 Triton kernel (interpreted) agrees within float32 rounding; both give the same bits token by token as in one
-call of T tokens, for a sequence alone as in a batch, and the per-token states are those of shorter runs."""
+call of T tokens, for a sequence alone as in a batch, the per-token states are those of shorter runs, and a step
+that does not write its state (a verify step's) leaves it as it was."""
 
 from __future__ import annotations
 
@@ -114,6 +115,19 @@ def test_lengths_run_each_sequence_through_its_own_prefix(fn) -> None:
         alone = {k: v[b : b + 1, :n].clone() if k != "state" else v[b : b + 1] for k, v in t.items()}
         o, s, _ = run(fn, alone, steps=False)
         assert torch.equal(state[b], s[0]) and torch.equal(out[b, :n], o[0])
+
+
+@pytest.mark.parametrize("fn", [gdn.gdn_recurrent_triton, gdn.gdn_recurrent_reference], ids=["triton", "reference"])
+def test_a_step_that_does_not_write_the_state_leaves_it_and_gives_the_same_outputs(fn) -> None:
+    """A verify step's recurrence (write_state=False): the outputs and per-token states of a step that writes its
+    state, and the state bitwise as it was, for the commit's replay to start from."""
+    t = inputs(SHAPES[0])
+    out, state, steps = run(fn, t)
+    kept = t["state"].clone()
+    unwritten_steps = torch.full_like(steps, float("nan"))
+    unwritten = fn(t["q"], t["k"], t["v"], t["g"], t["beta"], kept, unwritten_steps, write_state=False)
+    assert torch.equal(kept, t["state"]) and not torch.equal(state, t["state"])
+    assert torch.equal(unwritten, out) and torch.equal(unwritten_steps, steps)
 
 
 def conv_inputs(batch: int, tokens: int, channels: int = 300, taps: int = 4):
