@@ -202,10 +202,13 @@ class Cache:
             kept = torch.arange(steps, device=accepted.device)[None, :] < accepted[:, None]
             cells = self.kv[:, :, rows, step.positions]
             self.kv[:, :, rows, step.positions] = torch.where(kept[:, :, None, None], cells, 0)
+        windows: dict[tuple[int, ...], Tensor] = {}  # the columns each window keeps, by columns' shape: one index
         for layer, x in step.gdn.items():
-            taps = x.columns.shape[1] - steps
-            index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
-            self.conv[layer][:batch] = x.columns.gather(1, index[:, :, None].expand(-1, -1, x.columns.shape[2]))
+            if x.columns.shape not in windows:
+                taps = x.columns.shape[1] - steps
+                index = accepted[:, None] + torch.arange(taps, device=accepted.device)[None, :]
+                windows[x.columns.shape] = index[:, :, None].expand(-1, -1, x.columns.shape[2])
+            torch.gather(x.columns, 1, windows[x.columns.shape], out=self.conv[layer][:batch])
             # every sequence's state through its kept tokens, from the state before the step (which the step left
             # unwritten), in one call: the step's own recurrence over its first tokens, the same bits
             gdn.gdn_recurrent(x.q, x.k, x.v, x.g, x.beta, self.state[layer][:batch], lengths=accepted)
