@@ -49,6 +49,7 @@ class BenchReport:
     users: list[dict[str, Any]]  # a row per users count, as the JSON report holds it
     depth: list[dict[str, Any]]  # a row per depth
     requests: list[tuple[str, list[int]]]  # the users rows' sequences: prompt name, drafts kept per measured round
+    at_tau: float | None = None  # the τ each drafted row's steps are also priced at (drafted.at_tau)
     plot: str | None = None  # the PNG of the depth sweep, once written
 
     @property
@@ -119,6 +120,7 @@ class BenchReport:
             "prompts": self.prompts,
             "users": self.users,
             "depth": self.depth,
+            "at_tau": self.at_tau,
             "identical": self.identical,
             "inconclusive": self.inconclusive,
             "plot": self.plot,
@@ -145,13 +147,15 @@ def run_bench(
     draft_bits: int | None = None,
     graphs: bool | None = None,
     bandwidth: float | None = None,
+    at_tau: float | None = None,
     progress: Progress = SILENT,
     loaded: LoadedTarget | None = None,
 ) -> BenchReport:
     """Decode tok/s of `target` (and drafted with `draft` or its MTP head) for each users count and depth, greedy,
     `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
     the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
-    table's figure for this GPU. `command` is the command line the report names. `target` and `draft`: refs, or
+    table's figure for this GPU; `at_tau`: also price each drafted row's steps at this τ (what a drafter accepting
+    that many tokens a round would run at: random weights accept 1). `command` is the command line the report names. `target` and `draft`: refs, or
     checkpoints opened already (sources/model.open_files: files from any source); `loaded`: the target loaded
     already (models.load_target)."""
     import torch
@@ -162,6 +166,8 @@ def run_bench(
 
     if mtp and draft is not None:
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
+    if at_tau is not None and draft is None and not mtp:
+        raise BadInput("--at-tau", "prices a drafter's round: give DRAFT or --mtp")
     placed = place_runtime(device, threads, dtype)
     where, parallel = placed.device, placed.parallel
     graphs = where.type == "cuda" if graphs is None else graphs
@@ -184,12 +190,14 @@ def run_bench(
         )
         drafter = load_drafter(draft_model, target_model, runtime, draft_bits)
     block = block_size or (drafter.block_size if drafter else None)
+    if at_tau is not None and not 1 <= at_tau <= block:
+        raise BadInput("--at-tau", f"{at_tau:g} is not a τ of block {block}: a round keeps 1 to {block} tokens")
     gpu = torch.cuda.get_device_name(where) if where.type == "cuda" else None
     known = gpu_named(gpu) if gpu else None
     bytes_per_s = bandwidth * 1e9 if bandwidth else (known.bandwidth if known else None)
 
     progress.stage("warming up (kernels compile on first use)")
-    runs = Rows(runtime, drafter, plan, tokens, block, graphs, bytes_per_s, progress)
+    runs = Rows(runtime, drafter, plan, tokens, block, graphs, bytes_per_s, progress, at_tau)
     runs.warm_up(user_prompts[0])
     names = [name for name, _ in named]
     requests: list[tuple[str, list[int]]] = []
@@ -222,6 +230,7 @@ def run_bench(
         users=users,
         depth=depth,
         requests=requests,
+        at_tau=at_tau,
     )
 
 
@@ -245,9 +254,10 @@ class Rows:
         graphs: bool,
         bytes_per_s: float | None,
         progress: Progress,
+        at_tau: float | None = None,
     ) -> None:
         self.target, self.drafter, self.plan, self.tokens, self.block = target, drafter, plan, tokens, block
-        self.graphs, self.bytes_per_s, self.progress = graphs, bytes_per_s, progress
+        self.graphs, self.bytes_per_s, self.progress, self.at_tau = graphs, bytes_per_s, progress, at_tau
 
     def warm_up(self, ids: list[int]) -> None:
         """A short run each way, so that what is compiled or initialised on first use is not in a timed run."""
@@ -387,6 +397,13 @@ class Rows:
         )
         steps = step_times(self.target, self.drafter, [prompts[i] for i in groups[0]], self.block, graphs=self.graphs)
         predicted = steps.predicted_speedup(tau)
+        at_tau = None
+        if self.at_tau is not None:  # each of the group's sequences keeps at_tau tokens a round of these steps
+            at_tau = {
+                "tau": self.at_tau,
+                "tokens_per_s": len(groups[0]) * self.at_tau / (steps.draft_s + steps.verify_s),
+                "speedup": steps.predicted_speedup(self.at_tau),
+            }
         row["drafted"] = {
             "tokens_per_s": d_rate,
             "tau": tau,
@@ -400,12 +417,15 @@ class Rows:
             "step_seconds": {"decode": steps.decode_s, "verify": steps.verify_s, "draft": steps.draft_s},
             "predicted_speedup": predicted,
             "of_predicted": d_rate / u_rate / predicted,
+            "at_tau": at_tau,
         }
         row["speedup"] = d_rate / u_rate
         row["of_roofline"]["drafted"] = d_rate / roofline if roofline else None
         verdict = "DIVERGED" if difference else f"inconclusive: {inconclusive}" if inconclusive else "identical"
+        priced = f" · at τ {self.at_tau:g} {at_tau['tokens_per_s']:.1f}" if at_tau else ""
         return (
-            f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f} · {verdict}",
+            f" · {d_rate:.1f} drafted ({row['speedup']:.2f}×, {predicted:.2f}× predicted) · τ {tau:.2f}{priced} · "
+            f"{verdict}",
             measured,
         )
 

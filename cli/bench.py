@@ -39,6 +39,7 @@ Examples:
   specpair bench ./Qwen3-8B --tokens 256 --json                   # no drafter: the undrafted columns only
   specpair bench ./Qwen3-8B ./draft --no-graphs --depth 0 --users 1   # eager, for debugging
   specpair bench ./Qwen3-8B ./Qwen3-8B-EAGLE3 --prompts builtin --depth 0 --users 4 --profile profile.json
+  specpair bench ./random-35B --mtp --users 1,4 --depth 0 --at-tau 3.5     # random weights, priced at a real τ
 
 \b
 Rows: users N runs the built-in prompts (prose and code, cycled) as N concurrent sequences, or with --prompts FILE
@@ -51,7 +52,8 @@ The weights roofline is users x the GPU's nominal memory bandwidth / the bytes o
 (routed experts: the share the users' tokens touch under uniform routing; KV and recurrent state not counted).
 predicted is the speedup of a loop that cost only its steps: τ x the decode step / (the drafter's round + the
 verify step), each timed alone on the row's prompts (the verify step on the block a round verifies: the anchor and
-the drafter's proposal); speedup / predicted shows what the loop itself costs.
+the drafter's proposal); speedup / predicted shows what the loop itself costs. --at-tau T adds the drafted tok/s
+those steps give at τ T: users x T / (draft round + verify step).
 Output: a header (GPU, versions, the command line) and the two tables on stdout (--md: as Markdown), progress on
 stderr; --quiet: the same on stdout, nothing on stderr; --json: one document (schema specpair.bench/1).
 --profile F.json: the users rows' acceptance as ModelOpt's speculation_profile.json (schema 1.0).
@@ -111,6 +113,15 @@ BandwidthOpt = Annotated[
         help="Memory bandwidth in GB/s for the roofline (default: the GPU table's figure for this GPU).",
     ),
 ]
+AtTauOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--at-tau",
+        min=1.0,
+        help="Also give each drafted row's tok/s at this τ (tokens a round), from its steps timed alone: what a "
+        "drafter accepting that many would reach, where the one given accepts fewer (random weights: 1).",
+    ),
+]
 MdOpt = Annotated[bool, typer.Option("--md", help="Print the tables as Markdown.")]
 PlotOpt = Annotated[
     str | None, typer.Option("--plot", help="Write a PNG of the depth sweep (tok/s by depth) to this file.")
@@ -137,6 +148,7 @@ def bench(
     draft_bits: DraftBitsOpt = 0,
     graphs: GraphsOpt = None,
     bandwidth: BandwidthOpt = None,
+    at_tau: AtTauOpt = None,
     json_output: JsonOpt = False,
     md: MdOpt = False,
     plot: PlotOpt = None,
@@ -182,6 +194,7 @@ def bench(
         draft_bits=draft_bits or None,
         graphs=graphs,
         bandwidth=bandwidth,
+        at_tau=at_tau,
         progress=out,
     )
     if plot is not None:
@@ -246,6 +259,8 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         header = [key, "undrafted tok/s"]
         if drafted:
             header += ["drafted tok/s", "speedup", "predicted", "speedup / predicted", "τ", "identical"]
+            if doc["at_tau"] is not None:
+                header.append(f"tok/s at τ {doc['at_tau']:g}")
         header += ["roofline tok/s", "undrafted / roofline"] + (["drafted / roofline"] if drafted else [])
         header.append("repeats max/min")
         rows = []
@@ -264,6 +279,8 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                     f"{d['tau']:.2f}",
                     {True: "yes", False: "NO", None: "inconclusive"}[d["identical"]],
                 ]
+                if d["at_tau"] is not None:
+                    cells.append(f"{_rate(d['at_tau']['tokens_per_s'])} ({d['at_tau']['speedup']:.2f}×)")
             cells += [_rate(r["roofline"]["tokens_per_s"]), _share(r["of_roofline"]["undrafted"])]
             if drafted:
                 cells.append(_share(r["of_roofline"]["drafted"]))
@@ -320,6 +337,11 @@ def header_lines(doc: dict) -> list[str]:
             "predicted: the speedup of a loop that cost only its steps, τ × decode step / (draft round + verify "
             "step), each step timed alone on the same prompts; speedup / predicted is what the loop's own work leaves"
         )
+        if doc["at_tau"] is not None:
+            lines.append(
+                f"tok/s at τ {doc['at_tau']:g}: users × {doc['at_tau']:g} / (draft round + verify step), the same "
+                "steps alone, and the speedup it gives: what a drafter accepting that many tokens a round would reach"
+            )
         lines.append(
             "drafted == undrafted, token for token: "
             f"{sum(r['drafted']['identical'] is True for r in runs)}/{len(runs)} runs"

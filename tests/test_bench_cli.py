@@ -151,6 +151,7 @@ def test_without_a_drafter_only_the_undrafted_columns(pair):
         (["--depth", "0,1x,4k"], "error: --depth: '1x' is not a count"),
         (["--users", "1,0"], "error: --users: 0 is below 1"),
         (["--md", "--plot", "/nonexistent/depth.png"], "error: /nonexistent/depth.png: its directory does not exist"),
+        (["--at-tau", "2"], "error: --at-tau: prices a drafter's round: give DRAFT or --mtp"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(pair, args, message):
@@ -160,6 +161,37 @@ def test_bad_input_is_one_line_and_exit_2(pair, args, message):
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_at_tau_prices_each_rows_steps_at_that_tau(pair):
+    """--at-tau T: each drafted row's sequences x T / (its draft round + verify step), the speedup T gives over its
+    decode step, both from the steps the row timed alone; a column of the tables; a τ the block cannot hold refused."""
+    from specpair.cli.bench import tables
+
+    target, draft = pair
+    common = ["bench", str(target), str(draft), "--depth", "0", "--users", "2", "--tokens", "16", "--device", "cpu"]
+    done = CliRunner().invoke(app, [*common, "--at-tau", "2.5", "--json", "--quiet"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert doc["at_tau"] == 2.5
+    for row, sequences in ((doc["users"][0], 2), (doc["depth"][0], 1)):
+        d = row["drafted"]
+        steps = d["step_seconds"]
+        assert d["at_tau"]["tau"] == 2.5
+        assert d["at_tau"]["tokens_per_s"] == pytest.approx(sequences * 2.5 / (steps["draft"] + steps["verify"]))
+        assert d["at_tau"]["speedup"] == pytest.approx(2.5 * steps["decode"] / (steps["draft"] + steps["verify"]))
+    (_, header, rows), _ = tables(doc)
+    priced = doc["users"][0]["drafted"]["at_tau"]
+    assert header[header.index("identical") + 1] == "tok/s at τ 2.5"
+    assert rows[0][header.index("tok/s at τ 2.5")] == f"{priced['tokens_per_s']:.1f} ({priced['speedup']:.2f}×)"
+    block = doc["draft"]["block_size"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "specpair", *common, "--at-tau", str(block + 1), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"error: --at-tau: {block + 1} is not a τ of block {block}"), refused.stderr
 
 
 def test_bad_input_under_json_is_one_error_document(pair):
