@@ -18,7 +18,8 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; results/seed_pairs.md).
 
 A pair too long for one device call (the gguf pair writes a 35B source and converts it) splits over calls of one
 machine kept warm: `--only build` writes it under --work and records it (built.json), then `--reuse --only gate`
-and `--reuse --only bench` run it (`--reuse` builds it where no record or one of its files is missing).
+and `--reuse --only bench` run it (`--reuse` builds it where no record or one of its files is missing). Every
+bench is also priced at τ 3.5 (`--at-tau`, AT_TAU): random weights accept nothing.
 
 Pairs (one row of PAIRS each):
 - `35b-nvfp4`: Qwen3.6-35B-A3B in NVIDIA's NVFP4 + FP8 layout with its BF16 MTP head (runtime_gpu.py and
@@ -100,6 +101,9 @@ from specpair.formats.layouts import EXL3, layout_of  # noqa: E402
 from specpair.sources.model import Model, open_files, open_model  # noqa: E402
 
 QWEN36 = "nvidia__Qwen3.6-35B-A3B-NVFP4.json"
+# every bench is also priced at τ 3.5 (bench --at-tau): random weights accept nothing, and issue 24 sets its drafted
+# goal there (the MTP head at block 4)
+AT_TAU = 3.5
 QWEN35_122B = "Qwen__Qwen3.5-122B-A10B.json"
 # len(tokenizer) of Qwen3.5/3.6 (248044 BPE tokens and 33 added ones) against their 248320 embedding rows
 # (targets.md): every scale writes a tokenizer covering its rows in this ratio (tokenizer_ids)
@@ -578,7 +582,7 @@ def run_pair(args: argparse.Namespace, out: Path) -> dict:
             continue
         plot = out / f"seed_pairs_{args.pair}_{d.label}_depth.png"
         bench = ["bench", *pair, "--json", "--users", args.users, "--depth", args.depth, "--tokens", str(args.tokens)]
-        bench += ["--plot", str(plot), *device]
+        bench += ["--at-tau", f"{AT_TAU:g}", "--plot", str(plot), *device]
         run = (
             (lambda bench=bench: specpair(bench))
             if loaded is None
@@ -665,6 +669,7 @@ def bench_of(
             user_counts=parse_counts("--users", args.users, 1),
             tokens=args.tokens,
             device=args.device,
+            at_tau=AT_TAU,
             loaded=loaded(),
         )
         write_plot(str(plot), report.depth)

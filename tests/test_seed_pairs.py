@@ -162,6 +162,7 @@ def test_122b_fp8_bench_runs_on_the_in_memory_target(tmp_path: Path) -> None:
     assert bench["exit_code"] == 0 and bench["document"]["target"]["ref"] == "generated:qwen3.5-122b-a10b-fp8"
     assert bench["command"].startswith("specpair bench generated:qwen3.5-122b-a10b-fp8 ")
     assert [r["drafted"]["identical"] for r in bench["document"]["users"]] == [True]
+    assert " --at-tau 3.5 " in bench["command"] and bench["document"]["users"][0]["drafted"]["at_tau"]["tau"] == 3.5
     assert (tmp_path / "seed_pairs_122b-fp8_dflash2_depth.png").is_file()
     assert "- load: skipped (--skip-load)" in (tmp_path / "seed_pairs_122b-fp8.md").read_text()
 
