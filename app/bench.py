@@ -168,6 +168,8 @@ def run_bench(
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
     if at_tau is not None and draft is None and not mtp:
         raise BadInput("--at-tau", "prices a drafter's round: give DRAFT or --mtp")
+    if block_size is not None:  # else known once the drafter is loaded
+        check_tau(at_tau, block_size)
     placed = place_runtime(device, threads, dtype)
     where, parallel = placed.device, placed.parallel
     graphs = where.type == "cuda" if graphs is None else graphs
@@ -190,8 +192,8 @@ def run_bench(
         )
         drafter = load_drafter(draft_model, target_model, runtime, draft_bits)
     block = block_size or (drafter.block_size if drafter else None)
-    if at_tau is not None and not 1 <= at_tau <= block:
-        raise BadInput("--at-tau", f"{at_tau:g} is not a τ of block {block}: a round keeps 1 to {block} tokens")
+    if block is not None:
+        check_tau(at_tau, block)
     gpu = torch.cuda.get_device_name(where) if where.type == "cuda" else None
     known = gpu_named(gpu) if gpu else None
     bytes_per_s = bandwidth * 1e9 if bandwidth else (known.bandwidth if known else None)
@@ -232,6 +234,11 @@ def run_bench(
         requests=requests,
         at_tau=at_tau,
     )
+
+
+def check_tau(at_tau: float | None, block: int) -> None:
+    if at_tau is not None and not 1 <= at_tau <= block:
+        raise BadInput("--at-tau", f"{at_tau:g} is not a τ of block {block}: a round keeps 1 to {block} tokens")
 
 
 def batches(count: int, size: int) -> list[list[int]]:

@@ -192,6 +192,15 @@ def test_at_tau_prices_each_rows_steps_at_that_tau(pair):
     )
     assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith(f"error: --at-tau: {block + 1} is not a τ of block {block}"), refused.stderr
+    early = subprocess.run(  # with --block-size, before anything loads
+        [sys.executable, "-m", "specpair", *common, "--block-size", "2", "--at-tau", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        early.returncode == 2
+        and early.stderr == "error: --at-tau: 3 is not a τ of block 2: a round keeps 1 to 2 tokens\n"
+    )
 
 
 def test_bad_input_under_json_is_one_error_document(pair):
