@@ -77,3 +77,29 @@ def test_busy_time_counts_overlapping_kernels_once():
     assert step_profile.busy_us([(8.0, 30.0), (0.0, 10.0)]) == 30.0  # overlapping by 2, out of order
     assert step_profile.busy_us([(0.0, 30.0), (5.0, 10.0), (12.0, 20.0), (40.0, 41.0)]) == 31.0  # nested
     assert step_profile.busy_us([(0.0, 10.0), (10.0, 12.0)]) == 12.0  # touching
+
+
+def test_the_loop_report_gives_idle_as_wall_less_busy():
+    """Idle is the wall less the time some kernel ran, never less the kernels' own µs summed (which overlap under
+    programmatic dependent launch): a round whose kernels sum past its wall still shows its true idle."""
+    figures = {
+        "users": 1,
+        "rounds": [16, 48],
+        "loop_round_ms": 6.0,
+        "loop_busy_ms": 5.5,
+        "loop_kernel_us": 9000.0,
+        "loop_launches": 1100.0,
+        "steps_round_ms": 7.0,
+        "steps_busy_ms": 6.0,
+        "steps_kernel_us": 10000.0,
+        "steps_launches": 1050.0,
+        "kernels": {
+            "_gdn_kernel": {"loop_launches": 60.0, "loop_us": 700.0, "steps_launches": 60.0, "steps_us": 1100.0}
+        },
+    }
+    text = round_profile.loop_report("t", "d", "gpu", 8, [figures])
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    assert (
+        row == "| 1 | 6.000 ms | 5.500 | 0.500 | 9.000 | 1100.0 | 7.000 ms | 6.000 | 1.000 | 10.000 | 1050.0 | 0.857× |"
+    )
+    assert "| `_gdn_kernel` | 60.0 | 700.0 | 60.0 | 1100.0 | -400.0 |" in text
