@@ -155,9 +155,9 @@ def run_bench(
     `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
     the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
     table's figure for this GPU; `at_tau`: also price each drafted row's steps at this τ (what a drafter accepting
-    that many tokens a round would run at: random weights accept 1). `command` is the command line the report names. `target` and `draft`: refs, or
-    checkpoints opened already (sources/model.open_files: files from any source); `loaded`: the target loaded
-    already (models.load_target)."""
+    that many tokens a round would run at: random weights accept 1). `command` is the command line the report
+    names. `target` and `draft`: refs, or checkpoints opened already (sources/model.open_files: files from any
+    source); `loaded`: the target loaded already (models.load_target)."""
     import torch
 
     from specpair.compat.memory import gpu_named
@@ -168,7 +168,7 @@ def run_bench(
         raise BadInput("--mtp", "drafts with the target's own MTP head: give no DRAFT with it")
     if at_tau is not None and draft is None and not mtp:
         raise BadInput("--at-tau", "prices a drafter's round: give DRAFT or --mtp")
-    if block_size is not None:  # else known once the drafter is loaded
+    if block_size is not None:  # before anything loads; else once the drafter has
         check_tau(at_tau, block_size)
     placed = place_runtime(device, threads, dtype)
     where, parallel = placed.device, placed.parallel
@@ -192,8 +192,8 @@ def run_bench(
         )
         drafter = load_drafter(draft_model, target_model, runtime, draft_bits)
     block = block_size or (drafter.block_size if drafter else None)
-    if block is not None:
-        check_tau(at_tau, block)
+    if block_size is None and drafter is not None:
+        check_tau(at_tau, drafter.block_size)
     gpu = torch.cuda.get_device_name(where) if where.type == "cuda" else None
     known = gpu_named(gpu) if gpu else None
     bytes_per_s = bandwidth * 1e9 if bandwidth else (known.bandwidth if known else None)

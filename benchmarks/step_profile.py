@@ -260,12 +260,17 @@ def profile_graph(step: ForwardGraph) -> dict:
     return {"step_ms": step_s * 1e3, **profiled(step.graph.graph.replay, PROFILED)}
 
 
+def kernel_name(event) -> str:
+    """A profiled kernel's name without its argument list."""
+    return re.sub(r"\(.*", "", event.name)
+
+
 def kernel_totals(prof: torch.profiler.profile) -> dict[str, tuple[int, float]]:
     """Per kernel of a finished profile (its name up to the template arguments): launches and device µs, summed."""
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = re.sub(r"\(.*", "", event.name)[:60]
+            name = kernel_name(event)[:60]
             kernels[name][0] += 1
             kernels[name][1] += event.device_time_total
     return {n: (int(c), us) for n, (c, us) in kernels.items()}
@@ -300,7 +305,7 @@ def profiled(run: Callable[[], object], times: int) -> dict:
         torch.cuda.synchronize()
     matmuls: list[tuple[float, float]] = []  # (start, µs) of each matmul launch
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and re.sub(r"\(.*", "", event.name) in MATMUL_KERNELS:
+        if event.device_type == torch.autograd.DeviceType.CUDA and kernel_name(event) in MATMUL_KERNELS:
             matmuls.append((event.time_range.start, event.device_time_total))
     per_call = {n: (c / times, us / times) for n, (c, us) in kernel_totals(prof).items()}
     matmuls.sort()
