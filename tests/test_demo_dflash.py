@@ -223,7 +223,8 @@ def tiny(tmp_path_factory):
     path = tiny_target(tmp_path_factory.mktemp("demo_dflash") / "target", "llama", mtp=False)
     model, target = load_target(path)
     asked = prompts((5, 7, 6, 9))
-    data = tool.self_distil(target, asked, 10, [], (0, 1, 2), batch=3, log=lambda _: None, final=True)
+    data = tool.self_distil(tool.FastTarget(target), asked, 10, [], batch=3, log=lambda _: None)
+    data.final = True
     return model, target, asked, data
 
 
@@ -260,6 +261,8 @@ def test_a_block_sees_the_context_before_its_anchor_and_its_own_rows():
 
 
 def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
+    """FastTarget, the plain-torch target the data comes from, replies as the runtime does (greedy, every token)
+    and its taps and final hidden state are the runtime's to float32 rounding; a reply's labels are its tokens."""
     _, target, asked, data = tiny
     replies, _ = generate(target, asked, 10, Sampling())
     for i, (prompt, reply) in enumerate(zip(asked, replies)):
@@ -268,8 +271,52 @@ def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
         assert data.tokens[i, : len(sequence)].tolist() == sequence
         rows = torch.tensor([sequence])
         positions = torch.arange(len(sequence))[None]
-        alone = target.forward(rows, positions, target.new_cache(1, len(sequence)), taps=(2, 0), logits=False).taps
-        assert torch.equal(data.select(torch.tensor([i]), (2, 0)).taps[:, : len(sequence)], alone)
+        cache = target.new_cache(1, len(sequence))
+        alone = target.forward(rows, positions, cache, taps=(2, 0), logits=False, hidden=True)
+        batch = data.select(torch.tensor([i]), (2, 0))
+        torch.testing.assert_close(batch.taps[:, : len(sequence)], alone.taps, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batch.final[:, : len(sequence)], alone.hidden, rtol=1e-5, atol=1e-5)
+        assert batch.labels[0, len(prompt) : len(sequence)].tolist() == reply.tokens
+
+
+def test_fast_target_samples_seeded_within_top_p_and_stops(tiny):
+    """Sampled replies: the same seed the same replies, another seed others; every token within the nucleus
+    top_p keeps (the target's own distribution after the reply's prefix); a reply ends with its first stop."""
+    _, target, asked, _ = tiny
+    fast = tool.FastTarget(target)
+    first = fast.generate(asked, 12, [], 1.0, 0.5, seed=4)
+    assert first == fast.generate(asked, 12, [], 1.0, 0.5, seed=4)
+    assert first != fast.generate(asked, 12, [], 1.0, 0.5, seed=5)
+    for prompt, (reply, stopped) in zip(asked, first):
+        assert len(reply) == 12 and not stopped
+        _, final = fast.taps(torch.tensor([prompt + reply]), (0,), final=True)
+        probs = (final[0, len(prompt) - 1 : -1] @ fast.head.T).softmax(-1)
+        for p, token in zip(probs, reply):
+            assert p[p > p[token]].sum() < 0.5  # inside the smallest head of the ranking that reaches 0.5
+    stop = first[0][0][3]
+    cut, stopped = fast.generate(asked, 12, [stop], 1.0, 0.5, seed=4)[0]  # the same draws up to the stop
+    assert stopped and cut == first[0][0][: first[0][0].index(stop) + 1]
+
+
+def test_a_sampled_replys_labels_are_the_targets_greedy_choices_and_leave_the_path_in_a_block(tiny):
+    """With `final` a batch's labels are the target's greedy choice at each position, whatever was sampled there;
+    a block's rows count up to the first row after a token that is not its label."""
+    _, target, asked, _ = tiny
+    fast = tool.FastTarget(target)
+    sampled = tool.self_distil(fast, asked, 10, [], batch=4, log=lambda _: None, temperature=1.0, seed=1)
+    sampled.final = True
+    batch = sampled.select(torch.arange(len(asked)), (0,))
+    greedy = fast.generate([p + batch.tokens[i, len(p) : len(p) + 5].tolist() for i, p in enumerate(asked)], 1, [])
+    for i, prompt in enumerate(asked):
+        assert int(batch.labels[i, len(prompt) + 5]) == greedy[i][0][0]
+    off = batch.tokens != batch.labels
+    assert off[:, 1:].any() and not off[:, 0].any()
+    anchors = torch.tensor([[len(p) - 1] for p in asked])
+    _, labels, valid = tool.block_labels(batch, anchors, TINY)
+    for i, prompt in enumerate(asked):
+        first_off = next((k for k in range(1, TINY.block_size) if off[i, len(prompt) - 1 + k]), None)
+        expected = [first_off is None or k <= first_off for k in range(1, TINY.block_size)]
+        assert valid[i, 0].tolist() == expected
 
 
 def test_the_training_forward_is_what_specpair_runs(tiny, tmp_path):
@@ -384,17 +431,16 @@ def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny
     soft labels learns to draft (its loss cannot fall below the share of the teacher's entropy: a random target's
     distribution is flat)."""
     model, target, asked, data = tiny
+    batch = data.select(torch.arange(len(asked)), TINY.taps)
     for i in range(len(asked)):
         start, length = int(data.starts[i]), int(data.lengths[i])
-        chosen = target.head(data.final[i, start - 1 : length - 1]).argmax(-1)
+        chosen = target.head(batch.final[i, start - 1 : length - 1]).argmax(-1)
         assert chosen.tolist() == data.tokens[i, start:length].tolist()
-    # the first forward (batch 3: the three shortest prompts) runs to its longest sequence; the rows past it are
-    # zeros, never uninitialised memory: blocks near an end read them with weight 0, and 0 · NaN is NaN
-    first = sorted(range(len(asked)), key=lambda i: len(asked[i]))[:3]
-    width = int(data.lengths[first].max())
-    assert width < data.final.shape[1]
-    assert not data.final[first, width:].any() and not data.taps[first, width:].any()
-    assert data.final.isfinite().all() and data.taps.isfinite().all()
+    # rows past a sequence's end are zeros: blocks near an end read them with weight 0, and 0 · NaN is NaN
+    shortest = int(data.lengths.argmin())
+    width = int(data.lengths[shortest])
+    assert width < batch.final.shape[1]
+    assert not batch.final[shortest, width:].any() and not batch.taps[shortest, width:].any()
     rows = torch.arange(len(asked))
     soft = replace(TINY, soft=0.5, steps=80)
     _, curve = tool.train(

@@ -11,9 +11,12 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    subject, and what it writes (sampled at temperature 1, top-p 0.95; kept when it stopped on its own and is one
    paragraph of 16-400 characters) joins the training prompts. The templates alone teach their own wording: a
    drafter trained on them reached a validation tau of 2.0 but 1.45 on HELD_OUT.
-2. Self-distillation data: the target's own greedy replies to the chat-wrapped prompts, generated in batches by
-   specpair's runtime, then one forward of each prompt + reply through the runtime with taps at every layer a
-   candidate drafter reads (the residual stream after layer k, as the DFlash drafter reads it, dflash.md §3.1).
+2. Self-distillation data: the target's own greedy replies to the chat-wrapped prompts (with --sampled-replies N,
+   N more per training prompt sampled at --reply-temperature, whose labels are the target's greedy choice at
+   each position), generated in batches by `FastTarget` (the target in plain torch: cuBLAS and SDPA at a
+   thousand rows a step, where the runtime's batch-invariant kernels are built for a few); each training batch's
+   taps (the residual stream after layer k, as the DFlash drafter reads it, dflash.md §3.1) come from one
+   forward of its sequences when it is drawn, so the data is token ids alone.
 3. Training: `DFlashModel` is z-lab's DFlash forward as a plain torch module (dflash.md §3): taps -> fc ->
    hidden_norm give the context vectors, whose k/v every layer attends to; a block [anchor, mask x (B - 1)] at
    positions s .. s+B-1 of the target's embedding rows attends to the context before s and, bidirectionally, to
@@ -495,7 +498,7 @@ def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list
 
 
 def written_prompts(
-    target: Transformer, tokenizer, count: int, tokens: int, stops: list[int], batch: int, seed: int, log=print
+    target: FastTarget, tokenizer, count: int, tokens: int, stops: list[int], batch: int, seed: int, log=print
 ) -> list[str]:
     """The usable questions and requests the target writes, sampled (temperature 1, top-p 0.95, `seed`), when
     `count` `asking_prompts` ask it for one; none is in HELD_OUT."""
@@ -503,51 +506,235 @@ def written_prompts(
     ids = chat_ids(tokenizer, asking)
     written: dict[str, None] = {}
     excluded = set(HELD_OUT)
+    clock = time.perf_counter()
     for first in range(0, len(ids), batch):
-        out, timing = generate(target, ids[first : first + batch], tokens, Sampling(1.0, top_p=0.95, seed=seed), stops)
-        for generated in out:
-            if generated.stopped:  # a question cut by the token limit is not one
-                text = written_prompt(tokenizer.decode(generated.tokens[:-1]), excluded)
+        out = target.generate(ids[first : first + batch], tokens, stops, 1.0, 0.95, seed + first)
+        for reply, stopped in out:
+            if stopped:  # a question cut by the token limit is not one
+                text = written_prompt(tokenizer.decode(reply[:-1]), excluded)
                 if text is not None:
                     written[text] = None
-        log(f"  asked {first + len(out)}/{len(ids)}: {len(written)} usable so far ({timing.tokens_per_s:.0f} tok/s)")
+        log(
+            f"  asked {first + len(out)}/{len(ids)}: {len(written)} usable so far ({time.perf_counter() - clock:.0f} s)"
+        )
     return list(written)
+
+
+class FastTarget:
+    """The target's decoder in plain torch over its dense weights (cuBLAS products, SDPA attention): the data's
+    replies and the taps each training batch reads, at the throughput training needs. The runtime's kernels are
+    batch-invariant weight streamers built for a few rows a step: at a thousand rows a step they generated at
+    ~48K tok/s on an H200, which held the data to ~4 M reply tokens, and the taps of every sequence held on the
+    GPU ran an H100 out of memory at 30,000 sequences. This is not the runtime's arithmetic (where two logits
+    nearly tie its greedy token may differ from the runtime's), so the labels are its own tokens and the drafter
+    trains on its taps, which agree with the runtime's to rounding (tests/test_demo_dflash.py). Llama-shaped
+    targets only (SmolLM2's): full attention, no q/k norm, no biases."""
+
+    def __init__(self, target: Transformer) -> None:
+        c = target.config
+        odd = c.qk_norm or c.attention_bias or c.mlp_bias or c.rotary_dim != c.head_dim or c.attn_output_gate
+        if odd or set(c.layer_types) != {"full"} or c.is_moe:
+            raise SystemExit(f"FastTarget runs Llama-shaped targets (SmolLM2's); this one is a {c.family}")
+        self.embed = target.embed_tokens
+        self.head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
+        self.norm, self.eps, self.rope = target.norm.weight, c.rms_norm_eps, target.rope
+        self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.layers = [
+            (
+                layer.input_norm.weight,
+                _dense([w for w, _ in layer.mixer.qkv.groups]),
+                _dense([layer.mixer.o_proj]),
+                layer.post_norm.weight,
+                _dense([w for w, _ in layer.mlp.gate_up.groups]),
+                _dense([layer.mlp.down_proj]),
+            )
+            for layer in target.layers
+        ]
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def _rms(self, x: Tensor, weight: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * weight
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        xf = x.float()
+        a, b = xf.chunk(2, dim=-1)
+        return (xf * cos + torch.cat((-b, a), dim=-1) * sin).to(x.dtype)
+
+    def _layers(self, tokens: Tensor, positions: Tensor, attend, taps: tuple[int, ...], upto: int):
+        """The stream after layer upto - 1 and {k: the stream after layer k} for k in `taps`; `attend(i, q, k, v)`
+        ([B, T, heads, D] each) gives layer i's attention output [B, T, heads * D]."""
+        x = self.embed[tokens]
+        b, t = tokens.shape
+        cos, sin = self.rope.tables(positions)
+        sizes = [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2]
+        kept = {}
+        for i, (before, qkv, o, after, gate_up, down) in enumerate(self.layers[:upto]):
+            q, k, v = (self._rms(x, before) @ qkv.T).split(sizes, dim=-1)
+            q = self._rotate(q.view(b, t, -1, self.head_dim), cos, sin)
+            k = self._rotate(k.view(b, t, -1, self.head_dim), cos, sin)
+            x = x + attend(i, q, k, v.view(b, t, -1, self.head_dim)) @ o.T
+            gate, up = (self._rms(x, after) @ gate_up.T).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ down.T
+            if i in taps:
+                kept[i] = x
+        return x, kept
+
+    @torch.no_grad()
+    def taps(self, tokens: Tensor, layers: tuple[int, ...], final: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Over right-padded sequences [b, L] from position 0: the streams after `layers` [b, L, len, H] and, with
+        `final`, the final normed hidden state [b, L, H] (the head's input: the target's distribution)."""
+        groups = self.heads // self.kv_heads
+
+        def causal(_: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            keys, values = (z.transpose(1, 2).repeat_interleave(groups, dim=1) for z in (k, v))
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True)
+            return out.transpose(1, 2).flatten(2)
+
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        upto = len(self.layers) if final else max(layers) + 1
+        x, kept = self._layers(tokens, positions, causal, tuple(layers), upto)
+        return torch.stack([kept[k] for k in layers], dim=2), self._rms(x, self.norm) if final else None
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        new_tokens: int,
+        stops: list[int],
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[tuple[list[int], bool]]:
+        """Each prompt's reply (greedy, or sampled at `temperature` within `top_p`, seeded) of up to `new_tokens`
+        tokens, cut after its first stop token, and whether it stopped. The prompts are left-padded into one batch
+        over a cache of slots: a query sees the slots from its prompt's first to its own."""
+        device, b = self.device, len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        width = int(lengths.max())
+        slots = torch.arange(width + new_tokens, device=device)
+        pads = width - lengths
+        tokens = torch.zeros(b, width, dtype=torch.int64, device=device)
+        for i, p in enumerate(prompts):
+            tokens[i, width - len(p) :] = torch.tensor(p, device=device)
+        real = slots[None] >= pads[:, None]  # [b, slots]: holds a token of the sequence
+        shape = (len(self.layers), b, self.kv_heads, len(slots), self.head_dim)
+        keys = torch.zeros(shape, dtype=self.embed.dtype, device=device)
+        values = torch.zeros_like(keys)
+        groups = self.heads // self.kv_heads
+
+        def cached(first: int, t: int):
+            """Layer i's attention for the t tokens written at slots first.."""
+            end = first + t
+            own = (first + torch.arange(t, device=device))[:, None]
+            # a padding slot's query sees itself alone: a row with nothing to see is NaN, and NaN keys poison
+            sees = (real[:, None, :end] & (slots[:end] <= own)[None]) | (slots[:end] == own)[None]
+            sees = sees[:, None, None].expand(-1, 1, groups, -1, -1).reshape(b, 1, groups * t, end)
+
+            def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                keys[i, :, :, first:end] = k.transpose(1, 2)
+                values[i, :, :, first:end] = v.transpose(1, 2)
+                grouped = q.transpose(1, 2).reshape(b, self.kv_heads, groups * t, self.head_dim)
+                out = F.scaled_dot_product_attention(
+                    grouped, keys[i, :, :, :end], values[i, :, :, :end], attn_mask=sees
+                )
+                return out.view(b, self.kv_heads, groups, t, self.head_dim).flatten(1, 2).transpose(1, 2).flatten(2)
+
+            return attend
+
+        def logits(x: Tensor) -> Tensor:
+            return (self._rms(x[:, -1], self.norm) @ self.head.T).float()
+
+        generator = torch.Generator(device=device).manual_seed(seed)
+        positions = (torch.arange(width, device=device)[None] - pads[:, None]).clamp(min=0)
+        scores = logits(self._layers(tokens, positions, cached(0, width), (), len(self.layers))[0])
+        chosen = torch.zeros(b, new_tokens, dtype=torch.int64, device=device)
+        ends = torch.full((b,), new_tokens, device=device)
+        stopped = torch.zeros(b, dtype=torch.bool, device=device)
+        stop_ids = torch.tensor(stops, dtype=torch.int64, device=device)
+        for t in range(new_tokens):
+            token = self._choose(scores, temperature, top_p, generator)
+            chosen[:, t] = token
+            now = torch.isin(token, stop_ids) & ~stopped
+            ends = torch.where(now, t + 1, ends)
+            stopped |= now
+            if t == new_tokens - 1 or (t % 16 == 15 and bool(stopped.all())):
+                break
+            out, _ = self._layers(token[:, None], (lengths + t)[:, None], cached(width + t, 1), (), len(self.layers))
+            scores = logits(out)
+        return [(row[:end].tolist(), s) for row, end, s in zip(chosen.cpu(), ends.tolist(), stopped.tolist())]
+
+    @staticmethod
+    def _choose(scores: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+        if temperature == 0:
+            return scores.argmax(-1)
+        probs = (scores / temperature).softmax(-1)
+        ranked, order = probs.sort(-1, descending=True)
+        ranked[ranked.cumsum(-1) - ranked > top_p] = 0  # the smallest head of the ranking that reaches top_p
+        return order.gather(-1, torch.multinomial(ranked, 1, generator=generator)).squeeze(-1)
 
 
 @dataclass
 class Data:
     """Self-distillation sequences, right-padded: tokens [N, L], the first reply token's index and the length of
-    each, the target's taps [N, L, len(layers), H] at `layers` and, where soft labels are asked for, its final
-    normed hidden state [N, L, H] (the model's dtype), which the target's head turns into its distribution."""
+    each. A batch's taps are computed when it is selected, by one forward of `target` (no sequence's taps are
+    held), and with `final` the target's final normed hidden state too, which its head turns into its
+    distribution and its greedy choice of every token (a sampled reply's labels)."""
 
     tokens: Tensor
     starts: Tensor
     lengths: Tensor
-    taps: Tensor
-    layers: tuple[int, ...]
-    final: Tensor | None = None
+    target: FastTarget
+    final: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def join(self, other: Data) -> Data:
+        """These sequences, then `other`'s."""
+        width = max(self.tokens.shape[1], other.tokens.shape[1])
+        tokens = torch.cat([F.pad(d.tokens, (0, width - d.tokens.shape[1])) for d in (self, other)])
+        starts, lengths = (torch.cat(pair) for pair in ((self.starts, other.starts), (self.lengths, other.lengths)))
+        return Data(tokens, starts, lengths, self.target, self.final or other.final)
 
     def select(self, rows: Tensor, layers: tuple[int, ...]) -> Batch:
-        """Sequences `rows`, with the taps of `layers` concatenated [n, L, len * H]."""
-        index = torch.tensor([self.layers.index(k) for k in layers], device=self.taps.device)
-        taps = self.taps[rows.to(self.taps.device)][:, :, index]
-        final = None if self.final is None else self.final[rows]
-        return Batch(self.tokens[rows], self.starts[rows], self.lengths[rows], taps.flatten(2), final)
+        """Sequences `rows`, cut to the longest of them, with the taps of `layers` concatenated [n, L, len * H];
+        zeros past each sequence's end (blocks near an end read rows there, weighted 0 but still multiplied).
+        Labels: the sequence's own tokens, or with `final` the target's greedy choice at each position."""
+        rows = rows.to(self.device)
+        lengths = self.lengths[rows]
+        tokens = self.tokens[rows, : int(lengths.max())]
+        taps, final = self.target.taps(tokens, layers, self.final)
+        inside = (torch.arange(tokens.shape[1], device=self.device) < lengths[:, None])[:, :, None]
+        labels = tokens
+        if final is not None:
+            final = final * inside
+            greedy = torch.stack([(f @ self.target.head.T).argmax(-1) for f in final[:, :-1]])
+            labels = torch.cat((tokens[:, :1], greedy), dim=1)
+        return Batch(tokens, self.starts[rows], lengths, taps.flatten(2) * inside, final, labels)
 
 
 @dataclass
 class Batch:
-    """Some sequences of `Data`, cut to the longest of them by `cut`."""
+    """Some sequences of `Data`, cut to the longest of them by `cut`; labels [n, L]: the target's greedy choice of
+    each token (the token itself in a greedy reply)."""
 
     tokens: Tensor
     starts: Tensor
     lengths: Tensor
     taps: Tensor
     final: Tensor | None
+    labels: Tensor
 
     def cut(self, width: int) -> Batch:
         final = None if self.final is None else self.final[:, :width]
-        return Batch(self.tokens[:, :width], self.starts, self.lengths, self.taps[:, :width], final)
+        return Batch(
+            self.tokens[:, :width], self.starts, self.lengths, self.taps[:, :width], final, self.labels[:, :width]
+        )
 
 
 def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -559,51 +746,36 @@ def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
 
 
 def self_distil(
-    target: Transformer,
+    target: FastTarget,
     prompts: list[list[int]],
     new_tokens: int,
     stops: list[int],
-    layers: tuple[int, ...],
     batch: int,
     log=print,
-    final: bool = False,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> Data:
-    """The target's greedy replies (generated `batch` prompts at a time, by length so that little is padding) and
-    its taps at `layers` over each prompt + reply (and, with `final`, its final normed hidden state), from one
-    forward per batch."""
+    """The target's replies to `prompts`, greedy or sampled at `temperature` (seeded), generated `batch` prompts at a
+    time (by length, so that little is padding)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    sequences: list[list[int] | None] = [None] * len(prompts)
+    sequences: list[list[int]] = [[]] * len(prompts)
+    clock = time.perf_counter()
     for first in range(0, len(order), batch):
         group = order[first : first + batch]
-        out, timing = generate(target, [prompts[i] for i in group], new_tokens, Sampling(), stops)
-        for i, generated in zip(group, out):
-            sequences[i] = prompts[i] + generated.tokens
-        log(f"  generated {first + len(group)}/{len(prompts)} replies ({timing.tokens_per_s:.0f} tok/s)")
-    longest = max(len(s) for s in sequences)
-    device = target.device
-    tokens = torch.zeros(len(prompts), longest, dtype=torch.int64)
+        replies = target.generate([prompts[i] for i in group], new_tokens, stops, temperature, 1.0, seed + first)
+        for i, (reply, _) in zip(group, replies):
+            sequences[i] = prompts[i] + reply
+        replied = sum(len(sequences[i]) - len(prompts[i]) for i in order[: first + len(group)])
+        rate = replied / (time.perf_counter() - clock)
+        log(f"  generated {first + len(group)}/{len(prompts)} replies ({rate:.0f} tok/s)")
+    tokens = torch.zeros(len(prompts), max(len(s) for s in sequences), dtype=torch.int64)
     for i, s in enumerate(sequences):
         tokens[i, : len(s)] = torch.tensor(s)
     lengths = torch.tensor([len(s) for s in sequences])
     starts = torch.tensor([len(p) for p in prompts])
-    hidden = target.config.hidden_size
-    # zeros past each sequence's end: blocks near an end read rows there, weighted 0 but still multiplied, and
-    # uninitialised memory may hold NaN (0 · NaN is NaN: the loss of the whole step)
-    taps = torch.zeros(len(prompts), longest, len(layers), hidden, dtype=target.dtype, device=device)
-    normed = torch.zeros(len(prompts), longest, hidden, dtype=target.dtype, device=device) if final else None
-    with torch.no_grad():
-        for first in range(0, len(order), batch):
-            group = torch.tensor(order[first : first + batch])
-            width = int(lengths[group].max())
-            rows = tokens[group, :width].to(device)
-            positions = torch.arange(width, device=device).expand(len(group), -1)
-            cache = target.new_cache(len(group), width)
-            out = target.forward(rows, positions, cache, taps=layers, hidden=final, logits=False)
-            taps[group.to(device), :width] = out.taps.reshape(len(group), width, len(layers), -1)
-            if normed is not None:
-                normed[group.to(device), :width] = out.hidden.reshape(len(group), width, -1)
-    log(f"  taps at layers {list(layers)} over {int(lengths.sum())} tokens ({int((lengths - starts).sum())} replied)")
-    return Data(tokens.to(device), starts.to(device), lengths.to(device), taps, layers, normed)
+    log(f"  {int(lengths.sum())} tokens ({int((lengths - starts).sum())} replied)")
+    device = target.device
+    return Data(tokens.to(device), starts.to(device), lengths.to(device), target)
 
 
 # ------------------------------------------------------------------------------------------------ the drafter
@@ -769,20 +941,32 @@ def block_logits(
     return (rows @ head.T.to(rows.dtype)).float()
 
 
+def block_labels(batch: Batch, anchors: Tensor, r: Recipe) -> tuple[Tensor, Tensor, Tensor]:
+    """For rows 1..B-1 of the blocks anchored at `anchors` [b, n]: the positions of their tokens, their labels and
+    whether they count, each [b, n, B - 1]. A row counts inside its sequence and where every row before it in the
+    block holds the target's greedy token: the loop drafts row k only after rows 1..k-1 were accepted, and a
+    sampled reply may leave the greedy path inside a block."""
+    b, n = anchors.shape
+    offsets = torch.arange(1, r.block_size, device=anchors.device)
+    following = (anchors[:, :, None] + offsets).clamp(max=batch.tokens.shape[1] - 1)
+    labels = batch.labels.gather(1, following.view(b, -1)).view(b, n, -1)
+    greedy = (batch.tokens.gather(1, following.view(b, -1)).view(b, n, -1) == labels).long()
+    on_path = torch.cat((torch.ones_like(greedy[..., :1]), greedy[..., :-1].cumprod(-1)), dim=-1).bool()
+    return following, labels, (anchors[:, :, None] + offsets < batch.lengths[:, None, None]) & on_path
+
+
 def block_loss(
     model: DFlashModel, embed: Tensor, head: Tensor, batch: Batch, anchors: Tensor, r: Recipe
 ) -> tuple[Tensor, Tensor]:
     """(the weighted loss of every block's rows 1..B-1, and the drafts each block would have had accepted,
-    [b, n]: its leading rows whose argmax is the sequence's token). A row's loss is the cross-entropy against
-    the sequence's token (the target's greedy choice) and, with `r.soft`, that share of it against the target's
-    whole distribution at that token (its head over the final hidden state one position before)."""
+    [b, n]: its leading rows whose argmax is the label). A row's loss is the cross-entropy against its label (the
+    target's greedy choice of that token) and, with `r.soft`, that share of it against the target's whole
+    distribution there (its head over the final hidden state one position before); a row after one whose token
+    is not the target's greedy choice (in a sampled reply) counts for nothing: the loop never drafts there."""
     b, n = anchors.shape
-    tokens = batch.tokens
-    offsets = torch.arange(1, r.block_size, device=tokens.device)
-    logits = block_logits(model, embed, head, tokens, batch.taps, anchors, r)
-    following = (anchors[:, :, None] + offsets).clamp(max=tokens.shape[1] - 1)
-    labels = tokens.gather(1, following.view(b, -1)).view(b, n, -1)
-    valid = anchors[:, :, None] + offsets < batch.lengths[:, None, None]
+    offsets = torch.arange(1, r.block_size, device=anchors.device)
+    logits = block_logits(model, embed, head, batch.tokens, batch.taps, anchors, r)
+    following, labels, valid = block_labels(batch, anchors, r)
     weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
     flat = logits.reshape(-1, logits.shape[-1])
     losses = F.cross_entropy(flat, labels.reshape(-1), reduction="none")
@@ -854,7 +1038,7 @@ def train(
     target's logit scale); with `init` (a written drafter's `initial_weights`, or `target_layer_weights`), those
     weights instead. `keep(model)`, if given, is called at every point of the curve (a run cut short leaves its latest
     drafter)."""
-    device = data.taps.device
+    device = data.device
     torch.manual_seed(seed)
     model = DFlashModel(embed.shape[1], r).to(device)
     for p in model.parameters():
@@ -929,7 +1113,7 @@ def train(
 def evaluate_blocks(
     model: DFlashModel, data: Data, held: Tensor, embed: Tensor, head: Tensor, r: Recipe, seed: int
 ) -> dict:
-    device = data.taps.device
+    device = data.device
     generator = torch.Generator(device=device).manual_seed(seed + 1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses, accepted = [], []
@@ -1013,9 +1197,9 @@ def target_layer_weights(
 
 
 def _dense(weights: list[Tensor | Packed]) -> Tensor:
-    """A projection's weights (fused or not) as one dense matrix of their rows; a target kept packed is refused."""
+    """A projection's weights (fused or not) as one dense matrix of their rows (of a target loaded unpacked)."""
     if not all(isinstance(w, Tensor) for w in weights):
-        raise SystemExit("--target-layers: the target's weights are kept packed; load it dequantized")
+        raise ValueError("the target's weights are kept packed: load it with packed=False")
     return torch.cat(weights)
 
 
@@ -1157,6 +1341,16 @@ def choose(results: list[tuple[Recipe, dict]]) -> Recipe:
     return chosen
 
 
+EVALUATION_S = 60.0  # the last evaluation, on the H200: the loop at blocks 4 and 8 over validation and HELD_OUT
+
+
+def training_budget(train_budget_s: float | None, budget_s: float | None, elapsed_s: float) -> float | None:
+    """The final drafter's training time: --train-budget-s, or what --budget-s leaves after `elapsed_s` and the last
+    evaluation, whichever is less."""
+    left = None if budget_s is None else max(0.0, budget_s - elapsed_s - EVALUATION_S)
+    return min((b for b in (train_budget_s, left) if b is not None), default=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -1191,8 +1385,18 @@ def main() -> None:
         "--train-budget-s", type=float, default=None, help="fit the final drafter's schedule (at most --steps) in this"
     )
     parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="the whole run in this: training gets what the data left, less EVALUATION_S (with --train-budget-s, the less)",
+    )
+    parser.add_argument(
         "--soft", type=float, default=BASE.soft, help="the loss's share on the target's distribution (0: its token)"
     )
+    parser.add_argument(
+        "--sampled-replies", type=int, default=0, help="replies sampled per training prompt beside the greedy one"
+    )
+    parser.add_argument("--reply-temperature", type=float, default=0.8, help="the sampled replies' temperature")
     parser.add_argument("--lr", type=float, default=BASE.lr, help="the peak learning rate (AdamW, cosine)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
@@ -1230,6 +1434,8 @@ def main() -> None:
     log(f"loading {args.gguf} onto {args.device}")
     target_model = open_model(args.gguf)
     target = loading.load(loading.plan_load(target_model, args.device))
+    dense = loading.load(loading.plan_load(target_model, args.device, packed=False))  # the runtime's: packed on CUDA
+    fast = FastTarget(dense)
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
     base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft, lr=args.lr)
@@ -1238,7 +1444,7 @@ def main() -> None:
     if args.questions:
         log(f"self-instruct: {args.questions} prompts ask the target for a question")
         written = written_prompts(
-            target, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
+            fast, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
         )
         record["written_examples"] = written[:: max(1, len(written) // 24)][:24]
         stage("questions")
@@ -1258,20 +1464,32 @@ def main() -> None:
     }
     held_out_prompts = list(HELD_OUT[: args.held_out])
     all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts + held_out_prompts)
-    # taps at every layer a candidate reads; without a sweep only the base recipe's (the data's memory)
-    layers = tuple(sorted({k for r in SWEEP for k in r.taps})) if args.sweep else base.taps
     log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
-    data = self_distil(target, all_prompts, args.new_tokens, stops, layers, args.batch, log, final=args.soft > 0)
+    data = self_distil(fast, all_prompts, args.new_tokens, stops, args.batch, log)
+    if args.sampled_replies:
+        log(f"  {args.sampled_replies} replies sampled at temperature {args.reply_temperature} per training prompt")
+        sampled = self_distil(
+            fast,
+            chat_ids(tokenizer, train_prompts) * args.sampled_replies,
+            args.new_tokens,
+            stops,
+            args.batch,
+            log,
+            args.reply_temperature,
+            args.seed,
+        )
+        data = data.join(sampled)
+    data.final = args.soft > 0 or args.sampled_replies > 0
     stage("data")
-    device = data.taps.device
+    device = data.device
     # a --human prompt's sequence is drawn --human-weight times as often as another: few, but worded as people word
     index = {p: i for i, p in enumerate(train_prompts)}
     weighted = [index[p] for p in human if p in index] * (args.human_weight - 1)
-    rows = torch.tensor(list(range(len(train_prompts))) + weighted, device=device)
+    sampled_rows = list(range(len(all_prompts), len(data.tokens)))
+    rows = torch.tensor(list(range(len(train_prompts))) + weighted + sampled_rows, device=device)
     held = torch.arange(len(train_prompts), len(train_prompts) + len(validation_prompts), device=device)
     reported = torch.arange(len(all_prompts) - len(held_out_prompts), len(all_prompts), device=device)
-    embed = target.embed_tokens
-    head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
+    embed, head = fast.embed, fast.head
     validation_ids = chat_ids(tokenizer, validation_prompts)
     held_out_ids = chat_ids(tokenizer, held_out_prompts)
 
@@ -1326,7 +1544,7 @@ def main() -> None:
     if args.init:
         initial = initial_weights(Path(args.init), final)
     elif args.target_layers:
-        initial = target_layer_weights(target, data, rows, final, tuple(int(k) for k in args.target_layers.split(",")))
+        initial = target_layer_weights(dense, data, rows, final, tuple(int(k) for k in args.target_layers.split(",")))
     log(f"training {final.describe()} for {final.steps} steps")
     drafter_dir = out_dir / "drafter"
     model, record["curve"] = train(
@@ -1342,7 +1560,7 @@ def main() -> None:
         keep=lambda m: write_drafter(m, final, target, drafter_dir),
         span=args.eval_tokens,
         reported=reported,
-        budget_s=args.train_budget_s,
+        budget_s=training_budget(args.train_budget_s, args.budget_s, time.perf_counter() - clock),
         init=initial,
     )
     record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
