@@ -277,6 +277,10 @@ def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
         torch.testing.assert_close(batch.taps[:, : len(sequence)], alone.taps, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(batch.final[:, : len(sequence)], alone.hidden, rtol=1e-5, atol=1e-5)
         assert batch.labels[0, len(prompt) : len(sequence)].tolist() == reply.tokens
+    # training draws a chunk of sequences and steps through parts of it: a part is those sequences selected alone
+    part, alone = data.select(torch.arange(4), (2, 0)).part(slice(1, 3)), data.select(torch.tensor([1, 2]), (2, 0))
+    assert torch.equal(part.tokens, alone.tokens) and torch.equal(part.labels, alone.labels)
+    torch.testing.assert_close(part.taps, alone.taps)
 
 
 def test_fast_target_samples_seeded_within_top_p_and_stops(tiny):
