@@ -456,3 +456,17 @@ def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny
     embed, head, norm = target.embed_tokens, target.lm_head, target.norm.weight
     _, cut = tool.train(data, rows, rows, embed, head, norm, longer, 0, lambda _: None, 250, budget_s=0.0)
     assert [p["step"] for p in cut] == [250, tool.CALIBRATION_STEPS]
+
+
+def test_data_written_for_a_later_run_reads_back_whole(tiny, tmp_path):
+    """--data: the prompts and sequences one call made are what the next call trains on; the prompts file is
+    written last, so a directory without it holds no data a run would read."""
+    _, target, asked, data = tiny
+    prompts = tool.Prompts(["a", "b"], ["c"], ["b"], [], ["d"], [], templated=1, written=0)
+    sequences = tool.Data(data.tokens[:4], data.starts[:4], data.lengths[:4], data.target)
+    tool.save_data(tmp_path / "data", prompts, sequences)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [tool.PROMPTS_FILE, tool.SEQUENCES_FILE]
+    read_prompts, read = tool.load_data(tmp_path / "data", tool.FastTarget(target))
+    assert read_prompts == prompts and read_prompts.sequences == 4
+    for name in ("tokens", "starts", "lengths"):
+        assert torch.equal(getattr(read, name), getattr(sequences, name)) and getattr(read, name).dtype == torch.int64

@@ -43,6 +43,10 @@ after a tap: fc passes that tap through as the context, the stream the layer was
 largest neurons where the recipe's is narrower) instead of from random weights: what the target learnt in
 pretraining, for a drafter that sees few million tokens. --lr sets the peak learning rate.
 
+--data DIR keeps the data (prompts.json, sequences.safetensors: token ids) for a later run, which reads it instead of
+making it; with --data-only the run stops there. A device call lasts at most 10 minutes: one call makes the data,
+the next trains for the whole of its time.
+
 --sweep trains each candidate of SWEEP (one choice changed at a time from the first) for SWEEP_STEPS and picks
 the best value of each choice by validation tau, then trains the chosen drafter for STEPS. Seeded: prompts,
 initialisation and anchors come from --seed; on CUDA, deterministic algorithms are asked for (warn only).
@@ -1393,6 +1397,96 @@ def choose(results: list[tuple[Recipe, dict]]) -> Recipe:
     return chosen
 
 
+@dataclass
+class Prompts:
+    """A run's prompts: training (templated, written by the target, people's), validation (templated, then
+    people's), people's validation alone, people's training ones (drawn --human-weight times as often) and HELD_OUT's
+    first --held-out; the data holds a greedy reply to each of train + validation + held_out, in that order."""
+
+    train: list[str]
+    validation: list[str]
+    people: list[str]
+    people_validation: list[str]
+    held_out: list[str]
+    written_examples: list[str]
+    templated: int
+    written: int
+
+    @property
+    def sequences(self) -> int:
+        return len(self.train) + len(self.validation) + len(self.held_out)
+
+    def counts(self) -> dict:
+        return {
+            "templated": self.templated,
+            "written_by_the_target": self.written,
+            "written_by_people": len(self.people),
+            "people_validation": len(self.people_validation),
+            "train": len(self.train),
+            "validation": len(self.validation),
+            "held_out": len(self.held_out),
+        }
+
+
+def make_prompts(args: argparse.Namespace, fast: FastTarget, tokenizer, stops: list[int], log) -> Prompts:
+    templated, validation = prompt_sets(args.prompts, args.validation, args.seed)
+    written = []
+    if args.questions:
+        log(f"self-instruct: {args.questions} prompts ask the target for a question")
+        written = written_prompts(
+            fast, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
+        )
+    people, people_validation = (
+        human_prompt_sets(Path(args.human), args.human_validation, args.seed) if args.human else ([], [])
+    )
+    validation += people_validation
+    train = [p for p in dict.fromkeys(templated + written + people) if p not in set(validation)]
+    examples = written[:: max(1, len(written) // 24)][:24]
+    held_out = list(HELD_OUT[: args.held_out])
+    return Prompts(train, validation, people, people_validation, held_out, examples, len(templated), len(written))
+
+
+def make_data(
+    args: argparse.Namespace, fast: FastTarget, tokenizer, stops: list[int], prompts: Prompts, log, clock: float
+) -> Data:
+    """The greedy replies to every prompt, then --sampled-replies more per training prompt while --data-budget-s
+    (counted from `clock`) lasts."""
+    everything = chat_ids(tokenizer, prompts.train + prompts.validation + prompts.held_out)
+    log(f"self-distillation: {len(everything)} prompts, {args.new_tokens} reply tokens each")
+    data = self_distil(fast, everything, args.new_tokens, stops, args.batch, log)
+    train_ids = chat_ids(tokenizer, prompts.train)
+    for k in range(args.sampled_replies):
+        if args.data_budget_s is not None and time.perf_counter() - clock > args.data_budget_s:
+            log(f"  --data-budget-s spent: {k} sampled replies per training prompt")
+            break
+        log(f"  sampled replies {k + 1}/{args.sampled_replies} (temperature {args.reply_temperature})")
+        seed = args.seed + 1_000_000 * (k + 1)
+        data = data.join(
+            self_distil(fast, train_ids, args.new_tokens, stops, args.batch, log, args.reply_temperature, seed)
+        )
+    return data
+
+
+PROMPTS_FILE, SEQUENCES_FILE = "prompts.json", "sequences.safetensors"
+
+
+def save_data(directory: Path, prompts: Prompts, data: Data) -> None:
+    """The prompts and the sequences in `directory`, for a later run's --data (each file under a temporary name,
+    then renamed: a cut run leaves no half-written data that a later one would read)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {"tokens": data.tokens.int(), "starts": data.starts.int(), "lengths": data.lengths.int()}
+    save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(directory / (SEQUENCES_FILE + ".tmp")))
+    (directory / (PROMPTS_FILE + ".tmp")).write_text(json.dumps(asdict(prompts)))
+    (directory / (SEQUENCES_FILE + ".tmp")).replace(directory / SEQUENCES_FILE)
+    (directory / (PROMPTS_FILE + ".tmp")).replace(directory / PROMPTS_FILE)  # last: its presence says both are whole
+
+
+def load_data(directory: Path, fast: FastTarget) -> tuple[Prompts, Data]:
+    tensors = {k: v.long().to(fast.device) for k, v in load_file(str(directory / SEQUENCES_FILE)).items()}
+    prompts = Prompts(**json.loads((directory / PROMPTS_FILE).read_text()))
+    return prompts, Data(tensors["tokens"], tensors["starts"], tensors["lengths"], fast)
+
+
 EVALUATION_S = 60.0  # the last evaluation, on the H200: the loop at blocks 4 and 8 over validation and HELD_OUT
 
 
@@ -1449,6 +1543,13 @@ def main() -> None:
         "--sampled-replies", type=int, default=0, help="replies sampled per training prompt beside the greedy one"
     )
     parser.add_argument(
+        "--data",
+        default=None,
+        help="the data is read from this directory when there, else made and written there (a run longer than one "
+        "device call makes it in one call and trains in the next)",
+    )
+    parser.add_argument("--data-only", action="store_true", help="make and write --data, then stop")
+    parser.add_argument(
         "--data-budget-s", type=float, default=None, help="no more sampled replies once the run took this long"
     )
     parser.add_argument("--reply-temperature", type=float, default=0.8, help="the sampled replies' temperature")
@@ -1463,6 +1564,8 @@ def main() -> None:
         help="start the drafter from these target layers (comma-separated, one a draft layer; the first after a tap)",
     )
     args = parser.parse_args()
+    if args.data_only and not args.data:
+        parser.error("--data-only needs --data")
 
     if args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: training asks for it
@@ -1494,59 +1597,38 @@ def main() -> None:
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
     base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft, lr=args.lr)
-    templated, validation_prompts = prompt_sets(args.prompts, args.validation, args.seed)
-    written = []
-    if args.questions:
-        log(f"self-instruct: {args.questions} prompts ask the target for a question")
-        written = written_prompts(
-            fast, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
-        )
-        record["written_examples"] = written[:: max(1, len(written) // 24)][:24]
-        stage("questions")
-    human, human_validation = (
-        human_prompt_sets(Path(args.human), args.human_validation, args.seed) if args.human else ([], [])
-    )
-    validation_prompts += human_validation
-    train_prompts = [p for p in dict.fromkeys(templated + written + human) if p not in set(validation_prompts)]
-    record["prompts"] = {
-        "templated": len(templated),
-        "written_by_the_target": len(written),
-        "written_by_people": len(human),
-        "people_validation": len(human_validation),
-        "train": len(train_prompts),
-        "validation": len(validation_prompts),
-        "held_out": len(HELD_OUT),
-    }
-    held_out_prompts = list(HELD_OUT[: args.held_out])
-    all_prompts = chat_ids(tokenizer, train_prompts + validation_prompts + held_out_prompts)
-    log(f"self-distillation: {len(all_prompts)} prompts, {args.new_tokens} reply tokens each")
-    data = self_distil(fast, all_prompts, args.new_tokens, stops, args.batch, log)
-    train_ids = chat_ids(tokenizer, train_prompts)
-    for k in range(args.sampled_replies):
-        if args.data_budget_s is not None and time.perf_counter() - clock > args.data_budget_s:
-            log(f"  --data-budget-s spent: {k} sampled replies per training prompt")
-            break
-        log(f"  sampled replies {k + 1}/{args.sampled_replies} (temperature {args.reply_temperature})")
-        seed = args.seed + 1_000_000 * (k + 1)
-        data = data.join(
-            self_distil(fast, train_ids, args.new_tokens, stops, args.batch, log, args.reply_temperature, seed)
-        )
-    data.final = args.soft > 0 or args.sampled_replies > 0
+    made = Path(args.data) if args.data else None
+    if made is not None and (made / PROMPTS_FILE).exists():
+        prompts, data = load_data(made, fast)
+        log(f"data read from {made}: {len(data.tokens)} sequences")
+    else:
+        prompts = make_prompts(args, fast, tokenizer, stops, log)
+        stage("prompts")
+        data = make_data(args, fast, tokenizer, stops, prompts, log, clock)
+        if made is not None:
+            save_data(made, prompts, data)
+    data.final = args.soft > 0 or len(data.tokens) > prompts.sequences
+    record["prompts"] = prompts.counts()
+    record["written_examples"] = prompts.written_examples
     record["data"] = {
         "sequences": len(data.tokens),
         "tokens": int(data.lengths.sum()),
         "replied": int((data.lengths - data.starts).sum()),
-        "sampled_sequences": len(data.tokens) - len(all_prompts),
+        "sampled_sequences": len(data.tokens) - prompts.sequences,
     }
     stage("data")
+    if args.data_only:
+        log(f"data written to {made}")
+        return
     device = data.device
+    train_prompts, validation_prompts, held_out_prompts = prompts.train, prompts.validation, prompts.held_out
     # a --human prompt's sequence is drawn --human-weight times as often as another: few, but worded as people word
     index = {p: i for i, p in enumerate(train_prompts)}
-    weighted = [index[p] for p in human if p in index] * (args.human_weight - 1)
-    sampled_rows = list(range(len(all_prompts), len(data.tokens)))
+    weighted = [index[p] for p in prompts.people if p in index] * (args.human_weight - 1)
+    sampled_rows = list(range(prompts.sequences, len(data.tokens)))
     rows = torch.tensor(list(range(len(train_prompts))) + weighted + sampled_rows, device=device)
     held = torch.arange(len(train_prompts), len(train_prompts) + len(validation_prompts), device=device)
-    reported = torch.arange(len(all_prompts) - len(held_out_prompts), len(all_prompts), device=device)
+    reported = torch.arange(prompts.sequences - len(held_out_prompts), prompts.sequences, device=device)
     embed, head = fast.embed, fast.head
     validation_ids = chat_ids(tokenizer, validation_prompts)
     held_out_ids = chat_ids(tokenizer, held_out_prompts)
@@ -1629,12 +1711,12 @@ def main() -> None:
     record["validation"] = speculative_tau(
         target, target_model, drafter_dir, validation_ids, args.eval_tokens, stops, blocks, timed
     )
-    if human_validation:
+    if prompts.people_validation:
         record["people_validation"] = speculative_tau(
             target,
             target_model,
             drafter_dir,
-            chat_ids(tokenizer, human_validation),
+            chat_ids(tokenizer, prompts.people_validation),
             args.eval_tokens,
             stops,
             blocks,
