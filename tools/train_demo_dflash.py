@@ -74,6 +74,7 @@ from specpair.formats.packed import Packed
 from specpair.runtime import loading
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
+from specpair.runtime.kernels.norm import rms_norm_reference
 from specpair.runtime.model import Transformer
 from specpair.runtime.sampling import Sampling
 from specpair.runtime.speculative import acceptance_by_position, speculative_generate, step_times
@@ -536,12 +537,16 @@ class FastTarget:
 
     def __init__(self, target: Transformer) -> None:
         c = target.config
-        odd = c.qk_norm or c.attention_bias or c.mlp_bias or c.rotary_dim != c.head_dim or c.attn_output_gate
+        odd = c.qk_norm or c.attention_bias or c.mlp_bias or c.attn_output_gate
         if odd or set(c.layer_types) != {"full"} or c.is_moe:
             raise SystemExit(f"FastTarget runs Llama-shaped targets (SmolLM2's); this one is a {c.family}")
-        self.embed = target.embed_tokens
-        self.head = target.lm_head if isinstance(target.lm_head, Tensor) else target.embed_tokens
-        self.norm, self.eps, self.rope = target.norm.weight, c.rms_norm_eps, target.rope
+        self.embed, self.head = target.embed_tokens, _dense([target.lm_head])
+        self.norm, self.eps, self.zero_centred, self.rope = (
+            target.norm.weight,
+            c.rms_norm_eps,
+            c.zero_centred_norms,
+            target.rope,
+        )
         self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.layers = [
             (
@@ -560,13 +565,7 @@ class FastTarget:
         return self.embed.device
 
     def _rms(self, x: Tensor, weight: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * weight
-
-    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        xf = x.float()
-        a, b = xf.chunk(2, dim=-1)
-        return (xf * cos + torch.cat((-b, a), dim=-1) * sin).to(x.dtype)
+        return rms_norm_reference(x, weight, self.eps, self.zero_centred)  # plain torch, any device
 
     def _layers(self, tokens: Tensor, positions: Tensor, attend, taps: tuple[int, ...], upto: int):
         """The stream after layer upto - 1 and {k: the stream after layer k} for k in `taps`; `attend(i, q, k, v)`
@@ -578,8 +577,8 @@ class FastTarget:
         kept = {}
         for i, (before, qkv, o, after, gate_up, down) in enumerate(self.layers[:upto]):
             q, k, v = (self._rms(x, before) @ qkv.T).split(sizes, dim=-1)
-            q = self._rotate(q.view(b, t, -1, self.head_dim), cos, sin)
-            k = self._rotate(k.view(b, t, -1, self.head_dim), cos, sin)
+            q = self.rope.rotate(q.view(b, t, -1, self.head_dim), cos, sin)
+            k = self.rope.rotate(k.view(b, t, -1, self.head_dim), cos, sin)
             x = x + attend(i, q, k, v.view(b, t, -1, self.head_dim)) @ o.T
             gate, up = (self._rms(x, after) @ gate_up.T).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ down.T
@@ -1591,8 +1590,9 @@ def main() -> None:
 
     log(f"loading {args.gguf} onto {args.device}")
     target_model = open_model(args.gguf)
-    target = loading.load(loading.plan_load(target_model, args.device))
-    dense = loading.load(loading.plan_load(target_model, args.device, packed=False))  # the runtime's: packed on CUDA
+    packed = torch.device(args.device).type == "cuda"  # as the runtime serves it; FastTarget reads dense weights
+    target = loading.load(loading.plan_load(target_model, args.device, packed=packed))
+    dense = loading.load(loading.plan_load(target_model, args.device, packed=False)) if packed else target
     fast = FastTarget(dense)
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
