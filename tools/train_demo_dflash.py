@@ -541,12 +541,8 @@ class FastTarget:
         if odd or set(c.layer_types) != {"full"} or c.is_moe:
             raise SystemExit(f"FastTarget runs Llama-shaped targets (SmolLM2's); this one is a {c.family}")
         self.embed, self.head = target.embed_tokens, _dense([target.lm_head])
-        self.norm, self.eps, self.zero_centred, self.rope = (
-            target.norm.weight,
-            c.rms_norm_eps,
-            c.zero_centred_norms,
-            target.rope,
-        )
+        self.norm, self.rope = target.norm.weight, target.rope
+        self.eps, self.zero_centred = c.rms_norm_eps, c.zero_centred_norms
         self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.layers = [
             (
@@ -754,6 +750,7 @@ class Data:
         labels = tokens
         if final is not None:
             final = final * inside
+            # a sequence at a time: the whole batch's logits [n, L, V] would take gigabytes
             greedy = torch.stack([(f @ self.target.head.T).argmax(-1) for f in final[:, :-1]])
             labels = torch.cat((tokens[:, :1], greedy), dim=1)
         return Batch(tokens, self.starts[rows], lengths, taps.flatten(2) * inside, final, labels)
@@ -1129,7 +1126,7 @@ def train(
         step += 1
         anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, _ = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
+            loss, _ = block_loss(model, embed, head, batch, anchors, r)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -1176,7 +1173,7 @@ def evaluate_blocks(
         batch = data.select(held[first : first + r.sequences], r.taps)
         anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
-            loss, hits = block_loss(model, embed, head, batch.cut(int(batch.lengths.max())), anchors, r)
+            loss, hits = block_loss(model, embed, head, batch, anchors, r)
         losses.append(float(loss))
         accepted.append(hits.float().mean())
     return {"validation_loss": sum(losses) / len(losses), "validation_accepted": float(torch.stack(accepted).mean())}
@@ -1618,7 +1615,7 @@ def main() -> None:
     }
     stage("data")
     if args.data_only:
-        log(f"data written to {made}")
+        log(f"data in {made}")
         return
     device = data.device
     train_prompts, validation_prompts, held_out_prompts = prompts.train, prompts.validation, prompts.held_out
