@@ -377,6 +377,25 @@ def test_a_short_training_lowers_the_loss_and_the_drafter_drafts(tiny, tmp_path)
     assert figures[4]["identical"] and figures[4]["tau"] > 1.5, figures
     # teacher-forced, the loop's walk over the first 10 reply tokens is the loop's own tau
     assert tool.chain_tau(trained, data, rows, target.embed_tokens, target.lm_head, TINY, 10) == figures[4]["tau"]
+    # the first draft at every anchor of the first 8 reply tokens, by the target's probability of its token: the
+    # drafts block_loss counts, and the target's own distribution before each drafted token
+    embed, head = target.embed_tokens, target.lm_head
+    figure = tool.first_draft_by_confidence(trained, data, rows, embed, head, TINY, 8)
+    batch = data.select(rows, TINY.taps)
+    hits, probabilities = 0, []
+    for i in range(len(asked)):
+        start = int(data.starts[i])
+        anchors = torch.arange(start - 1, min(start + 7, int(data.lengths[i]) - 1))
+        _, accepted = tool.block_loss(trained, embed, head, batch.part(slice(i, i + 1)), anchors[None], TINY)
+        hits += int((accepted > 0).sum())
+        with torch.no_grad():
+            probabilities += target.head(batch.final[i, anchors]).float().softmax(-1).amax(-1).tolist()
+    assert figure["anchors"] == len(probabilities) == 8 * len(asked)
+    assert figure["first_draft"] == pytest.approx(hits / len(probabilities)) and 0 < hits < len(probabilities)
+    assert figure["target_probability"] == pytest.approx(sum(probabilities) / len(probabilities), rel=1e-5)
+    shares = [b["share"] for b in figure["bins"]]
+    assert len(shares) == len(tool.CONFIDENCE_EDGES) + 1 and sum(shares) == pytest.approx(1.0)
+    assert figure["first_draft"] == pytest.approx(sum(b["share"] * (b["first_draft"] or 0) for b in figure["bins"]))
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 2.5})]).taps == (1,)
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 1.5})]).taps == TINY.taps
 

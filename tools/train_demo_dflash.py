@@ -29,6 +29,9 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
 4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
+5. At the end, for training, validation, people's validation and HELD_OUT sequences: how often a block's first draft
+   is the target's token, overall and by the target's own probability of that token (`first_draft_by_confidence`):
+   whether the drafter lacks a kind of reply or the target makes it unpredictable.
 
 --human FILE adds prompts people wrote for the project (tools/demo_prompts.json: 1,680 requests in four groups, code,
 writing, knowledge and everyday life, worded as people type them and none a held-out task): --human-validation of
@@ -1051,6 +1054,61 @@ def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head:
     return committed / max(rounds, 1)
 
 
+# Bins of the target's probability of its greedy token for `first_draft_by_confidence`: [0, 0.3), ..., [0.9, 1]
+CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.9)
+
+
+@torch.no_grad()
+def first_draft_by_confidence(
+    model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head: Tensor, r: Recipe, span: int
+) -> dict:
+    """How often a block's first draft is the target's greedy token, over every anchor of the first `span` reply
+    tokens of the greedy sequences `rows` (teacher-forced), overall and by the target's own probability of that
+    token (its head over the final hidden state before it), binned at CONFIDENCE_EDGES. It tells a drafter that has
+    not learnt a kind of reply from a reply the target itself makes unpredictable: where the target is sure, a
+    drafter that has learnt its replies drafts its token (the shipped drafter: 0.95 on validation prompts, 0.70 on
+    HELD_OUT, whose shares of sure tokens are the same)."""
+    autocast = torch.autocast(embed.device.type, dtype=torch.bfloat16, enabled=embed.device.type == "cuda")
+    final = data.final
+    data.final = True  # the target's final hidden states: its probabilities
+    hits, sure = [], []
+    try:
+        for first in range(0, len(rows), 8):
+            batch = data.select(rows[first : first + 8], r.taps)
+            ends = torch.minimum(batch.lengths, batch.starts + span)
+            anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
+            drafted = anchors + 1 < ends[:, None]  # the anchor's first draft is a reply token of the span
+            anchors = anchors.clamp(max=(ends - 2)[:, None])
+            with autocast:
+                logits = block_logits(model, embed, head, batch.tokens, batch.taps, anchors, r)[:, :, 0]
+            labels = batch.labels.gather(1, anchors + 1)
+            before = batch.final.gather(1, anchors[..., None].expand(-1, -1, batch.final.shape[-1]))
+            probability = (before @ head.T.to(before.dtype)).float().softmax(-1).amax(-1)
+            hits.append((logits.argmax(-1) == labels)[drafted])
+            sure.append(probability[drafted])
+    finally:
+        data.final = final
+    hit, top = torch.cat(hits).float(), torch.cat(sure)
+    bins = torch.bucketize(top, torch.tensor(CONFIDENCE_EDGES, device=top.device), right=True)
+    edges = (0.0, *CONFIDENCE_EDGES, 1.0)
+    by_bin = []
+    for k in range(len(edges) - 1):
+        inside = bins == k
+        by_bin.append(
+            {
+                "target_probability": [edges[k], edges[k + 1]],
+                "share": float(inside.float().mean()),
+                "first_draft": float(hit[inside].mean()) if inside.any() else None,
+            }
+        )
+    return {
+        "anchors": len(hit),
+        "first_draft": float(hit.mean()),
+        "target_probability": float(top.mean()),
+        "bins": by_bin,
+    }
+
+
 # A step's sequences come from a chunk drawn for CHUNK_STEPS steps, whose taps one forward of the target gives: a
 # forward a step (launch-bound at 40 sequences) held an H100 to 13 steps a second, against 31 with the taps held.
 CHUNK_STEPS = 25
@@ -1727,6 +1785,25 @@ def main() -> None:
             f"held-out tau {figure['tau']:.2f} at block {block} (identical: {figure['identical']}), acceptance by "
             f"position {figure['acceptance_by_position']}"
             + (f", predicted speedup {figure['predicted_speedup']:.2f}x" if timed else "")
+        )
+    people = len(prompts.people_validation)
+    groups = {
+        "train": torch.arange(0, len(train_prompts), max(1, len(train_prompts) // 64), device=device)[:64],
+        "validation": held[: len(held) - people],
+        "people_validation": held[len(held) - people :],
+        "held_out": reported,
+    }
+    record["first_draft_by_confidence"] = {
+        name: first_draft_by_confidence(model, data, rows, embed, head, final, args.eval_tokens)
+        for name, rows in groups.items()
+        if len(rows)
+    }
+    for name, figure in record["first_draft_by_confidence"].items():
+        sure = figure["bins"][-1]
+        log(
+            f"first draft {figure['first_draft']:.2f} of {figure['anchors']} anchors ({name}), "
+            + (f"{sure['first_draft']:.2f}" if sure["first_draft"] is not None else "-")
+            + f" where the target's probability is {CONFIDENCE_EDGES[-1]} or more ({sure['share']:.2f} of them)"
         )
     stage("evaluate")
     log(f"done in {time.perf_counter() - clock:.0f} s")
