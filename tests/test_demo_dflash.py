@@ -237,16 +237,24 @@ def test_prompts_are_seeded_distinct_and_never_held_out():
     assert train != tool.prompt_sets(400, 40, seed=4)[0]
 
 
-def test_the_prompts_people_wrote_are_split_seeded_and_never_held_out():
+def test_the_prompts_people_wrote_are_split_seeded_and_never_held_out(tmp_path):
     path = ROOT / "tools" / "demo_prompts.json"
-    train, validation = tool.human_prompt_sets(path, 64, seed=0)
-    assert (train, validation) == tool.human_prompt_sets(path, 64, seed=0)
+    train, validation = tool.human_prompt_sets([path], 64, seed=0)
+    assert (train, validation) == tool.human_prompt_sets([path], 64, seed=0)
     assert len(validation) == 64 and len(train) >= 1600
     assert len(set(train + validation)) == len(train) + len(validation)
     assert not set(train + validation) & set(tool.HELD_OUT)
-    assert validation != tool.human_prompt_sets(path, 64, seed=1)[1]
+    assert validation != tool.human_prompt_sets([path], 64, seed=1)[1]
     with pytest.raises(ValueError, match="too few"):
-        tool.human_prompt_sets(path, len(train) + len(validation), seed=0)
+        tool.human_prompt_sets([path], len(train) + len(validation), seed=0)
+    # files after the first only train, once each: its split stays the one runs before them had
+    shipped = ROOT / "tools" / "demo_prompts_more.json"
+    widened, same = tool.human_prompt_sets([path, shipped], 64, seed=0)
+    assert same == validation and widened[: len(train)] == train
+    assert len(widened) - len(train) == len(json.loads(shipped.read_text())) >= 7000  # every one new, none held out
+    more = tmp_path / "more.json"
+    more.write_text(json.dumps(["a new one", validation[0], train[0], tool.HELD_OUT[0], "a new one", "another"]))
+    assert tool.human_prompt_sets([path, more], 64, seed=0) == (train + ["a new one", "another"], validation)
 
 
 def test_a_block_sees_the_context_before_its_anchor_and_its_own_rows():

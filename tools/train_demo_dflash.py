@@ -33,10 +33,12 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    is the target's token, overall and by the target's own probability of that token (`first_draft_by_confidence`):
    whether the drafter lacks a kind of reply or the target makes it unpredictable.
 
---human FILE adds prompts people wrote for the project (tools/demo_prompts.json: 1,680 requests in four groups, code,
-writing, knowledge and everyday life, worded as people type them and none a held-out task): --human-validation of
-them join the validation prompts (the record's people_validation is the loop's tau on them alone) and the rest train,
-each drawn --human-weight times as often as another prompt.
+--human FILE [FILE ...] adds prompts written for the project in people's wording, none a held-out task:
+tools/demo_prompts.json (1,680 requests in four groups, code, writing, knowledge and everyday life) and
+tools/demo_prompts_more.json (7,711 more in five: code and tech help, writing, knowledge, everyday life, math and
+reasoning; none in the first file). --human-validation of the first file's join the validation prompts (the record's
+people_validation is the loop's tau on them alone; the same split whatever files follow) and the rest train, each
+drawn --human-weight times as often as another prompt.
 
 --init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
 weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
@@ -476,14 +478,18 @@ def written_prompt(reply: str, excluded: set[str]) -> str | None:
     return text
 
 
-def human_prompt_sets(path: Path, validation: int, seed: int) -> tuple[list[str], list[str]]:
-    """The prompts people wrote for the project (`path`: a JSON array of strings), distinct and none in HELD_OUT,
-    split by a generator seeded by `seed` into training prompts and `validation` others."""
-    written = [p for p in dict.fromkeys(json.loads(path.read_text())) if p not in set(HELD_OUT)]
+def human_prompt_sets(paths: list[Path], validation: int, seed: int) -> tuple[list[str], list[str]]:
+    """The prompts written for the project in people's wording (`paths`: JSON arrays of strings), distinct and none
+    in HELD_OUT: the first file's split by a generator seeded by `seed` into training prompts and `validation` others
+    (the same split whatever files follow it), every other file's all training prompts."""
+    first, *more = paths
+    written = [p for p in dict.fromkeys(json.loads(first.read_text())) if p not in set(HELD_OUT)]
     if validation >= len(written):
-        raise ValueError(f"{path} holds {len(written)} usable prompts: too few to keep {validation} for validation")
+        raise ValueError(f"{first} holds {len(written)} usable prompts: too few to keep {validation} for validation")
     random.Random(seed + 2).shuffle(written)
-    return written[validation:], written[:validation]
+    kept = set(written) | set(HELD_OUT)
+    added = [p for p in dict.fromkeys(p for path in more for p in json.loads(path.read_text())) if p not in kept]
+    return written[validation:] + added, written[:validation]
 
 
 def prompt_sets(count: int, validation: int, seed: int) -> tuple[list[str], list[str]]:
@@ -1491,7 +1497,7 @@ def make_prompts(args: argparse.Namespace, fast: FastTarget, tokenizer, stops: l
             fast, tokenizer, args.questions, args.question_tokens, stops, args.batch, args.seed, log
         )
     people, people_validation = (
-        human_prompt_sets(Path(args.human), args.human_validation, args.seed) if args.human else ([], [])
+        human_prompt_sets([Path(p) for p in args.human], args.human_validation, args.seed) if args.human else ([], [])
     )
     validation += people_validation
     train = [p for p in dict.fromkeys(templated + written + people) if p not in set(validation)]
@@ -1561,8 +1567,15 @@ def main() -> None:
     parser.add_argument(
         "--questions", type=int, default=0, help="prompts asking the target to write a question (self-instruct)"
     )
-    parser.add_argument("--human", default=None, help="a JSON array of prompts people wrote (tools/demo_prompts.json)")
-    parser.add_argument("--human-validation", type=int, default=64, help="of --human's prompts kept for validation")
+    parser.add_argument(
+        "--human",
+        nargs="+",
+        default=None,
+        help="JSON arrays of prompts in people's wording (tools/demo_prompts.json, then tools/demo_prompts_more.json)",
+    )
+    parser.add_argument(
+        "--human-validation", type=int, default=64, help="of the first --human file's prompts, kept for validation"
+    )
     parser.add_argument(
         "--human-weight", type=int, default=1, help="times each --human prompt's sequence is drawn per templated one"
     )
