@@ -1800,16 +1800,16 @@ def main() -> None:
             + (f", predicted speedup {figure['predicted_speedup']:.2f}x" if timed else "")
         )
     people = len(prompts.people_validation)
-    groups = {
+    groups = {  # "validation": the templated ones
         "train": torch.arange(0, len(train_prompts), max(1, len(train_prompts) // 64), device=device)[:64],
         "validation": held[: len(held) - people],
         "people_validation": held[len(held) - people :],
         "held_out": reported,
     }
     record["first_draft_by_confidence"] = {
-        name: first_draft_by_confidence(model, data, rows, embed, head, final, args.eval_tokens)
-        for name, rows in groups.items()
-        if len(rows)
+        name: first_draft_by_confidence(model, data, group, embed, head, final, args.eval_tokens)
+        for name, group in groups.items()
+        if len(group)
     }
     for name, figure in record["first_draft_by_confidence"].items():
         sure = figure["bins"][-1]
