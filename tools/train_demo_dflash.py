@@ -1034,6 +1034,16 @@ def block_loss(
     return loss, hits.long().cumprod(-1).sum(-1)
 
 
+def span_anchors(batch: Batch, span: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The anchors of the first `span` reply tokens of each sequence of `batch`, [b, span]: the prompt's last token
+    and every reply token before the span's end (clamped there: `drafted` says which are its own), with the span's
+    ends [b] (its last token at end - 1)."""
+    ends = torch.minimum(batch.lengths, batch.starts + span)
+    anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
+    drafted = anchors + 1 < ends[:, None]  # the anchor's first draft is a reply token of the span
+    return anchors.clamp(max=(ends - 2)[:, None]), drafted, ends
+
+
 @torch.no_grad()
 def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head: Tensor, r: Recipe, span: int) -> float:
     """Tokens per round of specpair's greedy loop over the first `span` reply tokens of sequences `rows`,
@@ -1047,9 +1057,7 @@ def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head:
     committed = rounds = 0
     for first in range(0, len(rows), 8):
         batch = data.select(rows[first : first + 8], r.taps)
-        ends = torch.minimum(batch.lengths, batch.starts + span)  # the loop's last token is at end - 1
-        anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
-        anchors = anchors.clamp(max=(ends - 2)[:, None])
+        anchors, _, ends = span_anchors(batch, span)  # the loop's last token is at end - 1
         with autocast:
             _, hits = block_loss(model, embed, head, replace(batch, lengths=ends).cut(int(ends.max())), anchors, r)
         for start, end, accepted in zip(batch.starts.tolist(), ends.tolist(), hits.tolist()):
@@ -1075,25 +1083,18 @@ def first_draft_by_confidence(
     drafter that has learnt its replies drafts its token (the shipped drafter: 0.95 on validation prompts, 0.70 on
     HELD_OUT, whose shares of sure tokens are the same)."""
     autocast = torch.autocast(embed.device.type, dtype=torch.bfloat16, enabled=embed.device.type == "cuda")
-    final = data.final
-    data.final = True  # the target's final hidden states: its probabilities
+    with_final = replace(data, final=True)  # the target's final hidden states: its probabilities
     hits, sure = [], []
-    try:
-        for first in range(0, len(rows), 8):
-            batch = data.select(rows[first : first + 8], r.taps)
-            ends = torch.minimum(batch.lengths, batch.starts + span)
-            anchors = (batch.starts - 1)[:, None] + torch.arange(span, device=ends.device)
-            drafted = anchors + 1 < ends[:, None]  # the anchor's first draft is a reply token of the span
-            anchors = anchors.clamp(max=(ends - 2)[:, None])
-            with autocast:
-                logits = block_logits(model, embed, head, batch.tokens, batch.taps, anchors, r)[:, :, 0]
-            labels = batch.labels.gather(1, anchors + 1)
-            before = batch.final.gather(1, anchors[..., None].expand(-1, -1, batch.final.shape[-1]))
-            probability = (before @ head.T.to(before.dtype)).float().softmax(-1).amax(-1)
-            hits.append((logits.argmax(-1) == labels)[drafted])
-            sure.append(probability[drafted])
-    finally:
-        data.final = final
+    for first in range(0, len(rows), 8):
+        batch = with_final.select(rows[first : first + 8], r.taps)
+        anchors, drafted, _ = span_anchors(batch, span)
+        with autocast:
+            logits = block_logits(model, embed, head, batch.tokens, batch.taps, anchors, r)[:, :, 0]
+        labels = batch.labels.gather(1, anchors + 1)
+        before = batch.final.gather(1, anchors[..., None].expand(-1, -1, batch.final.shape[-1]))
+        probability = (before @ head.T.to(before.dtype)).float().softmax(-1).amax(-1)
+        hits.append((logits.argmax(-1) == labels)[drafted])
+        sure.append(probability[drafted])
     hit, top = torch.cat(hits).float(), torch.cat(sure)
     bins = torch.bucketize(top, torch.tensor(CONFIDENCE_EDGES, device=top.device), right=True)
     edges = (0.0, *CONFIDENCE_EDGES, 1.0)
