@@ -60,7 +60,7 @@ class Cell:
     undrafted_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
-    undrafted_decode_s: float = 0.0  # after the prefill, which yields the undrafted run's first token
+    undrafted_decode_s: float = 0.0  # after the prefill stage, which yields the undrafted run's first token
     undrafted_decode_tokens: int = 0
     accepted: list[int] = field(default_factory=list)  # drafts kept in each measured round (Drafted.measured)
     requests: list[list[int]] = field(default_factory=list)  # the same, per prompt run

@@ -1,5 +1,12 @@
 """The generation loop without a drafter: chunked prefill, then one token per step for every sequence.
 
+Both loops start alike (`prefill_context`): each prompt but its last token runs as prompt rows, and the last token
+runs as a generated row, the undrafted loop's first decode step as the speculative loop's first verify row (its
+anchor). On the CPU a prompt row's products are tiled unlike a generated row's (cpu_rows.prompt_tiles) and differ
+from them in the last bits: a loop that ran the last prompt token as a prompt row would choose its first token, and
+keep that token's K/V, from other bits than the other loop (a bf16 tie between two tokens decided the demo's first
+divergence).
+
 Prompts of different lengths share a batch: a prefill chunk gives every sequence T tokens, the shorter ones
 padded, and commits each sequence's real count (the cache's rollback drops the padding exactly), so every
 sequence ends the prefill in the state of a prefill of its own prompt. Decode steps then run each sequence
@@ -52,7 +59,8 @@ class Timing:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after each sequence's first (which the prefill yields) per second of decoding."""
+        """Tokens after each sequence's first per second of decoding (the first comes of the prompt's last token,
+        a generated row timed with the prefill)."""
         return (self.generated_tokens - self.sequences) / self.decode_s if self.decode_s else None
 
     @property
@@ -81,9 +89,10 @@ def generate(
     cache = model.new_cache(batch, max(lengths) + max_tokens)
     stops = set(stop_ids)
     start = time.perf_counter()
-    last = prefill(model, cache, prompts, chunk)
+    prefill_context(model, cache, prompts, chunk, hidden=False)
     positions = torch.tensor(lengths, device=device)  # where the token each sequence chooses next goes
-    token = sampling.choose(model.head(last), positions)
+    last = torch.tensor([p[-1] for p in prompts], device=device)
+    token = sampling.choose(model.forward(last[:, None], (positions - 1)[:, None], cache).logits[:, 0], positions)
     _sync(device)
     prefill_s = time.perf_counter() - start
     decode = functools.partial(model.forward, cache=cache)
@@ -112,6 +121,23 @@ def generate(
     _sync(device)
     decode_s = time.perf_counter() - start
     return out, Timing(prefill_s, decode_s, sum(lengths), sum(len(g.tokens) for g in out), batch, capture_s)
+
+
+def prefill_context(
+    model: Transformer,
+    cache: Cache,
+    prompts: Sequence[Sequence[int]],
+    chunk: int = PREFILL_CHUNK,
+    *,
+    taps: Sequence[int] = (),
+    hidden: bool = True,
+    observe: Callable[[Committed], None] | None = None,
+) -> None:
+    """Each prompt but its last token into the cache as prompt rows (`prefill`): the start of both loops, whose next
+    step runs the last prompt token as a generated row (module docstring)."""
+    prefill(
+        model, cache, prompts, chunk, lengths=[len(p) - 1 for p in prompts], taps=taps, hidden=hidden, observe=observe
+    )
 
 
 def prefill(

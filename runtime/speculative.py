@@ -49,7 +49,7 @@ from torch import Tensor
 from specpair.runtime import acceptance
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafter, Drafting, Proposal
-from specpair.runtime.generate import PREFILL_CHUNK, prefill
+from specpair.runtime.generate import PREFILL_CHUNK, prefill_context
 from specpair.runtime.graphs import ForwardGraph, StepGraphs
 from specpair.runtime.model import StepOutput, Transformer
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
@@ -568,16 +568,7 @@ def _prefill_drafted(
 ) -> None:
     """Each prompt but its last token (the first round's anchor) into the target's cache, every chunk observed by
     the drafter."""
-    prefill(
-        target,
-        cache,
-        prompts,
-        chunk,
-        lengths=[len(p) - 1 for p in prompts],
-        taps=drafter.taps,
-        hidden=drafter.hidden,
-        observe=drafter.observe,
-    )
+    prefill_context(target, cache, prompts, chunk, taps=drafter.taps, hidden=drafter.hidden, observe=drafter.observe)
 
 
 def _sync(device: torch.device) -> None:

@@ -37,6 +37,7 @@ from specpair.runtime.drafters.dflash import DFlash
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
 from specpair.runtime.graphs import ForwardGraph, StepGraph
+from specpair.runtime.kernels import cpu_rows
 from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
 from specpair.runtime.speculative import (
     ACCEPT_STREAM,
@@ -179,6 +180,27 @@ def test_a_sequence_alone_drafts_as_in_a_batch(workshop, kind):
     (alone,), _ = speculative_generate(s.target, drafter, [s.prompts[longest]], TOKENS, GREEDY, block_size=block)
     assert alone.tokens == s.reference[longest]
     assert alone.accepted == batch[longest].accepted
+
+
+def test_both_loops_run_the_last_prompt_token_as_a_generated_row(workshop, monkeypatch):
+    """On a CPU a prompt row's products (cpu_rows.prompt_tiles) may differ from a generated row's in the last bits
+    (bf16 on an AMX CPU: a tie between two tokens in one role and not in the other); here they differ by far more,
+    every product of prompt rows scaled by 1 + 2**-4. The loops still agree token for token: both run each prompt
+    but its last token as prompt rows and the last token as a generated row (generate.prefill_context), where the
+    undrafted loop once chose its first token from the prefill's last prompt row."""
+    s = workshop.setup("llama")
+    drafter = workshop.load("llama", "dflash")
+    exact, prompt_rows = cpu_rows.rows_mm, cpu_rows.PRODUCTS[torch.float32].prompt
+
+    def skewed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = exact(a, b)
+        return out * (1 + 2**-4) if cpu_rows.tile_rows() == prompt_rows else out
+
+    monkeypatch.setattr(cpu_rows, "rows_mm", skewed)
+    undrafted, _ = generate(s.target, s.prompts, 16, GREEDY)
+    assert [r.tokens for r in undrafted] != [r[:16] for r in s.reference]  # the skew reaches the tokens
+    drafted, _ = speculative_generate(s.target, drafter, s.prompts, 16, GREEDY, block_size=4)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
 
 
 def test_every_block_size_from_2_to_16(workshop):
