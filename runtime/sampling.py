@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -127,9 +128,16 @@ def uniform(seed: int, stream: int, positions: Tensor, ids: Tensor) -> Tensor:
     """Uniform (0, 1) float32 values keyed by (seed, stream, position, id), broadcast as positions[..., None]
     against ids: UNIFORM_BITS bits of a 32-bit hash (murmur3's finalizer, chained), (k + 1/2) / 2^UNIFORM_BITS."""
     key = _mix32((seed ^ (seed >> 32) ^ (stream * 0x9E3779B9)) & _MASK32)  # a Python int: nothing copied to the device
-    h = _mix32(key ^ (positions.to(torch.int64)[..., None] & _MASK32))
-    h = _mix32(h ^ (ids.to(torch.int64) & _MASK32))
-    return ((h >> (32 - UNIFORM_BITS)).float() + 0.5) / float(1 << UNIFORM_BITS)
+    if positions.device.type == ids.device.type == "cpu":
+        # numpy's uint32 products wrap modulo 2^32 as the hash's do: a tenth of the int64 ops' time (100,000 keys,
+        # 0.4 ms against 4: a sampled row of SmolLM2 on the CPU hashes 3,000-30,000), the same bits
+        h = _mix32_u32(np.uint32(key) ^ positions.numpy().astype(np.uint32)[..., None])
+        h = _mix32_u32(h ^ ids.numpy().astype(np.uint32))
+        top = torch.from_numpy((h >> np.uint32(32 - UNIFORM_BITS)).astype(np.float32))
+    else:
+        h = _mix32(key ^ (positions.to(torch.int64)[..., None] & _MASK32))
+        top = (_mix32(h ^ (ids.to(torch.int64) & _MASK32)) >> (32 - UNIFORM_BITS)).float()
+    return (top + 0.5) / float(1 << UNIFORM_BITS)
 
 
 def _mix32(x: Tensor | int) -> Tensor | int:
@@ -138,6 +146,16 @@ def _mix32(x: Tensor | int) -> Tensor | int:
     x = x ^ (x >> 13)
     x = _mul32(x, 0xC2B2AE35)
     return x ^ (x >> 16)
+
+
+def _mix32_u32(x: np.ndarray) -> np.ndarray:
+    """_mix32 in place on a uint32 array, whose products wrap as _mul32's are reduced."""
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> np.uint32(13)
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> np.uint32(16)
+    return x
 
 
 def _mul32(x: Tensor | int, c: int) -> Tensor | int:

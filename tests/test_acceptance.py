@@ -163,6 +163,53 @@ def test_the_top_hash_is_a_uniform_below_one_and_finite_noise():
     assert torch.isfinite(gumbel(0, 0, torch.tensor([2]), 4603157)).all()
 
 
+def murmur_uniform(seed: int, stream: int, position: int, token: int) -> float:
+    """The keyed uniform as sampling.py's docstring states it, in Python integers: murmur3's 32-bit finalizer over the
+    key, then xor the position, then xor the token id, the top 23 bits of the last as (k + 1/2) / 2^23."""
+
+    def fmix32(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+        x ^= x >> 13
+        x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    key = fmix32((seed ^ (seed >> 32) ^ (stream * 0x9E3779B9)) & 0xFFFFFFFF)
+    h = fmix32(fmix32(key ^ (position & 0xFFFFFFFF)) ^ (token & 0xFFFFFFFF))
+    return ((h >> 9) + 0.5) / (1 << 23)
+
+
+def test_the_keyed_uniform_is_its_integer_hash():
+    """uniform's bits are the hash's, as Python's integers compute it: positions against a row of ids and position-id
+    pairs (keyed_choice's candidates), positions past 2^32, the largest seed and stream."""
+    g = torch.Generator().manual_seed(3)
+    positions = torch.cat((torch.randint(0, 1 << 20, (40,), generator=g), torch.tensor([(1 << 33) + 5, 0])))
+    ids = torch.randint(0, 262_144, (50,), generator=g)
+    for seed, stream in ((0, 0), (7, 3), ((1 << 63) - 1, 255)):
+        got = uniform(seed, stream, positions, ids)
+        want = [[murmur_uniform(seed, stream, int(p), int(t)) for t in ids] for p in positions]
+        assert torch.equal(got, torch.tensor(want, dtype=torch.float32))
+        pairs = uniform(seed, stream, positions, ids[: len(positions), None])[:, 0]
+        assert pairs.tolist() == [murmur_uniform(seed, stream, int(p), int(t)) for p, t in zip(positions, ids)]
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(0.8, seed=6), Sampling(1.0, 40, 0.95, seed=2)])
+def test_choosing_rows_in_turn_is_choosing_them_all(sampling: Sampling):
+    """by_choice_of on the CPU chooses a sequence's row only while its drafts so far were kept: the same accepted
+    counts and next tokens as by_choice over every row's choice, for rounds that keep none, some and all drafts."""
+    g = torch.Generator().manual_seed(11)
+    batch, k, vocab = 12, 5, 300
+    logits = (torch.randn(batch, k + 1, vocab, generator=g) * 3).bfloat16()
+    positions = torch.randint(0, 1 << 16, (batch, 1), generator=g) + torch.arange(k + 1)
+    choices = sampling.choose(logits, positions)
+    keep = torch.rand(batch, k, generator=g) < torch.linspace(0, 1, batch)[:, None]  # row 0 keeps none, row 11 all
+    drafts = torch.where(keep, choices[:, :k], (choices[:, :k] + 1) % vocab)
+    accepted, following = acceptance.by_choice_of(drafts, logits, positions, sampling.choose)
+    want_accepted, want_following = acceptance.by_choice(drafts, choices)
+    assert torch.equal(accepted, want_accepted) and torch.equal(following, want_following)
+    assert int(accepted.min()) == 0 and int(accepted.max()) == k
+
+
 @pytest.mark.parametrize(
     "sampling",
     [Sampling(0.7, seed=1), Sampling(1.0, 40, 0.95, seed=2), Sampling(1.5, seed=3), Sampling(0.05, 5, seed=4)],
