@@ -291,7 +291,7 @@ def _decided(
     sampling: Sampling,
 ) -> Kept:
     """The round under the exact rule: the target's own choice at each verified row (its argmax or keyed draw)
-    against the drafts (acceptance.by_choice), then `_settled`."""
+    against the drafts (acceptance.by_choice_of), then `_settled`."""
     accepted, following = acceptance.by_choice_of(proposed, logits, rows + 1, sampling.choose)
     return _settled(accepted, following, tokens, rows, generated, done, stops=stops, max_tokens=max_tokens)
 
