@@ -1,0 +1,25 @@
+# issue 27's training runs on the GPU (the GGUF joined by stash.sh). PHASE=data|train|all; RUNS="name:layers:width:
+# soft[:scale[:lr[:human weight]]] ...", trained side by side on the data in /tmp/data. Making the data for both
+# prompt files takes about 300 s with 1 sampled reply (76 s of it loading and self-instruct): give DATA_TIMEOUT room,
+# since a data call cut short writes nothing and the training processes then each make it again.
+source tools/device/setup.sh >/dev/null
+G=/tmp/smol.gguf
+COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps 30000 \
+    --validation 128 --human tools/demo_prompts.json tools/demo_prompts_more.json --human-validation 64 --data /tmp/data"
+RUNS=${RUNS:-"w1:2:1408:0:1.25:0.001:1 w16:2:1408:0:1.25:0.001:16"}
+if [ "${PHASE:-all}" != train ]; then
+  start=$(date +%s)
+  timeout ${DATA_TIMEOUT:-330} python3 tools/train_demo_dflash.py $G /tmp/datarun $COMMON --scale 1.25 \
+      --sampled-replies ${SAMPLED:-1} --data-budget-s ${DATA_S:-280} --data-only > "$OUT/data.log" 2>&1
+  echo "data rc $? in $(( $(date +%s) - start )) s"; tail -4 "$OUT/data.log"
+fi
+if [ "${PHASE:-all}" != data ]; then
+  for spec in $RUNS; do
+    IFS=: read -r name layers width soft scale lr weight <<< "$spec"
+    python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON --budget-s ${BUDGET:-290} --layers $layers \
+        --intermediate $width --soft $soft --scale ${scale:-1.25} --lr ${lr:-0.001} --human-weight ${weight:-1} \
+        > "$OUT/$name.log" 2>&1 &
+  done
+  wait
+  for spec in $RUNS; do name=${spec%%:*}; echo "== $name"; tail -8 "$OUT/$name.log"; done
+fi
