@@ -3,7 +3,8 @@
     results, timing = speculative_generate(target, drafter, prompts, max_tokens, sampling, stop_ids)
 
 Prefill runs each prompt but its last token through the target (chunked, taps and hidden as the drafter asks),
-and the drafter observes every chunk. The last prompt token is the first round's anchor: a round at anchor
+and the drafter observes every chunk: generate.prefill_context, the undrafted loop's start too, so that the last
+prompt token is a generated row in both. The last prompt token is the first round's anchor: a round at anchor
 position s drafts k = block_size - 1 tokens, runs [anchor, d_1 .. d_k] at s .. s+k through the target as a
 verify step, keeps `accepted` drafts and the token after them (runtime/acceptance.py), commits anchor +
 accepted rows (the verify step's Pending.commit rolls the target's KV and Gated DeltaNet state back to exactly
@@ -13,7 +14,7 @@ sequence (a stop id, or max_tokens) keeps its place and commits nothing.
 
 Exactness. The target's row for position p has the same bits alone, in a batch, in a decode step or in a
 verify block (the kernels are batch-invariant), and the token it yields is its argmax or its keyed draw at p
-(runtime/sampling.py): with the default rule (`rule="exact"`, acceptance.by_choice) every token the loop emits
+(runtime/sampling.py): with the default rule (`rule="exact"`, acceptance.by_choice_of) every token the loop emits
 is the one the undrafted loop (runtime/generate.py) emits at that position, greedy or seeded, whatever the
 drafter proposed. `rule="rejection"` is Leviathan's rule with the drafter's q: lossless in distribution, but not
 the undrafted run's draws.
