@@ -1,7 +1,7 @@
 # issue 27's training runs on the GPU (the GGUF joined by stash.sh). PHASE=data|train|all; RUNS="name:layers:width:
 # soft[:scale[:lr[:human weight]]] ...", trained side by side on the data in /tmp/data. Making the data for both
 # prompt files takes about 300 s with 1 sampled reply (76 s of it loading and self-instruct): give DATA_TIMEOUT room,
-# since a data call cut short writes nothing and the training processes then each make it again.
+# since a data call cut short writes nothing.
 source tools/device/setup.sh >/dev/null
 G=/tmp/smol.gguf
 COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps 30000 \
@@ -14,6 +14,8 @@ if [ "${PHASE:-all}" != train ]; then
   echo "data rc $? in $(( $(date +%s) - start )) s"; tail -4 "$OUT/data.log"
 fi
 if [ "${PHASE:-all}" != data ]; then
+  # without the data each process would make it for itself, side by side, into one folder
+  [ -f /tmp/data/prompts.json ] || { echo "no data in /tmp/data: run PHASE=data first"; exit 3; }
   for spec in $RUNS; do
     IFS=: read -r name layers width soft scale lr weight <<< "$spec"
     python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON --budget-s ${BUDGET:-290} --layers $layers \
