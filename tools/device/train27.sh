@@ -1,7 +1,8 @@
 # issue 27's training runs on the GPU (the GGUF joined by stash.sh). PHASE=data|train|all; RUNS="name:layers:width:
 # soft[:scale[:lr[:human weight]]] ...", trained side by side on the data in /tmp/data. Making the data for both
 # prompt files takes about 300 s with 1 sampled reply (76 s of it loading and self-instruct): give DATA_TIMEOUT room,
-# since a data call cut short writes nothing.
+# since a data call cut short writes nothing. INIT=DIR goes on training a drafter written before (a longer run over two
+# calls of one warm machine: the first call's $OUT/NAME/drafter, copied out of $OUT before the call ends).
 source tools/device/setup.sh >/dev/null
 G=/tmp/smol.gguf
 COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps 30000 \
@@ -20,7 +21,7 @@ if [ "${PHASE:-all}" != data ]; then
     IFS=: read -r name layers width soft scale lr weight <<< "$spec"
     python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON --budget-s ${BUDGET:-290} --layers $layers \
         --intermediate $width --soft $soft --scale ${scale:-1.25} --lr ${lr:-0.001} --human-weight ${weight:-1} \
-        > "$OUT/$name.log" 2>&1 &
+        ${INIT:+--init "$INIT"} > "$OUT/$name.log" 2>&1 &
   done
   wait
   for spec in $RUNS; do name=${spec%%:*}; echo "== $name"; tail -8 "$OUT/$name.log"; done
