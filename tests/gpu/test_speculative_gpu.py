@@ -7,6 +7,7 @@ seeded temperature alone and in a batch."""
 from __future__ import annotations
 
 import pytest
+import torch
 from drafting import prompts
 from gpu_tier import DEVICE
 from test_speculative import GRID, PROMPT_LENGTHS, Workshop, first_difference
@@ -14,7 +15,7 @@ from test_speculative import GRID, PROMPT_LENGTHS, Workshop, first_difference
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
 from specpair.runtime.loading import load, plan_load
-from specpair.runtime.sampling import Sampling
+from specpair.runtime.sampling import Sampling, uniform
 from specpair.runtime.speculative import speculative_generate
 from specpair.sources.model import open_model
 
@@ -47,3 +48,14 @@ def test_drafted_equals_undrafted_on_cuda(workshop, family, kind):
         assert timing.rounds > 0
     tau = sum(r.tau for r in got) / len(got)
     assert tau >= 1.0
+
+
+def test_the_keyed_uniform_has_the_cpus_bits_on_cuda():
+    """The keyed hash is integer arithmetic: on CUDA (torch's int64 ops) the bits the CPU's numpy uint32 path gives,
+    for positions past 2^32 and a row of ids per position, so a seeded run draws the same tokens on either."""
+    g = torch.Generator().manual_seed(5)
+    positions = torch.randint(0, 1 << 34, (64,), generator=g)
+    ids = torch.randint(0, 262_144, (4096,), generator=g)
+    for seed, stream in ((0, 0), (11, 2), ((1 << 63) - 1, 255)):
+        on_device = uniform(seed, stream, positions.to(DEVICE), ids.to(DEVICE))
+        assert torch.equal(on_device.cpu(), uniform(seed, stream, positions, ids))
