@@ -3,6 +3,8 @@
 # prompt files takes about 300 s with 1 sampled reply (76 s of it loading and self-instruct): give DATA_TIMEOUT room,
 # since a data call cut short writes nothing. INIT=DIR goes on training a drafter written before (a longer run over two
 # calls of one warm machine: the first call's $OUT/NAME/drafter, copied out of $OUT before the call ends).
+# The data goes back as $OUT/data.txz.* (xz parts under the 16 MiB a returned file may have): saved in .device/data/
+# here and carried to a later session's machine, a training call unpacks it there instead of spending a data call.
 source tools/device/setup.sh >/dev/null
 G=/tmp/smol.gguf
 COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps 30000 \
@@ -13,6 +15,11 @@ if [ "${PHASE:-all}" != train ]; then
   timeout ${DATA_TIMEOUT:-330} python3 tools/train_demo_dflash.py $G /tmp/datarun $COMMON --scale 1.25 \
       --sampled-replies ${SAMPLED:-1} --data-budget-s ${DATA_S:-280} --data-only > "$OUT/data.log" 2>&1
   echo "data rc $? in $(( $(date +%s) - start )) s"; tail -4 "$OUT/data.log"
+  [ -f /tmp/data/prompts.json ] && tar -C /tmp -cf - data | xz -T0 -6 | split -b 15m - "$OUT/data.txz."
+  ls -l "$OUT"/data.txz.* 2>/dev/null
+fi
+if [ ! -f /tmp/data/prompts.json ] && ls .device/data/data.txz.* >/dev/null 2>&1; then
+  cat .device/data/data.txz.* | xz -d | tar -C /tmp -xf - && echo "data unpacked from .device/data"
 fi
 if [ "${PHASE:-all}" != data ]; then
   # without the data each process would make it for itself, side by side, into one folder
