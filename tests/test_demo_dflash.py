@@ -289,6 +289,12 @@ def test_self_distillation_is_the_targets_greedy_reply_and_its_taps(tiny):
     part, alone = data.select(torch.arange(4), (2, 0)).part(slice(1, 3)), data.select(torch.tensor([1, 2]), (2, 0))
     assert torch.equal(part.tokens, alone.tokens) and torch.equal(part.labels, alone.labels)
     torch.testing.assert_close(part.taps, alone.taps)
+    # its parts, cut with one read of the widths, are its parts cut one at a time
+    chunk = data.select(torch.tensor([3, 0, 1, 2]), (2, 0))
+    assert [p.tokens.shape[1] for p in chunk.parts(2)] == [int(chunk.lengths[:2].max()), int(chunk.lengths[2:].max())]
+    for i, p in enumerate(chunk.parts(2)):
+        one = chunk.part(slice(2 * i, 2 * i + 2))
+        assert torch.equal(p.tokens, one.tokens) and torch.equal(p.taps, one.taps) and torch.equal(p.labels, one.labels)
 
 
 def test_fast_target_samples_seeded_within_top_p_and_stops(tiny):

@@ -783,13 +783,20 @@ class Batch:
             self.tokens[:, :width], self.starts, self.lengths, self.taps[:, :width], final, self.labels[:, :width]
         )
 
-    def part(self, rows: slice) -> Batch:
-        """Sequences `rows` of these, cut to the longest of them."""
+    def part(self, rows: slice, width: int | None = None) -> Batch:
+        """Sequences `rows` of these, cut to `width` (None: the longest of them)."""
         final = None if self.final is None else self.final[rows]
         part = Batch(
             self.tokens[rows], self.starts[rows], self.lengths[rows], self.taps[rows], final, self.labels[rows]
         )
-        return part.cut(int(part.lengths.max()))
+        return part.cut(int(part.lengths.max()) if width is None else width)
+
+    def parts(self, count: int) -> list[Batch]:
+        """These sequences in `count` equal parts in order, each cut to the longest of it. The widths are read to
+        the host once: a read a part would wait for the GPU to finish the step before, every step."""
+        size = len(self.lengths) // count
+        widths = self.lengths[: size * count].view(count, size).amax(1).tolist()
+        return [self.part(slice(i * size, (i + 1) * size), width) for i, width in enumerate(widths)]
 
 
 def chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -1173,6 +1180,7 @@ def train(
         [{"params": decay, "weight_decay": r.weight_decay}, {"params": flat, "weight_decay": 0.0}],
         lr=r.lr,
         betas=(0.9, 0.95),
+        fused=device.type == "cuda",  # one kernel for every parameter's update instead of a few per group
     )
     steps, step = r.steps, 0  # `steps` may be cut by budget_s: the schedule reads it at every step
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -1186,8 +1194,8 @@ def train(
     while step < steps:
         if step % CHUNK_STEPS == 0:
             drawn = rows[torch.randint(len(rows), (r.sequences * CHUNK_STEPS,), generator=generator, device=device)]
-            chunk = data.select(drawn, r.taps)
-        batch = chunk.part(slice(step % CHUNK_STEPS * r.sequences, (step % CHUNK_STEPS + 1) * r.sequences))
+            parts = data.select(drawn, r.taps).parts(CHUNK_STEPS)
+        batch = parts[step % CHUNK_STEPS]
         step += 1
         anchors = draw_anchors(batch.starts, batch.lengths, r.blocks, generator)
         with autocast:
