@@ -124,8 +124,8 @@ def test_z_lab_reference_proposes_specpairs_tokens_on_the_demo_prompts(smollm2):
 
 def test_specpairs_loop_accepts_its_drafts_on_held_out_prompts(smollm2):
     """Greedy, block 8, prompts never trained on (the hand-written ones after the demo's): every reply identical to
-    undrafted decoding, and drafts accepted (tau above 1.15: 1.36 here; over all 16 held-out prompts at 64 tokens:
-    1.77, training.json)."""
+    undrafted decoding, and drafts accepted (tau above 1.15: 1.71 here; over all 16 held-out prompts at 64 tokens:
+    1.83, training.json)."""
     model, target = smollm2
     drafter = load_drafter(open_model(str(DRAFTER)), model, target)
     asked = chat(model, tool.HELD_OUT[4:7])
@@ -488,7 +488,7 @@ def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny
     longer = replace(TINY, steps=2 * tool.CALIBRATION_STEPS)
     embed, head, norm = target.embed_tokens, target.lm_head, target.norm.weight
     _, cut = tool.train(data, rows, rows, embed, head, norm, longer, 0, lambda _: None, 250, budget_s=0.0)
-    assert [p["step"] for p in cut] == [250, tool.CALIBRATION_STEPS]
+    assert [p["step"] for p in cut] == [*range(250, tool.CALIBRATION_STEPS, 250), tool.CALIBRATION_STEPS]
 
 
 def test_data_written_for_a_later_run_reads_back_whole(tiny, tmp_path):

@@ -1058,7 +1058,7 @@ def chain_tau(model: DFlashModel, data: Data, rows: Tensor, embed: Tensor, head:
     has k drafts accepted commits k + 1 tokens and anchors the next round at a + k + 1; with greedy replies the
     context before every anchor is the one the loop has, so this is the loop's tau. Drafting at every anchor of
     the span is one forward; only the loop's walk is sequential. (An average over all anchors counts each easy
-    token of a long accepted run as an anchor of its own and says more: for the shipped drafter, 2.05 over
+    token of a long accepted run as an anchor of its own and says more: for run C's drafter, 2.05 over
     HELD_OUT's first 64 reply tokens at block 8, where the loop's tau is 1.77.)"""
     autocast = torch.autocast(embed.device.type, dtype=torch.bfloat16, enabled=embed.device.type == "cuda")
     committed = rounds = 0
@@ -1128,9 +1128,10 @@ def first_draft_by_confidence(
 CHUNK_STEPS = 25
 
 # With a time budget the schedule's length is set at CALIBRATION_STEPS from the pace after PACED_FROM: the first
-# steps pay for kernel choice and allocation (on the H200, 100 steps from the start said 5.6 steps/s; the run then
-# went at 23, and stopped a third into its budget), and the window holds a curve point's evaluation.
-PACED_FROM, CALIBRATION_STEPS = 50, 300
+# steps and the first curve point pay for kernel choice, allocation and their shapes (on the H200, 100 steps from the
+# start said 5.6 steps/s and the run then went at 23; on an H100, steps 50-300 said 10.7 and the run went at 17,
+# ending after 366 s of a 532 s budget), so the window starts after the first point and holds the second.
+PACED_FROM, CALIBRATION_STEPS = 300, 550
 
 
 def train(
