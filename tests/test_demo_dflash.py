@@ -491,6 +491,31 @@ def test_the_soft_labels_are_the_targets_distribution_at_each_drafted_token(tiny
     assert [p["step"] for p in cut] == [*range(250, tool.CALIBRATION_STEPS, 250), tool.CALIBRATION_STEPS]
 
 
+def test_a_schedule_stopped_after_its_time_goes_on_from_its_state_as_if_never_stopped(tiny, tmp_path):
+    """--stop-after-s and --state: a run stopped past the calibration writes its state and its drafter; the same run
+    given that state ends with the weights and the curve of a run never stopped, and removes the state."""
+    _, target, asked, data = tiny
+    rows = torch.arange(len(asked))
+    fixed = (data, rows, rows, target.embed_tokens, target.lm_head, target.norm.weight)
+    r = replace(TINY, steps=tool.CALIBRATION_STEPS + 2 * tool.CHUNK_STEPS)
+    whole, whole_curve = tool.train(*fixed, r, 0, lambda _: None, 250)
+    state, kept = tmp_path / "run" / "state.pt", []
+    _, first = tool.train(*fixed, r, 0, lambda _: None, 250, keep=kept.append, state=state, stop_s=0.0)
+    assert state.exists() and [p["step"] for p in first] == [250, 500] and len(kept) == 3  # each point, the stop
+    lines = []
+    went_on, curve = tool.train(*fixed, r, 0, lines.append, 250, state=state)
+    assert not state.exists() and f"step {tool.CALIBRATION_STEPS} of {r.steps}" in lines[0]
+    for name, weight in whole.state_dict().items():
+        assert torch.equal(went_on.state_dict()[name], weight), name
+
+    def timeless(points: list[dict]) -> list[dict]:
+        return [{k: v for k, v in p.items() if k != "seconds"} for p in points]
+
+    assert timeless(curve) == timeless(whole_curve) and [p["step"] for p in curve] == [250, 500, r.steps]
+    with pytest.raises(SystemExit, match="--stop-after-s needs --state"):
+        tool.train(*fixed, r, 0, lambda _: None, 250, stop_s=0.0)
+
+
 def test_data_written_for_a_later_run_reads_back_whole(tiny, tmp_path):
     """--data: the prompts and sequences one call made are what the next call trains on; the prompts file is
     written last, so a directory without it holds no data a run would read."""

@@ -50,7 +50,9 @@ pretraining, for a drafter that sees few million tokens. --lr sets the peak lear
 
 --data DIR keeps the data (prompts.json, sequences.safetensors: token ids) for a later run, which reads it instead of
 making it; with --data-only the run stops there. A device call lasts at most 10 minutes: one call makes the data,
-the next trains for the whole of its time.
+the next trains for the whole of its time. A schedule longer than a call (--steps N, no budget) runs over calls of
+one machine: --stop-after-s S --state FILE stops it after S s and writes its state to FILE (on the machine: the
+optimiser's state is twice the drafter's, in float32), and the same command in the next call goes on from it.
 
 --sweep trains each candidate of SWEEP (one choice changed at a time from the first) for SWEEP_STEPS and picks
 the best value of each choice by validation tau, then trains the chosen drafter for STEPS. Seeded: prompts,
@@ -1150,6 +1152,8 @@ def train(
     reported: Tensor | None = None,
     budget_s: float | None = None,
     init: dict[str, Tensor] | None = None,
+    state: Path | None = None,
+    stop_s: float | None = None,
 ) -> tuple[DFlashModel, list[dict]]:
     """Train a drafter of recipe `r` on sequences `rows` of `data`; every `every` steps (and at the end) the
     curve records the training loss and, on sequences `held` (validation), the loss, the drafts a block
@@ -1160,8 +1164,14 @@ def train(
     N(0, 0.02), norms at 1 but the final one, at the target's own final norm (the head then starts at the
     target's logit scale); with `init` (a written drafter's `initial_weights`, or `target_layer_weights`), those
     weights instead. `keep(model)`, if given, is called at every point of the curve (a run cut short leaves its latest
-    drafter)."""
+    drafter). With `stop_s`, the run stops at the first chunk after that many seconds of this call (past the
+    calibration) and writes its state to `state` (the drafter, optimiser, schedule, generator and curve so far;
+    keep(model) is called); given a `state` that exists, the run goes on from it as if it had never stopped, and
+    removes it when the schedule ends: the file exists while the run is unfinished. So one schedule can outlast a
+    device call."""
     device = data.device
+    # written by this function (a machine-local file, named by an explicit flag): read with the weights-only loader
+    resumed = torch.load(state, map_location=device, weights_only=True) if state and state.exists() else None
     torch.manual_seed(seed)
     model = DFlashModel(embed.shape[1], r).to(device)
     for p in model.parameters():
@@ -1190,10 +1200,22 @@ def train(
     )
     generator = torch.Generator(device=device).manual_seed(seed)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    curve, running = [], []
-    start = time.perf_counter()
+    curve, running, earlier_s = [], [], 0.0
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        optimiser.load_state_dict(resumed["optimiser"])
+        schedule.load_state_dict(resumed["schedule"])
+        generator.set_state(resumed["generator"].cpu())
+        steps, step, curve, earlier_s = resumed["steps"], resumed["step"], resumed["curve"], resumed["seconds"]
+        running = list(resumed["running"])
+        log(f"    went on from {state}: step {step} of {steps}")
+    begun = time.perf_counter()
+    start, cut = begun - earlier_s, False
     while step < steps:
         if step % CHUNK_STEPS == 0:
+            cut = stop_s is not None and step >= CALIBRATION_STEPS and time.perf_counter() - begun > stop_s
+            if cut:
+                break
             drawn = rows[torch.randint(len(rows), (r.sequences * CHUNK_STEPS,), generator=generator, device=device)]
             parts = data.select(drawn, r.taps).parts(CHUNK_STEPS)
         batch = parts[step % CHUNK_STEPS]
@@ -1232,7 +1254,47 @@ def train(
             )
     if deterministic:
         torch.use_deterministic_algorithms(False)
+    if cut:
+        save_progress(state, model, optimiser, schedule, generator, steps, step, curve, running, start)
+        log(f"    stopped at step {step} of {steps}: its state in {state}")
+        if keep is not None:
+            keep(model)
+    elif state is not None:
+        state.unlink(missing_ok=True)
     return model, curve
+
+
+def save_progress(
+    state: Path | None,
+    model: DFlashModel,
+    optimiser: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+    steps: int,
+    step: int,
+    curve: list[dict],
+    running: list[Tensor],
+    start: float,
+) -> None:
+    """A cut run's state in `state`, under a temporary name and then renamed (a call killed while writing leaves the
+    state before it, or none)."""
+    if state is None:
+        raise SystemExit("--stop-after-s needs --state: where the cut run's state goes")
+    progress = {
+        "model": model.state_dict(),
+        "optimiser": optimiser.state_dict(),
+        "schedule": schedule.state_dict(),
+        "generator": generator.get_state(),
+        "steps": steps,
+        "step": step,
+        "curve": curve,
+        "running": torch.stack(running) if running else torch.zeros(0),
+        "seconds": time.perf_counter() - start,
+    }
+    state.parent.mkdir(parents=True, exist_ok=True)
+    partial = state.with_name(state.name + ".tmp")
+    torch.save(progress, partial)
+    partial.replace(state)
 
 
 @torch.no_grad()
@@ -1631,6 +1693,18 @@ def main() -> None:
     )
     parser.add_argument("--reply-temperature", type=float, default=0.8, help="the sampled replies' temperature")
     parser.add_argument("--lr", type=float, default=BASE.lr, help="the peak learning rate (AdamW, cosine)")
+    parser.add_argument(
+        "--stop-after-s",
+        type=float,
+        default=None,
+        help="stop the drafter's training at the first chunk after this long (past the calibration), its state in --state",
+    )
+    parser.add_argument(
+        "--state",
+        default=None,
+        help="a run stopped by --stop-after-s writes its state here; a run given one that exists goes on from it "
+        "(one schedule over device calls of one machine; read with torch's weights-only loader)",
+    )
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
         "--init", default=None, help="go on training this drafter (write_drafter's layout, the same recipe)"
@@ -1643,6 +1717,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.data_only and not args.data:
         parser.error("--data-only needs --data")
+    if args.stop_after_s is not None and not args.state:
+        parser.error("--stop-after-s needs --state")
 
     if args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: training asks for it
@@ -1780,7 +1856,14 @@ def main() -> None:
         reported=reported,
         budget_s=training_budget(args.train_budget_s, args.budget_s, time.perf_counter() - clock),
         init=initial,
+        state=Path(args.state) if args.state else None,
+        stop_s=args.stop_after_s,
     )
+    if args.state and Path(args.state).exists():
+        record["stopped"] = f"by --stop-after-s, its state in {args.state}: the same command goes on from it"
+        stage("train")
+        log(f"wrote {drafter_dir}; run the same command again to go on")
+        return
     record["recipe"]["steps"] = record["curve"][-1]["step"]  # what --train-budget-s left of --steps
     stage("train")
     log(f"wrote {drafter_dir} ({(drafter_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")

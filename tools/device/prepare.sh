@@ -5,7 +5,8 @@
 #   run(command="bash tools/device/stash.sh; bash tools/device/gpu_tier.sh", carry=[".device/wheels", ".device/gguf/part_00"])
 #   run(command="bash tools/device/stash.sh", carry=[".device/gguf/part_01"])
 #   run(command="bash tools/device/stash.sh && bash tools/device/demo_bench.sh", carry=[".device/wheels", ".device/gguf/part_02"])
-# and the training runs (train27.sh) or, on an H200 (needs_h200), the 122B seed pair (seed_pair_122b.sh).
+# and the training runs (train27.sh; with .device/data carried, the xz parts of the data a data call sent back,
+# saved there by hand, it skips making the data) or, on an H200 (needs_h200), the 122B seed pair (seed_pair_122b.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/wheels .device/gguf /tmp/specpair-device

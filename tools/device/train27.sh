@@ -5,11 +5,14 @@
 # calls of one warm machine: the first call's $OUT/NAME/drafter, copied out of $OUT before the call ends).
 # The data goes back as $OUT/data.txz.* (xz parts under the 16 MiB a returned file may have): saved in .device/data/
 # here and carried to a later session's machine, a training call unpacks it there instead of spending a data call.
+# One schedule over two calls of one warm machine: STEPS=N BUDGET= STOP_S=S STATE=/tmp/state-NAME.pt (each run of
+# RUNS its own STATE: give one run) stops after S s and keeps its state there; the same call again goes on from it.
 source tools/device/setup.sh >/dev/null
 G=/tmp/smol.gguf
-COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps 30000 \
+COMMON="--prompts 16000 --questions 40000 --question-tokens 64 --new-tokens 160 --batch 2048 --steps ${STEPS:-30000} \
     --validation 128 --human tools/demo_prompts.json tools/demo_prompts_more.json --human-validation 64 --data /tmp/data"
 RUNS=${RUNS:-"w1:2:1408:0:1.25:0.001:1 w16:2:1408:0:1.25:0.001:16"}
+budget=${BUDGET-290}  # BUDGET= (set, empty): no budget, --steps' schedule
 if [ "${PHASE:-all}" != train ]; then
   start=$(date +%s)
   timeout ${DATA_TIMEOUT:-330} python3 tools/train_demo_dflash.py $G /tmp/datarun $COMMON --scale 1.25 \
@@ -26,9 +29,10 @@ if [ "${PHASE:-all}" != data ]; then
   [ -f /tmp/data/prompts.json ] || { echo "no data in /tmp/data: run PHASE=data first"; exit 3; }
   for spec in $RUNS; do
     IFS=: read -r name layers width soft scale lr weight <<< "$spec"
-    python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON --budget-s ${BUDGET:-290} --layers $layers \
-        --intermediate $width --soft $soft --scale ${scale:-1.25} --lr ${lr:-0.001} --human-weight ${weight:-1} \
-        ${INIT:+--init "$INIT"} > "$OUT/$name.log" 2>&1 &
+    python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON ${budget:+--budget-s $budget} \
+        --layers $layers --intermediate $width --soft $soft --scale ${scale:-1.25} --lr ${lr:-0.001} \
+        --human-weight ${weight:-1} ${INIT:+--init "$INIT"} ${STOP_S:+--stop-after-s $STOP_S} \
+        ${STATE:+--state "$STATE"} > "$OUT/$name.log" 2>&1 &
   done
   wait
   for spec in $RUNS; do name=${spec%%:*}; echo "== $name"; tail -8 "$OUT/$name.log"; done
