@@ -4,7 +4,7 @@
 # since a data call cut short writes nothing. INIT=DIR goes on training a drafter written before (a longer run over two
 # calls of one warm machine: the first call's $OUT/NAME/drafter, copied out of $OUT before the call ends).
 # The data goes back as $OUT/data.txz.* (xz parts under the 16 MiB a returned file may have): saved in .device/data/
-# here and carried to a later session's machine, a training call unpacks it there instead of spending a data call.
+# here and carried to a later session's machine with a GGUF part, stash.sh unpacks it instead of a data call.
 # One schedule over two calls of one warm machine: STEPS=N BUDGET= STOP_S=S STATE=/tmp/state-NAME.pt (each run of
 # RUNS its own STATE: give one run) stops after S s and keeps its state there; the same call again goes on from it.
 source tools/device/setup.sh >/dev/null
@@ -21,12 +21,9 @@ if [ "${PHASE:-all}" != train ]; then
   [ -f /tmp/data/prompts.json ] && tar -C /tmp -cf - data | xz -T0 -6 | split -b 15m - "$OUT/data.txz."
   ls -l "$OUT"/data.txz.* 2>/dev/null
 fi
-if [ ! -f /tmp/data/prompts.json ] && ls .device/data/data.txz.* >/dev/null 2>&1; then
-  cat .device/data/data.txz.* | xz -d | tar -C /tmp -xf - && echo "data unpacked from .device/data"
-fi
 if [ "${PHASE:-all}" != data ]; then
   # without the data each process would make it for itself, side by side, into one folder
-  [ -f /tmp/data/prompts.json ] || { echo "no data in /tmp/data: run PHASE=data first"; exit 3; }
+  [ -f /tmp/data/prompts.json ] || { echo "no data in /tmp/data: run PHASE=data, or carry .device/data to stash.sh"; exit 3; }
   for spec in $RUNS; do
     IFS=: read -r name layers width soft scale lr weight <<< "$spec"
     python3 tools/train_demo_dflash.py $G "$OUT/$name" $COMMON ${budget:+--budget-s $budget} \
