@@ -502,6 +502,8 @@ def test_a_schedule_stopped_after_its_time_goes_on_from_its_state_as_if_never_st
     state, kept = tmp_path / "run" / "state.pt", []
     _, first = tool.train(*fixed, r, 0, lambda _: None, 250, keep=kept.append, state=state, stop_s=0.0)
     assert state.exists() and [p["step"] for p in first] == [250, 500] and len(kept) == 3  # each point, the stop
+    with pytest.raises(SystemExit, match=r"state.pt: not this recipe's run \(another drafter's shape\)"):
+        tool.train(*fixed, replace(r, intermediate=2 * r.intermediate), 0, lambda _: None, 250, state=state)
     lines = []
     went_on, curve = tool.train(*fixed, r, 0, lines.append, 250, state=state)
     assert not state.exists() and f"step {tool.CALIBRATION_STEPS} of {r.steps}" in lines[0]
@@ -514,6 +516,9 @@ def test_a_schedule_stopped_after_its_time_goes_on_from_its_state_as_if_never_st
     assert timeless(curve) == timeless(whole_curve) and [p["step"] for p in curve] == [250, 500, r.steps]
     with pytest.raises(SystemExit, match="--stop-after-s needs --state"):
         tool.train(*fixed, r, 0, lambda _: None, 250, stop_s=0.0)
+    state.write_bytes(b"not a state")
+    with pytest.raises(SystemExit, match=r"state.pt: not a run's state \(UnpicklingError\)"):
+        tool.train(*fixed, r, 0, lambda _: None, 250, state=state)
 
 
 def test_data_written_for_a_later_run_reads_back_whole(tiny, tmp_path):

@@ -66,6 +66,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import random
 import sys
 import time
@@ -1170,8 +1171,7 @@ def train(
     removes it when the schedule ends: the file exists while the run is unfinished. So one schedule can outlast a
     device call."""
     device = data.device
-    # written by this function (a machine-local file, named by an explicit flag): read with the weights-only loader
-    resumed = torch.load(state, map_location=device, weights_only=True) if state and state.exists() else None
+    resumed = read_progress(state, device) if state and state.exists() else None
     torch.manual_seed(seed)
     model = DFlashModel(embed.shape[1], r).to(device)
     for p in model.parameters():
@@ -1202,6 +1202,9 @@ def train(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     curve, running, earlier_s = [], [], 0.0
     if resumed is not None:
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        if {name: tuple(t.shape) for name, t in resumed["model"].items()} != shapes:
+            raise SystemExit(f"{state}: not this recipe's run (another drafter's shape): remove it or change --state")
         model.load_state_dict(resumed["model"])
         optimiser.load_state_dict(resumed["optimiser"])
         schedule.load_state_dict(resumed["schedule"])
@@ -1262,6 +1265,15 @@ def train(
     elif state is not None:
         state.unlink(missing_ok=True)
     return model, curve
+
+
+def read_progress(state: Path, device: torch.device) -> dict:
+    """What `save_progress` wrote, read with torch's weights-only loader (the file is named by an explicit flag);
+    anything else is refused in one line."""
+    try:
+        return torch.load(state, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as error:
+        raise SystemExit(f"{state}: not a run's state ({type(error).__name__}): remove it or change --state") from None
 
 
 def save_progress(
