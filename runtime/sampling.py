@@ -10,7 +10,6 @@ The hash is integer arithmetic, the same bits on every device.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,8 +131,8 @@ def uniform(seed: int, stream: int, positions: Tensor, ids: Tensor) -> Tensor:
     if positions.device.type == ids.device.type == "cpu":
         # numpy's uint32 products wrap modulo 2^32 as the hash's do: a sixth of the int64 ops' time (100,000 keys,
         # 0.6 ms against 4: a sampled row of SmolLM2 on the CPU hashes 3,000-30,000), the same bits
-        h = _mix32(np.uint32(key) ^ positions.numpy().astype(np.uint32)[..., None], _wrapping_mul)
-        h = _mix32(h ^ ids.numpy().astype(np.uint32), _wrapping_mul)
+        h = _mix32(np.uint32(key) ^ positions.numpy().astype(np.uint32)[..., None])
+        h = _mix32(h ^ ids.numpy().astype(np.uint32))
         top = torch.from_numpy((h >> np.uint32(32 - UNIFORM_BITS)).astype(np.float32))
     else:
         h = _mix32(key ^ (positions.to(torch.int64)[..., None] & _MASK32))
@@ -141,24 +140,20 @@ def uniform(seed: int, stream: int, positions: Tensor, ids: Tensor) -> Tensor:
     return (top + 0.5) / float(1 << UNIFORM_BITS)
 
 
-def _wrapping_mul(x: np.ndarray, c: int) -> np.ndarray:
-    """x * c mod 2^32 for a uint32 array: numpy's uint32 products wrap."""
-    return x * np.uint32(c)
+def _mix32(x: Tensor | np.ndarray | int) -> Tensor | np.ndarray | int:
+    """murmur3's 32-bit finalizer."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
 
 
-def _mul32(x: Tensor | int, c: int) -> Tensor | int:
-    """x * c mod 2^32 for x < 2^32 in int64 without overflow: the constant in 16-bit halves."""
+def _mul32(x: Tensor | np.ndarray | int, c: int) -> Tensor | np.ndarray | int:
+    """x * c mod 2^32: numpy's uint32 products wrap; for x < 2^32 in int64 (a tensor or a Python int), without
+    overflow, the constant in 16-bit halves."""
+    if isinstance(x, np.ndarray):
+        return x * np.uint32(c)
     low = x * (c & 0xFFFF)
     high = ((x * (c >> 16)) & 0xFFFF) << 16
     return (low + high) & _MASK32
-
-
-def _mix32(
-    x: Tensor | np.ndarray | int, mul: Callable[[Tensor | np.ndarray | int, int], Tensor | np.ndarray | int] = _mul32
-) -> Tensor | np.ndarray | int:
-    """murmur3's 32-bit finalizer, `mul` its products modulo 2^32."""
-    x = x ^ (x >> 16)
-    x = mul(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = mul(x, 0xC2B2AE35)
-    return x ^ (x >> 16)

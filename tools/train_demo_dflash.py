@@ -1171,6 +1171,8 @@ def train(
     removes it when the schedule ends: the file exists while the run is unfinished. So one schedule can outlast a
     device call."""
     device = data.device
+    if stop_s is not None and state is None:
+        raise SystemExit("--stop-after-s needs --state: where the cut run's state goes")
     resumed = read_progress(state, device) if state and state.exists() else None
     torch.manual_seed(seed)
     model = DFlashModel(embed.shape[1], r).to(device)
@@ -1277,7 +1279,7 @@ def read_progress(state: Path, device: torch.device) -> dict:
 
 
 def save_progress(
-    state: Path | None,
+    state: Path,
     model: DFlashModel,
     optimiser: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
@@ -1290,8 +1292,6 @@ def save_progress(
 ) -> None:
     """A cut run's state in `state`, under a temporary name and then renamed (a call killed while writing leaves the
     state before it, or none)."""
-    if state is None:
-        raise SystemExit("--stop-after-s needs --state: where the cut run's state goes")
     progress = {
         "model": model.state_dict(),
         "optimiser": optimiser.state_dict(),
