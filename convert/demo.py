@@ -43,8 +43,8 @@ class DemoDrafter:
 
 
 DRAFTERS = {
-    # at most 4: on held-out prompts it keeps a fourth draft in 3 % of rounds and a fifth in 1 % (training.json's
-    # acceptance by position at block 8: 0.49, 0.21, 0.08, 0.03, 0.01, ...), where a row of a tile costs 1-4 % of a
+    # at most 4: on held-out prompts it keeps a fourth draft in 4 % of rounds and a fifth in 1 % (training.json's
+    # acceptance by position at block 8: 0.50, 0.23, 0.09, 0.04, 0.01, ...), where a row of a tile costs 1-4 % of a
     # round; so block 4 in bf16 (tiles of 16 rows), and in float32 (tiles of 4) 4 solo, 2 for 4 concurrent
     # (benchmarks/results/demo_dflash.md)
     "dflash": DemoDrafter("its DFlash drafter, trained by specpair", DFLASH_DIRECTORY, tile_block=4),
