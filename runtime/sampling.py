@@ -70,8 +70,15 @@ class Sampling:
     def choose(self, logits: Tensor, positions: Tensor) -> Tensor:
         """The token at each of `positions` [...] from the logits that predict it [..., V] -> [...] int64."""
         if self.greedy:
-            return logits.argmax(dim=-1)
+            return greedy_choice(logits)
         return keyed_choice(self.probabilities(logits), self.seed, TOKEN_STREAM, positions)
+
+
+def greedy_choice(logits: Tensor) -> Tensor:
+    """Each row's most likely token [..., V] -> [...], the first of equal largest logits (argmax's rule). On the CPU
+    as max's indices, which follow the same rule (torch documents both) at a quarter of argmax's time: 0.2 against
+    1.0 ms over a drafter's 12 bf16 rows of SmolLM2's 49,152 tokens."""
+    return logits.argmax(dim=-1) if logits.is_cuda else logits.max(dim=-1).indices
 
 
 def keyed_sample(probs: Tensor, noise: Tensor) -> Tensor:

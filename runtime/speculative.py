@@ -53,7 +53,7 @@ from specpair.runtime.drafters import Committed, Drafter, Drafting, Proposal
 from specpair.runtime.generate import PREFILL_CHUNK, prefill_context
 from specpair.runtime.graphs import ForwardGraph, StepGraphs
 from specpair.runtime.model import StepOutput, Transformer
-from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, uniform
+from specpair.runtime.sampling import TOKEN_STREAM, Sampling, greedy_choice, gumbel, uniform
 
 RULES = ("exact", "rejection")
 DRAFT_STREAM = 1  # the drafter's own draws under the rejection rule, independent of the target's
@@ -412,7 +412,7 @@ def round_steps(
 
     # the decode step decodes what the undrafted loop would: the target's own token after each anchor, one a
     # sequence (the anchors of prompts that end alike, as chat templates make them, are one token repeated)
-    following, at = out.logits[:, 0].argmax(dim=-1)[:, None], positions[:, None] + 1
+    following, at = greedy_choice(out.logits[:, 0])[:, None], positions[:, None] + 1
     decode = functools.partial(target.forward, cache=cache)
     if graphs:
         decode = ForwardGraph(target, cache, batch, 1)

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from specpair.runtime import acceptance
-from specpair.runtime.sampling import TOKEN_STREAM, Sampling, gumbel, keyed_choice, keyed_sample, uniform
+from specpair.runtime.sampling import (
+    TOKEN_STREAM,
+    Sampling,
+    greedy_choice,
+    gumbel,
+    keyed_choice,
+    keyed_sample,
+    uniform,
+)
 
 DRAWS = 20_000
 VOCAB = 5
@@ -231,3 +239,20 @@ def test_keyed_choice_is_the_draw_from_every_tokens_noise(sampling: Sampling):
     assert torch.equal(
         keyed_choice(probs.reshape(8, 8, -1), sampling.seed, TOKEN_STREAM, positions.reshape(8, 8)), every.reshape(8, 8)
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_greedy_choice_is_the_first_of_equal_largest_logits(dtype):
+    """On the CPU the greedy token comes from max's indices, not argmax: the same token as argmax over rows of many
+    ties (bf16 logits of few values), a row with a NaN, a transposed view, and the shapes of a verify
+    step's [B, k, V] and of SmolLM2's vocabulary."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randint(-4, 5, (12, 5, 49_152), generator=generator).to(dtype)
+    logits[0, 0, 17] = float("nan")  # argmax's rule: a NaN is the largest
+    assert torch.equal(greedy_choice(logits), logits.argmax(dim=-1))
+    assert greedy_choice(logits)[0, 0] == 17
+    tied = torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 3.0, 3.0, 3.0]], dtype=dtype)
+    assert greedy_choice(tied).tolist() == [1, 0]
+    strided = logits[1, :, :300].t().contiguous().t()
+    assert torch.equal(greedy_choice(strided), strided.argmax(dim=-1))
+    assert torch.equal(Sampling().choose(logits, torch.zeros(12, 5, dtype=torch.int64)), logits.argmax(dim=-1))

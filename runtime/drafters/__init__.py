@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from specpair.runtime.sampling import Sampling, gumbel_of, keyed_choice
+from specpair.runtime.sampling import Sampling, greedy_choice, gumbel_of, keyed_choice
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Drafting:
     def pick(self, logits: Tensor, positions: Tensor) -> Proposal:
         """logits [B, k, V] for the tokens at positions [B, k]."""
         if not self.sampled:
-            return Proposal(logits.argmax(dim=-1))
+            return Proposal(greedy_choice(logits))
         probs = self.sampling.probabilities(logits)
         tokens = keyed_choice(probs, self.sampling.seed, self.stream, positions)
         ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(probs)
