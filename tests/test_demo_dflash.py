@@ -11,10 +11,12 @@ drafter, and a short training that makes the drafter draft.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -519,6 +521,45 @@ def test_a_schedule_stopped_after_its_time_goes_on_from_its_state_as_if_never_st
     state.write_bytes(b"not a state")
     with pytest.raises(SystemExit, match=r"state.pt: not a run's state \(UnpicklingError\)"):
         tool.train(*fixed, r, 0, lambda _: None, 250, state=state)
+
+
+def test_people_s_prompts_get_sampled_replies_of_their_own_after_every_training_prompt_s(smollm2):
+    """--human-sampled-replies: after the greedy replies to every prompt and --sampled-replies rounds over the
+    training prompts, rounds over the people's training prompts alone, each round under the next seed; a spent
+    --data-budget-s leaves the greedy replies only."""
+    model, target = smollm2
+    fast, tokenizer = tool.FastTarget(target), model.tokenizer()
+    people = ["Say hi to my cat.", "Name a warm colour."]
+    prompts = tool.Prompts(
+        ["Count to three.", *people], ["Name a fruit."], people, [], ["Name a tree."], [], templated=1, written=0
+    )
+    args = argparse.Namespace(
+        new_tokens=4,
+        batch=8,
+        seed=3,
+        sampled_replies=1,
+        human_sampled_replies=2,
+        reply_temperature=1.0,
+        data_budget_s=None,
+    )
+    data = tool.make_data(args, fast, tokenizer, [], prompts, lambda _: None, time.perf_counter())
+
+    def replies(asked: list[str], temperature: float = 1.0, seed: int = 0) -> list[list[int]]:
+        d = tool.self_distil(fast, chat(model, asked), 4, [], 8, lambda _: None, temperature, seed)
+        return [d.tokens[i, : d.lengths[i]].tolist() for i in range(len(asked))]
+
+    expected = replies(prompts.train + prompts.validation + prompts.held_out, temperature=0.0)
+    expected += replies(prompts.train, seed=3 + 1_000_000)
+    expected += replies(people, seed=3 + 2_000_000) + replies(people, seed=3 + 3_000_000)
+    assert len(data.tokens) == prompts.sequences + 3 + 2 * 2 == len(expected)
+    assert [data.tokens[i, : data.lengths[i]].tolist() for i in range(len(expected))] == expected
+    assert [int(data.starts[i]) for i in range(prompts.sequences, len(expected))] == [
+        len(ids) for ids in chat(model, prompts.train + people + people)
+    ]
+
+    budget_spent = argparse.Namespace(**{**vars(args), "data_budget_s": 0.0})
+    greedy = tool.make_data(budget_spent, fast, tokenizer, [], prompts, lambda _: None, time.perf_counter() - 1.0)
+    assert [greedy.tokens[i, : greedy.lengths[i]].tolist() for i in range(len(greedy.tokens))] == expected[:5]
 
 
 def test_data_written_for_a_later_run_reads_back_whole(tiny, tmp_path):

@@ -38,7 +38,9 @@ tools/demo_prompts.json (1,680 requests in four groups, code, writing, knowledge
 tools/demo_prompts_more.json (7,711 more in five: code and tech help, writing, knowledge, everyday life, math and
 reasoning; none in the first file). --human-validation of the first file's join the validation prompts (the record's
 people_validation is the loop's tau on them alone; the same split whatever files follow) and the rest train, each
-drawn --human-weight times as often as another prompt.
+greedy reply drawn --human-weight times as often as another sequence. --human-sampled-replies N gives each of them N
+sampled replies more instead, each drawn once: the weight repeats one reply (run M drew each about 40 times), where
+sampled replies widen what the drafter sees of people's prompts.
 
 --init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
 weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
@@ -1593,21 +1595,23 @@ def make_prompts(args: argparse.Namespace, fast: FastTarget, tokenizer, stops: l
 def make_data(
     args: argparse.Namespace, fast: FastTarget, tokenizer, stops: list[int], prompts: Prompts, log, clock: float
 ) -> Data:
-    """The greedy replies to every prompt, then --sampled-replies more per training prompt while --data-budget-s
-    (counted from `clock`) lasts."""
+    """The greedy replies to every prompt, then --sampled-replies more per training prompt and after them
+    --human-sampled-replies more per people's training prompt, while --data-budget-s (counted from `clock`) lasts.
+    Each round of sampled replies has its own seed, counted on from the last round's."""
     everything = chat_ids(tokenizer, prompts.train + prompts.validation + prompts.held_out)
     log(f"self-distillation: {len(everything)} prompts, {args.new_tokens} reply tokens each")
     data = self_distil(fast, everything, args.new_tokens, stops, args.batch, log)
-    train_ids = chat_ids(tokenizer, prompts.train)
-    for k in range(args.sampled_replies):
+    train_ids = chat_ids(tokenizer, prompts.train) if args.sampled_replies else []
+    people_ids = chat_ids(tokenizer, prompts.people) if args.human_sampled_replies else []
+    rounds = [("training prompt", train_ids)] * args.sampled_replies
+    rounds += [("people's training prompt", people_ids)] * args.human_sampled_replies
+    for k, (asked, ids) in enumerate(rounds):
         if args.data_budget_s is not None and time.perf_counter() - clock > args.data_budget_s:
-            log(f"  --data-budget-s spent: {k} sampled replies per training prompt")
+            log(f"  --data-budget-s spent after {k} of {len(rounds)} rounds of sampled replies")
             break
-        log(f"  sampled replies {k + 1}/{args.sampled_replies} (temperature {args.reply_temperature})")
+        log(f"  sampled replies {k + 1}/{len(rounds)}, one a {asked} (temperature {args.reply_temperature})")
         seed = args.seed + 1_000_000 * (k + 1)
-        data = data.join(
-            self_distil(fast, train_ids, args.new_tokens, stops, args.batch, log, args.reply_temperature, seed)
-        )
+        data = data.join(self_distil(fast, ids, args.new_tokens, stops, args.batch, log, args.reply_temperature, seed))
     return data
 
 
@@ -1692,6 +1696,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--sampled-replies", type=int, default=0, help="replies sampled per training prompt beside the greedy one"
+    )
+    parser.add_argument(
+        "--human-sampled-replies",
+        type=int,
+        default=0,
+        help="replies sampled per people's training prompt after --sampled-replies (each drawn once, unlike the weight)",
     )
     parser.add_argument(
         "--data",

@@ -5,6 +5,8 @@
 # calls of one warm machine: the first call's $OUT/NAME/drafter, copied out of $OUT before the call ends).
 # The data goes back as $OUT/data.txz.* (xz parts under the 16 MiB a returned file may have): saved in .device/data/
 # here and carried to a later session's machine with a GGUF part, stash.sh unpacks it instead of a data call.
+# HUMAN_SAMPLED=N gives the people's training prompts N sampled replies more each (after SAMPLED's rounds): give them
+# weight 1 in RUNS then, so that their greedy reply is not also repeated.
 # One schedule over two calls of one warm machine: STEPS=N BUDGET= STOP_S=S STATE=/tmp/state-NAME.pt (each run of
 # RUNS its own STATE: give one run) stops after S s and keeps its state there; the same call again goes on from it.
 source tools/device/setup.sh >/dev/null
@@ -16,7 +18,7 @@ budget=${BUDGET-290}  # BUDGET= (set, empty): no budget, --steps' schedule
 if [ "${PHASE:-all}" != train ]; then
   start=$(date +%s)
   timeout ${DATA_TIMEOUT:-330} python3 tools/train_demo_dflash.py $G /tmp/datarun $COMMON --scale 1.25 \
-      --sampled-replies ${SAMPLED:-1} --data-budget-s ${DATA_S:-280} --data-only > "$OUT/data.log" 2>&1
+      --sampled-replies ${SAMPLED:-1} --human-sampled-replies ${HUMAN_SAMPLED:-0} --data-budget-s ${DATA_S:-280} --data-only > "$OUT/data.log" 2>&1
   echo "data rc $? in $(( $(date +%s) - start )) s"; tail -4 "$OUT/data.log"
   [ -f /tmp/data/prompts.json ] && tar -C /tmp -cf - data | xz -T0 -6 | split -b 15m - "$OUT/data.txz."
   ls -l "$OUT"/data.txz.* 2>/dev/null
