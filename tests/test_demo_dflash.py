@@ -523,7 +523,7 @@ def test_a_schedule_stopped_after_its_time_goes_on_from_its_state_as_if_never_st
         tool.train(*fixed, r, 0, lambda _: None, 250, state=state)
 
 
-def test_people_s_prompts_get_sampled_replies_of_their_own_after_every_training_prompt_s(smollm2):
+def test_people_s_prompts_get_rounds_of_sampled_replies_after_the_training_prompts_rounds(smollm2):
     """--human-sampled-replies: after the greedy replies to every prompt and --sampled-replies rounds over the
     training prompts, rounds over the people's training prompts alone, each round under the next seed; a spent
     --data-budget-s leaves the greedy replies only."""

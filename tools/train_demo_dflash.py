@@ -39,8 +39,8 @@ tools/demo_prompts_more.json (7,711 more in five: code and tech help, writing, k
 reasoning; none in the first file). --human-validation of the first file's join the validation prompts (the record's
 people_validation is the loop's tau on them alone; the same split whatever files follow) and the rest train, each
 greedy reply drawn --human-weight times as often as another sequence. --human-sampled-replies N gives each of them N
-sampled replies more instead, each drawn once: the weight repeats one reply (run M drew each about 40 times), where
-sampled replies widen what the drafter sees of people's prompts.
+sampled replies more instead, each drawn as often as any other sequence: the weight repeats one reply (run M drew
+each about 40 times), where sampled replies widen what the drafter sees of people's prompts.
 
 --init DIR goes on training a drafter written before (the shipped one, say) instead of starting from random
 weights: its config must be the recipe's (block, taps, mask token, layers, FFN width).
@@ -1701,7 +1701,7 @@ def main() -> None:
         "--human-sampled-replies",
         type=int,
         default=0,
-        help="replies sampled per people's training prompt after --sampled-replies (each drawn once, unlike the weight)",
+        help="replies sampled per people's training prompt after --sampled-replies (unlike --human-weight, not repeated)",
     )
     parser.add_argument(
         "--data",
