@@ -18,7 +18,8 @@ budget=${BUDGET-290}  # BUDGET= (set, empty): no budget, --steps' schedule
 if [ "${PHASE:-all}" != train ]; then
   start=$(date +%s)
   timeout ${DATA_TIMEOUT:-330} python3 tools/train_demo_dflash.py $G /tmp/datarun $COMMON --scale 1.25 \
-      --sampled-replies ${SAMPLED:-1} --human-sampled-replies ${HUMAN_SAMPLED:-0} --data-budget-s ${DATA_S:-280} --data-only > "$OUT/data.log" 2>&1
+      --sampled-replies ${SAMPLED:-1} --human-sampled-replies ${HUMAN_SAMPLED:-0} --data-budget-s ${DATA_S:-280} \
+      --data-only > "$OUT/data.log" 2>&1
   echo "data rc $? in $(( $(date +%s) - start )) s"; tail -4 "$OUT/data.log"
   [ -f /tmp/data/prompts.json ] && tar -C /tmp -cf - data | xz -T0 -6 | split -b 15m - "$OUT/data.txz."
   ls -l "$OUT"/data.txz.* 2>/dev/null
