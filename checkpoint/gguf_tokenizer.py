@@ -321,28 +321,7 @@ def hf_tokenizer_files(
             "merges": [m.split(" ", 1) for m in merges],
         },
     }
-    config: dict[str, object] = {"add_bos_token": add_bos, "add_eos_token": add_eos, "backend": "tokenizers"}
-    for config_key, gguf_key in _SPECIAL_KEYS:
-        token_id = special[gguf_key]
-        config[config_key] = tokens[token_id] if token_id is not None else None
-    # TokenizersBackend takes tokenizer.json as written; a model class (Qwen2Tokenizer...) would rebuild its own.
-    config |= {"clean_up_tokenization_spaces": pre.clean_spaces, "tokenizer_class": "TokenizersBackend"}
-    stops = [i for i in dict.fromkeys((eos, special["eot_token_id"], special["eom_token_id"])) if i is not None]
-    generation = {
-        "bos_token_id": bos,
-        "eos_token_id": stops[0] if len(stops) == 1 else stops or None,
-        "pad_token_id": special["padding_token_id"],
-    }
-    files = {
-        "tokenizer.json": orjson.dumps(tokenizer, option=orjson.OPT_INDENT_2),
-        "tokenizer_config.json": orjson.dumps(config, option=orjson.OPT_INDENT_2),
-        "generation_config.json": orjson.dumps(
-            {k: v for k, v in generation.items() if v is not None}, option=orjson.OPT_INDENT_2
-        ),
-    }
-    if template is not None:
-        files["chat_template.jinja"] = template.encode()
-    return files
+    return _tokenizer_files(tokenizer, tokens, special, add_bos, add_eos, pre.clean_spaces, template)
 
 
 # What transformers 5's GGUF loader builds (integrations/gguf/gguf_tokenizer_mapping.py): GPT2Tokenizer's pipeline for
@@ -501,11 +480,27 @@ def _as_transformers_reads(fields: dict[str, object], model: str, where: str) ->
         "decoder": decoder,
         "model": {**bpe, "vocab": ids, "merges": pairs},
     }
+    return _tokenizer_files(tokenizer, tokens, special, add_bos, add_eos, False, template)
+
+
+def _tokenizer_files(
+    tokenizer: dict[str, object],
+    tokens: list[str],
+    special: dict[str, int | None],
+    add_bos: bool,
+    add_eos: bool,
+    clean_spaces: bool,
+    template: str | None,
+) -> dict[str, bytes]:
+    """The files transformers reads beside tokenizer.json: its config (the special tokens by name), the generation
+    config (every stop id the GGUF names) and the chat template."""
+    bos, eos = special["bos_token_id"], special["eos_token_id"]
     config: dict[str, object] = {"add_bos_token": add_bos, "add_eos_token": add_eos, "backend": "tokenizers"}
     for config_key, gguf_key in _SPECIAL_KEYS:
         token_id = special[gguf_key]
         config[config_key] = tokens[token_id] if token_id is not None else None
-    config |= {"clean_up_tokenization_spaces": False, "tokenizer_class": "TokenizersBackend"}
+    # TokenizersBackend takes tokenizer.json as written; a model class (Qwen2Tokenizer...) would rebuild its own.
+    config |= {"clean_up_tokenization_spaces": clean_spaces, "tokenizer_class": "TokenizersBackend"}
     stops = [i for i in dict.fromkeys((eos, special["eot_token_id"], special["eom_token_id"])) if i is not None]
     generation = {
         "bos_token_id": bos,
