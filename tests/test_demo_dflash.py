@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import time
@@ -414,6 +415,31 @@ def test_a_short_training_lowers_the_loss_and_the_drafter_drafts(tiny, tmp_path)
     assert figure["first_draft"] == pytest.approx(sum(b["share"] * (b["first_draft"] or 0) for b in figure["bins"]))
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 2.5})]).taps == (1,)
     assert tool.choose([(TINY, {"tau": 2.0}), (replace(TINY, taps=(1,)), {"tau": 1.5})]).taps == TINY.taps
+
+
+def test_a_blocks_rows_weigh_in_the_loss_by_the_position_decay(tiny):
+    """Row k of a block (k = 1..B-1) weighs exp(-(k - 1) / γ) in the loss: γ = B / 2 unless the recipe sets
+    `position_decay`; a smaller γ leans the loss on a block's first rows."""
+    _, target, asked, data = tiny
+    rows = torch.arange(len(asked))
+    batch = data.select(rows, TINY.taps)
+    torch.manual_seed(0)
+    drafter = tool.DFlashModel(target.embed_tokens.shape[1], TINY)
+    embed, head = target.embed_tokens, target.lm_head
+    anchors, _, _ = tool.span_anchors(batch, 3)
+    with torch.no_grad():
+        logits = tool.block_logits(drafter, embed, head, batch.tokens, batch.taps, anchors, TINY)
+        _, labels, valid = tool.block_labels(batch, anchors, TINY)
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none")
+        losses = losses.view_as(labels)
+        by_row = [float(losses[..., k][valid[..., k]].sum()) for k in range(TINY.block_size - 1)]
+        counts = [int(valid[..., k].sum()) for k in range(TINY.block_size - 1)]
+        assert min(counts) > 0 and len(set(by_row)) == len(by_row)
+        for decay, gamma in ((None, TINY.block_size / 2), (1.0, 1.0), (0.25, 0.25)):
+            weights = [math.exp(-k / gamma) for k in range(TINY.block_size - 1)]
+            expected = sum(w * b for w, b in zip(weights, by_row)) / sum(w * c for w, c in zip(weights, counts))
+            loss, _ = tool.block_loss(drafter, embed, head, batch, anchors, replace(TINY, position_decay=decay))
+            assert float(loss) == pytest.approx(expected, rel=1e-5), decay
 
 
 def test_training_goes_on_from_a_written_drafter_of_the_same_recipe(tiny, tmp_path):

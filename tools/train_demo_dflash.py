@@ -24,8 +24,8 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    one forward, each with its own mask (`block_mask`). Anchors are drawn where the replies are (the first is the
    prompt's last token, as specpair's loop drafts its first round); the loss is the cross-entropy of rows
    1..B-1 against the target's greedy tokens (with --soft, partly against its whole distribution there), row k
-   weighted exp(-(k - 1) / (B / 2)) (z-lab's decay: a draft only counts when every draft before it was
-   accepted). The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
+   weighted exp(-(k - 1) / γ), γ = B / 2 unless --position-decay sets it (z-lab's decay: a draft only counts when
+   every draft before it was accepted, so a drafter accepted half the time gains most from its first rows). The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
 4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
@@ -869,6 +869,7 @@ class Recipe:
     warmup: int = 100
     weight_decay: float = 0.01
     soft: float = 0.0  # the loss's share on the target's whole distribution (the rest: its greedy token)
+    position_decay: float | None = None  # γ of row k's loss weight exp(-(k - 1) / γ); None: B / 2, z-lab's
 
     def describe(self) -> str:
         return (
@@ -1034,7 +1035,7 @@ def block_loss(
     offsets = torch.arange(1, r.block_size, device=anchors.device)
     logits = block_logits(model, embed, head, batch.tokens, batch.taps, anchors, r)
     following, labels, valid = block_labels(batch, anchors, r)
-    weights = valid * torch.exp(-(offsets.float() - 1) / (r.block_size / 2))
+    weights = valid * torch.exp(-(offsets.float() - 1) / (r.position_decay or r.block_size / 2))
     flat = logits.reshape(-1, logits.shape[-1])
     losses = F.cross_entropy(flat, labels.reshape(-1), reduction="none")
     if r.soft:
@@ -1716,6 +1717,12 @@ def main() -> None:
     parser.add_argument("--reply-temperature", type=float, default=0.8, help="the sampled replies' temperature")
     parser.add_argument("--lr", type=float, default=BASE.lr, help="the peak learning rate (AdamW, cosine)")
     parser.add_argument(
+        "--position-decay",
+        type=float,
+        default=None,
+        help="γ of a block's row k loss weight exp(-(k - 1) / γ) (default: half the block, z-lab's)",
+    )
+    parser.add_argument(
         "--stop-after-s",
         type=float,
         default=None,
@@ -1772,7 +1779,14 @@ def main() -> None:
     fast = FastTarget(dense)
     tokenizer = target_model.tokenizer()
     stops = sorted(set(tokenizer.stop_ids) | set(target_model.config.eos_token_ids))
-    base = replace(BASE, layers=args.layers, intermediate=args.intermediate, soft=args.soft, lr=args.lr)
+    base = replace(
+        BASE,
+        layers=args.layers,
+        intermediate=args.intermediate,
+        soft=args.soft,
+        lr=args.lr,
+        position_decay=args.position_decay,
+    )
     made = Path(args.data) if args.data else None
     if made is not None and (made / PROMPTS_FILE).exists():
         prompts, data = load_data(made, fast)
