@@ -25,7 +25,8 @@ packaged; it wrote demo/SmolLM2-135M-Instruct-DFlash/ (its figures: that folder'
    prompt's last token, as specpair's loop drafts its first round); the loss is the cross-entropy of rows
    1..B-1 against the target's greedy tokens (with --soft, partly against its whole distribution there), row k
    weighted exp(-(k - 1) / γ), γ = B / 2 unless --position-decay sets it (z-lab's decay: a draft only counts when
-   every draft before it was accepted, so a drafter accepted half the time gains most from its first rows). The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
+   every draft before it was accepted, so the first rows count most towards τ; run O measured γ 1.5 against 4).
+   The curve's tau is the loop's, teacher-forced (`chain_tau`), on validation and on HELD_OUT.
 4. The drafter is written in z-lab's published layout (config.json with dflash_config, one bf16
    model.safetensors), loaded back through specpair's DFlash loader and run by specpair's speculative loop:
    tau (tokens per round) on the validation prompts (the sweep) and on HELD_OUT (the figure reported).
