@@ -1749,6 +1749,8 @@ def main() -> None:
         parser.error("--data-only needs --data")
     if args.stop_after_s is not None and not args.state:
         parser.error("--stop-after-s needs --state")
+    if args.position_decay is not None and args.position_decay <= 0:
+        parser.error("--position-decay must be above 0")
 
     if args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: training asks for it
