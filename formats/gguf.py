@@ -74,10 +74,6 @@ class GGUFHeader:
         arch = self.fields.get("general.architecture")
         return arch if isinstance(arch, str) else None
 
-    def arch_field(self, key: str, default: object = None) -> object:
-        """`{arch}.{key}`, e.g. arch_field('block_count')."""
-        return self.fields.get(f"{self.architecture}.{key}", default)
-
 
 CHUNK = 1 << 20
 

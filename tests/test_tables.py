@@ -78,7 +78,8 @@ def test_the_counts_see_literals_and_only_exact_ones(tmp_path: Path) -> None:
     (tmp_path / "compat" / "b.py").write_text("dflash2 = 1  # dflash2 as a name and in a comment\n")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "c.py").write_text('Y = "dflash2"\n')
-    assert literal_counts.files_holding(tmp_path, ["dflash2", "dflash"]) == {"dflash2": ["compat/a.py"], "dflash": []}
+    found = literal_counts.occurrences(tmp_path, ["dflash2", "dflash"])
+    assert found == {"dflash2": {"compat/a.py": [1]}, "dflash": {}}
 
 
 def test_what_the_runtime_runs_is_the_rows_that_list_its_stack() -> None:

@@ -74,11 +74,6 @@ def occurrences(root: Path, names: Iterable[str]) -> dict[str, dict[str, list[in
     return {name: {f: sorted(found[name]) for f, found in sorted(constants.items()) if name in found} for name in names}
 
 
-def files_holding(root: Path, names: Iterable[str]) -> dict[str, list[str]]:
-    """name -> the package files (relative to `root`) holding it as a string literal."""
-    return {name: list(files) for name, files in occurrences(root, names).items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
