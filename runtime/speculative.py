@@ -39,6 +39,7 @@ bookkeeping).
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -430,23 +431,37 @@ def step_times(
     repeats: int = 20,
     chunk: int = PREFILL_CHUNK,
 ) -> StepTimes:
-    """Each step of `round_steps` timed alone, `repeats` calls back to back (after one untimed call)."""
+    """Each step of `round_steps` timed alone: `repeats` calls of each (after one untimed call), in spans of calls
+    back to back that take turns between the steps; a step's time is the median of its spans' means. Taking turns
+    puts a busy spell of the machine (a shared CPU core, a clock change) in every step's spans alike, where timing
+    the steps one after another would charge it to whichever ran then, and the median leaves it out."""
     steps = round_steps(target, drafter, prompts, block, graphs=graphs, chunk=chunk)
-    device = target.device
-    verify_s = _seconds_per_call(steps.verify, repeats, device)
-    draft_s = _seconds_per_call(steps.draft, repeats, device)
-    decode_s = _seconds_per_call(steps.decode, repeats, device)
+    verify_s, draft_s, decode_s = seconds_per_call((steps.verify, steps.draft, steps.decode), repeats, target.device)
     return StepTimes(decode_s=decode_s, verify_s=verify_s, draft_s=draft_s)
 
 
-def _seconds_per_call(step: Callable[[], object], repeats: int, device: torch.device) -> float:
-    step()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
+SPANS = 5  # spans a step's calls are timed in (fewer when there are fewer calls)
+
+
+def seconds_per_call(
+    steps: Sequence[Callable[[], object]], repeats: int, device: torch.device, spans: int = SPANS
+) -> list[float]:
+    """Seconds per call of each of `steps`: one untimed call each, then `repeats` calls each in `spans` turns of
+    back-to-back calls (the last spans take the remainder), the median of each step's span means."""
+    spans = max(1, min(spans, repeats))
+    calls = [repeats // spans + (i >= spans - repeats % spans) for i in range(spans)]
+    for step in steps:
         step()
     _sync(device)
-    return (time.perf_counter() - start) / repeats
+    means: list[list[float]] = [[] for _ in steps]
+    for count in calls:
+        for step, taken in zip(steps, means):
+            start = time.perf_counter()
+            for _ in range(count):
+                step()
+            _sync(device)
+            taken.append((time.perf_counter() - start) / count)
+    return [statistics.median(taken) for taken in means]
 
 
 def _verify_step(

@@ -30,7 +30,7 @@ from fixtures import write_json
 from safetensors.torch import load_file, save_file
 
 from specpair.convert import converter as conv
-from specpair.runtime import acceptance
+from specpair.runtime import acceptance, speculative
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.dflash import DFlash
@@ -44,6 +44,7 @@ from specpair.runtime.speculative import (
     DRAFT_STREAM,
     acceptance_by_position,
     round_steps,
+    seconds_per_call,
     speculative_generate,
     step_times,
 )
@@ -733,6 +734,41 @@ def test_the_steps_alone_run_the_tokens_a_round_and_the_undrafted_loop_run(works
     # the decode step decodes the target's own token after each anchor there, as the undrafted loop would
     assert torch.equal(decoded[-1][0], logits[:, 0].argmax(dim=-1)[:, None])
     assert torch.equal(decoded[-1][1], positions[:, None] + 1)
+
+
+class SteppedClock:
+    """time for `seconds_per_call`: each step's call advances it by the step's cost, times `busy` while the
+    machine is busy (the calls numbered in `busy_calls`, counted over every step's calls)."""
+
+    def __init__(self, busy_calls: range, busy: float) -> None:
+        self.now, self.calls, self.busy_calls, self.busy, self.order = 0.0, 0, busy_calls, busy, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step(self, name: str, cost: float):
+        def call() -> None:
+            self.now += cost * (self.busy if self.calls in self.busy_calls else 1.0)
+            self.calls += 1
+            self.order.append(name)
+
+        return call
+
+
+@pytest.mark.parametrize("repeats", [20, 7])
+def test_a_busy_spell_is_charged_to_no_step(monkeypatch, repeats):
+    """A busy spell the length of one step's calls back to back (ten times slower) lands in every step's spans
+    alike, and the median of the spans leaves it out: each step's time is its own cost, where timing the steps
+    one after another charged the spell to whichever ran then."""
+    clock = SteppedClock(busy_calls=range(3, 3 + repeats // 2), busy=10.0)
+    monkeypatch.setattr(speculative, "time", clock)
+    steps = [clock.step("verify", 2.0), clock.step("draft", 0.5), clock.step("decode", 1.0)]
+    assert seconds_per_call(steps, repeats, torch.device("cpu")) == [2.0, 0.5, 1.0]
+    assert [clock.order.count(name) for name in ("verify", "draft", "decode")] == [repeats + 1] * 3
+    # the steps take turns: no step's calls all run before another's start
+    firsts = [clock.order.index(name, 3) for name in ("verify", "draft", "decode")]
+    lasts = [len(clock.order) - 1 - clock.order[::-1].index(name) for name in ("verify", "draft", "decode")]
+    assert max(firsts) < min(lasts)
 
 
 @pytest.mark.parametrize("kind", KINDS)
