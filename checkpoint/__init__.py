@@ -135,7 +135,7 @@ class Drafter:
     selector_top_k: int | None = None
     draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary
     has_d2t: bool = False
-    has_lm_head: bool = False
+    head_rows: int | None = None  # rows of the lm_head it ships (speculators: maybe the verifier's copy)
     has_embeddings: bool = False
     mask_embedding_file: str | None = None  # the learned mask embedding as a pickle beside the weights
     mask_embedding_shape: list[int] | None = None  # ... as a tensor among them (its kind's MaskEmbedding row)

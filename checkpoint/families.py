@@ -273,6 +273,12 @@ class MaskEmbedding:
 
 SHIPPED_MASK_EMBEDDING = MaskEmbedding("mask_embedding", "mask_embedding.pt", before_scale=True)
 
+# Serves.draft_head: what a stack does with a head of its own (lm_head, with d2t over a reduced vocabulary) that a
+# block drafter ships, where the kind drafts through the target's head
+HEAD_READ = "reads"  # drafts through the drafter's own head
+HEAD_REFUSED = "refuses"  # drafts through the target's, and refuses to load a drafter shipping a head of its own
+HEAD_IGNORED = "ignores"  # drafts through the target's, leaving the drafter's own head unread
+
 
 @dataclass(frozen=True)
 class Serves:
@@ -295,6 +301,7 @@ class Serves:
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability it needs to run the kind
     mask_embedding: tuple[str, ...] = ()  # the forms of a shipped mask embedding it reads (MASK_TENSOR,
     # MASK_PICKLE); a drafter shipping it in no such form is drafted with the target's row of its mask token
+    draft_head: str | None = None  # HEAD_READ, HEAD_REFUSED or HEAD_IGNORED; None: not established
 
     @property
     def reading(self) -> IdReading | None:
@@ -419,10 +426,18 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
                     required=("taps", "mask"),
                     mask_embedding=(MASK_TENSOR,),
+                    draft_head=HEAD_REFUSED,
                 ),
+                # SGLang's DFlashDraftModel has no head; its load_weights skips any weight it has no place for
                 "sglang": Serves(
-                    DFLASH_ARCHS, "DFLASH", tap_shift=0, tensor_parallel=EVERY_GPU, mask_embedding=(MASK_PICKLE,)
+                    DFLASH_ARCHS,
+                    "DFLASH",
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                    mask_embedding=(MASK_PICKLE,),
+                    draft_head=HEAD_IGNORED,
                 ),
+                # vLLM's DFlashQwen3ForCausalLM builds its lm_head over draft_vocab_size, and d2t where it is smaller
                 "vllm": Serves(
                     DFLASH_ARCHS + ("DFlashMuseGlimmerAssistantModel", "DFlashQwen3XPressModel"),
                     "dflash",
@@ -430,9 +445,16 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
+                    draft_head=HEAD_READ,
                 ),
+                # llama.cpp's dflash arch: optional `output` and `d2t` tensors
                 "llama.cpp": Serves(
-                    ("dflash",), "draft-dflash", ("taps", "mask"), tap_shift=0, tensor_parallel=EVERY_GPU
+                    ("dflash",),
+                    "draft-dflash",
+                    ("taps", "mask"),
+                    tap_shift=0,
+                    tensor_parallel=EVERY_GPU,
+                    draft_head=HEAD_READ,
                 ),
                 # ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later (its tap_shift +1, set empirically)
                 "exllamav3": Serves(
@@ -470,7 +492,10 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             "specpair.runtime.drafters.dflash:DFlash",
             {
                 OWN_STACK: Serves(
-                    ("DFlash2DraftModel",), required=("taps", "mask", "conv_selector"), mask_embedding=(MASK_TENSOR,)
+                    ("DFlash2DraftModel",),
+                    required=("taps", "mask", "conv_selector"),
+                    mask_embedding=(MASK_TENSOR,),
+                    draft_head=HEAD_REFUSED,
                 ),
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
@@ -479,6 +504,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
+                    draft_head=HEAD_IGNORED,
                 ),
                 "vllm": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
@@ -494,6 +520,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     ("taps", "mask", "conv_selector"),
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
+                    draft_head=HEAD_READ,
                 ),
                 # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334). Its
                 # DFlash2 input layer is built without the mask_embedding tensor its DFlash one reads (1.6.5).

@@ -171,7 +171,8 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
     fc = by_name.get("fc.weight") or by_name.get("dflash_fc.weight") or by_name.get("dflash.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
-    drafter.has_lm_head = "output.weight" in by_name
+    head = by_name.get("output.weight")
+    drafter.head_rows = head.shape[0] if head else None
     drafter.has_embeddings = "token_embd.weight" in by_name
     required = {"taps": taps_key, "mask_token_id": mask_key, "block_size": f"{prefix}block_size"}
     drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]

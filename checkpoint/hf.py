@@ -164,7 +164,8 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
     fc = tensors.row("fc.weight") or tensors.row("encoder.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
     drafter.has_d2t = "d2t" in names
-    drafter.has_lm_head = "lm_head.weight" in names
+    head = tensors.row("lm_head.weight")
+    drafter.head_rows = head.shape[0] if head else None
     drafter.has_embeddings = any(n.endswith("embed_tokens.weight") for n in names)
     if row.mask_embedding is not None:
         shipped = tensors.row(row.mask_embedding.tensor)

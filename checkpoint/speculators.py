@@ -135,16 +135,27 @@ def _put(config: dict[str, Any], path: str, value: object) -> None:
     holder[key] = value
 
 
-def tensor_maps(kind: DrafterKind, shapes: dict[str, tuple[int, ...]], where: str) -> tuple[list[TensorMap], list[str]]:
+def tensor_maps(
+    kind: DrafterKind, shapes: dict[str, tuple[int, ...]], vocab_rows: int, where: str
+) -> tuple[list[TensorMap], list[str]]:
     """Its tensors in the kind's own names (the row's renames), less the verifier's copies, which specpair takes
     from the target; and a note saying so. A reduced vocabulary on a kind that drafts over the target's own is
-    refused: its head is then its own, not the verifier's."""
+    refused: its head is then its own, not the verifier's; so is a copy whose rows are not the vocabulary's
+    (`vocab_rows`, the verifier's), which would otherwise be dropped for the target's head unseen."""
     schema = kind.speculators
     if not kind.reduced_vocabulary and "d2t" in shapes:
         raise BadInput(
             where,
             f"is a reduced-vocabulary {kind.title} (d2t): specpair's {kind.title} drafts over the target's vocabulary",
         )
+    for name in schema.verifier_tensors:
+        shape = shapes.get(name)
+        if shape is not None and len(shape) == 2 and shape[0] != vocab_rows:
+            raise BadInput(
+                where,
+                f"ships {name} of {shape[0]} rows, not its vocabulary's {vocab_rows}: a head of its own, not the "
+                f"verifier's copy, and specpair's {kind.title} drafts through the target's",
+            )
     copies = [n for n in shapes if n in schema.verifier_tensors or (n == "t2d" and not kind.reduced_vocabulary)]
     maps = []
     for name, shape in shapes.items():

@@ -501,7 +501,7 @@ def _open_hf(ref: str, path: str, files: ModelFiles, names: list[str]) -> Model:
         naming, to_hf = "mlx", from_mlx(config.family, shapes)
     elif speculators_kind is not None:
         naming = "hf"
-        to_hf, notes = speculators.tensor_maps(speculators_kind, shapes, files.where)
+        to_hf, notes = speculators.tensor_maps(speculators_kind, shapes, config.vocab_size, files.where)
     else:
         naming, to_hf = "hf", [identity(n, s) for n, s in shapes.items()]
     maps = compose(to_hf, canonical_maps(config, {m.name: m.shape for m in to_hf}), shapes)

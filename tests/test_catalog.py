@@ -406,7 +406,7 @@ def test_drafter_facts_match_dflash_md(key: tuple[str, str | None]) -> None:
     assert (d.block_size, d.mask_token_id, d.taps.layers) == (block, mask, taps)
     assert d.fc_shape == [hidden, len(taps) * target.shapes.hidden_size]
     assert max(taps) < target.shapes.num_layers
-    assert s.rows == target.shapes.rows and not (d.has_embeddings or d.has_lm_head)
+    assert s.rows == target.shapes.rows and not d.has_embeddings and d.head_rows is None
     assert c.layouts_of() == {"bf16"} and c.bytes_of("embedding", "lm_head") == 0
 
 

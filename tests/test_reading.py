@@ -366,7 +366,7 @@ def test_dflash(tmp_path: Path) -> None:
     assert (d.block_size, d.block_size_source) == (16, "dflash_config.block_size")
     assert (d.mask_token_id, d.mask_token_source) == (529, "dflash_config.mask_token_id")  # first padded row
     assert (d.num_target_layers, d.fc_shape, d.missing_keys) == (8, [64, 128], [])
-    assert not (d.has_embeddings or d.has_lm_head or d.has_d2t)
+    assert not (d.has_embeddings or d.has_d2t) and d.head_rows is None
     assert c.shapes.layer_types == ["sliding", "full"] and c.rope.sliding_window == 4096
     assert (c.rope.theta, c.rope.schema) == (1e7, "rope_parameters")
     assert (c.shapes.vocab_size, c.shapes.embedding_rows) == (576, None)
@@ -419,7 +419,7 @@ def test_eagle3(tmp_path: Path) -> None:
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
     assert (d.draft_vocab_size, d.target_hidden_size, d.fc_shape) == (128, 64, [64, 192])
-    assert d.has_d2t and d.has_lm_head and not d.has_embeddings
+    assert d.has_d2t and d.head_rows is not None and not d.has_embeddings
     assert c.shapes.vocab_size == 512
     assert read(build_eagle3(tmp_path / "own", embeddings=True)).drafter.has_embeddings
 
@@ -509,7 +509,7 @@ def test_gguf_dflash_upstream_taps_are_shifted_back(tmp_path: Path, ids: list[in
     assert (d.taps.layers, d.taps.raw, d.taps.source) == (ids, [i + 1 for i in ids], "dflash.target_layers")
     assert (d.block_size, d.block_size_source) == (16, "dflash.block_size")
     assert (d.mask_token_id, d.mask_token_source) == (529, "tokenizer.ggml.mask_token_id")
-    assert (d.fc_shape, d.missing_keys, d.has_embeddings, d.has_lm_head) == ([64, 64 * len(ids)], [], False, False)
+    assert (d.fc_shape, d.missing_keys, d.has_embeddings, d.head_rows) == ([64, 64 * len(ids)], [], False, None)
     assert c.shapes.layer_types == ["sliding"] * (len(ids) - 1) + ["full"] and c.rope.sliding_window == 4096
     assert (c.shapes.vocab_size, c.tokenizer.length) == (576, 529)
 

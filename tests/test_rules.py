@@ -318,6 +318,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.padded_row": (T, dflash_draft, "sglang", {}),
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
     "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
+    "vocab.draft_head": (T, lambda: with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True)), "sglang", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
     "base.num_target_layers": (T, lambda: dflash_draft(num_target_layers=20), "sglang", {}),
     "base.num_target_layers_strict": (H, lambda: dflash_draft(num_target_layers=LAYERS + 1), "tensorfold", {}),
@@ -432,6 +433,32 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
     assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
     for message in found[rule_id]:
         assert "{" not in message and "}" not in message, message
+
+
+def test_a_block_drafters_own_head_is_refused_or_flagged_where_the_stack_drafts_through_the_targets():
+    """A DFlash drafter's own head (field failure vllm-ascend#11374): vLLM and llama.cpp draft through it; SGLang skips
+    it for the target's, which is surely wrong for a reduced head (rows not the target's, or d2t) and maybe right for
+    a full one (a copy of the target's); specpair's runtime refuses any but a speculators drafter's verifier copy."""
+    rows = T().shapes.rows
+    reduced = with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True))
+    reduced_no_map = with_(dflash_draft(), _set_drafter(head_rows=rows // 2))
+    full = with_(dflash_draft(), _set_drafter(head_rows=rows))
+    verifier_copy = with_(dflash_draft(), _set_drafter(head_rows=rows, verifier="Qwen/Qwen3-8B"))
+    expected = {  # stack -> (reduced, reduced without d2t, full, speculators' verifier copy) fire
+        "specpair": (True, True, True, False),
+        "sglang": (True, True, False, False),
+        "vllm": (False, False, False, False),
+        "llama.cpp": (False, False, False, False),
+    }
+    for stack, fires in expected.items():
+        for draft, fire in zip((reduced, reduced_no_map, full, verifier_copy), fires):
+            found = findings(T(), draft, stack)
+            assert ("vocab.draft_head" in found) == fire, (stack, draft.drafter.head_rows, found)
+    (message,) = findings(T(), reduced, "sglang")["vocab.draft_head"]
+    assert f"lm_head of 100 rows and d2t, where {T().ref} has {rows}" in message
+    assert "vllm, llama.cpp draft through it" in message
+    (message,) = findings(T(), full, "specpair")["vocab.draft_head"]
+    assert "`run` refuses to load it" in message
 
 
 def test_shipped_mask_embedding_is_read_or_warned_per_stack():

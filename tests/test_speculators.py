@@ -24,6 +24,9 @@ from specpair.app.gate import judged
 from specpair.app.pair import GatePair
 from specpair.checkpoint import speculators
 from specpair.checkpoint.families import DRAFTER_KINDS
+from specpair.compat.pair import Deployment
+from specpair.compat.stacks import STACK_NAMES
+from specpair.compat.verdict import judge
 from specpair.convert import converter as conv
 from specpair.errors import BadInput
 from specpair.sources import open_checkpoint
@@ -317,6 +320,31 @@ def test_a_reduced_vocabulary_dflash_is_refused_where_it_opens(pair, tmp_path):
     save_file(tensors, str(reference / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(BadInput, match="is a reduced-vocabulary DFlash \\(d2t\\): specpair's DFlash drafts over"):
         open_model(str(reference))
+
+
+def test_a_dflash_head_of_its_own_is_refused_by_check_and_by_the_loader_alike(pair, tmp_path):
+    """A head of fewer rows than the verifier's vocabulary is the drafter's own, not the verifier's copy: the loader
+    refuses it where it dropped it for the target's head unseen (vllm-ascend#11374's failure), and `check` says so
+    first on specpair and on SGLang (which skips it), not on vLLM, which drafts through it; the verifier's own copy
+    still opens and passes."""
+    target, drafters = pair
+    reference = reference_dflash_checkpoint(drafters["dflash"], target, tmp_path / "ref", str(target))
+    tensors = load_file(str(reference / "model.safetensors"))
+    rows, hidden = tensors["lm_head.weight"].shape
+    verdicts, _ = judged(GatePair(str(target), str(reference)), None, None, 64)
+    assert all(not any(f.rule == "vocab.draft_head" for f in v.reasons) for v in verdicts.values())
+    assert "lm_head.weight" not in open_model(str(reference)).names  # the verifier's copy: the target's is used
+    tensors["lm_head.weight"] = torch.randn(rows // 2, hidden)
+    save_file(tensors, str(reference / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(BadInput, match=f"ships lm_head.weight of {rows // 2} rows, not its vocabulary's {rows}"):
+        open_model(str(reference))
+    with pytest.raises(BadInput, match="vocab.draft_head"):
+        judged(GatePair(str(target), str(reference)), None, None, 64)
+    _, verdicts = judge(open_checkpoint(str(target)), open_checkpoint(str(reference)), Deployment(), list(STACK_NAMES))
+    assert {s for s, v in verdicts.items() if any(f.rule == "vocab.draft_head" for f in v.reasons)} == {
+        "specpair",
+        "sglang",
+    }
 
 
 def test_run_refuses_a_drafter_pinned_to_another_verifier(pair, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint.families import HEAD_IGNORED, HEAD_READ, HEAD_REFUSED
 from specpair.checkpoint.tokenizer import shared_prefix_differences
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
@@ -207,3 +208,41 @@ def _d2t(p: Pair, stack: str) -> Iterable[Values]:
         and p.draft.format != "config-only"
     ):
         yield {"draft_vocab": d.draft_vocab_size, "rows": p.target.shapes.rows}
+
+
+@rule(
+    "vocab.draft_head",
+    "error",
+    ALL_STACKS,
+    BLOCK_DRAFTERS,
+    title="A block drafter that ships a head of its own runs where the stack drafts through that head.",
+    message="{draft} ships a head of its own ({head}); {stack} {treatment}.",
+    example={
+        "head": "lm_head of 32000 rows and d2t, where sglang-target has 151936",
+        "rows": 32000,
+        "treatment": "drafts DFlash through sglang-target's lm_head and skips this one: the drafter's features read through a head they were not trained for are rarely accepted (vllm-ascend#11374: 25 % to 1.7 %); vllm, llama.cpp draft through it",
+    },
+)
+def _draft_head(p: Pair, stack: str) -> Iterable[Values]:
+    d, serves, rows = p.draft.drafter, p.serves(stack), p.target.shapes.rows
+    if d is None or serves is None or serves.draft_head not in (HEAD_REFUSED, HEAD_IGNORED):
+        return
+    reduced = d.has_d2t or (d.head_rows is not None and d.head_rows != rows)
+    # a speculators drafter's full head is the verifier's copy (its converter writes one in), not a head of its own
+    shipped = d.head_rows is not None and not (d.verifier is not None and d.head_rows == rows)
+    # where the stack skips it, a full head may be the target's own copy: only a reduced one is surely not
+    if not (reduced or (shipped and serves.draft_head == HEAD_REFUSED)):
+        return
+    title, target = p.kind_row.title, p.target.ref
+    if serves.draft_head == HEAD_REFUSED:
+        treatment = f"drafts {title} through {target}'s lm_head only, and `run` refuses to load it"
+    else:
+        readers = [s for s, row in p.kind_row.serving.items() if row.draft_head == HEAD_READ]
+        treatment = (
+            f"drafts {title} through {target}'s lm_head and skips this one: the drafter's features read through a "
+            "head they were not trained for are rarely accepted (vllm-ascend#11374: 25 % to 1.7 %)"
+            + (f"; {', '.join(readers)} draft through it" if readers else "")
+        )
+    parts = [f"lm_head of {d.head_rows} rows" if d.head_rows is not None else None, "d2t" if d.has_d2t else None]
+    head = " and ".join(part for part in parts if part) + f", where {target} has {rows}"
+    yield {"head": head, "rows": d.head_rows, "treatment": treatment}
