@@ -425,6 +425,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 OWN_STACK: Serves(
                     DFLASH_ARCHS[:2] + ("DFlashMuseGlimmerAssistantModel",),
                     required=("taps", "mask"),
+                    tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
                 ),
@@ -494,6 +495,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 OWN_STACK: Serves(
                     ("DFlash2DraftModel",),
                     required=("taps", "mask", "conv_selector"),
+                    tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
                 ),
@@ -572,7 +574,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             8,
             "specpair.runtime.drafters.eagle3:Eagle3",
             {
-                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")),
+                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), tensor_parallel=EVERY_GPU),
                 # SGLang reads eagle_config's ids only; it adds 1 to a list starting at 1 (the output of layer id),
                 # else takes id j as the input of layer j (set_eagle3_layers_to_capture, sglang#25454); docs/taps.md
                 "sglang": Serves(
@@ -626,7 +628,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             4,
             "specpair.runtime.drafters.mtp:MTP",
             {
-                OWN_STACK: Serves(),
+                OWN_STACK: Serves(tensor_parallel=EVERY_GPU),
                 "sglang": Serves(method="NEXTN", tensor_parallel=EVERY_GPU),
                 "vllm": Serves(method="mtp", tensor_parallel=EVERY_GPU),
                 "llama.cpp": Serves(method="draft-mtp", tensor_parallel=EVERY_GPU),
@@ -645,7 +647,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             5,
             "specpair.runtime.drafters.draft_model:DraftModel",
             {
-                OWN_STACK: Serves(),
+                OWN_STACK: Serves(tensor_parallel=EVERY_GPU),
                 "sglang": Serves(method="STANDALONE", tensor_parallel=EVERY_GPU),
                 "vllm": Serves(method="draft_model", tensor_parallel=EVERY_GPU),
                 "llama.cpp": Serves(tensor_parallel=EVERY_GPU),

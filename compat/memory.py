@@ -130,9 +130,11 @@ def plan(
     gpus: int,
     max_tp: int,
     expert_offload: str | None = None,
+    draft_whole: bool = False,
 ) -> MemoryPlan:
     """`expert_offload`: the stack's flag that keeps the routed experts of the first N layers in CPU memory (None:
-    it cannot); tried where the weights do not fit the GPUs given."""
+    it cannot); tried where the weights do not fit the GPUs given. `draft_whole`: every GPU holds the whole drafter
+    and its KV under tensor parallelism, where otherwise they split with the target."""
     parts = {
         "target_weights": gb(e.target_weights),
         "draft_weights": gb(e.draft_weights),
@@ -145,7 +147,7 @@ def plan(
     def per_gpu(tp: int) -> float:
         target = parts["target_weights"] + parts["kv"] + parts["recurrent_state"]
         draft = parts["draft_weights"] + parts["draft_kv"]
-        return round(target / tp + (draft / tp if tp > 1 else draft) + overhead, 1)
+        return round(target / tp + (draft if draft_whole else draft / tp) + overhead, 1)
 
     tp = min(gpus, max_tp)
     if gpu is None:

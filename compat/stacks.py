@@ -42,6 +42,8 @@ class Stack:
     # loads for a target with routed experts
     # The flag, followed by N, that keeps the routed experts of the first N layers in CPU memory; None: it cannot
     expert_offload: str | None = None
+    draft_whole: bool = False  # under tensor parallelism every GPU holds the whole drafter and its KV (it drafts on
+    # each rank alike); False: they split across the GPUs as the target does
 
     def launch_line(self, p: Pair, memory: MemoryPlan | None) -> str:
         """The launch command, with the experts it keeps in CPU memory where the pair fits only that way."""
@@ -286,6 +288,8 @@ def _specpair(p: Pair) -> str:
     args = ["specpair", "run", pinned_ref(p.target)]
     args += [pinned_ref(p.draft)] if p.separate else ["--mtp"]
     args += ["--block-size", str(p.block_size)]
+    if p.deployment.gpus > 1:
+        args += ["--tp", str(p.deployment.gpus)]
     return " && ".join([*steps, shlex.join(args)])
 
 
@@ -298,6 +302,7 @@ STACKS: dict[str, Stack] = {
             ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             _specpair,
+            draft_whole=True,  # runtime/parallel.py: drafters are replicated
         ),
         Stack(
             "sglang",

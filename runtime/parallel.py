@@ -59,6 +59,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.tensor_parallel import unsplittable
 from specpair.errors import BadInput
 from specpair.formats.regions import Region
 from specpair.runtime.kernels.experts import ExpertTerms
@@ -141,15 +142,14 @@ class Parallel:
         nothing of is refused."""
         if self.size == 1:
             return config
-        if config.vocab_size % self.size:
-            raise BadInput(where, f"vocab_size {config.vocab_size} does not split over tensor parallelism {self.size}")
+        refused = unsplittable(config.vocab_size, config.num_kv_heads, config.linear_num_key_heads, self.size)
+        if refused:
+            raise BadInput(where, refused[0])
         groups = {"num_kv_heads": ("num_heads", config.num_kv_heads)}
         if config.linear_num_key_heads is not None:
             groups["linear_num_key_heads"] = ("linear_num_value_heads", config.linear_num_key_heads)
         changed: dict[str, int] = {}
         for key, (follower, total) in groups.items():
-            if total < self.size:
-                raise BadInput(where, f"{key} {total} leaves a rank of tensor parallelism {self.size} without one")
             changed[key] = self.share(total, rank)
             changed[follower] = changed[key] * (getattr(config, follower) // total)
         for key in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):

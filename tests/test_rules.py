@@ -19,7 +19,9 @@ from specpair.compat.memory import GPUS
 from specpair.compat.pair import Deployment
 from specpair.compat.rules import RULES
 from specpair.compat.verdict import judge
+from specpair.errors import BadInput
 from specpair.formats import TensorInfo
+from specpair.runtime.parallel import Parallel
 
 HIDDEN, LAYERS, ROWS, TOKENS = 64, 8, 256, 240
 GB = 10**9
@@ -65,14 +67,19 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def qwen3_target(layers: int = LAYERS, rows: int = ROWS, ref: str = "target") -> Checkpoint:
+def qwen3_target(layers: int = LAYERS, rows: int = ROWS, ref: str = "target", kv_heads: int = 2) -> Checkpoint:
+    return build(*qwen3_target_files(layers, rows, kv_heads), ref, tokenizer())
+
+
+def qwen3_target_files(layers: int = LAYERS, rows: int = ROWS, kv_heads: int = 2) -> tuple[dict, list]:
+    """The config and tensor headers of a Qwen3 target."""
     config = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "hidden_size": HIDDEN,
         "num_hidden_layers": layers,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": kv_heads,
         "head_dim": 16,
         "intermediate_size": 128,
         "vocab_size": rows,
@@ -81,7 +88,7 @@ def qwen3_target(layers: int = LAYERS, rows: int = ROWS, ref: str = "target") ->
     }
     tensors = [("model.embed_tokens.weight", "BF16", (rows, HIDDEN)), ("lm_head.weight", "BF16", (rows, HIDDEN))]
     tensors += [(f"model.layers.{i}.self_attn.q_proj.weight", "BF16", (HIDDEN, HIDDEN)) for i in range(layers)]
-    return build(config, tensors, ref, tokenizer())
+    return config, tensors
 
 
 def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
@@ -318,6 +325,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.padded_row": (T, dflash_draft, "sglang", {}),
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
     "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
+    "runtime.tensor_parallel": (T, dflash_draft, "specpair", {"gpus": 4}),
     "vocab.draft_head": (T, lambda: with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True)), "sglang", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
     "base.num_target_layers": (T, lambda: dflash_draft(num_target_layers=20), "sglang", {}),
@@ -459,6 +467,33 @@ def test_a_block_drafters_own_head_is_refused_or_flagged_where_the_stack_drafts_
     assert "vllm, llama.cpp draft through it" in message
     (message,) = findings(T(), full, "specpair")["vocab.draft_head"]
     assert "`run` refuses to load it" in message
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("rows", [256, 250])
+def test_check_refuses_the_tensor_parallel_sizes_the_runtime_refuses(kv_heads, rows):
+    """`check --gpus N` on specpair and `run --tp N`'s shard agree, N by N: whole KV groups for every rank, an even
+    vocabulary; where N does not split, the largest size below it that does is named."""
+    config, tensors = qwen3_target_files(rows=rows, kv_heads=kv_heads)
+    model = parse_config(config, "target")
+    for gpus in (2, 4, 8):
+        found = findings(build(config, tensors, "target", tokenizer()), dflash_draft(), "specpair", gpus=gpus)
+        try:
+            Parallel(0, gpus).config(model, "target")
+            splits = True
+        except BadInput:
+            splits = False
+        assert ("runtime.tensor_parallel" not in found) == splits, (kv_heads, rows, gpus, found)
+        assert "drafter.tensor_parallel" not in found
+    (message,) = findings(qwen3_target(kv_heads=2), dflash_draft(), "specpair", gpus=4)["runtime.tensor_parallel"]
+    assert message.endswith("num_kv_heads 2 leaves a rank of tensor parallelism 4 without one; --tp 2 splits it.")
+
+
+def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():
+    """Every kind runs under `run --tp N` (runtime/parallel.py), with the drafter whole on every GPU."""
+    (_, split), (_, whole) = (judge(T(), dflash_draft(), Deployment(gpus=n), ["specpair"]) for n in (2, 1))
+    assert split["specpair"].launch.endswith("--block-size 16 --tp 2"), split["specpair"].launch
+    assert whole["specpair"].launch.endswith("--block-size 16"), whole["specpair"].launch
 
 
 def test_shipped_mask_embedding_is_read_or_warned_per_stack():

@@ -26,8 +26,16 @@ def memory_plan(p: Pair, stack: str) -> MemoryPlan | None:
     max_tp = 1 if serves is None else max(TP_SIZES) if serves.tensor_parallel is None else serves.tensor_parallel
     e = estimate(p.target, p.draft, p.kind_row.head_group, p.context, p.deployment.concurrency)
     deployment = p.deployment
+    stack_row = STACKS[stack]
     return plan(
-        e, p.context, deployment.concurrency, deployment.gpu, deployment.gpus, max_tp, STACKS[stack].expert_offload
+        e,
+        p.context,
+        deployment.concurrency,
+        deployment.gpu,
+        deployment.gpus,
+        max_tp,
+        stack_row.expert_offload,
+        stack_row.draft_whole,
     )
 
 
