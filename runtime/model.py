@@ -88,9 +88,11 @@ class Transformer:
 
     def embed(self, tokens: Tensor) -> Tensor:
         """[B, T] ids -> [B, T, H] (no scaling: none of these families scales its embedding). Under tensor
-        parallelism a token's row is on one rank; the others give zeros, and the sum is that row, exactly."""
+        parallelism a token's row is on one rank; the others give zeros, and the sum is that row, exactly. An id
+        outside the vocabulary fails (an index error; a device assert on CUDA) where indexing would wrap a -1 to the
+        last row unseen (eugr/spark-vllm-docker#308: placeholder draft ids reaching the embedding)."""
         if self.parallel.size == 1:
-            return self.embed_tokens[tokens]
+            return torch.nn.functional.embedding(tokens, self.embed_tokens)
         local = tokens - self.vocab_rows.start
         mine = (local >= 0) & (local < self.embed_tokens.shape[0])
         rows = self.embed_tokens[local.clamp(0, self.embed_tokens.shape[0] - 1)] * mine[..., None]

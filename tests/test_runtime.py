@@ -273,6 +273,17 @@ def test_rollback_to_every_prefix_is_a_run_of_that_prefix(checkpoints, family):
         assert (on - fresh).abs().max() <= 1e-5, accepted
 
 
+def test_an_id_outside_the_vocabulary_fails_where_indexing_would_wrap_it(checkpoints):
+    """A placeholder -1 reaching the embedding (eugr/spark-vllm-docker#308) or an id past the vocabulary is an error,
+    not the last row read unseen; the rows of valid ids are the table's own."""
+    model = runtime(checkpoints["qwen3"][1])
+    vocab = model.config.vocab_size
+    for bad in (-1, vocab):
+        with pytest.raises(IndexError):
+            model.embed(torch.tensor([[3, bad]]))
+    assert torch.equal(model.embed(torch.tensor([[3, vocab - 1]])), model.embed_tokens[[3, vocab - 1]][None])
+
+
 def test_rollback_of_a_batch_keeps_each_sequence_its_own_prefix(checkpoints):
     """One commit with accepted counts 0, 2, 2 and 4 of 4: each row ends as a run of its own prefix."""
     model = runtime(checkpoints["qwen3_5_moe"][1])

@@ -169,7 +169,8 @@ class Eagle3(ChainDrafter):
         return drafter
 
     def step(self, feature: Tensor, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        embeds = self.embed_tokens[tokens] if self.embed_tokens is not None else self.target.embed(tokens)
+        own = self.embed_tokens
+        embeds = torch.nn.functional.embedding(tokens, own) if own is not None else self.target.embed(tokens)
         z = self.layer(embeds, feature, positions, self.rope, self.cache)
         return z, project(self.norm(z), self.lm_head)
 
