@@ -34,6 +34,9 @@ CONCURRENT = 4
 GATE_MAX_TOKENS = 64  # per prompt and setting, unless --max-tokens says otherwise
 CONTEXT = (12, 6)  # tokens shown before and from a first difference
 MIN_COMPARED = 16  # generated tokens a compared setting needs (each prompt once) before its verdict means anything
+# greedy rounds that keep almost no draft: τ below NO_AGREEMENT_TAU over at least NO_AGREEMENT_ROUNDS is a warning
+NO_AGREEMENT_TAU = 1.1
+NO_AGREEMENT_ROUNDS = 20
 
 
 @dataclass
@@ -116,6 +119,7 @@ class GateReport:
     verdicts: dict[str, Verdict]
     warnings: list[str]
     cells: list[Cell]
+    acceptance_warning: str | None  # no_agreement's
     drafter_bytes: int
     draft_bits: int | None
     tokenizer: Any
@@ -282,6 +286,7 @@ class GateReport:
             "outcome": self.outcome,
             "identical": self.identical,
             "inconclusive": self.inconclusive,
+            "acceptance_warning": self.acceptance_warning,
             **totals(self.cells),
             "timing": self.timing.to_json(),
             "summary": self.summary,
@@ -377,6 +382,9 @@ def run_gate(
             cells.append(cell)
             why = inconclusive(cell, stops, max_tokens, chat) if compared(cell, rule) else None
             progress.note(cell_line(cell, rule, why))
+    disagreement = no_agreement(cells, target_model.ref)
+    if disagreement is not None:
+        progress.warn(disagreement)
     return GateReport(
         target_model,
         draft_model,
@@ -392,6 +400,7 @@ def run_gate(
         verdicts,
         warnings,
         cells,
+        disagreement,
         drafter.resident_bytes,
         draft_bits,
         tokenizer,
@@ -553,6 +562,25 @@ def inconclusive(cell: Cell, stops: list[int], max_tokens: int, chat: bool) -> s
     else:
         why = f"--max-tokens {max_tokens}"
     return f"{count} generated token{'' if count == 1 else 's'} compared, fewer than {MIN_COMPARED} ({why})"
+
+
+def no_agreement(cells: list[Cell], target: str) -> str | None:
+    """A warning where the greedy settings' rounds keep almost no draft: the output is exact either way, so the
+    gate's verdict cannot show a drafter that never agrees, which field reports trace to a drafter made for another
+    target, a chat template in the other thinking mode than its training data's, or a wiring fault."""
+    greedy = [c for c in cells if c.sampling.greedy]
+    rounds = sum(len(c.accepted) for c in greedy)
+    if rounds < NO_AGREEMENT_ROUNDS:
+        return None
+    tau = totals(greedy)["tau"]
+    if tau >= NO_AGREEMENT_TAU:
+        return None
+    return (
+        f"acceptance: greedy τ {tau:.2f} over {rounds} rounds: the drafter almost never agrees with {target}. "
+        "Field reports trace this to a drafter made for another target, a chat template in the other thinking mode "
+        "than its training data's (z-lab/dflash#60), or a wiring fault: the block's first slot, the lm_head, the taps "
+        "or the mask token (hipfire#483, vllm-ascend#11374). The output is exact either way"
+    )
 
 
 def totals(cells: list[Cell]) -> dict[str, Any]:

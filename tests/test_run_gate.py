@@ -18,6 +18,7 @@ from specpair.app import gate
 from specpair.app.gate import CONCURRENT, GATE_TEMPERATURES, tile_block
 from specpair.app.pair import GatePair
 from specpair.runtime.kernels.cpu_rows import native_bf16
+from specpair.runtime.sampling import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "run.schema.json").read_text())
@@ -149,6 +150,32 @@ def test_a_drafter_trained_on_a_shorter_context_warns_and_runs(pair, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "warning: " in done.stderr and "max_position_embeddings 16" in done.stderr
+
+
+def test_a_drafter_that_never_agrees_is_warned_of_though_the_output_is_exact(pair):
+    """The gate passes a drafter that keeps no draft (its output is the target's either way), so the report warns
+    where the greedy rounds keep almost none: here a drafter of random weights."""
+    target, draft = pair
+    done = specpair("run", str(target), str(draft), "--max-tokens", "48", "--temperature", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    validate(report)
+    warning = report["acceptance_warning"]
+    assert warning.startswith(f"acceptance: greedy τ {report['tau']:.2f} over ") and "almost never agrees" in warning
+    assert f"warning: {warning}" in done.stderr
+    assert report["tau"] < gate.NO_AGREEMENT_TAU
+
+
+def test_the_warning_counts_greedy_rounds_only_and_enough_of_them():
+    def cell(temperature: float, accepted: list[int]) -> gate.Cell:
+        return gate.Cell(Sampling(temperature=temperature), 1, 4, accepted=accepted)
+
+    enough, few = gate.NO_AGREEMENT_ROUNDS, gate.NO_AGREEMENT_ROUNDS - 1
+    assert gate.no_agreement([cell(0.0, [0] * enough)], "t") is not None
+    assert gate.no_agreement([cell(0.0, [0] * few)], "t") is None  # too few rounds to say
+    assert gate.no_agreement([cell(0.0, [0] * few), cell(0.0, [0])], "t") is not None  # over every greedy setting
+    assert gate.no_agreement([cell(0.0, [0] * (enough - 2) + [1, 1])], "t") is None  # τ 1.1
+    assert gate.no_agreement([cell(0.0, [1] * enough), cell(0.7, [0] * 100)], "t") is None  # sampled ones not counted
 
 
 def test_the_mtp_head_of_a_hybrid_target(tmp_path):
