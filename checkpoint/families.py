@@ -358,6 +358,8 @@ class DrafterKind:
     own_keys: tuple[str, ...] = ()  # keys of its own that tell it apart from a kind of the same schema
     base_architecture: bool = False  # its configs may name their base model's architecture instead of the kind's
     reduced_vocabulary: bool = False  # may draft over fewer ids than the target's, mapped to them by a d2t tensor
+    samples: bool = False  # at a temperature its drafts are draws from its own distribution (the runtime's, and
+    # vLLM's draft_sample_method "probabilistic" on its launch line); else its argmax
     gguf_archs: tuple[str, ...] = ()  # upstream first, then fork schemas read too
     gguf: GGUFArch | None = None  # llama.cpp's layout of the first gguf_arch, where specpair converts it; only
     # checkpoints of the first architecture are written as GGUF
@@ -545,6 +547,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             config_block="dflash_config",
             config_markers=("target_layer_ids",),
             own_keys=DFLASH2_KEYS,
+            samples=True,  # its candidate selector's drafts
             gguf_archs=("dflash", "dflash-draft"),
             gguf=DFLASH_GGUF,
             # speculators' DFlash2 (its PR #1006) is written flat and vLLM 0.33 has no `dflash2` updater: the
@@ -653,6 +656,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "llama.cpp": Serves(tensor_parallel=EVERY_GPU),
                 "exllamav3": Serves(tensor_parallel=EVERY_GPU),
             },
+            samples=True,  # its softmax's draws
         ),
     )
 }

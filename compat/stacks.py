@@ -162,6 +162,8 @@ def _vllm(p: Pair) -> str:
             if draft_rev:
                 spec["revision"] = draft_rev
         spec["num_speculative_tokens"] = p.block_size - 1
+        if p.kind_row.samples:  # vLLM drafts its argmax unless told (field failure syv-ai/qwen38-27b-rtx3090#73)
+            spec["draft_sample_method"] = "probabilistic"
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if p.deployment.gpus > 1:
         args += ["--tensor-parallel-size", str(p.deployment.gpus)]

@@ -13,6 +13,7 @@ import pytest
 
 from specpair.checkpoint import Checkpoint, FileEntry, Taps, TensorGroup, hf, speculators
 from specpair.checkpoint.config import parse_config
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.checkpoint.speculators import Verifier
 from specpair.checkpoint.tokenizer import Tokenizer, fingerprint
 from specpair.compat.memory import GPUS
@@ -487,6 +488,19 @@ def test_check_refuses_the_tensor_parallel_sizes_the_runtime_refuses(kv_heads, r
         assert "drafter.tensor_parallel" not in found
     (message,) = findings(qwen3_target(kv_heads=2), dflash_draft(), "specpair", gpus=4)["runtime.tensor_parallel"]
     assert message.endswith("num_kv_heads 2 leaves a rank of tensor parallelism 4 without one; --tp 2 splits it.")
+
+
+def test_vllms_line_samples_the_drafts_of_the_kinds_that_sample():
+    """vLLM drafts every kind's argmax unless draft_sample_method says otherwise, so at a temperature the drafts of a
+    DFlash2 selector or a draft model are one-hot proposals (syv-ai/qwen38-27b-rtx3090#73: τ 3.19 to 2.66); the
+    kinds that draft their argmax by design (the rows' `samples`, which specpair's runtime drafts by too) keep the
+    default."""
+    sampled = {"dflash": False, "dflash2": True, "eagle3": False, "draft_model": True}
+    drafts = {"dflash": dflash_draft, "dflash2": dflash2_draft, "eagle3": eagle3_draft, "draft_model": draft_model}
+    for kind, samples in sampled.items():
+        assert DRAFTER_KINDS[kind].samples == samples
+        _, verdicts = judge(T(), drafts[kind](), Deployment(), ["vllm"])
+        assert ('"draft_sample_method":"probabilistic"' in verdicts["vllm"].launch) == samples, kind
 
 
 def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():

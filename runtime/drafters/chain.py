@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from specpair.checkpoint.config import ModelConfig
+from specpair.checkpoint.families import DRAFTER_KINDS
 from specpair.runtime.cache import Cache
 from specpair.runtime.drafters import Committed, Drafting, Proposal
 from specpair.runtime.graphs import StepGraphs
@@ -28,11 +29,15 @@ from specpair.runtime.model import Transformer
 
 
 class ChainDrafter(ABC):
-    samples = False
+    kind: str
     config: ModelConfig  # the drafter's own (its hidden size is the feature width)
     cache_config: ModelConfig  # its one attention layer, as the cache lays it out
     target: Transformer
     draft_vocab: int
+
+    @property
+    def samples(self) -> bool:
+        return DRAFTER_KINDS[self.kind].samples
 
     def __init__(self) -> None:
         self.cache: Cache | None = None

@@ -215,7 +215,7 @@ class DFlash:
         self.embedding_scale = d.input_embedding_scale
         self.multiplier, self.softcap = d.output_multiplier, d.final_logit_softcapping
         self.max_positions = config.max_position_embeddings
-        self.samples = selector is not None
+        self.samples = DRAFTER_KINDS[d.kind].samples
         self.rope = Rope(config, target.device)
         self.cache: Cache | None = None
         self.drafting: StepGraphs | None = None  # `_drafted`: a proposal, with the context that waits for it

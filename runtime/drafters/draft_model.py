@@ -31,7 +31,7 @@ class DraftModel:
     kind = "draft_model"
     taps: tuple[int, ...] = ()
     hidden = False
-    samples = True
+    samples = DRAFTER_KINDS[kind].samples
     block_size = DRAFTER_KINDS["draft_model"].block_size
 
     def __init__(self, model: Transformer, target: Transformer, resident_bytes: int) -> None:
