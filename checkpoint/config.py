@@ -33,6 +33,12 @@ EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # 
 LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear", "sliding_attention": "sliding"}
 
 
+def experts_touched(experts: int, per_token: int, tokens: int) -> float:
+    """The share of a MoE layer's `experts` routed experts that `tokens` tokens read, each routed to `per_token`,
+    expected under uniform routing: 1 - (1 - per_token/experts)^tokens."""
+    return 1 - (1 - per_token / experts) ** tokens
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """What wires a drafter to its target (DFlash, DFlash2, EAGLE-3)."""
@@ -117,7 +123,7 @@ class ModelConfig:
         routing (each token's k of E drawn alike): 1 - (1 - k/E)^tokens; what rooflines count of expert bytes."""
         if self.num_experts is None or self.experts_per_token is None:
             raise ValueError(f"experts_touched: {self.family} has no routed experts")
-        return 1 - (1 - self.experts_per_token / self.num_experts) ** tokens
+        return experts_touched(self.num_experts, self.experts_per_token, tokens)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has routed experts (mlp_only_layers / decoder_sparse_step make dense ones)."""

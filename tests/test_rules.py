@@ -327,6 +327,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
     "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
     "runtime.tensor_parallel": (T, dflash_draft, "specpair", {"gpus": 4}),
+    "speed.moe_verify": (lambda: moe_target(experts=10**9), dflash_draft, "sglang", {}),
     "vocab.draft_head": (T, lambda: with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True)), "sglang", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
     "base.num_target_layers": (T, lambda: dflash_draft(num_target_layers=20), "sglang", {}),
@@ -508,6 +509,32 @@ def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():
     (_, split), (_, whole) = (judge(T(), dflash_draft(), Deployment(gpus=n), ["specpair"]) for n in (2, 1))
     assert split["specpair"].launch.endswith("--block-size 16 --tp 2"), split["specpair"].launch
     assert whole["specpair"].launch.endswith("--block-size 16"), whole["specpair"].launch
+
+
+def moe_target(experts: int, dense: int = 10**8, embedding: int = 10**7) -> Checkpoint:
+    """The hybrid MoE target (8 experts, 2 a token) with these bytes of routed experts, other weights and embedding."""
+    target = H(mtp=False)
+    target.groups = [
+        TensorGroup("experts", "bf16", 3, experts),
+        TensorGroup("attention", "bf16", 8, dense),
+        TensorGroup("embedding", "bf16", 1, embedding),
+    ]
+    return target
+
+
+def test_a_moe_verify_step_is_priced_against_a_decode_step():
+    """A verify step of B tokens reads the experts B tokens touch (uniform routing, 1 - (1 - k/E)^B of them) and the
+    dense weights once, the embedding a row a token (not counted); the finding prices the pair's block and block 4,
+    and says nothing where the two steps read about alike (many sequences touch most experts already)."""
+    target = moe_target(experts=10**9)
+    (message,) = findings(target, dflash_draft(), "sglang")["speed.moe_verify"]
+    decode, verify, small = (1 - 0.75**tokens for tokens in (1, 16, 4))
+    ratio = (10**8 + verify * 10**9) / (10**8 + decode * 10**9)
+    assert f"reads about {8 * verify:.0f} experts a layer against {8 * decode:.0f} at decode, {ratio:.1f}x" in message
+    assert f"a block of 4 reads {(10**8 + small * 10**9) / (10**8 + decode * 10**9):.1f}x" in message
+    assert "speed.moe_verify" not in findings(moe_target(experts=10**6), dflash_draft(), "sglang")  # dense-bound
+    assert "speed.moe_verify" not in findings(target, dflash_draft(), "sglang", concurrency=16)  # all touched already
+    assert "speed.moe_verify" not in findings(T(), dflash_draft(), "sglang")  # no experts
 
 
 def test_shipped_mask_embedding_is_read_or_warned_per_stack():
