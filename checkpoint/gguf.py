@@ -172,7 +172,7 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     fc = by_name.get("fc.weight") or by_name.get("dflash_fc.weight") or by_name.get("dflash.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
     head = by_name.get("output.weight")
-    drafter.head_rows = head.shape[0] if head else None
+    drafter.head_rows = head.shape[0] if head and head.shape else None  # a 0-d one is no head: the loader refuses it
     drafter.has_embeddings = "token_embd.weight" in by_name
     required = {"taps": taps_key, "mask_token_id": mask_key, "block_size": f"{prefix}block_size"}
     drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]

@@ -165,7 +165,7 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
     drafter.fc_shape = list(fc.shape) if fc else None
     drafter.has_d2t = "d2t" in names
     head = tensors.row("lm_head.weight")
-    drafter.head_rows = head.shape[0] if head else None
+    drafter.head_rows = head.shape[0] if head and head.shape else None  # a 0-d one is no head: the loader refuses it
     drafter.has_embeddings = any(n.endswith("embed_tokens.weight") for n in names)
     if row.mask_embedding is not None:
         shipped = tensors.row(row.mask_embedding.tensor)
