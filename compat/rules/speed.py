@@ -36,7 +36,7 @@ def verify_over_decode(p: Pair, block: int) -> tuple[float, float, float]:
     ALL_STACKS,
     ALL_KINDS,
     title="What a verify step of a MoE target reads beside a decode step, and the τ a round needs to gain.",
-    message="{target} routes each token to {per_token} of {experts} experts: a verify step of {block} tokens a sequence ({users} sequence(s)) reads about {verify_experts:.0f} experts a layer against {decode_experts:.0f} at decode, {ratio:.1f}x a decode step's weight bytes (uniform routing). Where steps are bound by memory bandwidth, a round is faster than decoding only if it keeps more than about {ratio:.1f} tokens (sglang#29244: DFlash slowed Qwen3-30B-A3B from 146 to 93 tok/s at τ 2.0){smaller}; `specpair bench` measures it.",
+    message="{target} routes each token to {per_token} of {experts} experts: a verify step of {block} tokens a sequence ({users} sequence(s)) reads about {verify_experts} experts a layer against {decode_experts} at decode, {ratio}x a decode step's weight bytes (uniform routing). Where steps are bound by memory bandwidth, a round is faster than decoding only if it keeps more than about {ratio} tokens (sglang#29244: DFlash slowed Qwen3-30B-A3B from 146 to 93 tok/s at τ 2.0){smaller}; `specpair bench` measures it.",
     example={
         "per_token": 8,
         "experts": 128,
@@ -63,8 +63,8 @@ def _moe_verify(p: Pair, stack: str) -> Iterable[Values]:
         "experts": s.num_experts,
         "block": p.block_size,
         "users": p.deployment.concurrency,
-        "verify_experts": verify_experts,
-        "decode_experts": decode_experts,
-        "ratio": ratio,
+        "verify_experts": round(verify_experts),
+        "decode_experts": round(decode_experts),
+        "ratio": round(ratio, 1),
         "smaller": smaller,
     }
