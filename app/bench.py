@@ -45,6 +45,7 @@ class BenchReport:
     draft: dict[str, Any] | None  # ref, kind, resident_bytes, block_size
     tokens: int
     chat: bool
+    chat_kwargs: dict[str, Any]  # the chat template's variables (--chat-template-kwargs)
     prompts: list[str]  # the names of the users rows' prompts
     users: list[dict[str, Any]]  # a row per users count, as the JSON report holds it
     depth: list[dict[str, Any]]  # a row per depth
@@ -94,6 +95,7 @@ class BenchReport:
                 "dtype": self.dtype,
                 "rule": "exact",
                 "chat": self.chat,
+                "chat_template_kwargs": self.chat_kwargs,
                 "max_tokens": self.tokens,
                 "stop_ids": "ignored",
                 "settings": [
@@ -117,6 +119,7 @@ class BenchReport:
             "draft": self.draft,
             "tokens": self.tokens,
             "chat": self.chat,
+            "chat_template_kwargs": self.chat_kwargs,
             "prompts": self.prompts,
             "users": self.users,
             "depth": self.depth,
@@ -138,6 +141,7 @@ def run_bench(
     tokens: int,
     prompts: list[tuple[str, Prompt]] | None = None,
     chat: bool | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
     block_size: int | None = None,
     device: str | None = None,
     threads: int | None = None,
@@ -153,7 +157,8 @@ def run_bench(
 ) -> BenchReport:
     """Decode tok/s of `target` (and drafted with `draft` or its MTP head) for each users count and depth, greedy,
     `tokens` per sequence; the users rows on `prompts` (name, text or chat; default the built-in ones), through
-    the chat template unless `chat` is False (None: when the target has one); `bandwidth` in GB/s, else the GPU
+    the chat template unless `chat` is False (None: when the target has one) rendered with `chat_kwargs`;
+    `bandwidth` in GB/s, else the GPU
     table's figure for this GPU; `at_tau`: also price each drafted row's steps at this τ (what a drafter accepting
     that many tokens a round would run at: random weights accept 1). `command` is the command line the report
     names. `target` and `draft`: refs, or checkpoints opened already (sources/model.open_files: files from any
@@ -179,7 +184,7 @@ def run_bench(
     tokenizer = target_model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
     named = prompts or list(BUILTIN_PROMPTS)
-    user_prompts = [encode_prompt(tokenizer, prompt, chat, name) for name, prompt in named]
+    user_prompts = [encode_prompt(tokenizer, prompt, chat, name, chat_kwargs) for name, prompt in named]
     text = tokenizer.encode("\n\n".join(text for _, text in BUILTIN_PROMPTS) + "\n\n")
     if not text:
         raise BadInput(target_model.ref, "its tokenizer encodes the built-in prompts to no tokens")
@@ -228,6 +233,7 @@ def run_bench(
         },
         tokens=tokens,
         chat=chat,
+        chat_kwargs=chat_kwargs or {},
         prompts=names,
         users=users,
         depth=depth,

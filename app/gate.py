@@ -115,6 +115,7 @@ class GateReport:
     max_tokens: int
     rule: str
     chat: bool
+    chat_kwargs: dict[str, Any]  # the chat template's variables (--chat-template-kwargs)
     prompts: list[GatePrompt]
     verdicts: dict[str, Verdict]
     warnings: list[str]
@@ -250,6 +251,7 @@ class GateReport:
                 "dtype": self.dtype,
                 "rule": self.rule,
                 "chat": self.chat,
+                "chat_template_kwargs": self.chat_kwargs,
                 "max_tokens": self.max_tokens,
                 "settings": [{**sampling_json(c.sampling), "batch": c.batch} for c in self.cells],
                 "prompts": len(self.prompts),
@@ -273,6 +275,7 @@ class GateReport:
             "max_tokens": self.max_tokens,
             "rule": self.rule,
             "chat": self.chat,
+            "chat_template_kwargs": self.chat_kwargs,
             "prompts": [
                 {"name": p.name, "sha256": hashlib.sha256(p.text.encode("utf-8")).hexdigest(), "tokens": len(p.ids)}
                 for p in self.prompts
@@ -312,6 +315,7 @@ def run_gate(
     max_tokens: int = GATE_MAX_TOKENS,
     sampling: SamplingArgs | None = None,
     chat: bool | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
     device: str | None = None,
     threads: int | None = None,
     dtype: str | None = None,
@@ -326,7 +330,8 @@ def run_gate(
     loaded: LoadedTarget | None = None,
 ) -> GateReport:
     """The gate on the pair the arguments name (`pair.gate_pair`): `prompt`, `prompts` (name, text or chat) or the
-    built-in ones, through the target's chat template unless `chat` is False (None: when it has one), `sampling`
+    built-in ones, through the target's chat template unless `chat` is False (None: when it has one) rendered with
+    `chat_kwargs`, `sampling`
     or the gate's three settings, `batch` or solo and CONCURRENT at once. `target` and `draft`: refs, or checkpoints
     opened already (sources/model.open_files: files from any source); `loaded`: the target loaded already
     (models.load_target)."""
@@ -349,7 +354,8 @@ def run_gate(
     chat = chat_by_default(tokenizer, chat)
     named = [("prompt", prompt)] if prompt is not None else prompts or list(BUILTIN_PROMPTS)
     gate_prompts = [
-        GatePrompt(name, prompt_text(text), encode_prompt(tokenizer, text, chat, name)) for name, text in named
+        GatePrompt(name, prompt_text(text), encode_prompt(tokenizer, text, chat, name, chat_kwargs))
+        for name, text in named
     ]
     context = max(len(p.ids) for p in gate_prompts) + max_tokens
     verdicts, warnings = judged(pair, gguf_file, draft_gguf_file, context)
@@ -396,6 +402,7 @@ def run_gate(
         max_tokens,
         rule,
         chat,
+        chat_kwargs or {},
         gate_prompts,
         verdicts,
         warnings,

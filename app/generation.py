@@ -31,6 +31,7 @@ class Generation:
     prompt: str  # as given, before any chat template
     prompt_tokens: int
     chat: bool
+    chat_kwargs: dict[str, Any]  # the chat template's variables (--chat-template-kwargs)
     sampling: SamplingArgs
     text: str  # a final stop token not shown
     tokens: list[int]  # a final stop id included
@@ -55,6 +56,7 @@ class Generation:
                 "sha256": hashlib.sha256(self.prompt.encode("utf-8")).hexdigest(),
                 "tokens": self.prompt_tokens,
                 "chat": self.chat,
+                "chat_template_kwargs": self.chat_kwargs,
             },
             "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed},
             "text": self.text,
@@ -74,6 +76,7 @@ def generate_text(
     max_tokens: int,
     sampling: SamplingArgs = (0.0, 0, 1.0, 0),
     chat: bool | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
     device: str | None = None,
     threads: int | None = None,
     dtype: str | None = None,
@@ -83,7 +86,7 @@ def generate_text(
     progress: Progress = SILENT,
 ) -> Generation:
     """Generate from `target` after `prompt` (through its chat template unless `chat` is False; None: when it has
-    one); `on_text` gets the text as it grows (a final newline last)."""
+    one; rendered with `chat_kwargs`); `on_text` gets the text as it grows (a final newline last)."""
     import torch
 
     from specpair.app.memory import out_of_memory
@@ -100,7 +103,7 @@ def generate_text(
     plan = loading.plan_load(model, where, placed.dtype, parallel=parallel)
     tokenizer = model.tokenizer()
     chat = chat_by_default(tokenizer, chat)
-    ids = encode_prompt(tokenizer, prompt, chat)
+    ids = encode_prompt(tokenizer, prompt, chat, variables=chat_kwargs)
     context = len(ids) + max_tokens
     loaded = load_target(plan, progress, context)
     stops = sorted(set(tokenizer.stop_ids) | set(model.config.eos_token_ids))
@@ -127,6 +130,7 @@ def generate_text(
         prompt,
         len(ids),
         chat,
+        chat_kwargs or {},
         sampling,
         text,
         generated.tokens,

@@ -102,13 +102,35 @@ def prompt_text(prompt: Prompt) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, sort_keys=True)
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, chat: bool, where: str = "--prompt") -> list[int]:
+TEMPLATE_KWARGS = "--chat-template-kwargs"
+
+
+def template_kwargs(text: str | None) -> dict[str, Any]:
+    """--chat-template-kwargs JSON: the variables the chat template is rendered with (enable_thinking, ...), a JSON
+    object as vLLM and SGLang take it; {} when not given."""
+    if text is None:
+        return {}
+    try:
+        variables = json.loads(text)
+    except json.JSONDecodeError as e:
+        example = '{"enable_thinking": false}'
+        raise BadInput(TEMPLATE_KWARGS, f"is not JSON ({e.msg}): give an object such as '{example}'") from None
+    if not isinstance(variables, dict):
+        raise BadInput(TEMPLATE_KWARGS, f"is a JSON {type(variables).__name__}, not an object of variables")
+    return variables
+
+
+def encode_prompt(
+    tokenizer: Any, prompt: Prompt, chat: bool, where: str = "--prompt", variables: dict[str, Any] | None = None
+) -> list[int]:
     """The prompt's token ids, wrapped in the model's chat template (as a user message, or the chat it is) when
-    `chat`."""
+    `chat`, rendered with `variables` (template_kwargs)."""
     if isinstance(prompt, list) and not chat:
         raise BadInput(where, "holds chat messages: they need the target's chat template (not --no-chat)")
+    if variables and not chat:
+        raise BadInput(TEMPLATE_KWARGS, "reach the chat template only, and these prompts go in as raw text")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    wrapped = tokenizer.apply_chat_template(messages) if chat else prompt
+    wrapped = tokenizer.apply_chat_template(messages, **(variables or {})) if chat else prompt
     ids = tokenizer.encode(wrapped, add_special_tokens=not chat)
     if not ids:
         raise BadInput(where, "the prompt encodes to no tokens")

@@ -82,6 +82,14 @@ ChatOpt = Annotated[
         help="Wrap each prompt in the target's chat template as a user message (default: when it has one; --no-chat: raw text).",
     ),
 ]
+ChatKwargsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="Variables the chat template is rendered with, a JSON object as vLLM and SGLang take it, e.g. '{\"enable_thinking\": false}': acceptance depends on the mode the drafter was trained in (z-lab/dflash#60).",
+    ),
+]
 PromptsOpt = Annotated[
     str | None,
     typer.Option(

@@ -14,6 +14,7 @@ import typer
 
 from specpair.cli._options import (
     BlockSizeOpt,
+    ChatKwargsOpt,
     ChatOpt,
     DeviceOpt,
     DraftBitsOpt,
@@ -137,6 +138,7 @@ def bench(
     tokens: TokensOpt = 512,
     prompts: PromptsOpt = None,
     chat: ChatOpt = None,
+    chat_template_kwargs: ChatKwargsOpt = None,
     profile: ProfileOpt = None,
     block_size: BlockSizeOpt = None,
     device: DeviceOpt = None,
@@ -159,7 +161,7 @@ def bench(
     from specpair.app.bench import run_bench
     from specpair.app.device import start_ranks
     from specpair.app.profile import check_writable, write_profile
-    from specpair.app.prompts import read_prompts
+    from specpair.app.prompts import read_prompts, template_kwargs
 
     ended = start_ranks(tp)
     if ended is not None:
@@ -185,6 +187,7 @@ def bench(
         tokens=tokens,
         prompts=read_prompts(prompts, chat) if prompts is not None else None,
         chat=chat,
+        chat_kwargs=template_kwargs(chat_template_kwargs),
         block_size=block_size,
         device=device,
         threads=threads,

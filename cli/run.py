@@ -13,6 +13,7 @@ from specpair.app.generation import MAX_TOKENS
 from specpair.app.pair import DEMO_CPU_MAX_TOKENS
 from specpair.cli._options import (
     BlockSizeOpt,
+    ChatKwargsOpt,
     ChatOpt,
     DeviceOpt,
     DraftBitsOpt,
@@ -126,6 +127,7 @@ def run(
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = 0,
     chat: ChatOpt = None,
+    chat_template_kwargs: ChatKwargsOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
     dtype: DtypeOpt = None,
@@ -146,7 +148,7 @@ def run(
     --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts),
     greedy and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
     from specpair.app.device import on_cpu, start_ranks
-    from specpair.app.prompts import read_prompt
+    from specpair.app.prompts import read_prompt, template_kwargs
     from specpair.errors import BadInput
 
     ended = start_ranks(tp)
@@ -154,6 +156,7 @@ def run(
         raise typer.Exit(ended)
     out = Output(json_output, quiet)
     sampling = (temperature, top_k, top_p, seed)
+    chat_kwargs = template_kwargs(chat_template_kwargs)
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
         from specpair.app.gate import run_gate
         from specpair.app.profile import write_profile
@@ -170,6 +173,7 @@ def run(
             max_tokens=max_tokens or (DEMO_CPU_MAX_TOKENS if demo and on_cpu(device) else GATE_MAX_TOKENS),
             sampling=sampling if any(s is not None and s.name == "COMMANDLINE" for s in given) else None,
             chat=chat,
+            chat_kwargs=chat_kwargs,
             device=device,
             threads=threads,
             dtype=dtype,
@@ -191,7 +195,20 @@ def run(
     if prompts is not None or profile is not None:
         raise BadInput("--prompts" if prompts is not None else "--profile", "needs a drafter: give DRAFT or --mtp")
     text = read_prompt(prompt, prompt_file)
-    _generate(out, target, text, max_tokens or MAX_TOKENS, sampling, chat, device, threads, dtype, gguf_file, graphs)
+    _generate(
+        out,
+        target,
+        text,
+        max_tokens or MAX_TOKENS,
+        sampling,
+        chat,
+        chat_kwargs,
+        device,
+        threads,
+        dtype,
+        gguf_file,
+        graphs,
+    )
 
 
 def _gate_prompts(
@@ -212,7 +229,18 @@ def _gate_prompts(
 
 
 def _generate(
-    out: Output, target: str, prompt: str, max_tokens: int, sampling, chat, device, threads, dtype, gguf_file, graphs
+    out: Output,
+    target: str,
+    prompt: str,
+    max_tokens: int,
+    sampling,
+    chat,
+    chat_kwargs,
+    device,
+    threads,
+    dtype,
+    gguf_file,
+    graphs,
 ) -> None:
     from specpair.app.generation import generate_text
 
@@ -226,6 +254,7 @@ def _generate(
         max_tokens=max_tokens,
         sampling=sampling,
         chat=chat,
+        chat_kwargs=chat_kwargs,
         device=device,
         threads=threads,
         dtype=dtype,

@@ -229,7 +229,12 @@ CHATML = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CHATML_THINKING = CHATML.replace("assistant\\n'", "assistant\\n<think>\\n'")  # Qwen3.5 opens a think block
+# Qwen3.5 opens a think block, or writes it empty where enable_thinking is false
+CHATML_THINKING = CHATML.replace(
+    "{{- '<|im_start|>assistant\\n' }}",
+    "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}",
+)
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message.role + "
     "'<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}{%- endfor %}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import build_dflash, save, tiny_model
+from fixtures import build_dflash, save, tiny_model, vocabulary
 from jsonschema import Draft202012Validator
 
 from specpair.runtime.generate import generate
@@ -57,6 +57,7 @@ def test_json_document_holds_the_generation(target):
         "sha256": hashlib.sha256(prompt.encode()).hexdigest(),
         "tokens": len(tokenizer.encode(prompt)),
         "chat": False,
+        "chat_template_kwargs": {},
     }
     assert report["device"] == "cpu"
     assert report["target"]["revision"] is None and report["target"]["family"] == "qwen3_5"
@@ -147,10 +148,33 @@ def test_bad_arguments_are_refused_before_loading(target, tmp_path):
         ("--prompt", "x", "--prompt-file", "p.txt"): "exactly one of --prompt TEXT and --prompt-file FILE",
         ("--prompt-file", str(tmp_path / "missing.txt")): "cannot be read as UTF-8 text",
         ("--prompt", "x", "--top-p", "0", "--device", "cpu"): "0 keeps no token",
+        ("--prompt", "x", "--chat-template-kwargs", "{"): "is not JSON (",
+        ("--prompt", "x", "--chat-template-kwargs", "[1]"): "is a JSON list, not an object of variables",
+        ("--prompt", "x", "--no-chat", "--chat-template-kwargs", '{"enable_thinking": false}'): "chat template only",
     }
     for args, problem in cases.items():
         result = CliRunner().invoke(app, ["run", str(target), *args])
         assert isinstance(result.exception, BadInput) and problem in str(result.exception), (args, result.exception)
+
+
+def test_the_chat_templates_variables_reach_it_and_the_report(tmp_path):
+    """--chat-template-kwargs renders the template with its variables, as vLLM's and SGLang's do: Qwen3.5's writes an
+    empty think block where enable_thinking is false (a drafter trained on one mode is accepted less in the other,
+    z-lab/dflash#60), and the report says what it was rendered with."""
+    target = save(tiny_model("qwen3_5", vocab_size=len(vocabulary("qwen3_5").tokens)), tmp_path / "hf", "qwen3_5")
+    tokenizer = open_model(str(target)).tokenizer()
+    chat = [{"role": "user", "content": "Hello"}]
+    reports = {}
+    for variables in ({}, {"enable_thinking": False}):
+        args = ["--chat-template-kwargs", json.dumps(variables)] if variables else []
+        done = run(str(target), "--prompt", "Hello", "--max-tokens", "2", "--device", "cpu", "--json", *args)
+        assert done.returncode == 0, done.stderr
+        reports[bool(variables)] = report = json.loads(done.stdout)["prompt"]
+        assert report["chat"] and report["chat_template_kwargs"] == variables
+        rendered = tokenizer.apply_chat_template(chat, **variables)
+        assert rendered.endswith("<think>\n\n</think>\n\n" if variables else "<think>\n")
+        assert report["tokens"] == len(tokenizer.encode(rendered, add_special_tokens=False))
+    assert reports[True]["tokens"] > reports[False]["tokens"]
 
 
 def test_a_repo_in_the_hf_cache_reports_its_commit(target, tmp_path, monkeypatch):
