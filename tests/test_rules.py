@@ -530,7 +530,10 @@ def test_a_moe_verify_step_is_priced_against_a_decode_step():
     (message,) = findings(target, dflash_draft(), "sglang")["speed.moe_verify"]
     decode, verify, small = (1 - 0.75**tokens for tokens in (1, 16, 4))
     ratio = (10**8 + verify * 10**9) / (10**8 + decode * 10**9)
-    assert f"reads about {round(8 * verify)} experts a layer against {round(8 * decode)} at decode, {ratio:.1f}x" in message
+    assert (
+        f"reads about {round(8 * verify)} experts a layer against {round(8 * decode)} at decode, {ratio:.1f}x"
+        in message
+    )
     assert f"a block of 4 reads {(10**8 + small * 10**9) / (10**8 + decode * 10**9):.1f}x" in message
     assert "speed.moe_verify" not in findings(moe_target(experts=10**6), dflash_draft(), "sglang")  # dense-bound
     assert "speed.moe_verify" not in findings(target, dflash_draft(), "sglang", concurrency=16)  # all touched already
