@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -197,17 +197,17 @@ def run(
     text = read_prompt(prompt, prompt_file)
     _generate(
         out,
-        target,
-        text,
-        max_tokens or MAX_TOKENS,
-        sampling,
-        chat,
-        chat_kwargs,
-        device,
-        threads,
-        dtype,
-        gguf_file,
-        graphs,
+        target=target,
+        prompt=text,
+        max_tokens=max_tokens or MAX_TOKENS,
+        sampling=sampling,
+        chat=chat,
+        chat_kwargs=chat_kwargs,
+        device=device,
+        threads=threads,
+        dtype=dtype,
+        gguf_file=gguf_file,
+        graphs=graphs,
     )
 
 
@@ -228,41 +228,15 @@ def _gate_prompts(
     return text, read_prompts(prompts, chat) if prompts is not None else None
 
 
-def _generate(
-    out: Output,
-    target: str,
-    prompt: str,
-    max_tokens: int,
-    sampling,
-    chat,
-    chat_kwargs,
-    device,
-    threads,
-    dtype,
-    gguf_file,
-    graphs,
-) -> None:
+def _generate(out: Output, **settings: Any) -> None:
+    """`generate_text` with `settings` (the command's), the text streamed to stdout unless --json, then its speed."""
     from specpair.app.generation import generate_text
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    done = generate_text(
-        target,
-        prompt,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        chat=chat,
-        chat_kwargs=chat_kwargs,
-        device=device,
-        threads=threads,
-        dtype=dtype,
-        gguf_file=gguf_file,
-        graphs=graphs,
-        on_text=None if out.json else write,
-        progress=out,
-    )
+    done = generate_text(**settings, on_text=None if out.json else write, progress=out)
     timing = done.timing
     out.result(
         done.to_json,
