@@ -70,7 +70,6 @@ class FileCheck:
     """One file of a lock against the disk: ok, missing, size_differs or hash_differs."""
 
     path: str
-    full_path: str
     size: int
     status: str
     found_size: int | None = None
@@ -193,7 +192,7 @@ def _open_locked(repo: LockedRepo, gguf_file: str | None) -> Checkpoint:
 
 def _check(repo: LockedRepo, locked: LockedFile) -> FileCheck:
     full = os.path.join(repo.directory, locked.path)
-    found = FileCheck(locked.path, full, locked.size, "missing")
+    found = FileCheck(locked.path, locked.size, "missing")
     try:
         info = os.stat(full)
     except OSError:
@@ -202,14 +201,14 @@ def _check(repo: LockedRepo, locked: LockedFile) -> FileCheck:
         raise BadInput(full, "is not a regular file: refused")
     size = info.st_size
     if size != locked.size:
-        return FileCheck(locked.path, full, locked.size, "size_differs", found_size=size)
+        return FileCheck(locked.path, locked.size, "size_differs", found_size=size)
     digest = hashlib.sha256()
     try:
         hash_file(full, [digest])
     except OSError as e:
         raise BadInput(full, f"cannot read ({e.strerror or e})") from None
     status = "ok" if digest.hexdigest() == locked.sha256 else "hash_differs"
-    return FileCheck(locked.path, full, locked.size, status, size, digest.hexdigest())
+    return FileCheck(locked.path, locked.size, status, size, digest.hexdigest())
 
 
 def _repo_to_json(repo: LockedRepo, base: str) -> dict[str, Any]:
