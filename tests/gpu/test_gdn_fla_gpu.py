@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from specpair.runtime.kernels import gdn
 
 CUDA = "cuda"  # compiled kernels, both: SPECPAIR_GPU_TIER_DEVICE=cpu cannot run them (test_kernels_compiled.py)
