@@ -327,6 +327,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
     "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
     "runtime.tensor_parallel": (T, dflash_draft, "specpair", {"gpus": 4}),
+    "hw.tensor_parallel_heads": (T, dflash_draft, "vllm", {"gpus": 8}),
     "speed.moe_verify": (lambda: moe_target(experts=10**9), dflash_draft, "sglang", {}),
     "vocab.draft_head": (T, lambda: with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True)), "sglang", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
@@ -489,6 +490,25 @@ def test_check_refuses_the_tensor_parallel_sizes_the_runtime_refuses(kv_heads, r
         assert "drafter.tensor_parallel" not in found
     (message,) = findings(qwen3_target(kv_heads=2), dflash_draft(), "specpair", gpus=4)["runtime.tensor_parallel"]
     assert message.endswith("num_kv_heads 2 leaves a rank of tensor parallelism 4 without one; --tp 2 splits it.")
+
+
+def test_sglang_and_vllm_need_the_gpus_to_divide_every_models_heads():
+    """Their tensor parallelism splits query heads evenly and KV heads evenly or copies them to whole shares (SGLang's
+    DFlashAttention asserts it for the drafter; their QKVParallelLinear for the target): each model's heads are
+    checked, and the largest size below that divides both is named. specpair splits unevenly, so it is not asked."""
+
+    def heads(gpus: int, target: Checkpoint, draft: Checkpoint, stack: str = "vllm") -> list[str]:
+        return findings(target, draft, stack, gpus=gpus).get("hw.tensor_parallel_heads", [])
+
+    assert heads(2, T(), dflash_draft()) == heads(4, T(), dflash_draft()) == []  # 4 heads, 2 KV heads
+    target, draft = heads(8, T(), dflash_draft(), "sglang")  # each model with 4 heads
+    assert target.endswith("target has 4 attention heads; --gpus 4 divides them.")
+    assert draft.endswith("dflash-draft has 4 attention heads; --gpus 4 divides them.")
+    (message,) = heads(2, qwen3_target(kv_heads=3), dflash_draft())
+    assert message.endswith("target has 3 KV heads; serve it on one GPU.")
+    (message,) = heads(4, T(), dflash_draft(num_attention_heads=6))
+    assert message.endswith("dflash-draft has 6 attention heads; --gpus 2 divides them.")
+    assert "hw.tensor_parallel_heads" not in findings(T(), dflash_draft(), "specpair", gpus=8)
 
 
 def test_vllms_line_samples_the_drafts_of_the_kinds_that_sample():
