@@ -148,7 +148,7 @@ def run(
     --demo: the gate, undrafted and drafted on the same prompts (built-in prose and code, --prompt or --prompts),
     greedy and two seeded temperatures (or --temperature/--seed), solo and 4 concurrent (or --batch)."""
     from specpair.app.device import on_cpu, start_ranks
-    from specpair.app.prompts import read_prompt, template_kwargs
+    from specpair.app.prompts import read_prompt
     from specpair.errors import BadInput
 
     ended = start_ranks(tp)
@@ -156,7 +156,7 @@ def run(
         raise typer.Exit(ended)
     out = Output(json_output, quiet)
     sampling = (temperature, top_k, top_p, seed)
-    chat_kwargs = template_kwargs(chat_template_kwargs)
+    shared = _shared_settings(chat, chat_template_kwargs, device, threads, dtype, gguf_file, graphs)
     if draft is not None or mtp or demo or (target or "").endswith(".lock"):
         from specpair.app.gate import run_gate
         from specpair.app.profile import write_profile
@@ -172,19 +172,13 @@ def run(
             prompts=records,
             max_tokens=max_tokens or (DEMO_CPU_MAX_TOKENS if demo and on_cpu(device) else GATE_MAX_TOKENS),
             sampling=sampling if any(s is not None and s.name == "COMMANDLINE" for s in given) else None,
-            chat=chat,
-            chat_kwargs=chat_kwargs,
-            device=device,
-            threads=threads,
-            dtype=dtype,
-            gguf_file=gguf_file,
             draft_gguf_file=draft_gguf_file,
             block_size=block_size,
             batch=batch,
             draft_bits=draft_bits or None,
             rule=rule,
-            graphs=graphs,
             progress=out,
+            **shared,
         )
         if profile is not None:
             write_profile(profile, report.profile())
@@ -195,20 +189,24 @@ def run(
     if prompts is not None or profile is not None:
         raise BadInput("--prompts" if prompts is not None else "--profile", "needs a drafter: give DRAFT or --mtp")
     text = read_prompt(prompt, prompt_file)
-    _generate(
-        out,
-        target=target,
-        prompt=text,
-        max_tokens=max_tokens or MAX_TOKENS,
-        sampling=sampling,
-        chat=chat,
-        chat_kwargs=chat_kwargs,
-        device=device,
-        threads=threads,
-        dtype=dtype,
-        gguf_file=gguf_file,
-        graphs=graphs,
-    )
+    _generate(out, target=target, prompt=text, max_tokens=max_tokens or MAX_TOKENS, sampling=sampling, **shared)
+
+
+def _shared_settings(
+    chat: bool | None, chat_template_kwargs: str | None, device, threads, dtype, gguf_file, graphs
+) -> dict[str, Any]:
+    """What the gate and a plain generation both take from the command line, by their parameters' names."""
+    from specpair.app.prompts import template_kwargs
+
+    return {
+        "chat": chat,
+        "chat_kwargs": template_kwargs(chat_template_kwargs),
+        "device": device,
+        "threads": threads,
+        "dtype": dtype,
+        "gguf_file": gguf_file,
+        "graphs": graphs,
+    }
 
 
 def _gate_prompts(
