@@ -131,10 +131,12 @@ def plan(
     max_tp: int,
     expert_offload: str | None = None,
     draft_whole: bool = False,
+    splits: tuple[int, ...] = TP_SIZES,
 ) -> MemoryPlan:
     """`expert_offload`: the stack's flag that keeps the routed experts of the first N layers in CPU memory (None:
     it cannot); tried where the weights do not fit the GPUs given. `draft_whole`: every GPU holds the whole drafter
-    and its KV under tensor parallelism, where otherwise they split with the target."""
+    and its KV under tensor parallelism, where otherwise they split with the target. `splits`: the sizes that split
+    the pair's heads the stack's way, the only ones a fit is looked for at."""
     parts = {
         "target_weights": gb(e.target_weights),
         "draft_weights": gb(e.draft_weights),
@@ -153,7 +155,7 @@ def plan(
     if gpu is None:
         return MemoryPlan(context, concurrency, parts, overhead, tp, max_tp, per_gpu(tp))
     usable = gb(gpu.memory * USABLE_FRACTION)
-    smallest = next((n for n in TP_SIZES if n <= max_tp and per_gpu(n) <= usable), None)
+    smallest = next((n for n in splits if n <= max_tp and per_gpu(n) <= usable), None)
     fits = smallest is not None and smallest <= gpus
     offload = None
     if not fits and expert_offload and e.experts and e.expert_layers:

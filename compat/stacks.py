@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.families import BLOCK, OWN_STACK, families_served_by, kinds_served_by
+from specpair.checkpoint.tensor_parallel import EVEN, GROUPS, SPLITS
 from specpair.compat.memory import MemoryPlan
 from specpair.compat.pair import Pair
 from specpair.formats.layouts import AFFINE, NVFP4, layout_of
@@ -44,6 +45,17 @@ class Stack:
     expert_offload: str | None = None
     draft_whole: bool = False  # under tensor parallelism every GPU holds the whole drafter and its KV (it drafts on
     # each rank alike); False: they split across the GPUs as the target does
+    head_split: str | None = None  # how its tensor parallelism splits heads (checkpoint/tensor_parallel.py SPLITS);
+    # None: not established
+
+    def unsplit(self, p: Pair, gpus: int) -> list[tuple[str, str]]:
+        """(checkpoint, why) for each model of the pair that `gpus` GPUs cannot split the way this stack splits heads
+        ([] where they can, or where its way is not established)."""
+        if self.head_split is None or gpus == 1:
+            return []
+        why, drafter_too = SPLITS[self.head_split]
+        models = [p.target] + ([p.draft] if p.separate and drafter_too else [])
+        return [(m.ref, reason) for m in models for reason in why(m.shapes, gpus)]
 
     def launch_line(self, p: Pair, memory: MemoryPlan | None) -> str:
         """The launch command, with the experts it keeps in CPU memory where the pair fits only that way."""
@@ -305,6 +317,7 @@ STACKS: dict[str, Stack] = {
             ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             _specpair,
             draft_whole=True,  # runtime/parallel.py: drafters are replicated
+            head_split=GROUPS,
         ),
         Stack(
             "sglang",
@@ -315,6 +328,7 @@ STACKS: dict[str, Stack] = {
             native_only={
                 NVFP4: '"FP4 is not available on this device" (sglang#40022, sglang#28256): use an FP8 or BF16 checkpoint'
             },
+            head_split=EVEN,  # its DFlashAttention asserts it for the drafter too
         ),
         Stack(
             "vllm",
@@ -322,6 +336,7 @@ STACKS: dict[str, Stack] = {
             ("bf16", "f16", "f32", "fp8", "nvfp4-modelopt", "nvfp4-ct", "int4-ct", "int8"),
             ("bf16", "f16", "f32", "fp8", "int8", "int4-ct"),
             _vllm,
+            head_split=EVEN,
         ),
         Stack(
             "llama.cpp",

@@ -326,8 +326,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     "mask.padded_row": (T, dflash_draft, "sglang", {}),
     "mask.special": (T, lambda: dflash_draft(mask_token_id=TOKENS - 2), "sglang", {}),
     "vocab.d2t": (T, lambda: with_(eagle3_draft(), _set_drafter(has_d2t=False)), "vllm", {}),
-    "runtime.tensor_parallel": (T, dflash_draft, "specpair", {"gpus": 4}),
-    "hw.tensor_parallel_heads": (T, dflash_draft, "vllm", {"gpus": 8}),
+    "hw.tensor_parallel_split": (T, dflash_draft, "vllm", {"gpus": 8}),
     "speed.moe_verify": (lambda: moe_target(experts=10**9), dflash_draft, "sglang", {}),
     "vocab.draft_head": (T, lambda: with_(dflash_draft(), _set_drafter(head_rows=100, has_d2t=True)), "sglang", {}),
     "base.lineage": (T, lambda: dflash_draft(vocab_size=200), "sglang", {}),
@@ -486,29 +485,48 @@ def test_check_refuses_the_tensor_parallel_sizes_the_runtime_refuses(kv_heads, r
             splits = True
         except BadInput:
             splits = False
-        assert ("runtime.tensor_parallel" not in found) == splits, (kv_heads, rows, gpus, found)
+        assert ("hw.tensor_parallel_split" not in found) == splits, (kv_heads, rows, gpus, found)
         assert "drafter.tensor_parallel" not in found
-    (message,) = findings(qwen3_target(kv_heads=2), dflash_draft(), "specpair", gpus=4)["runtime.tensor_parallel"]
-    assert message.endswith("num_kv_heads 2 leaves a rank of tensor parallelism 4 without one; --tp 2 splits it.")
+    (message,) = findings(qwen3_target(kv_heads=2), dflash_draft(), "specpair", gpus=4)["hw.tensor_parallel_split"]
+    assert message.endswith(
+        "target: num_kv_heads 2 leaves a rank of tensor parallelism 4 without one over --gpus 4; --gpus 2 splits it."
+    )
 
 
 def test_sglang_and_vllm_need_the_gpus_to_divide_every_models_heads():
     """Their tensor parallelism splits query heads evenly and KV heads evenly or copies them to whole shares (SGLang's
     DFlashAttention asserts it for the drafter; their QKVParallelLinear for the target): each model's heads are
-    checked, and the largest size below that divides both is named. specpair splits unevenly, so it is not asked."""
+    checked, and the largest size below that splits both is named. specpair splits its own way (above)."""
 
-    def heads(gpus: int, target: Checkpoint, draft: Checkpoint, stack: str = "vllm") -> list[str]:
-        return findings(target, draft, stack, gpus=gpus).get("hw.tensor_parallel_heads", [])
+    def split(gpus: int, target: Checkpoint, draft: Checkpoint, stack: str = "vllm") -> list[str]:
+        return findings(target, draft, stack, gpus=gpus).get("hw.tensor_parallel_split", [])
 
-    assert heads(2, T(), dflash_draft()) == heads(4, T(), dflash_draft()) == []  # 4 heads, 2 KV heads
-    target, draft = heads(8, T(), dflash_draft(), "sglang")  # each model with 4 heads
-    assert target.endswith("target has 4 attention heads; --gpus 4 divides them.")
-    assert draft.endswith("dflash-draft has 4 attention heads; --gpus 4 divides them.")
-    (message,) = heads(2, qwen3_target(kv_heads=3), dflash_draft())
-    assert message.endswith("target has 3 KV heads; serve it on one GPU.")
-    (message,) = heads(4, T(), dflash_draft(num_attention_heads=6))
-    assert message.endswith("dflash-draft has 6 attention heads; --gpus 2 divides them.")
-    assert "hw.tensor_parallel_heads" not in findings(T(), dflash_draft(), "specpair", gpus=8)
+    assert split(2, T(), dflash_draft()) == split(4, T(), dflash_draft()) == []  # 4 heads, 2 KV heads
+    (message,) = split(8, T(), dflash_draft(), "sglang")  # each model with 4 heads
+    assert message.endswith(
+        "target: 4 attention heads do not divide by 8; dflash-draft: 4 attention heads do not divide by 8 over "
+        "--gpus 8; --gpus 4 splits it."
+    )
+    (message,) = split(2, qwen3_target(kv_heads=3), dflash_draft())
+    assert message.endswith("target: 3 KV heads do not divide by 2 over --gpus 2; serve it on one GPU.")
+    (message,) = split(4, T(), dflash_draft(num_attention_heads=6))
+    assert message.endswith("dflash-draft: 6 attention heads do not divide by 4 over --gpus 4; --gpus 2 splits it.")
+    (message,) = split(8, T(), dflash_draft(), "specpair")  # its own way: the target's KV groups only
+    assert message.endswith(
+        "target: num_kv_heads 2 leaves a rank of tensor parallelism 8 without one over --gpus 8; --gpus 2 splits it."
+    )
+
+
+def test_the_memory_plan_asks_only_for_sizes_that_split():
+    """A pair too big for one GPU is told the smallest tensor parallelism that fits among the sizes that split its
+    heads the stack's way, so the size `memory.fit` names clears hw.tensor_parallel_split too."""
+    big = [TensorGroup("attention", "bf16", 8, 100 * 10**9)]
+    target = with_(T(), lambda c: setattr(c, "groups", big))
+    (message,) = findings(target, dflash_draft(), "vllm", gpu=GPUS["h100"])["memory.fit"]
+    assert message.endswith("it needs tensor parallelism 2 (pass --gpus 2).")
+    target = with_(qwen3_target(kv_heads=3), lambda c: setattr(c, "groups", big))
+    (message,) = findings(target, dflash_draft(), "vllm", gpu=GPUS["h100"])["memory.fit"]
+    assert message.endswith("so it does not fit on vllm; vllm cannot split this pair across GPUs.")  # 3 KV heads
 
 
 def test_vllms_line_samples_the_drafts_of_the_kinds_that_sample():

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint import Shapes
 from specpair.compat.memory import TP_SIZES
 from specpair.compat.pair import Pair
-from specpair.compat.rules.table import ALL_KINDS, Values, rule
+from specpair.compat.rules.table import ALL_KINDS, ALL_STACKS, Values, rule
 from specpair.compat.stacks import STACKS
 from specpair.formats.layouts import LAYOUT_KINDS, NVFP4, layout_of
 
@@ -88,49 +87,26 @@ def _any_kind(layouts: set[str], kind: str) -> bool:
     return any(layout_of(layout).kind == kind for layout in layouts)
 
 
-def _undivided(shapes: Shapes, gpus: int) -> list[str]:
-    """The head counts of a model that `gpus`-way tensor parallelism as SGLang and vLLM build it cannot split: query
-    heads and Gated DeltaNet heads evenly, KV heads evenly or, when fewer than the GPUs, copied to a whole share
-    each (their QKVParallelLinear)."""
-    found = [f"{shapes.num_heads} attention heads"] if shapes.num_heads % gpus else []
-    kv = shapes.num_kv_heads
-    if (kv >= gpus and kv % gpus) or (kv < gpus and gpus % kv):
-        found.append(f"{kv} KV heads")
-    for heads, what in (
-        (shapes.linear_key_heads, "Gated DeltaNet key heads"),
-        (shapes.linear_value_heads, "value heads"),
-    ):
-        if heads and heads % gpus:
-            found.append(f"{heads} {what}")
-    return found
-
-
 @rule(
-    "hw.tensor_parallel_heads",
+    "hw.tensor_parallel_split",
     "error",
-    ("sglang", "vllm"),
+    ALL_STACKS,
     ALL_KINDS,
-    title="The GPUs asked for divide the target's and the drafter's heads, as the stack's tensor parallelism needs.",
-    message="{stack} splits heads evenly over --gpus {gpus} (the KV heads may be copied where fewer), and {which} has {heads}; {instead}.",
+    title="The GPUs asked for split the pair's heads the way the stack splits them (compat/stacks.py head_split).",
+    message="{stack} cannot split {found} over --gpus {gpus}; {instead}.",
     example={
-        "gpus": 4,
-        "which": "org/drafter",
-        "heads": "6 attention heads",
-        "instead": "--gpus 2 divides them",
+        "found": "org/target: 4 attention heads do not divide by 8",
+        "gpus": 8,
+        "instead": "--gpus 4 splits it",
     },
 )
-def _tensor_parallel_heads(p: Pair, stack: str) -> Iterable[Values]:
-    gpus = p.deployment.gpus
-    if gpus == 1:
-        return
-    models = [(p.target.ref, p.target.shapes)] + ([(p.draft.ref, p.draft.shapes)] if p.separate else [])
-    for ref, shapes in models:
-        found = _undivided(shapes, gpus)
-        if found:
-            fits = [n for n in TP_SIZES if 1 < n < gpus and all(not _undivided(s, n) for _, s in models)]
-            yield {
-                "gpus": gpus,
-                "which": ref,
-                "heads": " and ".join(found),
-                "instead": f"--gpus {fits[-1]} divides them" if fits else "serve it on one GPU",
-            }
+def _tensor_parallel_split(p: Pair, stack: str) -> Iterable[Values]:
+    gpus, row = p.deployment.gpus, STACKS[stack]
+    found = row.unsplit(p, gpus)
+    if found:
+        splits = [n for n in TP_SIZES if 1 < n < gpus and not row.unsplit(p, n)]
+        yield {
+            "found": "; ".join(f"{ref}: {why}" for ref, why in found),
+            "gpus": gpus,
+            "instead": f"--gpus {splits[-1]} splits it" if splits else "serve it on one GPU",
+        }

@@ -22,20 +22,22 @@ def memory_plan(p: Pair, stack: str) -> MemoryPlan | None:
     tensor headers, or an MTP pair whose target has no MTP head)."""
     if not p.target.groups or p.head_missing:
         return None
-    serves = p.serves(stack)
+    serves, stack_row = p.serves(stack), STACKS[stack]
     max_tp = 1 if serves is None else max(TP_SIZES) if serves.tensor_parallel is None else serves.tensor_parallel
+    # only the sizes that split the pair's heads the stack's way: a pair no size above 1 splits is not splittable
+    splits = tuple(n for n in TP_SIZES if n <= max_tp and not stack_row.unsplit(p, n))
     e = estimate(p.target, p.draft, p.kind_row.head_group, p.context, p.deployment.concurrency)
     deployment = p.deployment
-    stack_row = STACKS[stack]
     return plan(
         e,
         p.context,
         deployment.concurrency,
         deployment.gpu,
         deployment.gpus,
-        max_tp,
+        max(splits),
         stack_row.expert_offload,
         stack_row.draft_whole,
+        splits,
     )
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specpair.checkpoint.families import DRAFTER_KINDS
-from specpair.checkpoint.tensor_parallel import unsplittable
-from specpair.compat.memory import TP_SIZES
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
     ALL_KINDS,
@@ -52,34 +50,3 @@ def _draft_family(p: Pair, stack: str) -> Iterable[Values]:
     families = STACKS[stack].families
     if p.draft.family not in families:
         yield {"family": p.draft.family, "known": ", ".join(families)}
-
-
-@rule(
-    "runtime.tensor_parallel",
-    "error",
-    ("specpair",),
-    ALL_KINDS,
-    title="The target splits over the GPUs given (`run --tp N`): whole KV groups for every rank, an even vocabulary.",
-    message="{target} does not split over --tp {gpus}: {reasons}; {instead}.",
-    example={
-        "gpus": 4,
-        "reasons": "num_kv_heads 2 leaves a rank of tensor parallelism 4 without one",
-        "instead": "--tp 2 splits it",
-    },
-)
-def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
-    shapes, gpus = p.target.shapes, p.deployment.gpus
-    if gpus == 1 or shapes.vocab_size is None:
-        return
-
-    def refused(size: int) -> list[str]:
-        return unsplittable(shapes.vocab_size, shapes.num_kv_heads, shapes.linear_key_heads, size)
-
-    reasons = refused(gpus)
-    if reasons:
-        splits = [n for n in TP_SIZES if 1 < n < gpus and not refused(n)]
-        yield {
-            "gpus": gpus,
-            "reasons": "; ".join(reasons),
-            "instead": f"--tp {splits[-1]} splits it" if splits else "run it on one GPU",
-        }
