@@ -43,10 +43,14 @@ class Stack:
     # loads for a target with routed experts
     # The flag, followed by N, that keeps the routed experts of the first N layers in CPU memory; None: it cannot
     expert_offload: str | None = None
-    draft_whole: bool = False  # under tensor parallelism every GPU holds the whole drafter and its KV (it drafts on
-    # each rank alike); False: they split across the GPUs as the target does
     head_split: str | None = None  # how its tensor parallelism splits heads (checkpoint/tensor_parallel.py SPLITS);
     # None: not established
+
+    @property
+    def draft_whole(self) -> bool:
+        """Under tensor parallelism every GPU holds the whole drafter and its KV, where its way of splitting says so
+        (else they split across the GPUs as the target does)."""
+        return self.head_split is not None and not SPLITS[self.head_split][1]
 
     def unsplit(self, p: Pair, gpus: int) -> list[tuple[str, str]]:
         """(checkpoint, why) for each model of the pair that `gpus` GPUs cannot split the way this stack splits heads
@@ -316,8 +320,7 @@ STACKS: dict[str, Stack] = {
             ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             ("bf16", "f16", "f32", "fp8", "nvfp4", "affine", "exl3", "gguf"),
             _specpair,
-            draft_whole=True,  # runtime/parallel.py: drafters are replicated
-            head_split=GROUPS,
+            head_split=GROUPS,  # runtime/parallel.py
         ),
         Stack(
             "sglang",

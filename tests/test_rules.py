@@ -19,6 +19,7 @@ from specpair.checkpoint.tokenizer import Tokenizer, fingerprint
 from specpair.compat.memory import GPUS
 from specpair.compat.pair import Deployment
 from specpair.compat.rules import RULES
+from specpair.compat.rules.memory import memory_plan
 from specpair.compat.verdict import judge
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo
@@ -515,6 +516,21 @@ def test_sglang_and_vllm_need_the_gpus_to_divide_every_models_heads():
     assert message.endswith(
         "target: num_kv_heads 2 leaves a rank of tensor parallelism 8 without one over --gpus 8; --gpus 2 splits it."
     )
+
+
+def test_specpair_holds_the_drafter_whole_on_every_gpu_where_sglang_splits_it():
+    """runtime/parallel.py replicates drafters (each rank drafts the same tokens), so at tensor parallelism 2 a GPU
+    holds half the target and the whole drafter; SGLang and vLLM split both."""
+    target = with_(T(), lambda c: setattr(c, "groups", [TensorGroup("attention", "bf16", 8, 40 * 10**9)]))
+    draft = with_(dflash_draft(), lambda c: setattr(c, "groups", [TensorGroup("attention", "bf16", 8, 4 * 10**9)]))
+    pair, _ = judge(target, draft, Deployment(gpus=2), [])
+    ours, theirs = memory_plan(pair, "specpair"), memory_plan(pair, "sglang")
+    parts, overhead = ours.parts, ours.overhead_per_gpu
+    assert ours.tensor_parallel == theirs.tensor_parallel == 2 and parts["draft_weights"] == 4.0
+    target_gb, kv, draft_gb, draft_kv = (parts[k] for k in ("target_weights", "kv", "draft_weights", "draft_kv"))
+    kv += parts["recurrent_state"]
+    assert ours.per_gpu == round((target_gb + kv) / 2 + draft_gb + draft_kv + overhead, 1)
+    assert theirs.per_gpu == round((target_gb + kv) / 2 + (draft_gb + draft_kv) / 2 + overhead, 1)
 
 
 def test_the_memory_plan_asks_only_for_sizes_that_split():
