@@ -330,9 +330,8 @@ def run_gate(
     loaded: LoadedTarget | None = None,
 ) -> GateReport:
     """The gate on the pair the arguments name (`pair.gate_pair`): `prompt`, `prompts` (name, text or chat) or the
-    built-in ones, through the target's chat template unless `chat` is False (None: when it has one) rendered with
-    `chat_kwargs`, `sampling`
-    or the gate's three settings, `batch` or solo and CONCURRENT at once. `target` and `draft`: refs, or checkpoints
+    built-in ones, through the target's chat template (rendered with `chat_kwargs`) unless `chat` is False (None:
+    when it has one), `sampling` or the gate's three settings, `batch` or solo and CONCURRENT at once. `target` and `draft`: refs, or checkpoints
     opened already (sources/model.open_files: files from any source); `loaded`: the target loaded already
     (models.load_target)."""
     from specpair.runtime import loading
