@@ -1,7 +1,7 @@
 """The compiled Gated DeltaNet kernel (runtime/kernels/gdn.py) against fla-core's fused recurrent gated delta rule
 (flash-linear-attention 0.6.0, carried to the GPU machine in .device/wheels): the kernels transformers runs for
 Qwen3.5 on a GPU where fla is installed, and that SGLang's and vLLM's GDN kernels come from. Only here: under
-Triton's interpreter fla's kernel gives NaN from its second token on (fla 0.6.0, Triton 3.9), so the CPU tier's
+Triton's interpreter fla's kernel gives NaN or other values than on a GPU (fla 0.6.0, Triton 3.9), so the CPU tier's
 oracle is transformers' torch_recurrent_gated_delta_rule, which the reference equals bit for bit
 (tests/kernel_checks/check_gdn.py)."""
 
@@ -31,8 +31,8 @@ def test_the_compiled_kernel_agrees_with_fla(shape: tuple[int, ...]) -> None:
     g = (-torch.rand(batch, tokens, value_heads, generator=generator) * 2).to(CUDA)
     beta = torch.rand(batch, tokens, value_heads, generator=generator).to(CUDA)
     state = torch.randn(batch, value_heads, key_dim, value_dim, generator=generator).to(CUDA)
-    want, want_state = fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, initial_state=state.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True
+    want, want_state = fused_recurrent_gated_delta_rule(  # by name: its positional order is q, k, v, g, gk, gv, beta
+        q, k, v, g=g, beta=beta, initial_state=state.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True
     )
     out = gdn.gdn_recurrent_triton(q, k, v, g, beta, state)
     assert ((out - want).abs() <= 1e-5 + 1e-5 * want.abs()).all(), (out - want).abs().max().item()
