@@ -357,6 +357,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         {},
     ),
     "gguf.dflash2_build": (_gguf_target, dflash2_draft, "llama.cpp", {}),
+    "gguf.dflash2_split": (_gguf_target, dflash2_draft, "llama.cpp", {"gpus": 2}),
     "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
     "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
     "hw.capability": (_modelopt_target, dflash_draft, "sglang", {"gpu": GPUS["h100"]}),
@@ -531,6 +532,13 @@ def test_specpair_holds_the_drafter_whole_on_every_gpu_where_sglang_splits_it():
     kv += parts["recurrent_state"]
     assert ours.per_gpu == round((target_gb + kv) / 2 + draft_gb + draft_kv + overhead, 1)
     assert theirs.per_gpu == round((target_gb + kv) / 2 + (draft_gb + draft_kv) / 2 + overhead, 1)
+
+
+def test_a_dflash2_drafter_over_several_gpus_on_llama_cpp_is_told_its_split_mode():
+    assert "gguf.dflash2_split" not in findings(_gguf_target(), dflash2_draft(), "llama.cpp")  # one GPU: no split
+    assert "gguf.dflash2_split" not in findings(_gguf_target(), dflash_draft(), "llama.cpp", gpus=2)  # no selector
+    (message,) = findings(_gguf_target(), dflash2_draft(), "llama.cpp", gpus=2)["gguf.dflash2_split"]
+    assert "--gpus 2 splits" in message and "PR #27858" in message
 
 
 def test_the_memory_plan_asks_only_for_sizes_that_split():

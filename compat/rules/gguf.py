@@ -51,3 +51,17 @@ def _nvfp4(p: Pair, stack: str) -> Iterable[Values]:
     for checkpoint in p.checkpoints:
         if checkpoint.format == "gguf" and any(layout_of(layout).kind == NVFP4 for layout in checkpoint.layouts_of()):
             yield {"name": checkpoint.ref}
+
+
+@rule(
+    "gguf.dflash2_split",
+    "info",
+    ("llama.cpp",),
+    SELECTOR_DRAFTERS,
+    title="A DFlash2 drafter across several GPUs on llama.cpp: which split mode runs it.",
+    message="{draft} is a DFlash2 drafter, and --gpus {gpus} splits {target} across GPUs: llama.cpp's default layer split runs it, slowly (80 to 18 tok/s in llama.cpp#27819's report); --split-mode tensor stops at an assertion in builds without PR #27858, whose candidate selector reads a vocabulary-split lm_head.",
+    example={"gpus": 2},
+)
+def _dflash2_split(p: Pair, stack: str) -> Iterable[Values]:
+    if p.deployment.gpus > 1:
+        yield {"gpus": p.deployment.gpus}
