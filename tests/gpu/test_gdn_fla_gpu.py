@@ -35,5 +35,6 @@ def test_the_compiled_kernel_agrees_with_fla(shape: tuple[int, ...]) -> None:
         q, k, v, g=g, beta=beta, initial_state=state.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True
     )
     out = gdn.gdn_recurrent_triton(q, k, v, g, beta, state)
-    assert ((out - want).abs() <= 1e-5 + 1e-5 * want.abs()).all(), (out - want).abs().max().item()
-    assert ((state - want_state).abs() <= 1e-5 + 1e-5 * want_state.abs()).all()
+    # float32 both, summed in other orders (over dk, token after token): far under a wrong operand's 1e-2
+    assert ((out - want).abs() <= 1e-4 + 1e-4 * want.abs()).all(), (out - want).abs().max().item()
+    assert ((state - want_state).abs() <= 1e-4 + 1e-4 * want_state.abs()).all()
