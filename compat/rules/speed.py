@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from specpair.checkpoint.config import experts_touched
 from specpair.compat.memory import estimate
@@ -13,12 +13,12 @@ SMALL_BLOCK = 4  # the block the finding also prices, where the pair's is larger
 NOTABLE_RATIO = 1.5  # verify over decode bytes below which there is nothing to say
 
 
-def verify_over_decode(p: Pair, block: int) -> tuple[float, float, float]:
-    """(experts a layer a decode step reads, those a verify step of `block` tokens a sequence reads, the verify
-    step's weight bytes over the decode step's), expected under uniform routing. A step reads the dense weights
-    whole but the embedding (a row a token, unless tied to the head), and the share of experts its tokens touch."""
-    s, users = p.target.shapes, p.deployment.concurrency
-    e = estimate(p.target, p.draft, p.kind_row.head_group, p.context, users)
+def step_reads(p: Pair) -> Callable[[int], tuple[float, float]]:
+    """What a step of `tokens` tokens reads, expected under uniform routing: (experts a layer, weight bytes). A step
+    reads the dense weights whole but the embedding (a row a token, unless tied to the head), and the share of
+    experts its tokens touch."""
+    s = p.target.shapes
+    e = estimate(p.target, p.draft, p.kind_row.head_group, p.context, p.deployment.concurrency)
     embedding = 0 if s.tie_word_embeddings else p.target.bytes_of("embedding")
     dense = e.target_weights - e.experts - embedding
 
@@ -26,8 +26,7 @@ def verify_over_decode(p: Pair, block: int) -> tuple[float, float, float]:
         share = experts_touched(s.num_experts, s.experts_per_token, tokens)
         return share * s.num_experts, dense + share * e.experts
 
-    (decode_experts, decode_bytes), (verify_experts, verify_bytes) = read(users), read(users * block)
-    return decode_experts, verify_experts, verify_bytes / decode_bytes
+    return read
 
 
 @rule(
@@ -52,17 +51,19 @@ def _moe_verify(p: Pair, stack: str) -> Iterable[Values]:
     s = p.target.shapes
     if not (s.num_experts and s.experts_per_token and p.target.bytes_of("experts")) or p.block_size < 2:
         return
-    decode_experts, verify_experts, ratio = verify_over_decode(p, p.block_size)
+    read, users = step_reads(p), p.deployment.concurrency
+    (decode_experts, decode_bytes), (verify_experts, verify_bytes) = read(users), read(users * p.block_size)
+    ratio = verify_bytes / decode_bytes
     if ratio < NOTABLE_RATIO:
         return
     smaller = ""
     if p.block_size > SMALL_BLOCK:
-        smaller = f"; a block of {SMALL_BLOCK} reads {verify_over_decode(p, SMALL_BLOCK)[2]:.1f}x"
+        smaller = f"; a block of {SMALL_BLOCK} reads {read(users * SMALL_BLOCK)[1] / decode_bytes:.1f}x"
     yield {
         "per_token": s.experts_per_token,
         "experts": s.num_experts,
         "block": p.block_size,
-        "users": p.deployment.concurrency,
+        "users": users,
         "verify_experts": round(verify_experts),
         "decode_experts": round(decode_experts),
         "ratio": round(ratio, 1),
