@@ -205,6 +205,12 @@ def _serves_pinned(p: Pair) -> bool:
     return pinned and schema is not None and "vllm" in schema.readers
 
 
+# A draft model stops drafting at a token it gives less than this probability. llama.cpp's default was 0.75 until
+# b9235 (#23269) made it 0.0: every round then drafts the full --draft-max, and acceptance fell from 0.94 to 0.30
+# with the throughput (llama.cpp#25792's bisect; 0.75 passed again gave 0.94). Both spellings' builds read this one.
+LLAMA_CPP_DRAFT_P_MIN = "0.75"
+
+
 def _llama_cpp(p: Pair) -> str:
     """llama-server over local GGUF files; a Hub checkpoint's file is downloaded first, into a folder of its own."""
     steps = []
@@ -220,7 +226,7 @@ def _llama_cpp(p: Pair) -> str:
     if p.separate:
         args += ["-md", paths[1], "-ngld", "99"]
     if p.kind_row.plain:
-        args += ["--draft-max", str(p.block_size - 1)]
+        args += ["--draft-max", str(p.block_size - 1), "--draft-p-min", LLAMA_CPP_DRAFT_P_MIN]
     else:
         spec_type = p.serves("llama.cpp").method
         if spec_type:

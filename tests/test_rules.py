@@ -7,6 +7,7 @@ configs and synthetic tensor headers, then altered one fact at a time.
 from __future__ import annotations
 
 import copy
+import shlex
 from collections.abc import Callable
 
 import pytest
@@ -564,6 +565,18 @@ def test_vllms_line_samples_the_drafts_of_the_kinds_that_sample():
         assert DRAFTER_KINDS[kind].samples == samples
         _, verdicts = judge(T(), drafts[kind](), Deployment(), ["vllm"])
         assert ('"draft_sample_method":"probabilistic"' in verdicts["vllm"].launch) == samples, kind
+
+
+def test_llama_cpps_line_stops_a_draft_models_drafts_where_it_is_unsure():
+    """llama.cpp b9235 dropped its draft-model p-min default from 0.75 to 0.0, so every round drafts the full block
+    and acceptance fell 0.94 to 0.30 (llama.cpp#25792); the launch line passes the old value. A block drafter drafts
+    its block in one pass and has no such cut-off on the line."""
+    plain = with_(draft_model(), lambda c: setattr(c, "format", "gguf"))
+    _, verdicts = judge(_gguf_target(), plain, Deployment(), ["llama.cpp"])
+    argv = shlex.split(verdicts["llama.cpp"].launch)
+    assert argv[argv.index("--draft-p-min") + 1] == "0.75" and argv[argv.index("--draft-max") + 1] == "4", argv
+    _, verdicts = judge(_gguf_target(), _gguf_dflash_draft(), Deployment(), ["llama.cpp"])
+    assert verdicts["llama.cpp"].status == "ok" and "p-min" not in verdicts["llama.cpp"].launch
 
 
 def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():
