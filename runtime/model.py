@@ -37,6 +37,17 @@ from specpair.runtime.parallel import SINGLE, Parallel
 from specpair.runtime.rope import Rope
 
 
+def shard_rows(shard: Tensor, tokens: Tensor, start: int, vocab: int) -> Tensor:
+    """[B, T] ids -> [B, T, H]: the rows of a vocabulary shard holding ids start.. (the table's own for ids in it,
+    zeros for other ids of the vocabulary), so the shards' sum is the whole table's lookup. An id outside the
+    vocabulary keeps an index outside every shard and fails on each, as the whole table's lookup does."""
+    local = tokens - start
+    mine = (local >= 0) & (local < shard.shape[0])
+    elsewhere = (tokens >= 0) & (tokens < vocab) & ~mine
+    rows = torch.nn.functional.embedding(local.masked_fill(elsewhere, 0), shard)
+    return rows * mine[..., None]
+
+
 @dataclass
 class StepOutput:
     logits: Tensor | None  # [B, T, V]
@@ -93,10 +104,9 @@ class Transformer:
         last row unseen (eugr/spark-vllm-docker#308: placeholder draft ids reaching the embedding)."""
         if self.parallel.size == 1:
             return torch.nn.functional.embedding(tokens, self.embed_tokens)
-        local = tokens - self.vocab_rows.start
-        mine = (local >= 0) & (local < self.embed_tokens.shape[0])
-        rows = self.embed_tokens[local.clamp(0, self.embed_tokens.shape[0] - 1)] * mine[..., None]
-        return self.parallel.reduce(rows)
+        return self.parallel.reduce(
+            shard_rows(self.embed_tokens, tokens, self.vocab_rows.start, self.config.vocab_size)
+        )
 
     def head(self, hidden: Tensor) -> Tensor:
         """Final normed hidden [..., H] -> logits [..., V] (every rank's vocabulary slice, gathered)."""

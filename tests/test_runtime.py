@@ -21,6 +21,7 @@ from specpair.runtime.generate import generate, prefill
 from specpair.runtime.kernels import linear
 from specpair.runtime.kernels.cpu_rows import PRODUCTS, tile_rows
 from specpair.runtime.loading import load, plan_load
+from specpair.runtime.model import shard_rows
 from specpair.runtime.sampling import Sampling
 from specpair.sources.model import open_model
 
@@ -282,6 +283,23 @@ def test_an_id_outside_the_vocabulary_fails_where_indexing_would_wrap_it(checkpo
         with pytest.raises(IndexError):
             model.embed(torch.tensor([[3, bad]]))
     assert torch.equal(model.embed(torch.tensor([[3, vocab - 1]])), model.embed_tokens[[3, vocab - 1]][None])
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_vocabulary_shards_add_up_to_the_table_and_each_refuses_an_id_outside_it(shards):
+    """Under tensor parallelism each rank looks up its rows of the vocabulary and the sum is the table's lookup,
+    exactly; an id outside the vocabulary fails on every rank, where masking it to zeros everywhere would embed a
+    -1 placeholder as a zero vector unseen (eugr/spark-vllm-docker#308)."""
+    vocab = 12
+    table = torch.randn(vocab, 5, generator=torch.Generator().manual_seed(3))
+    tokens = torch.tensor([[0, 5, 11], [3, 6, 9]])
+    part = vocab // shards
+    looked = [shard_rows(table[r * part : (r + 1) * part], tokens, r * part, vocab) for r in range(shards)]
+    assert torch.equal(sum(looked), table[tokens]) and all(int((x != 0).any(-1).sum()) for x in looked)
+    for bad in (-1, vocab):
+        for r in range(shards):
+            with pytest.raises(IndexError):
+                shard_rows(table[r * part : (r + 1) * part], torch.tensor([[3, bad]]), r * part, vocab)
 
 
 def test_rollback_of_a_batch_keeps_each_sequence_its_own_prefix(checkpoints):
