@@ -134,6 +134,7 @@ class Drafter:
     selector_rank: int | None = None
     selector_top_k: int | None = None
     draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary
+    eagle_norms: list[str] = field(default_factory=list)  # the EAGLE-3.1 norms its config turns on (EAGLE_NORMS)
     has_d2t: bool = False
     head_rows: int | None = None  # rows of the lm_head it ships (speculators: maybe the verifier's copy)
     has_embeddings: bool = False

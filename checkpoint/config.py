@@ -10,6 +10,7 @@ layer k", rope scaling under transformers' key names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from specpair.checkpoint.families import (
     DFLASH2_KEYS,
     DRAFTER_BY_ARCHITECTURE,
     DRAFTER_KINDS,
+    EAGLE_NORMS,
     FAMILIES,
     Family,
     dotted,
@@ -62,6 +64,7 @@ class DrafterConfig:
     input_embedding_scale: float | None = None  # block embeddings *= this
     draft_vocab_size: int | None = None  # EAGLE-3 reduced vocabulary (d2t maps draft ids to target ids)
     norm_before_residual: bool = False  # EAGLE-3 (speculators' key)
+    eagle_norms: frozenset[str] = frozenset()  # the EAGLE_NORMS its config turns on (EAGLE-3.1)
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,7 @@ def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
             target_hidden_size=optional_positive(config, "target_hidden_size", where),
             draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
             norm_before_residual=bool(config.get("norm_before_residual", False)),
+            eagle_norms=_eagle_norms(key, where),
         )
     causal = config.get("is_causal", nested.get("causal"))
     return DrafterConfig(
@@ -297,6 +301,16 @@ def _drafter(kind: str, config: dict[str, Any], where: str) -> DrafterConfig:
         input_embedding_scale=_optional_number(key("input_embedding_scale")),
         draft_vocab_size=optional_positive(config, "draft_vocab_size", where),
     )
+
+
+def _eagle_norms(key: Callable[[str], Any], where: str) -> frozenset[str]:
+    """The EAGLE-3.1 norms a config turns on, at its top level or in eagle_config (NVIDIA's checkpoints: vllm#42143)."""
+    on = frozenset(k for k in EAGLE_NORMS if key(k) is True)
+    if {"norm_before_fc", "fc_norm"} <= on:
+        raise BadInput(
+            where, "turns on both norm_before_fc and fc_norm: one norm over the taps or one per tap, not both"
+        )
+    return on
 
 
 def _drafter_int(nested: dict[str, Any], config: dict[str, Any], key: str, where: str) -> int | None:

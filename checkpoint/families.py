@@ -279,6 +279,14 @@ HEAD_READ = "reads"  # drafts through the drafter's own head
 HEAD_REFUSED = "refuses"  # drafts through the target's, and refuses to load a drafter shipping a head of its own
 HEAD_IGNORED = "ignores"  # drafts through the target's, leaving the drafter's own head unread
 
+# EAGLE-3.1's norms (arXiv 2605.09992; speculators 0.9.0 Eagle3SpeculatorConfig): the config key that turns each on ->
+# what it adds to EAGLE-3, in the words of a message. The first two are exclusive (speculators refuses both).
+EAGLE_NORMS = {
+    "norm_before_fc": "one RMSNorm over the concatenated taps before fc (input_norm.weight)",
+    "fc_norm": "an RMSNorm on each tap before fc (fc_norm.N.weight)",
+    "norm_output": "the final norm's output, not the layer's, fed to the next step",
+}
+
 
 @dataclass(frozen=True)
 class Serves:
@@ -302,6 +310,7 @@ class Serves:
     mask_embedding: tuple[str, ...] = ()  # the forms of a shipped mask embedding it reads (MASK_TENSOR,
     # MASK_PICKLE); a drafter shipping it in no such form is drafted with the target's row of its mask token
     draft_head: str | None = None  # HEAD_READ, HEAD_REFUSED or HEAD_IGNORED; None: not established
+    eagle_norms: frozenset[str] = frozenset()  # the EAGLE_NORMS it applies where a drafter's config turns them on
 
     @property
     def reading(self) -> IdReading | None:
@@ -577,7 +586,11 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             8,
             "specpair.runtime.drafters.eagle3:Eagle3",
             {
-                OWN_STACK: Serves(("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"), tensor_parallel=EVERY_GPU),
+                OWN_STACK: Serves(
+                    ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"),
+                    tensor_parallel=EVERY_GPU,
+                    eagle_norms=frozenset(EAGLE_NORMS),
+                ),
                 # SGLang reads eagle_config's ids only; it adds 1 to a list starting at 1 (the output of layer id),
                 # else takes id j as the input of layer j (set_eagle3_layers_to_capture, sglang#25454); docs/taps.md
                 "sglang": Serves(
@@ -587,6 +600,9 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_first_id=(1, 0),
                     tap_keys=(EAGLE3_IDS_NESTED,),
                     tensor_parallel=EVERY_GPU,
+                    # norm_before_fc: sglang#32334 (fixing sglang#32226); norm_output: llama_eagle3.py reads it,
+                    # default false (SpecForge#879, 2026-09-15); fc_norm: not established
+                    eagle_norms=frozenset({"norm_before_fc", "norm_output"}),
                 ),
                 # vLLM: aux id j is the residual stream entering layer j, the output of layer j - 1; it reads the
                 # top-level ids only (_get_eagle3_aux_layers_from_config), else its default; docs/taps.md
@@ -596,7 +612,12 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=-1,
                     tap_keys=(EAGLE3_IDS,),
                     tensor_parallel=EVERY_GPU,
+                    # norm_before_fc: vllm#38111 (read from eagle_config too: #42143); fc_norm: #42764; norm_output:
+                    # #46488 (2026-06-23: before it, fc_norm and norm_output silently fell back to false)
+                    eagle_norms=frozenset(EAGLE_NORMS),
                 ),
+                # src/models/eagle3.cpp (0274f0f) reads norm_before_residual and none of EAGLE_NORMS: fc reads the raw
+                # taps, the next step the layer's output (forks' eagle3.norm_before_fc is not upstream's)
                 "llama.cpp": Serves(("eagle3",), tensor_parallel=EVERY_GPU),
             },
             config_block="eagle_config",
@@ -613,7 +634,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 "eagle_aux_hidden_state_layer_ids",
                 "eagle_aux_hidden_state_layer_ids",
                 0,
-                ("draft_vocab_size", "target_hidden_size", "norm_before_residual"),
+                ("draft_vocab_size", "target_hidden_size", "norm_before_residual", *EAGLE_NORMS),
                 defaults={"norm_before_residual": True},
                 renames=(("layers.0.", "midlayer."),),
                 verifier_tensors=("verifier_lm_head.weight", "verifier_norm.weight"),

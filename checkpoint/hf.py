@@ -159,6 +159,7 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
         drafter.missing_keys = [f"{block}.{key}" for key in missing]
     else:  # EAGLE-3
         drafter.draft_vocab_size = wiring.draft_vocab_size
+        drafter.eagle_norms = sorted(wiring.eagle_norms)
     drafter.target_hidden_size = wiring.target_hidden_size
     names = set(tensors.names)
     fc = tensors.row("fc.weight") or tensors.row("encoder.fc.weight")

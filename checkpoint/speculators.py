@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specpair.checkpoint.families import DRAFTER_BY_SPECULATORS_TYPE, DRAFTER_KINDS, DrafterKind
+from specpair.checkpoint.families import DRAFTER_BY_SPECULATORS_TYPE, DRAFTER_KINDS, EAGLE_NORMS, DrafterKind
 from specpair.errors import BadInput
 from specpair.formats import brief
 from specpair.formats.transforms import TensorMap
@@ -109,6 +109,7 @@ def write(config: dict[str, Any], drafter: DrafterConfig, block_size: int, verif
         **dataclasses.asdict(drafter),
         "block_size": block_size,
         "draft_vocab_size": drafter.draft_vocab_size or layer.get("vocab_size"),
+        **{key: key in drafter.eagle_norms for key in EAGLE_NORMS},
     }
     out.update({k: values[k] for k in schema.keys if values.get(k) is not None})
     out[schema.taps_key] = [k - TAP_SHIFT for k in drafter.target_layer_ids]

@@ -19,6 +19,7 @@ from drafting import MASK_TOKEN, dflash_checkpoint, eagle3_checkpoint, load_targ
 from fixtures import save, tiny_model, write_json
 from safetensors.torch import load_file, save_file
 
+from specpair.errors import BadInput
 from specpair.runtime.drafters import Committed, Drafting
 from specpair.runtime.drafters.loading import load_drafter
 from specpair.runtime.generate import generate
@@ -99,6 +100,78 @@ def test_reduced_vocabulary_eagle3_maps_draft_ids_by_d2t(qwen3, tmp_path):
     undrafted, _ = generate(target, asked, 32, GREEDY)
     drafted, _ = speculative_generate(target, reduced, asked, 32, GREEDY, block_size=4)
     assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+
+def eagle31(plain: Path, directory: Path, norms: dict[str, bool], tensors: dict[str, torch.Tensor]) -> Path:
+    """The EAGLE-3 head at `plain` with EAGLE-3.1's config keys and norm weights added."""
+    shutil.copytree(plain, directory)
+    config = json.loads((directory / "config.json").read_text())
+    write_json(directory / "config.json", {**config, **norms})
+    weights = load_file(str(directory / "model.safetensors"))
+    save_file({**weights, **tensors}, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def test_eagle31_norms_as_speculators_trains_them(qwen3, tmp_path):
+    """speculators 0.9.0 (models/eagle3/core.py, the framework EAGLE-3.1 heads are trained in): norm_before_fc is one
+    RMSNorm over the concatenated taps before fc (input_norm.weight, ones where none is shipped), fc_norm one RMSNorm
+    per tap, and norm_output feeds norm(z) to the next step where EAGLE-3 feeds z. Each head proposes what the plain
+    head proposes with that rule applied around it (each rule changes the proposals, so a runtime ignoring it fails
+    here), and drafts the undrafted output."""
+    _, _, model, target = qwen3
+    plain_dir = eagle3_checkpoint(tmp_path / "plain", model.config)
+    h, eps = model.config.hidden_size, 1e-5
+    g = torch.Generator().manual_seed(8)
+    scales = [1 + 0.5 * torch.randn(h, generator=g) for _ in range(3)]
+
+    def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+    def around_fc(weights: list[torch.Tensor]):
+        """The plain head with the taps normalized before fc, in len(weights) equal parts."""
+        drafter = load_drafter(open_model(str(plain_dir)), model, target)
+        observed = drafter.observed
+
+        def normed(read, following, positions):
+            parts = read.chunk(len(weights), dim=-1)
+            return observed(torch.cat([rms(x, w) for x, w in zip(parts, weights)], -1), following, positions)
+
+        drafter.observed = normed
+        return drafter
+
+    def fed_normed():
+        drafter = load_drafter(open_model(str(plain_dir)), model, target)
+        step = drafter.step
+
+        def normed(features, tokens, positions):
+            z, logits = step(features, tokens, positions)
+            return drafter.norm(z), logits
+
+        drafter.step = normed
+        return drafter
+
+    concatenated = torch.cat(scales)
+    cases = {
+        "norm_before_fc": ({"input_norm.weight": concatenated}, around_fc([concatenated])),
+        "norm_before_fc, no input_norm.weight": ({}, around_fc([torch.ones(3 * h)])),
+        "fc_norm": ({f"fc_norm.{i}.weight": w for i, w in enumerate(scales)}, around_fc(scales)),
+        "norm_output": ({}, fed_normed()),
+    }
+    plain = load_drafter(open_model(str(plain_dir)), model, target)
+    asked = prompts((5, 9, 13, 3), seed=12)
+    for name, (tensors, reference) in cases.items():
+        keys = {name.split(",")[0]: True}
+        head = load_drafter(open_model(str(eagle31(plain_dir, tmp_path / name, keys, tensors))), model, target)
+        got = [proposals(head, target, p, 5) for p in asked]
+        assert got == [proposals(reference, target, p, 5) for p in asked], name
+        assert got != [proposals(plain, target, p, 5) for p in asked], name
+    undrafted, _ = generate(target, asked, 32, GREEDY)
+    drafted, _ = speculative_generate(target, head, asked, 32, GREEDY, block_size=4)
+    assert [r.tokens for r in drafted] == [r.tokens for r in undrafted]
+
+    both = eagle31(plain_dir, tmp_path / "both", {"norm_before_fc": True, "fc_norm": True}, {})
+    with pytest.raises(BadInput, match="both norm_before_fc and fc_norm"):
+        open_model(str(both))
 
 
 # ------------------------------------------------------------------------------------------------ z-lab's reference

@@ -421,6 +421,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         {},
     ),
     "drafter.sample_from_anchor": (T, lambda: with_(dflash_draft(), _set_drafter(sample_from_anchor=True)), "vllm", {}),
+    "drafter.eagle_norms": (T, lambda: eagle3_draft(norm_output=True), "llama.cpp", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
     "vllm.token_budget": (T, dflash_draft, "vllm", {}),
     "speculators.verifier": (
@@ -446,6 +447,24 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
     assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
     for message in found[rule_id]:
         assert "{" not in message and "}" not in message, message
+
+
+def test_eagle31_norms_are_flagged_where_the_stack_is_not_known_to_apply_them():
+    """EAGLE-3.1's norms, turned on at the top level (speculators) or in eagle_config (NVIDIA's heads, vllm#42143):
+    vLLM and specpair apply all three; SGLang norm_before_fc and norm_output; upstream llama.cpp none. The pair of
+    exclusive norms is refused as speculators refuses it."""
+    fc_norm = {"eagle_aux_hidden_state_layer_ids": [2, 4, 6], "fc_norm": True}
+    head = eagle3_draft(norm_output=True, eagle_config=fc_norm)
+    assert head.drafter.eagle_norms == ["fc_norm", "norm_output"]
+    unapplied = {stack: findings(T(), head, stack).get("drafter.eagle_norms") for stack in ("specpair", "vllm")}
+    assert unapplied == {"specpair": None, "vllm": None}
+    (sglang,) = findings(T(), head, "sglang")["drafter.eagle_norms"]
+    assert "turns on fc_norm, norm_output (" in sglang and "not known to apply fc_norm:" in sglang, sglang
+    (llama_cpp,) = findings(T(), head, "llama.cpp")["drafter.eagle_norms"]
+    assert "not known to apply fc_norm, norm_output:" in llama_cpp, llama_cpp
+    assert "drafter.eagle_norms" not in findings(T(), eagle3_draft(norm_before_fc=True), "sglang")
+    with pytest.raises(BadInput, match="both norm_before_fc and fc_norm"):
+        eagle3_draft(norm_before_fc=True, fc_norm=True)
 
 
 def test_a_block_drafters_own_head_is_refused_or_flagged_where_the_stack_drafts_through_the_targets():

@@ -10,6 +10,7 @@ eagle3_converter.py, models/{dflash,eagle3}/config.py, proposals/greedy.py, conf
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from specpair.app.gate import judged
 from specpair.app.pair import GatePair
 from specpair.checkpoint import speculators
-from specpair.checkpoint.families import DRAFTER_KINDS
+from specpair.checkpoint.families import DRAFTER_KINDS, EAGLE_NORMS
 from specpair.compat.pair import Deployment
 from specpair.compat.stacks import STACK_NAMES
 from specpair.compat.verdict import judge
@@ -207,7 +208,7 @@ def test_convert_writes_what_speculators_writes_and_reads_back_the_same_drafter(
     if kind == "eagle3":
         reference = eagle3_reference(source, verifier, str(target), [1, 2, 3])
         keys = ["speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"]
-        keys += ["norm_before_residual", "architectures"]
+        keys += ["norm_before_residual", "architectures", *EAGLE_NORMS]
         assert written["speculators_config"]["verifier"] == reference["speculators_config"]["verifier"]
         block = DRAFTER_KINDS["eagle3"].block_size  # the block check's launch lines and run use (its row)
         assert written["speculators_config"]["proposal_methods"] == [greedy(block - 1)]
@@ -233,6 +234,25 @@ def test_convert_writes_what_speculators_writes_and_reads_back_the_same_drafter(
     stored = set(load_file(str(tmp_path / "out" / "model.safetensors")))
     own = set(load_file(str(drafters[kind] / "model.safetensors")))
     assert stored == {n.replace("midlayer.", "layers.0.") for n in own}  # speculators' Eagle3Speculator names
+
+
+def test_an_eagle31_head_keeps_its_norms_in_the_speculators_format(pair, tmp_path):
+    """EAGLE-3.1's keys go where speculators' converter writes them (the top level, from the source's top level or
+    eagle_config) and its norm weights under their own names; the head reads back with the same norms."""
+    target, drafters = pair
+    source = tmp_path / "eagle31"
+    shutil.copytree(drafters["eagle3"], source)
+    config = config_of(source)
+    write_json(source / "config.json", {**config, "norm_output": True, "eagle_config": {"fc_norm": True}})
+    tensors = load_file(str(source / "model.safetensors"))
+    h = config["hidden_size"]
+    norms = {f"fc_norm.{i}.weight": torch.full((h,), 1.0 + i) for i in range(3)}
+    save_file({**tensors, **norms}, str(source / "model.safetensors"), metadata={"format": "pt"})
+    written = convert(source, tmp_path / "out", target)
+    assert {k: written[k] for k in EAGLE_NORMS} == {"norm_before_fc": False, "fc_norm": True, "norm_output": True}
+    read = open_model(str(tmp_path / "out"))
+    assert read.config.drafter.eagle_norms == {"fc_norm", "norm_output"}
+    assert all(torch.equal(read.load(n), w) for n, w in norms.items())
 
 
 def test_convert_refuses_without_the_target_or_from_a_model_that_is_no_drafter(pair, tmp_path):

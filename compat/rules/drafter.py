@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint.families import DRAFTER_KINDS, UPSTREAM_GGUF_ARCH, family_of
+from specpair.checkpoint.families import DRAFTER_KINDS, EAGLE_NORMS, UPSTREAM_GGUF_ARCH, family_of
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
     ALL_KINDS,
     ALL_STACKS,
     BLOCK_DRAFTERS,
+    EAGLE_NORM_DRAFTERS,
     HIDDEN_STATE_DRAFTERS,
     SELECTOR_DRAFTERS,
     Values,
@@ -248,3 +249,44 @@ def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
 def _sample_from_anchor(p: Pair, stack: str) -> Iterable[Values]:
     if p.draft.drafter and p.draft.drafter.sample_from_anchor:
         yield {}
+
+
+# the stacks serving a kind that may turn EAGLE-3.1's norms on, where some norm is not known to be applied
+_NORMS_UNAPPLIED = tuple(
+    s
+    for s in ALL_STACKS
+    if any(
+        set(EAGLE_NORMS) - DRAFTER_KINDS[k].serving[s].eagle_norms
+        for k in EAGLE_NORM_DRAFTERS
+        if s in DRAFTER_KINDS[k].serving
+    )
+)
+
+
+@rule(
+    "drafter.eagle_norms",
+    "warn",
+    _NORMS_UNAPPLIED,
+    EAGLE_NORM_DRAFTERS,
+    title="The stack applies the EAGLE-3.1 norms the drafter's config turns on.",
+    message="{draft} turns on {norms} ({what}); {stack} is not known to apply {unapplied}: a stack that ignores them "
+    "feeds the drafter other features than it was trained on, silently, and fewer drafts are accepted (vllm#46488, "
+    "sglang#32334).",
+    example={
+        "norms": "fc_norm, norm_output",
+        "what": "an RMSNorm on each tap before fc (fc_norm.N.weight); the final norm's output, not the layer's, fed "
+        "to the next step",
+        "unapplied": "fc_norm",
+    },
+)
+def _eagle_norms(p: Pair, stack: str) -> Iterable[Values]:
+    d, serves = p.draft.drafter, p.serves(stack)
+    if d is None or serves is None:
+        return
+    unapplied = [k for k in d.eagle_norms if k not in serves.eagle_norms]
+    if unapplied:
+        yield {
+            "norms": ", ".join(d.eagle_norms),
+            "what": "; ".join(EAGLE_NORMS[k] for k in d.eagle_norms),
+            "unapplied": ", ".join(unapplied),
+        }

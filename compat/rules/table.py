@@ -35,6 +35,7 @@ CHAIN_DRAFTERS = kinds_where(lambda k: k.drafting == CHAIN)  # a token per step,
 PLAIN_DRAFTERS = kinds_where(lambda k: k.plain)
 REDUCED_VOCABULARY_DRAFTERS = kinds_where(lambda k: k.reduced_vocabulary)
 MASK_EMBEDDING_DRAFTERS = kinds_where(lambda k: k.mask_embedding is not None)  # may ship a learned mask embedding
+EAGLE_NORM_DRAFTERS = kinds_where(lambda k: any(s.eagle_norms for s in k.serving.values()))  # may turn on EAGLE-3.1's
 
 Values = dict[str, Any]
 Check = Callable[[Pair, str], Iterable[Values]]

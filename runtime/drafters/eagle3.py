@@ -9,6 +9,10 @@ step's output. The one decoder layer ("midlayer") attends from [input_layernorm(
 hidden_norm(f_p)] (2H wide q/k/v), its residual is f_p (hidden_norm(f_p) with norm_before_residual), then a
 SwiGLU MLP; logits = lm_head(norm(z)) over the draft vocabulary, whose id i is target id i + d2t[i]. The
 embedding is the head's own where it ships one, else the target's.
+
+EAGLE-3.1's norms, where its config turns them on (checkpoint/families.py EAGLE_NORMS, as speculators trains them):
+norm_before_fc normalizes the concatenated taps before fc (input_norm.weight; ones where the checkpoint ships none,
+as speculators loads it), fc_norm each tap (fc_norm.N.weight); norm_output feeds norm(z), not z, to the next step.
 """
 
 from __future__ import annotations
@@ -113,9 +117,12 @@ class Eagle3(ChainDrafter):
         norm: Norm,
         lm_head: Weight,
         d2t: Tensor,
+        tap_norms: tuple[Norm, ...],
     ) -> None:
         super().__init__()
         self.config, self.target, self.taps = config, target, taps
+        self.tap_norms = tap_norms  # before fc, each over its equal share of the concatenated taps
+        self.norm_output = "norm_output" in config.drafter.eagle_norms
         self.cache_config = dataclasses.replace(config, num_layers=1, layer_types=("full",))
         self.fc, self.embed_tokens, self.layer, self.norm, self.lm_head = fc, embed_tokens, layer, norm, lm_head
         self.to_target = torch.arange(d2t.shape[0], device=d2t.device) + d2t
@@ -148,6 +155,17 @@ class Eagle3(ChainDrafter):
                 model.ref, f"has no embedding of its own and hidden_size {hidden}, not the target's {t.hidden_size}"
             )
 
+        norms, width = config.drafter.eagle_norms, len(taps) * t.hidden_size
+
+        def tap_norms(fetch: Fetch) -> tuple[Norm, ...]:
+            if "fc_norm" in norms:
+                return tuple(Norm.build(config, f"fc_norm.{i}.weight", t.hidden_size, fetch) for i in range(len(taps)))
+            if "norm_before_fc" not in norms:
+                return ()
+            if "input_norm.weight" in model.names:
+                return (Norm.build(config, "input_norm.weight", width, fetch),)
+            return (Norm(torch.ones(width, device=target.device, dtype=target.dtype), config.rms_norm_eps, False),)
+
         def build(fetch: Fetch) -> Eagle3:
             embed = fetch("embed_tokens.weight", (config.vocab_size, hidden)) if own_embedding else None
             return cls(
@@ -160,6 +178,7 @@ class Eagle3(ChainDrafter):
                 Norm.build(config, "norm.weight", hidden, fetch),
                 fetch("lm_head.weight", (vocab, hidden), matmul=True),
                 fetch("d2t", (vocab,), fp32=True),
+                tap_norms(fetch),
             )
 
         drafter = load_weights(model, build, target.device, target.dtype, bits, ignored=("t2d",))
@@ -172,9 +191,13 @@ class Eagle3(ChainDrafter):
         own = self.embed_tokens
         embeds = torch.nn.functional.embedding(tokens, own) if own is not None else self.target.embed(tokens)
         z = self.layer(embeds, feature, positions, self.rope, self.cache)
-        return z, project(self.norm(z), self.lm_head)
+        normed = self.norm(z)
+        return normed if self.norm_output else z, project(normed, self.lm_head)
 
     def observed(self, read: Tensor, following: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if self.tap_norms:
+            parts = read.chunk(len(self.tap_norms), dim=-1)
+            read = torch.cat([norm(part) for norm, part in zip(self.tap_norms, parts, strict=True)], dim=-1)
         return self.step(project(read, self.fc), following, positions)
 
     def read_of(self, committed: Committed) -> Tensor:
