@@ -422,6 +422,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     ),
     "drafter.sample_from_anchor": (T, lambda: with_(dflash_draft(), _set_drafter(sample_from_anchor=True)), "vllm", {}),
     "drafter.eagle_norms": (T, lambda: eagle3_draft(norm_output=True), "llama.cpp", {}),
+    "vllm.quantized_context_kv": (T, lambda: with_(dflash_draft(), _fp8_attention), "vllm", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
     "vllm.token_budget": (T, dflash_draft, "vllm", {}),
     "speculators.verifier": (
@@ -447,6 +448,28 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
     assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
     for message in found[rule_id]:
         assert "{" not in message and "}" not in message, message
+
+
+def _fp8_attention(c: Checkpoint) -> None:
+    c.groups = [TensorGroup("attention", "fp8-block", 8, 10**6), TensorGroup("mlp", "bf16", 6, 10**6)]
+
+
+def test_a_dflash_drafter_with_quantized_attention_is_converted_for_vllm():
+    """vLLM's DFlash reads qkv_proj.weight raw for the context K/V (vllm#51581): a DFlash drafter quantized there is
+    refused on vLLM with the convert to bf16 as its fix; vLLM loads it otherwise (format.draft passes), as it does an
+    EAGLE-3 head quantized the same way; float attention with a quantized MLP passes."""
+    quantized = with_(dflash_draft(), _fp8_attention)
+    _, verdicts = judge(T(), quantized, Deployment(), ["vllm", "sglang"])
+    vllm = verdicts["vllm"]
+    assert vllm.blocked_by == [] and [f.rule for f in vllm.reasons if f.severity == "error"] == [
+        "vllm.quantized_context_kv"
+    ]
+    assert "in fp8-block: vLLM's DFlash projects" in vllm.reasons[0].message
+    assert vllm.fix.endswith("specpair convert dflash-draft dflash-draft-bf16 --to bf16"), vllm.fix
+    assert "vllm.quantized_context_kv" not in {f.rule for f in verdicts["sglang"].reasons}
+    mlp_only = with_(dflash_draft(), lambda c: setattr(c, "groups", [TensorGroup("mlp", "fp8-block", 6, 10**6)]))
+    assert "vllm.quantized_context_kv" not in findings(T(), mlp_only, "vllm")
+    assert "vllm.quantized_context_kv" not in findings(T(), with_(eagle3_draft(), _fp8_attention), "vllm")
 
 
 def test_eagle31_norms_are_flagged_where_the_stack_is_not_known_to_apply_them():

@@ -1,10 +1,12 @@
-"""vLLM specifics: its model runner and its batched-token budget for DFlash."""
+"""vLLM specifics: its model runner, its batched-token budget for DFlash, and DFlash's context K/V projection."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
+from specpair.compat.stacks import FLOAT_LAYOUTS
 from specpair.compat.rules.table import (
     BLOCK_DRAFTERS,
     Values,
@@ -40,3 +42,22 @@ def _vllm_runner(p: Pair, stack: str) -> Iterable[Values]:
 )
 def _token_budget(p: Pair, stack: str) -> Iterable[Values]:
     yield {"block": p.block_size}
+
+
+@rule(
+    "vllm.quantized_context_kv",
+    "error",
+    ("vllm",),
+    BLOCK_DRAFTERS,
+    title="A DFlash drafter's attention weights are unquantized, as vLLM's context K/V projection reads them.",
+    message="{draft} keeps its attention weights in {layouts}: vLLM's DFlash projects the target's context into the "
+    "drafter's K/V with the raw qkv_proj weight (qwen3_dflash.py _build_context_kv_buffers, F.linear past the "
+    "quantization method), so it fails at start-up on a dtype mismatch or a missing weight, or where the dtypes agree "
+    "drops the scales silently (vllm#51581; fixes not merged as of 2026-09).",
+    example={"layouts": "fp8"},
+    fix=lambda p, stack: convert_command(p.draft, stack, "draft"),
+)
+def _quantized_context_kv(p: Pair, stack: str) -> Iterable[Values]:
+    layouts = sorted({g.layout for g in p.draft.groups if g.group == "attention"} - FLOAT_LAYOUTS)
+    if layouts:
+        yield {"layouts": ", ".join(layouts)}
