@@ -148,7 +148,7 @@ def dflash_draft(
         "num_target_layers": LAYERS,
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": 2048,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
         "dflash_config": dflash_config,
     }
     for key, value in changes.items():
@@ -448,6 +448,18 @@ def test_rule_fires_on_its_failure_case(rule_id: str):
     assert rule_id in found, f"{rule_id} did not fire; found {sorted(found)}"
     for message in found[rule_id]:
         assert "{" not in message and "}" not in message, message
+
+
+def test_a_block_drafter_whose_theta_is_not_its_targets_is_flagged():
+    """A DFlash drafter computes its block's rotary embedding with its own theta over the target's features; a GGUF
+    converter that read only a top-level rope_theta bakes a default in (lucebox#447: 1e6 where the drafter's
+    rope_parameters say 1e7). Its rope type may differ from the target's (positions are its own)."""
+    (message,) = findings(H(), dflash_draft(), "llama.cpp")["rope.scaling"]
+    assert "target uses default (theta 1e+07) RoPE but dflash-draft uses default (theta 1e+06)" in message, message
+    assert "lucebox#447" in message
+    assert "rope.scaling" not in findings(T(), dflash_draft(), "llama.cpp")
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert "rope.scaling" not in findings(T(), dflash_draft(rope_parameters=yarn), "llama.cpp")
 
 
 def _fp8_attention(c: Checkpoint) -> None:

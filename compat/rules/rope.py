@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint.families import TAPS
+from specpair.checkpoint.families import BLOCK, CHAIN, TAPS
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
     ALL_KINDS,
@@ -57,8 +57,9 @@ def _target_context(p: Pair, stack: str) -> Iterable[Values]:
     "rope.scaling",
     "warn",
     ALL_STACKS,
-    CHAIN_DRAFTERS,
-    title="A drafter that shares the target's positions uses the same RoPE scaling (YaRN).",
+    CHAIN_DRAFTERS + BLOCK_DRAFTERS,
+    title="A drafter that shares the target's positions uses the same RoPE scaling (YaRN), and one reading the "
+    "target's features its theta.",
     message="{target} uses {target_rope} RoPE but {draft} uses {draft_rope}: {consequence}",
     example={
         "target_rope": "yarn (factor 4)",
@@ -77,14 +78,22 @@ def _scaling(p: Pair, stack: str) -> Iterable[Values]:
             }
         return
     draft_type = p.draft.rope.rope_type or "default"
-    if draft_type != target_type or (
-        TAPS in p.kind_row.reads and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta
-    ):
-        yield {
-            "target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,
-            "draft_rope": f"{draft_type} (theta {p.draft.rope.theta:g})" if p.draft.rope.theta else draft_type,
-            "consequence": "the drafter places tokens at other positions than the target; acceptance drops with length.",
-        }
+    theta_differs = TAPS in p.kind_row.reads and p.draft.rope.theta and p.draft.rope.theta != p.target.rope.theta
+    if p.kind_row.drafting == BLOCK and theta_differs:
+        consequence = (
+            "its rotary frequencies are not those of the features it reads. A converter that reads only a top-level "
+            "rope_theta, where the drafter's config keeps it in rope_parameters, writes a default instead "
+            "(lucebox#447: 1e6 for 1e7); acceptance falls with context. Convert it again from its own config."
+        )
+    elif p.kind_row.drafting == CHAIN and (theta_differs or draft_type != target_type):
+        consequence = "the drafter places tokens at other positions than the target; acceptance drops with length."
+    else:
+        return
+    yield {
+        "target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,
+        "draft_rope": f"{draft_type} (theta {p.draft.rope.theta:g})" if p.draft.rope.theta else draft_type,
+        "consequence": consequence,
+    }
 
 
 @rule(

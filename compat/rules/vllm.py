@@ -6,12 +6,12 @@ from collections.abc import Iterable
 
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
-from specpair.compat.stacks import FLOAT_LAYOUTS
 from specpair.compat.rules.table import (
     BLOCK_DRAFTERS,
     Values,
     rule,
 )
+from specpair.compat.stacks import FLOAT_LAYOUTS
 
 
 @rule(
