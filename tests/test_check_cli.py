@@ -383,7 +383,8 @@ def test_exllamav3_launch_is_a_command_to_paste(tmp_path: Path):
 
 def test_weights_only_fork_gguf_drafter_is_judged_and_its_fix_runs(tmp_path: Path):
     """A `dflash-draft` GGUF with neither tokenizer nor token_embd: a normal drafter with its target's vocabulary;
-    llama.cpp fails on the fork arch, and the fix it names converts it to upstream `dflash`, which passes."""
+    llama.cpp fails on the fork arch and on the missing vocabulary (its mask token is read from it), and the fix it
+    names converts it to upstream `dflash` with the target's tokenizer, which passes."""
     import shlex
 
     from fixtures import build_gguf_dflash, build_gguf_target
@@ -393,7 +394,7 @@ def test_weights_only_fork_gguf_drafter_is_judged_and_its_fix_runs(tmp_path: Pat
     report, code = check_json(str(target), str(draft), "--stack", "llama.cpp")
     verdict = report["verdicts"]["llama.cpp"]
     assert code == 1 and report["draft"]["shapes"]["vocab_size"] is None
-    assert errors(report, "llama.cpp") == {"drafter.arch"} and verdict["blocked_by"] == []
+    assert errors(report, "llama.cpp") == {"drafter.arch", "gguf.draft_tokenizer"} and verdict["blocked_by"] == []
     assert verdict["fix"].startswith(f"specpair convert {draft} ") and f"--target {target}" in verdict["fix"]
     converted = subprocess.run(
         [sys.executable, "-m", *shlex.split(verdict["fix"]), "--quiet"],

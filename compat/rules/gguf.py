@@ -25,11 +25,14 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
 
 @rule(
     "gguf.draft_tokenizer",
-    "warn",
+    "error",
     ("llama.cpp",),
     BLOCK_DRAFTERS,
     title="A DFlash GGUF carries the target's tokenizer (upstream's converter copies it).",
-    message="{draft} carries no tokenizer; upstream llama.cpp converts DFlash drafters with --target-model-dir so the GGUF holds {target}'s vocabulary, and some loaders refuse weights-only files (ROCmFPX#96).",
+    message="{draft} carries no tokenizer: llama.cpp takes a DFlash drafter's mask token from its vocabulary "
+    "(llama_vocab_mask in common/speculative.cpp), so without one every masked slot drafts token -1 and decoding "
+    "fails (llama.cpp#26761), and some loaders refuse weights-only files (ROCmFPX#96). Upstream converts DFlash "
+    "drafters with --target-model-dir, so the GGUF holds {target}'s vocabulary.",
     example={},
     fix=lambda p, stack: convert_command(p.draft, stack, "draft", p.target),
 )
