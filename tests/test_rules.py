@@ -359,6 +359,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     ),
     "gguf.dflash2_build": (_gguf_target, dflash2_draft, "llama.cpp", {}),
     "gguf.dflash2_split": (_gguf_target, dflash2_draft, "llama.cpp", {"gpus": 2}),
+    "gguf.image_prompts": (lambda: with_(_gguf_target(), _mrope), dflash2_draft, "llama.cpp", {}),
     "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
     "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
     "hw.capability": (_modelopt_target, dflash_draft, "sglang", {"gpu": GPUS["h100"]}),
@@ -460,6 +461,18 @@ def test_a_block_drafter_whose_theta_is_not_its_targets_is_flagged():
     assert "rope.scaling" not in findings(T(), dflash_draft(), "llama.cpp")
     yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768}
     assert "rope.scaling" not in findings(T(), dflash_draft(rope_parameters=yarn), "llama.cpp")
+
+
+def _mrope(c: Checkpoint) -> None:
+    c.rope.mrope = True
+
+
+def test_image_prompts_are_noted_on_llama_cpp_for_a_target_with_mrope_positions():
+    """Qwen3.5/3.6 targets take images (M-RoPE positions); llama.cpp drafted wrongly after an image until PR #28715.
+    A text-only target gets no note."""
+    (message,) = findings(with_(_gguf_target(), _mrope), _gguf_dflash_draft(), "llama.cpp")["gguf.image_prompts"]
+    assert "DFlash drafting on image prompts needs" in message and "#28715" in message, message
+    assert "gguf.image_prompts" not in findings(_gguf_target(), _gguf_dflash_draft(), "llama.cpp")
 
 
 def _fp8_attention(c: Checkpoint) -> None:

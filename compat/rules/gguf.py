@@ -68,3 +68,21 @@ def _nvfp4(p: Pair, stack: str) -> Iterable[Values]:
 def _dflash2_split(p: Pair, stack: str) -> Iterable[Values]:
     if p.deployment.gpus > 1:
         yield {"gpus": p.deployment.gpus}
+
+
+@rule(
+    "gguf.image_prompts",
+    "info",
+    ("llama.cpp",),
+    BLOCK_DRAFTERS,
+    title="A block drafter beside a target that takes images: the llama.cpp build its image prompts need.",
+    message="{target} takes images (M-RoPE positions; llama.cpp loads its vision tower from an mmproj file): with "
+    "--mmproj, {kind_name} drafting on image prompts needs a llama.cpp build with PR #28587 (before it, the first "
+    "image fails the request, HTTP 500, beside a sliding-window drafter: llama.cpp#27408) and PR #28715 (merged "
+    "2026-09-10; before it, drafts after an image sit at the text's positions: DFlash2 acceptance 0.02 against 0.35, "
+    "51 against 152 tok/s).",
+    example={"kind_name": "DFlash"},
+)
+def _image_prompts(p: Pair, stack: str) -> Iterable[Values]:
+    if p.target.rope.mrope:
+        yield {"kind_name": p.kind_row.title}
