@@ -359,6 +359,12 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     ),
     "gguf.dflash2_build": (_gguf_target, dflash2_draft, "llama.cpp", {}),
     "gguf.dflash2_split": (_gguf_target, dflash2_draft, "llama.cpp", {"gpus": 2}),
+    "trust.field_report": (
+        T,
+        lambda: with_(dflash_draft(), _published_as("z-lab/Qwen3.8-27B-DFlash2")),
+        "llama.cpp",
+        {},
+    ),
     "gguf.image_prompts": (lambda: with_(_gguf_target(), _mrope), dflash2_draft, "llama.cpp", {}),
     "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
     "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
@@ -461,6 +467,22 @@ def test_a_block_drafter_whose_theta_is_not_its_targets_is_flagged():
     assert "rope.scaling" not in findings(T(), dflash_draft(), "llama.cpp")
     yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768}
     assert "rope.scaling" not in findings(T(), dflash_draft(rope_parameters=yarn), "llama.cpp")
+
+
+def _published_as(ref: str) -> Callable[[Checkpoint], None]:
+    return lambda c: setattr(c, "ref", ref)
+
+
+def test_a_field_report_is_noted_for_its_checkpoint_on_its_stack_only():
+    """compat/field_reports.py: acceptance reported for a published drafter on one stack, matched on the repo (any
+    of its forms, any case, at any revision), said on that stack alone."""
+    pinned = with_(dflash_draft(), _published_as("Z-LAB/qwen3.8-27b-dflash2-gguf@" + "a" * 40))
+    (message,) = findings(T(), pinned, "llama.cpp")["trust.field_report"]
+    assert message.startswith("Z-LAB/qwen3.8-27b-dflash2-gguf on llama.cpp: 2.2-3.3 tokens a round"), message
+    assert message.endswith("(z-lab/dflash#170, open as of 2026-09)."), message
+    assert "trust.field_report" not in findings(T(), pinned, "vllm")
+    other = with_(dflash_draft(), _published_as("z-lab/Qwen3.6-35B-A3B-DFlash"))
+    assert "trust.field_report" not in findings(T(), other, "llama.cpp")
 
 
 def _mrope(c: Checkpoint) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from specpair.checkpoint import Checkpoint
 from specpair.checkpoint.families import MASK_PICKLE, OWN_STACK
 from specpair.checkpoint.hf import PICKLE_WEIGHTS_NOTE, from_pickle_command
+from specpair.compat.field_reports import FIELD_REPORTS
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
     ALL_KINDS,
@@ -134,3 +135,24 @@ def _catalog(p: Pair, stack: str) -> Iterable[Values]:
         if checkpoint.source == "catalog":
             first_sentence = (checkpoint.provenance or "provenance not recorded").split(". ")[0].rstrip(".")
             yield {"name": checkpoint.ref, "provenance": first_sentence}
+
+
+@rule(
+    "trust.field_report",
+    "info",
+    tuple(dict.fromkeys(r.stack for r in FIELD_REPORTS)),
+    ALL_KINDS,
+    title="Acceptance reported from the field for this published checkpoint on this stack.",
+    message="{name} on {stack}: {finding} ({source}).",
+    example={
+        "name": "z-lab/Qwen3.5-122B-A10B-DFlash",
+        "finding": "2-12 % of drafts accepted beside a UD-Q4_K_XL target",
+        "source": "z-lab/dflash#152, open, no cause found as of 2026-08",
+    },
+)
+def _field_report(p: Pair, stack: str) -> Iterable[Values]:
+    repos = {c.ref.partition("@")[0].lower(): c.ref.partition("@")[0] for c in p.checkpoints}
+    for report in FIELD_REPORTS:
+        for repo in report.repos:
+            if report.stack == stack and repo.lower() in repos:
+                yield {"name": repos[repo.lower()], "finding": report.finding, "source": report.source}
