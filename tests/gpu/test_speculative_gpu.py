@@ -6,10 +6,14 @@ seeded temperature alone and in a batch."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from drafting import prompts
 from gpu_tier import DEVICE
+from safetensors.torch import load_file, save_file
 from test_speculative import GRID, PROMPT_LENGTHS, Workshop, first_difference
 
 from specpair.runtime.drafters.loading import load_drafter
@@ -48,6 +52,33 @@ def test_drafted_equals_undrafted_on_cuda(workshop, family, kind):
         assert timing.rounds > 0
     tau = sum(r.tau for r in got) / len(got)
     assert tau >= 1.0
+
+
+@pytest.mark.parametrize("norms", [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}])
+def test_an_eagle31_head_drafts_the_undrafted_output_on_cuda(workshop, tmp_path, norms):
+    """EAGLE-3.1's norms (runtime/drafters/eagle3.py) through the CUDA norm kernel and graphs: the CPU tier's trained
+    EAGLE-3 head with the norms turned on (weights near 1, so drafts are still kept) drafts the undrafted tokens."""
+    family = next(f for f, kind in GRID if kind == "eagle3")
+    source = workshop.drafter(family, "eagle3")
+    shutil.copytree(source, tmp_path / "eagle31")
+    config = json.loads((tmp_path / "eagle31" / "config.json").read_text())
+    (tmp_path / "eagle31" / "config.json").write_text(json.dumps({**config, **norms}))
+    tensors = load_file(str(source / "model.safetensors"))
+    width = tensors["fc.weight"].shape[1]
+    g = torch.Generator().manual_seed(2)
+    if "fc_norm" in norms:
+        for i in range(3):
+            tensors[f"fc_norm.{i}.weight"] = 1 + 0.05 * torch.randn(width // 3, generator=g)
+    save_file(tensors, str(tmp_path / "eagle31" / "model.safetensors"), metadata={"format": "pt"})
+    model = open_model(str(workshop.setup(family).path))
+    target = load(plan_load(model, DEVICE))
+    drafter = load_drafter(open_model(str(tmp_path / "eagle31")), model, target)
+    asked = prompts(PROMPT_LENGTHS)
+    want, _ = generate(target, asked, TOKENS, Sampling())
+    got, timing = speculative_generate(target, drafter, asked, TOKENS, Sampling())
+    for g_, w in zip(got, want):
+        assert g_.tokens == w.tokens, first_difference(g_.tokens, w.tokens)
+    assert timing.rounds > 0
 
 
 def test_the_keyed_uniform_has_the_cpus_bits_on_cuda():
