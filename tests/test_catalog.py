@@ -203,7 +203,8 @@ def test_recipes_pair_up_as_published() -> None:
         [],
     )
     status, failed, fix = verdicts("unsloth/Qwen3.6-35B-A3B-GGUF", "Anbeeld/Qwen3.6-35B-A3B-DFlash-GGUF", "llama.cpp")
-    assert (status, failed) == ("fail", ["drafter.arch"]) and "--to gguf:Q8_0" in fix
+    assert (status, failed) == ("fail", ["drafter.arch", "gguf.draft_tokenizer"]) and "--to gguf:Q8_0" in fix
+    assert "--target unsloth/Qwen3.6-35B-A3B-GGUF" in fix  # its mask token is read through the vocabulary it lacks
     assert verdicts("nvidia/Qwen3.6-35B-A3B-NVFP4", "incoai/Qwen3.6-35B-A3B-DFlash2", "sglang")[:2] == ("warn", [])
     assert verdicts("Qwen/Qwen3.5-122B-A10B-FP8", "coral-bricks-ai/qwen35-122b-dflash2-drafter", "sglang")[:2] == (
         "warn",
