@@ -311,6 +311,8 @@ class Serves:
     # MASK_PICKLE); a drafter shipping it in no such form is drafted with the target's row of its mask token
     draft_head: str | None = None  # HEAD_READ, HEAD_REFUSED or HEAD_IGNORED; None: not established
     eagle_norms: frozenset[str] = frozenset()  # the EAGLE_NORMS it applies where a drafter's config turns them on
+    unserved_layout: str = ""  # what it does with a drafter of the kind in a layout it does not serve, where it loads
+    # one all the same
 
     @property
     def reading(self) -> IdReading | None:
@@ -408,6 +410,11 @@ DFLASH_SPECULATORS_KEYS = (
 # Architecture strings the stacks register for DFlash drafters (each stack lists its own).
 DFLASH_ARCHS = ("DFlashDraftModel", "MuseGlimmerAssistantModel", "DFlashLagunaForCausalLM")
 EVERY_GPU = None  # Serves.tensor_parallel: as many GPUs as the deployment gives
+# SGLang's context K/V injection takes no quantized q/k/v (sglang PR #28957, closed, kept them float for it)
+QUANTIZED_BLOCK_DRAFTER_ON_SGLANG = (
+    "SGLang 0.5.19 loads a quantized DFlash-family drafter without a word and drafts garbage (sglang#39087: 3.7 to "
+    "1.0 tokens a round with a W4A16 DFlash2, slower than no drafter)"
+)
 # Where EAGLE-3 drafters keep their aux layer ids: vLLM's and speculators' top level, SGLang's and SpecForge's
 # eagle_config
 EAGLE3_IDS = "eagle_aux_hidden_state_layer_ids"
@@ -448,6 +455,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_IGNORED,
+                    unserved_layout=QUANTIZED_BLOCK_DRAFTER_ON_SGLANG,
                 ),
                 # vLLM's DFlashQwen3ForCausalLM builds its lm_head over draft_vocab_size, and d2t where it is smaller
                 "vllm": Serves(
@@ -518,6 +526,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_IGNORED,
+                    unserved_layout=QUANTIZED_BLOCK_DRAFTER_ON_SGLANG,
                 ),
                 "vllm": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel"),

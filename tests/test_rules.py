@@ -497,6 +497,21 @@ def test_image_prompts_are_noted_on_llama_cpp_for_a_target_with_mrope_positions(
     assert "gguf.image_prompts" not in findings(_gguf_target(), _gguf_dflash_draft(), "llama.cpp")
 
 
+def test_sglang_is_said_to_misread_a_quantized_block_drafter_it_loads_anyway():
+    """SGLang serves DFlash drafters unquantized, but loads a quantized one without a word and drafts garbage
+    (sglang#39087): format.draft says so for the kinds whose row says so, and only the refusal for others."""
+
+    def int4(c: Checkpoint) -> None:
+        c.groups = [TensorGroup("attention", "int4-ct", 8, 10**6)]
+
+    (dflash2,) = findings(T(), with_(dflash2_draft(), int4), "sglang")["format.draft"]
+    assert dflash2.endswith(
+        "drafts garbage (sglang#39087: 3.7 to 1.0 tokens a round with a W4A16 DFlash2, slower than no drafter)."
+    )
+    (eagle3,) = findings(T(), with_(eagle3_draft(), int4), "sglang")["format.draft"]
+    assert eagle3.endswith("is safetensors with int4-ct weights."), eagle3
+
+
 def _fp8_attention(c: Checkpoint) -> None:
     c.groups = [TensorGroup("attention", "fp8-block", 8, 10**6), TensorGroup("mlp", "bf16", 6, 10**6)]
 

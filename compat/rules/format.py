@@ -62,11 +62,13 @@ def _unloadable(p: Pair, stack: str, which: str) -> Iterable[Values]:
         for kind, labels in s.moe_layouts.items():
             refused |= {layout for layout in layouts if layout_of(layout).kind == kind and layout not in labels}
     if refused:
+        serves = p.serves(stack) if which == "draft" else None
+        misread = f": {serves.unserved_layout}" if serves and serves.unserved_layout else ""
         yield {
             "which": which,
             "name": checkpoint.ref,
             "wanted": ", ".join(accepted),
-            "have": f"{checkpoint.format} with {', '.join(sorted(refused))} weights",
+            "have": f"{checkpoint.format} with {', '.join(sorted(refused))} weights{misread}",
         }
 
 
