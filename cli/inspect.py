@@ -83,6 +83,8 @@ def print_human(checkpoint) -> None:
             ("mask token", str(d.mask_token_id)),
             ("fc.weight", str(d.fc_shape)),
         ]
+        if d.eagle_norms:
+            rows.append(("EAGLE-3.1", ", ".join(d.eagle_norms)))
     if checkpoint.quantization:
         q = checkpoint.quantization
         rows.append(("quantization", " ".join(str(x) for x in (q.method, q.algo, q.producer) if x)))

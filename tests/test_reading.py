@@ -424,6 +424,20 @@ def test_eagle3(tmp_path: Path) -> None:
     assert read(build_eagle3(tmp_path / "own", embeddings=True)).drafter.has_embeddings
 
 
+def test_eagle31_norms_are_read_and_shown(tmp_path: Path) -> None:
+    """EAGLE-3.1's switches, at the top level or in eagle_config, reach the checkpoint and `inspect`'s lines."""
+    path = build_eagle3(tmp_path / "e")
+    config = json.loads((path / "config.json").read_text())
+    config["norm_output"] = True
+    config.setdefault("eagle_config", {})["fc_norm"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    assert read(path).drafter.eagle_norms == ["fc_norm", "norm_output"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "specpair", "inspect", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0 and "EAGLE-3.1    fc_norm, norm_output" in shown.stdout, shown.stdout
+
+
 def test_plain_draft_model_shares_the_target_tokenizer(tmp_path: Path) -> None:
     target = read(build_target(tmp_path / "target", "qwen3"))
     draft = read(build_draft_model(tmp_path / "draft", "qwen3"))
