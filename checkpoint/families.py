@@ -683,7 +683,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 OWN_STACK: Serves(tensor_parallel=EVERY_GPU),
                 "sglang": Serves(method="STANDALONE", tensor_parallel=EVERY_GPU),
                 "vllm": Serves(method="draft_model", tensor_parallel=EVERY_GPU),
-                "llama.cpp": Serves(tensor_parallel=EVERY_GPU),
+                "llama.cpp": Serves(method="draft-simple", tensor_parallel=EVERY_GPU),
                 "exllamav3": Serves(tensor_parallel=EVERY_GPU),
             },
             samples=True,  # its softmax's draws

@@ -206,8 +206,8 @@ def _serves_pinned(p: Pair) -> bool:
 
 
 # A draft model stops drafting at a token it gives less than this probability. llama.cpp's default was 0.75 until
-# b9235 (#23269) made it 0.0: every round then drafts the full --draft-max, and acceptance fell from 0.94 to 0.30
-# with the throughput (llama.cpp#25792's bisect; 0.75 passed again gave 0.94). Both spellings' builds read this one.
+# b9235 (#23269) made it 0.0: every round then drafts the full --spec-draft-n-max, and acceptance fell from 0.94 to
+# 0.30 with the throughput (llama.cpp#25792's bisect; 0.75 passed again gave 0.94).
 LLAMA_CPP_DRAFT_P_MIN = "0.75"
 
 
@@ -225,13 +225,12 @@ def _llama_cpp(p: Pair) -> str:
     args = ["llama-server", "-m", paths[0], "-c", str(p.context), "-ngl", "99"]
     if p.separate:
         args += ["-md", paths[1], "-ngld", "99"]
+    spec_type = p.serves("llama.cpp").method
+    if spec_type:
+        args += ["--spec-type", spec_type]
+    args += ["--spec-draft-n-max", str(p.block_size - 1)]
     if p.kind_row.plain:
-        args += ["--draft-max", str(p.block_size - 1), "--draft-p-min", LLAMA_CPP_DRAFT_P_MIN]
-    else:
-        spec_type = p.serves("llama.cpp").method
-        if spec_type:
-            args += ["--spec-type", spec_type]
-        args += ["--spec-draft-n-max", str(p.block_size - 1)]
+        args += ["--spec-draft-p-min", LLAMA_CPP_DRAFT_P_MIN]
     return " && ".join([*steps, shlex.join(args)])
 
 

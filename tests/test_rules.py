@@ -673,12 +673,15 @@ def test_vllms_line_samples_the_drafts_of_the_kinds_that_sample():
 
 def test_llama_cpps_line_stops_a_draft_models_drafts_where_it_is_unsure():
     """llama.cpp b9235 dropped its draft-model p-min default from 0.75 to 0.0, so every round drafts the full block
-    and acceptance fell 0.94 to 0.30 (llama.cpp#25792); the launch line passes the old value. A block drafter drafts
-    its block in one pass and has no such cut-off on the line."""
+    and acceptance fell 0.94 to 0.30 (llama.cpp#25792); the launch line passes the old value, in the --spec-* names
+    that builds since the rename read (they refuse the removed --draft-max). A block drafter drafts its block in one
+    pass and has no such cut-off on the line."""
     plain = with_(draft_model(), lambda c: setattr(c, "format", "gguf"))
     _, verdicts = judge(_gguf_target(), plain, Deployment(), ["llama.cpp"])
     argv = shlex.split(verdicts["llama.cpp"].launch)
-    assert argv[argv.index("--draft-p-min") + 1] == "0.75" and argv[argv.index("--draft-max") + 1] == "4", argv
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple", argv
+    assert argv[argv.index("--spec-draft-p-min") + 1] == "0.75" and argv[argv.index("--spec-draft-n-max") + 1] == "4"
+    assert not {"--draft-max", "--draft"} & set(argv)  # removed in the --spec-* rename: such a line would not start
     _, verdicts = judge(_gguf_target(), _gguf_dflash_draft(), Deployment(), ["llama.cpp"])
     assert verdicts["llama.cpp"].status == "ok" and "p-min" not in verdicts["llama.cpp"].launch
 
