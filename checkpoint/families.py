@@ -627,7 +627,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 ),
                 # src/models/eagle3.cpp (0274f0f) reads norm_before_residual and none of EAGLE_NORMS: fc reads the raw
                 # taps, the next step the layer's output (forks' eagle3.norm_before_fc is not upstream's)
-                "llama.cpp": Serves(("eagle3",), tensor_parallel=EVERY_GPU),
+                "llama.cpp": Serves(("eagle3",), "draft-eagle3", tensor_parallel=EVERY_GPU),
             },
             config_block="eagle_config",
             config_markers=("draft_vocab_size",),

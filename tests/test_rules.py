@@ -686,6 +686,24 @@ def test_llama_cpps_line_stops_a_draft_models_drafts_where_it_is_unsure():
     assert verdicts["llama.cpp"].status == "ok" and "p-min" not in verdicts["llama.cpp"].launch
 
 
+def test_llama_cpps_line_names_each_kinds_speculative_type():
+    """llama-server drafts by --spec-type (common_speculative_type_from_name_map: draft-simple, draft-eagle3,
+    draft-mtp, draft-dflash); each kind's row names its type, so a separate drafter is not read as another kind."""
+
+    def gguf_eagle3(c: Checkpoint) -> None:
+        c.format, c.architecture = "gguf", "eagle3"
+
+    heads = {
+        "draft-simple": with_(draft_model(), lambda c: setattr(c, "format", "gguf")),
+        "draft-eagle3": with_(eagle3_draft(), gguf_eagle3),
+        "draft-dflash": _gguf_dflash_draft(),
+    }
+    for spec_type, draft in heads.items():
+        _, verdicts = judge(_gguf_target(), draft, Deployment(), ["llama.cpp"])
+        argv = shlex.split(verdicts["llama.cpp"].launch)
+        assert argv[argv.index("--spec-type") + 1] == spec_type and "-md" in argv, argv
+
+
 def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():
     """Every kind runs under `run --tp N` (runtime/parallel.py), with the drafter whole on every GPU."""
     (_, split), (_, whole) = (judge(T(), dflash_draft(), Deployment(gpus=n), ["specpair"]) for n in (2, 1))
