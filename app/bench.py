@@ -160,8 +160,8 @@ def run_bench(
     the chat template (rendered with `chat_kwargs`) unless `chat` is False (None: when the target has one);
     `bandwidth` in GB/s, else the GPU table's figure for this GPU; `at_tau`: also price each drafted row's steps at
     this τ (what a drafter accepting that many tokens a round would run at: random weights accept 1). `command` is
-    the command line the report names. `target` and `draft`: refs, or checkpoints opened already (sources/model.open_files: files from any
-    source); `loaded`: the target loaded already (models.load_target)."""
+    the command line the report names. `target` and `draft`: refs, or checkpoints opened already
+    (sources/model.open_files: files from any source); `loaded`: the target loaded already (models.load_target)."""
     import torch
 
     from specpair.compat.memory import gpu_named

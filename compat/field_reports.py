@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class FieldReport:
-    repos: tuple[
-        str, ...
-    ]  # the published checkpoints it concerns (either of the pair: its forms), as the Hub spells them
+    # the published checkpoints it concerns (either of the pair, in each of its forms), as the Hub spells them
+    repos: tuple[str, ...]
     stack: str
     finding: str  # what was measured, in the words of a message
     source: str  # the thread, and its state when read

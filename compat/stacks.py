@@ -225,10 +225,8 @@ def _llama_cpp(p: Pair) -> str:
     args = ["llama-server", "-m", paths[0], "-c", str(p.context), "-ngl", "99"]
     if p.separate:
         args += ["-md", paths[1], "-ngld", "99"]
-    spec_type = p.serves("llama.cpp").method
-    if spec_type:
-        args += ["--spec-type", spec_type]
-    args += ["--spec-draft-n-max", str(p.block_size - 1)]
+    # every kind's llama.cpp row names its --spec-type (common_speculative_type_from_name_map)
+    args += ["--spec-type", p.serves("llama.cpp").method, "--spec-draft-n-max", str(p.block_size - 1)]
     if p.kind_row.plain:
         args += ["--spec-draft-p-min", LLAMA_CPP_DRAFT_P_MIN]
     return " && ".join([*steps, shlex.join(args)])

@@ -702,6 +702,8 @@ def test_llama_cpps_line_names_each_kinds_speculative_type():
         _, verdicts = judge(_gguf_target(), draft, Deployment(), ["llama.cpp"])
         argv = shlex.split(verdicts["llama.cpp"].launch)
         assert argv[argv.index("--spec-type") + 1] == spec_type and "-md" in argv, argv
+    served = [k for k in DRAFTER_KINDS.values() if "llama.cpp" in k.serving]
+    assert all(k.serving["llama.cpp"].method for k in served), "the launch line passes every row's --spec-type"
 
 
 def test_specpairs_launch_line_splits_the_pair_over_the_gpus_given():

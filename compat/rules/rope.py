@@ -10,7 +10,6 @@ from specpair.compat.rules.table import (
     ALL_KINDS,
     ALL_STACKS,
     BLOCK_DRAFTERS,
-    CHAIN_DRAFTERS,
     SEPARATE_DRAFTERS,
     Values,
     rule,
@@ -57,7 +56,7 @@ def _target_context(p: Pair, stack: str) -> Iterable[Values]:
     "rope.scaling",
     "warn",
     ALL_STACKS,
-    CHAIN_DRAFTERS + BLOCK_DRAFTERS,
+    ALL_KINDS,
     title="A drafter that shares the target's positions uses the same RoPE scaling (YaRN), and one reading the "
     "target's features its theta.",
     message="{target} uses {target_rope} RoPE but {draft} uses {draft_rope}: {consequence}",
@@ -87,7 +86,7 @@ def _scaling(p: Pair, stack: str) -> Iterable[Values]:
         )
     elif p.kind_row.drafting == CHAIN and (theta_differs or draft_type != target_type):
         consequence = "the drafter places tokens at other positions than the target; acceptance drops with length."
-    else:
+    else:  # a block drafter's positions are its own: only the theta of the features it reads must be the target's
         return
     yield {
         "target_rope": f"{target_type} (theta {p.target.rope.theta:g})" if p.target.rope.theta else target_type,

@@ -152,7 +152,6 @@ def _catalog(p: Pair, stack: str) -> Iterable[Values]:
 )
 def _field_report(p: Pair, stack: str) -> Iterable[Values]:
     repos = {c.ref.partition("@")[0].lower(): c.ref.partition("@")[0] for c in p.checkpoints}
-    for report in FIELD_REPORTS:
-        for repo in report.repos:
-            if report.stack == stack and repo.lower() in repos:
-                yield {"name": repos[repo.lower()], "finding": report.finding, "source": report.source}
+    for report in (r for r in FIELD_REPORTS if r.stack == stack):
+        for name in (repos[repo.lower()] for repo in report.repos if repo.lower() in repos):
+            yield {"name": name, "finding": report.finding, "source": report.source}
