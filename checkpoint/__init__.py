@@ -129,6 +129,8 @@ class Drafter:
     fc_shape: list[int] | None = None  # from the tensor header, never from config
     is_causal: bool | None = None
     sample_from_anchor: bool | None = None  # DSpark semantics; DFlash runtimes draft from the masked rows
+    sample_from_anchor_source: str | None = None  # the key it came from, as the file spells it
+    dspark_marker: str | None = None  # what shows DSpark's lineage (families.DSPARK.marker), whose layout varies
     conv_kernel_size: int | None = None
     conv_group_size: int | None = None
     selector_rank: int | None = None

@@ -279,6 +279,11 @@ HEAD_READ = "reads"  # drafts through the drafter's own head
 HEAD_REFUSED = "refuses"  # drafts through the target's, and refuses to load a drafter shipping a head of its own
 HEAD_IGNORED = "ignores"  # drafts through the target's, leaving the drafter's own head unread
 
+# Serves.anchor_readout: what a stack serving a block kind does with a drafter whose sample_from_anchor is true (DSpark's
+# readout: the anchor row drafts too, block slot k predicting anchor + k + 1), where established
+ANCHOR_REFUSED = "refuses"  # refuses to load it, where the kind's config block sets the key (and reads it nowhere else)
+ANCHOR_IGNORED = "ignores"  # drafts from the rows after the anchor all the same: every draft one position off
+
 # EAGLE-3.1's norms (arXiv 2605.09992; speculators 0.9.0 Eagle3SpeculatorConfig): the config key that turns each on ->
 # what it adds to EAGLE-3, in the words of a message. The first two are exclusive (speculators refuses both).
 EAGLE_NORMS = {
@@ -313,6 +318,7 @@ class Serves:
     eagle_norms: frozenset[str] = frozenset()  # the EAGLE_NORMS it applies where a drafter's config turns them on
     unserved_layout: str = ""  # what it does with a drafter of the kind in a layout it does not serve, where it loads
     # one all the same
+    anchor_readout: str | None = None  # ANCHOR_REFUSED or ANCHOR_IGNORED; None: not established
 
     @property
     def reading(self) -> IdReading | None:
@@ -415,6 +421,13 @@ QUANTIZED_BLOCK_DRAFTER_ON_SGLANG = (
     "SGLang 0.5.19 loads a quantized DFlash-family drafter without a word and drafts garbage (sglang#39087: 3.7 to "
     "1.0 tokens a round with a W4A16 DFlash2, slower than no drafter)"
 )
+# What each stack's DFlash path (DFlash and DFlash2 alike) does with sample_from_anchor true, where established:
+# specpair's runtime reads rows 1..B-1 out whatever the config says (runtime/drafters/dflash.py `_drafted`); vLLM's
+# speculator (v1/worker/gpu/spec_decode/dflash/speculator.py) reads dflash_config's and raises "sample_from_anchor=True
+# is not supported for DFlash" (vllm#54154, open, would serve it on the V2 runner); llama.cpp's common/speculative.cpp
+# reads dflash.sample_from_anchor only under --spec-type draft-dspark (is_dspark), draft-dflash drafting the rows after
+# the anchor. SGLang's, ExLlamaV3's and TensorFold's are not established.
+ANCHOR_READOUTS = {OWN_STACK: ANCHOR_IGNORED, "vllm": ANCHOR_REFUSED, "llama.cpp": ANCHOR_IGNORED}
 # Where EAGLE-3 drafters keep their aux layer ids: vLLM's and speculators' top level, SGLang's and SpecForge's
 # eagle_config
 EAGLE3_IDS = "eagle_aux_hidden_state_layer_ids"
@@ -446,6 +459,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
+                    anchor_readout=ANCHOR_READOUTS[OWN_STACK],
                 ),
                 # SGLang's DFlashDraftModel has no head; its load_weights skips any weight it has no place for
                 "sglang": Serves(
@@ -466,6 +480,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_READ,
+                    anchor_readout=ANCHOR_READOUTS["vllm"],
                 ),
                 # llama.cpp's dflash arch: optional `output` and `d2t` tensors
                 "llama.cpp": Serves(
@@ -475,6 +490,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                     draft_head=HEAD_READ,
+                    anchor_readout=ANCHOR_READOUTS["llama.cpp"],
                 ),
                 # ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later (its tap_shift +1, set empirically)
                 "exllamav3": Serves(
@@ -517,6 +533,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
+                    anchor_readout=ANCHOR_READOUTS[OWN_STACK],
                 ),
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
@@ -535,6 +552,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
+                    anchor_readout=ANCHOR_READOUTS["vllm"],
                 ),
                 "llama.cpp": Serves(
                     ("dflash",),
@@ -543,6 +561,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tap_shift=0,
                     tensor_parallel=EVERY_GPU,
                     draft_head=HEAD_READ,
+                    anchor_readout=ANCHOR_READOUTS["llama.cpp"],
                 ),
                 # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334). Its
                 # DFlash2 input layer is built without the mask_embedding tensor its DFlash one reads (1.6.5).
@@ -690,6 +709,57 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A training lineage of block drafters that their configs show, and that some stacks serve under a method of its
+    own: there they read the block from the anchor row unless the config's sample_from_anchor says false, where their
+    path for the drafter's kind drafts from the rows after the anchor. Its drafters are trained either way (DeepSpec's
+    from the anchor; speculators' from the rows after it before its #760, and others since: sglang#30982,
+    vllm#56792), so a config showing the lineage without the key leaves the layout unknown, and one of the two paths
+    drafts one position off."""
+
+    title: str  # as people write it, in messages
+    architectures: tuple[str, ...]  # architectures[0] values that name it
+    keys: tuple[str, ...]  # config keys only its configs hold, at the top level or in the kind's block, whatever value
+    gguf_tensors: tuple[str, ...]  # tensors only its GGUF files hold
+    methods: dict[str, str]  # stack -> how its launch line asks for the lineage's path
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)  # (stack, architecture) -> what the stack does
+    # with that name
+
+    def marker(self, architecture: str | None, config: dict[str, Any], block: str | None) -> str | None:
+        """What in a drafter's config shows the lineage: its architecture, else the first of its keys present; None
+        when nothing does."""
+        if architecture in self.architectures:
+            return f"architectures {architecture}"
+        paths = [f"{block}.{key}" for key in self.keys if block] + list(self.keys)
+        return next((path for path in paths if dotted(config, path) is not None), None)
+
+
+# DSpark (DeepSeek's DeepSpec, SpecForge, speculators): DFlash's backbone plus a Markov head. DeepSpec writes markov_rank
+# into every drafter it trains, 0 for its DFlash ones (dflash_qwen3_*_block7), which are anchor-first all the same
+# (sglang-jax#1619). Sources: deepseek-ai/DeepSpec deepspec/modeling/dspark/{qwen3,gemma4}/config.py (afdfa7c) and
+# eval/dspark/draft_ops.py (every block row drafts); vLLM's DSpark path (vllm#46995, #47093) reads sample_from_anchor,
+# default true (vllm#48639, vllm#56792); SGLang's reads the top-level key, default true (sglang#36186); llama.cpp's
+# draft-dspark reads dflash.sample_from_anchor, default true, from a dflash-arch GGUF with markov_w1/markov_w2 tensors
+# (llama.cpp#25173, common/speculative.cpp).
+DSPARK = Lineage(
+    "DSpark",
+    ("DSparkDraftModel", "Qwen3DSparkModel", "Gemma4DSparkModel"),
+    ("markov_rank",),
+    ("markov_w1.weight",),
+    {
+        "vllm": 'method "dspark" in --speculative-config',
+        "sglang": "--speculative-algorithm DSPARK",
+        "llama.cpp": "--spec-type draft-dspark",
+    },
+    # vLLM's registry (registry.py:637-638 in 0.28) names DeepSeek-V4's class DSparkDraftModel, Qwen3's Qwen3DSparkModel
+    {
+        ("vllm", "DSparkDraftModel"): "vLLM 0.28 builds that name as DeepSeek-V4's DSpark, and a Qwen3 drafter dies "
+        "on 'hc_mult' (syv-ai/qwen38-27b-rtx3090#25): name it Qwen3DSparkModel, as vllm#52197 does for model_type qwen3"
+    },
+)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ import re
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps, gguf_arch
 from specpair.checkpoint.config import MAX_LAYERS, ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import BY_GGUF_ARCH, DRAFTER_BY_GGUF_ARCH, DRAFTER_KINDS, HEAD_KIND, with_own_keys
+from specpair.checkpoint.families import (
+    BY_GGUF_ARCH,
+    DRAFTER_BY_GGUF_ARCH,
+    DRAFTER_KINDS,
+    DSPARK,
+    HEAD_KIND,
+    with_own_keys,
+)
 from specpair.checkpoint.groups import group_of, summarize
 from specpair.checkpoint.tokenizer import from_gguf_fields
 from specpair.errors import BadInput
@@ -167,8 +174,12 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     for key in kind.own_keys:
         setattr(drafter, key, getattr(wiring, key))
     drafter.is_causal = wiring.is_causal
-    anchor = f.get(f"{prefix}sample_from_anchor")
-    drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
+    anchor_key = f"{prefix}sample_from_anchor"
+    anchor = f.get(anchor_key)
+    # as llama.cpp reads it, the value's text against "true": converters write a bool or that string
+    drafter.sample_from_anchor = None if anchor is None else anchor is True or anchor == "true"
+    drafter.sample_from_anchor_source = anchor_key if anchor is not None else None
+    drafter.dspark_marker = next((f"tensor {t}" for t in DSPARK.gguf_tensors if t in by_name), None)
     fc = by_name.get("fc.weight") or by_name.get("dflash_fc.weight") or by_name.get("dflash.fc.weight")
     drafter.fc_shape = list(fc.shape) if fc else None
     head = by_name.get("output.weight")

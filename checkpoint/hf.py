@@ -15,7 +15,7 @@ from typing import Any
 
 from specpair.checkpoint import Checkpoint, Drafter, FileEntry, Mtp, Quantization, Rope, Shapes, Taps, speculators
 from specpair.checkpoint.config import ModelConfig, as_int, parse_config
-from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, TAP_LAYOUTS, family_of
+from specpair.checkpoint.families import BLOCK, DRAFTER_KINDS, DSPARK, TAP_LAYOUTS, dotted, family_of
 from specpair.checkpoint.groups import NameKinds, summarize_hf
 from specpair.checkpoint.tokenizer import Tokenizer
 from specpair.formats import TensorInfo, TensorTable
@@ -151,8 +151,11 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
         for key in row.own_keys:
             setattr(drafter, key, getattr(wiring, key))
         drafter.is_causal = wiring.is_causal
-        anchor = nested.get("sample_from_anchor")
-        drafter.sample_from_anchor = anchor if isinstance(anchor, bool) else None
+        # vLLM's DFlash reads the key in the block, SGLang's DSpark the top-level one
+        anchor = next((k for k in (f"{block}.sample_from_anchor", "sample_from_anchor") if _is_bool(config, k)), None)
+        drafter.sample_from_anchor = dotted(config, anchor) if anchor else None
+        drafter.sample_from_anchor_source = anchor
+        drafter.dspark_marker = DSPARK.marker(model.architecture, config, block)
         required = {"taps": "target_layer_ids", "mask_token_id": "mask_token_id", "block_size": "block_size"}
         missing = [key for attr, key in required.items() if getattr(drafter, attr) is None]
         missing += [k for k in row.own_keys if getattr(drafter, k) is None]
@@ -173,6 +176,10 @@ def _drafter(model: ModelConfig, config: dict[str, Any], tensors: TensorTable, f
         drafter.mask_embedding_shape = list(shipped.shape) if shipped else None
         drafter.mask_embedding_file = next((f.path for f in files if f.path == row.mask_embedding.pickle), None)
     return drafter
+
+
+def _is_bool(config: dict[str, Any], key: str) -> bool:
+    return isinstance(dotted(config, key), bool)
 
 
 def _quantization(config: dict[str, Any], quant_files: dict[str, dict[str, Any]]) -> Quantization | None:
