@@ -1550,9 +1550,13 @@ def build_gguf_dflash(
     qtype: str = "F32",
     sparse: bool = False,
     tokenizer: bool = True,
+    markov_rank: int = 0,
+    sample_from_anchor: bool | str | None = None,
 ) -> Path:
     """A DFlash drafter as GGUF. `target_layer_ids` are HF ids (defaults as build_dflash). `tokenizer=False`
     writes a weights-only file, as fork converters do: no tokenizer keys (its vocabulary is its target's).
+    `markov_rank` > 0 adds a DSpark Markov head (markov_w1 / markov_w2 [vocab, rank], llama.cpp#25173);
+    `sample_from_anchor` writes dflash.sample_from_anchor as given (converters write a bool or the string).
 
     arch "dflash" is upstream llama.cpp: `dflash.target_layers` = ids + 1, mask in
     `tokenizer.ggml.mask_token_id`, tensors fc / enc.output_norm (DFlash-2 keys and conv/selector
@@ -1622,6 +1626,13 @@ def build_gguf_dflash(
                 plan.add(f"{p}{conv}_base", 2, dflash2.conv_kernel_size, hidden)
                 plan.add(f"{p}{conv}_proj.weight", 2 * dflash2.conv_kernel_size * groups, hidden)
     plan.add("output_norm.weight", hidden)
+    if markov_rank:
+        plan.add("markov_w1.weight", vocab_size, markov_rank)
+        plan.add("markov_w2.weight", vocab_size, markov_rank)
+    if isinstance(sample_from_anchor, bool):
+        writer.add_bool("dflash.sample_from_anchor", sample_from_anchor)
+    elif sample_from_anchor is not None:
+        writer.add_string("dflash.sample_from_anchor", sample_from_anchor)
     if dflash2 is not None:
         plan.add("selector_hidden.weight", dflash2.selector_rank, hidden)
         plan.add("selector_predecessor.weight", vocab_size, dflash2.selector_rank)

@@ -232,6 +232,70 @@ def test_llama_cpp_pair_of_gguf_files_gets_a_launch_line(tmp_path: Path):
     assert "--spec-type draft-dflash" in verdict["launch"]
 
 
+def _reason(report: dict, stack: str, rule: str) -> dict:
+    (reason,) = [r for r in report["verdicts"][stack]["reasons"] if r["rule"] == rule]
+    return reason
+
+
+def test_a_deepspec_dspark_drafter_is_named_and_its_layout_warned(tmp_path: Path):
+    """DeepSeek's dspark_qwen3_8b_block7 as DeepSpec writes its config (deepspec/modeling/dspark/qwen3/config.py:
+    Qwen3DSparkModel, flat keys, markov_rank) beside Qwen3-8B: no DFlash path loads the class, each stack's error
+    names its DSpark path, and the warning says the block's readout is unknown (llm-scaler#620)."""
+    target, _ = _padded_pair(tmp_path)
+    draft = tmp_path / "dspark_qwen3_8b_block7"
+    draft.mkdir()
+    config = json.loads((REAL_CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+    config.update(
+        architectures=["Qwen3DSparkModel"],
+        num_target_layers=36,
+        num_hidden_layers=5,
+        block_size=7,
+        tie_word_embeddings=False,
+        layer_types=["full_attention"] * 5,
+        mask_token_id=151669,
+        target_layer_ids=[1, 9, 17, 25, 33],
+        num_anchors=512,
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        markov_rank=256,
+        markov_head_type="vanilla",
+    )
+    (draft / "config.json").write_text(json.dumps(config))
+    _sparse_safetensors(draft / "model.safetensors", {"fc.weight": [4096, 5 * 4096], "hidden_norm.weight": [4096]})
+    report, code = check_json(str(target), str(draft), "--stack", "vllm", "--stack", "sglang")
+    assert code == 1 and report["draft"]["drafter"]["dspark_marker"] == "architectures Qwen3DSparkModel"
+    for stack, path in (
+        ("vllm", 'method "dspark" in --speculative-config'),
+        ("sglang", "--speculative-algorithm DSPARK"),
+    ):
+        assert errors(report, stack) == {"drafter.arch"}, report["verdicts"][stack]["reasons"]
+        arch = _reason(report, stack, "drafter.arch")["message"]
+        assert f"Qwen3DSparkModel names a DSpark drafter, which {stack} serves with {path}, not as DFlash" in arch
+        layout = _reason(report, stack, "drafter.anchor_layout")
+        assert layout["severity"] == "warn" and f"if true, serve it with {path}" in layout["message"]
+
+
+def test_a_dspark_gguf_drafter_on_llama_cpp_is_pointed_at_draft_dspark(tmp_path: Path):
+    """A dflash-arch GGUF with DSpark's Markov head (markov_w1, llama.cpp#25173): llama.cpp's draft-dflash drafts from
+    the rows after the anchor, its draft-dspark reads dflash.sample_from_anchor (default true). Without the key the
+    layout is unknown; with it (the string "true", as llama.cpp reads it too) the launch line's draft-dflash ignores it."""
+    from fixtures import build_gguf_dflash, build_gguf_target
+
+    target = build_gguf_target(tmp_path / "target.gguf", "qwen35moe", layers=8, nextn=1)
+    for anchor, said in (
+        (None, "shows DSpark's lineage (tensor markov_w1.weight) but does not declare"),
+        ("true", "sets dflash.sample_from_anchor (DSpark's readout"),
+    ):
+        draft = build_gguf_dflash(
+            tmp_path / f"draft-{anchor}.gguf", hidden=64, markov_rank=4, sample_from_anchor=anchor
+        )
+        report, code = check_json(str(target), str(draft), "--stack", "llama.cpp")
+        verdict = report["verdicts"]["llama.cpp"]
+        assert code == 0 and verdict["status"] == "warn" and "--spec-type draft-dflash" in verdict["launch"]
+        message = _reason(report, "llama.cpp", "drafter.anchor_layout")["message"]
+        assert said in message and "serve it with --spec-type draft-dspark, which reads the key" in message, message
+
+
 # --- what a new user hits (issue 12) ------------------------------------------------------------------
 
 

@@ -129,11 +129,22 @@ def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
 
 
 def dflash_draft(
-    taps: list[int] | None = None, dflash2: dict | None = None, pin: Verifier | None = None, **changes: object
+    taps: list[int] | None = None,
+    dflash2: dict | None = None,
+    pin: Verifier | None = None,
+    block: dict | None = None,
+    **changes: object,
 ) -> Checkpoint:
-    """A DFlash drafter for qwen3_target; `pin`: in the speculators format, pinning that verifier."""
+    """A DFlash drafter for qwen3_target; `pin`: in the speculators format, pinning that verifier; `block`: more keys
+    of its dflash_config."""
     taps = [1, 3, 5] if taps is None else taps
-    dflash_config = {"target_layer_ids": taps, "mask_token_id": 250, "block_size": 16, **(dflash2 or {})}
+    dflash_config = {
+        "target_layer_ids": taps,
+        "mask_token_id": 250,
+        "block_size": 16,
+        **(dflash2 or {}),
+        **(block or {}),
+    }
     config = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -427,7 +438,8 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
         "vllm",
         {},
     ),
-    "drafter.sample_from_anchor": (T, lambda: with_(dflash_draft(), _set_drafter(sample_from_anchor=True)), "vllm", {}),
+    "drafter.sample_from_anchor": (T, lambda: dflash_draft(block={"sample_from_anchor": True}), "vllm", {}),
+    "drafter.anchor_layout": (T, lambda: dflash_draft(markov_rank=0), "vllm", {}),
     "drafter.eagle_norms": (T, lambda: eagle3_draft(norm_output=True), "llama.cpp", {}),
     "vllm.quantized_context_kv": (T, lambda: with_(dflash_draft(), _fp8_attention), "vllm", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
@@ -550,6 +562,124 @@ def test_eagle31_norms_are_flagged_where_the_stack_is_not_known_to_apply_them():
     assert "drafter.eagle_norms" not in findings(T(), eagle3_draft(norm_before_fc=True), "sglang")
     with pytest.raises(BadInput, match="both norm_before_fc and fc_norm"):
         eagle3_draft(norm_before_fc=True, fc_norm=True)
+
+
+def dspark_draft(**changes: object) -> Checkpoint:
+    """A drafter as DeepSeek's DeepSpec writes one (deepspec/modeling/dspark/qwen3/config.py): its target's config,
+    the drafter's keys at the top level, architectures Qwen3DSparkModel and markov_rank (0: its DFlash drafters)."""
+    config = {
+        "architectures": ["Qwen3DSparkModel"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": ROWS,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1e6,
+        "layer_types": ["full_attention", "full_attention"],
+        "num_target_layers": LAYERS,
+        "block_size": 7,
+        "mask_token_id": 250,
+        "target_layer_ids": [1, 3, 5],
+        "num_anchors": 512,
+        "enable_confidence_head": False,
+        "markov_rank": 0,
+        **changes,
+    }
+    tensors = [("fc.weight", "BF16", (HIDDEN, 3 * HIDDEN)), ("hidden_norm.weight", "BF16", (HIDDEN,))]
+    return build(config, tensors, "dspark-draft")
+
+
+def _reasons(draft: Checkpoint, stack: str, rule: str) -> list[tuple[str, str]]:
+    """(severity, message) of each finding of `rule` for qwen3_target and `draft` on `stack`."""
+    _, verdicts = judge(T(), draft, Deployment(), [stack])
+    return [(f.severity, f.message) for f in verdicts[stack].reasons if f.rule == rule]
+
+
+@pytest.mark.parametrize(
+    ("draft", "marker"),
+    [
+        (dspark_draft, "architectures Qwen3DSparkModel"),
+        (lambda: dflash_draft(markov_rank=0), "markov_rank"),  # DeepSpec's Markov-less drafters write 0
+        (lambda: dflash_draft(block={"markov_rank": 256}), "dflash_config.markov_rank"),  # SpecForge's exports
+    ],
+)
+def test_a_dspark_lineage_drafter_that_does_not_say_where_it_drafts_from_is_warned_everywhere(draft, marker):
+    """A config showing DSpark's lineage without sample_from_anchor (llm-scaler#620, sglang-jax#1619): every stack
+    serves it as DFlash, from the rows after the anchor; the warning names the marker and the stack's DSpark path."""
+    checkpoint = draft()
+    assert (checkpoint.drafter.dspark_marker, checkpoint.drafter.sample_from_anchor) == (marker, None)
+    paths = {
+        "vllm": 'serve it with method "dspark" in --speculative-config, which reads the key',
+        "sglang": "serve it with --speculative-algorithm DSPARK, which reads the key",
+        "llama.cpp": "serve it with --spec-type draft-dspark, which reads the key",
+        "specpair": "specpair has no known path that reads it",
+        "exllamav3": "exllamav3 has no known path that reads it",
+        "tensorfold": "tensorfold has no known path that reads it",
+    }
+    for stack, path in paths.items():
+        ((severity, message),) = _reasons(checkpoint, stack, "drafter.anchor_layout")
+        assert severity == "warn", (stack, severity)
+        assert f"shows DSpark's lineage ({marker}) but does not declare sample_from_anchor" in message, message
+        assert f"{stack} serves it as DFlash, drafting from the rows after the anchor" in message, message
+        assert "llm-scaler#620" in message and f"if true, {path}" in message, message
+
+
+@pytest.mark.parametrize("stack", ["specpair", "sglang", "vllm", "llama.cpp", "exllamav3", "tensorfold"])
+def test_a_dspark_lineage_drafter_that_declares_its_layout_or_a_plain_dflash_is_not_warned(stack: str):
+    for declared in (
+        dspark_draft(sample_from_anchor=False),  # top level, where SGLang's DSpark reads it
+        dflash_draft(block={"markov_rank": 256, "sample_from_anchor": False}),
+        dflash_draft(),
+    ):
+        assert _reasons(declared, stack, "drafter.anchor_layout") == [], (stack, declared.drafter)
+
+
+def test_sample_from_anchor_is_refused_by_vllm_where_it_reads_it_and_warned_where_a_stack_drafts_past_it():
+    """vLLM's DFlash reads dflash_config.sample_from_anchor and refuses it; a top-level key it does not read, so it
+    drafts from the rows after the anchor, as specpair's runtime and llama.cpp's draft-dflash do whatever the key
+    says. SGLang's reading of the key is not established: nothing is said there."""
+    nested, top = dflash_draft(block={"sample_from_anchor": True}), dflash_draft(sample_from_anchor=True)
+    assert (nested.drafter.sample_from_anchor_source, top.drafter.sample_from_anchor_source) == (
+        "dflash_config.sample_from_anchor",
+        "sample_from_anchor",
+    )
+    assert [s for s, _ in _reasons(nested, "vllm", "drafter.sample_from_anchor")] == ["error"]
+    assert _reasons(nested, "vllm", "drafter.anchor_layout") == []
+    assert _reasons(top, "vllm", "drafter.sample_from_anchor") == []
+    ((severity, message),) = _reasons(top, "vllm", "drafter.anchor_layout")
+    assert severity == "warn" and "sets sample_from_anchor (DSpark's readout" in message, message
+    assert message.endswith('; serve it with method "dspark" in --speculative-config, which reads the key.'), message
+    ((_, own),) = _reasons(nested, "specpair", "drafter.anchor_layout")
+    assert "sets dflash_config.sample_from_anchor" in own and own.endswith("specpair has no known path that reads it.")
+    for stack in ("sglang", "exllamav3", "tensorfold"):
+        assert _reasons(nested, stack, "drafter.anchor_layout") == [], stack
+    both = dspark_draft(dflash_config={"sample_from_anchor": False}, sample_from_anchor=True)
+    assert (both.drafter.sample_from_anchor, both.drafter.sample_from_anchor_source) == (
+        False,
+        "dflash_config.sample_from_anchor",
+    )
+
+
+def test_a_dspark_architecture_is_named_for_what_it_is_with_vllms_registry_note():
+    """vLLM 0.28's registry builds DSparkDraftModel as DeepSeek-V4's class ('hc_mult', syv-ai/qwen38-27b-rtx3090#25):
+    drafter.arch says so on vLLM, and elsewhere names the stack's DSpark path, or none."""
+    radixark = dspark_draft(architectures=["DSparkDraftModel"], markov_rank=256)
+    ((vllm,),) = [findings(T(), radixark, "vllm")["drafter.arch"]]
+    assert (
+        "'DSparkDraftModel'" in vllm
+        and ': DSparkDraftModel names a DSpark drafter, which vllm serves with method "dspark"' in vllm
+    )
+    assert "'hc_mult' (syv-ai/qwen38-27b-rtx3090#25): name it Qwen3DSparkModel" in vllm, vllm
+    (sglang,) = findings(T(), radixark, "sglang")["drafter.arch"]
+    assert (
+        "which sglang serves with --speculative-algorithm DSPARK, not as DFlash" in sglang and "hc_mult" not in sglang
+    )
+    (own,) = findings(T(), dspark_draft(), "specpair")["drafter.arch"]
+    assert own.endswith(": Qwen3DSparkModel names a DSpark drafter, which specpair is not known to serve."), own
 
 
 def test_a_block_drafters_own_head_is_refused_or_flagged_where_the_stack_drafts_through_the_targets():

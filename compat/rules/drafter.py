@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specpair.checkpoint.families import DRAFTER_KINDS, EAGLE_NORMS, UPSTREAM_GGUF_ARCH, family_of
+from specpair.checkpoint.families import (
+    ANCHOR_IGNORED,
+    ANCHOR_REFUSED,
+    DRAFTER_KINDS,
+    DSPARK,
+    EAGLE_NORMS,
+    UPSTREAM_GGUF_ARCH,
+    family_of,
+)
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import (
@@ -94,6 +102,11 @@ def _arch(p: Pair, stack: str) -> Iterable[Values]:
         hint = (
             f": the head declares its base architecture; use a repackaged {row.title} copy (sglang#33966, vllm#11126)"
         )
+    elif arch in DSPARK.architectures:
+        method = DSPARK.methods.get(stack)
+        served = f"{stack} serves with {method}, not as {row.title}" if method else f"{stack} is not known to serve"
+        note = DSPARK.notes.get((stack, arch))
+        hint = f": {arch} names a {DSPARK.title} drafter, which {served}" + (f"; {note}" if note else "")
     yield {"kind_name": row.title, "arch": arch, "known": ", ".join(serves.archs) or "none", "hint": hint}
 
 
@@ -237,18 +250,74 @@ def _tensor_parallel(p: Pair, stack: str) -> Iterable[Values]:
         yield {"kind_name": p.kind_row.title, "gpus": p.deployment.gpus}
 
 
+def _readout_stacks(readout: str) -> tuple[str, ...]:
+    """The stacks whose path for some block kind does `readout` with sample_from_anchor true (Serves.anchor_readout)."""
+    rows = [DRAFTER_KINDS[k].serving for k in BLOCK_DRAFTERS]
+    return tuple(s for s in ALL_STACKS if any(s in row and row[s].anchor_readout == readout for row in rows))
+
+
+def _refused_anchor(p: Pair, stack: str) -> bool:
+    """The drafter sets sample_from_anchor where the stack's path for its kind reads it and refuses it: its block."""
+    d, serves = p.draft.drafter, p.serves(stack)
+    where = f"{p.kind_row.config_block}.sample_from_anchor"
+    readout = serves.anchor_readout if serves else None
+    return bool(d and d.sample_from_anchor and readout == ANCHOR_REFUSED and d.sample_from_anchor_source == where)
+
+
 @rule(
     "drafter.sample_from_anchor",
     "error",
-    ("vllm",),
+    _readout_stacks(ANCHOR_REFUSED),
     BLOCK_DRAFTERS,
     title="The drafter does not ask for DSpark's sample-from-anchor readout, which vLLM's DFlash refuses.",
     message='{draft} sets dflash_config.sample_from_anchor: vLLM raises "sample_from_anchor=True is not supported for DFlash"; it is a DSpark-style drafter, not DFlash.',
     example={},
 )
 def _sample_from_anchor(p: Pair, stack: str) -> Iterable[Values]:
-    if p.draft.drafter and p.draft.drafter.sample_from_anchor:
+    if _refused_anchor(p, stack):
         yield {}
+
+
+def _anchor_fix(stack: str, declared: bool) -> str:
+    """What serves the anchor row's draft on `stack`: DSpark's path, which reads the key (declared: the drafter sets
+    it true; else it shows DSpark's lineage without it)."""
+    method = DSPARK.methods.get(stack)
+    served = f"serve it with {method}, which reads the key" if method else f"{stack} has no known path that reads it"
+    if declared:
+        return served
+    if method:
+        served += " (and assumes true without it: below 1 % for a drafter trained the other way, vllm#56792)"
+    return f"declare sample_from_anchor as it was trained; if true, {served}"
+
+
+@rule(
+    "drafter.anchor_layout",
+    "warn",
+    ALL_STACKS,
+    BLOCK_DRAFTERS,
+    title="The stack drafts from the block rows the drafter was trained to draft from: DSpark's lineage draws from the anchor row too, DFlash's only from the rows after it.",
+    message="{draft} {problem}: {stack} serves it as {kind_name}, drafting from the rows after the anchor, and a drafter trained to draft from the anchor row too (DSpark's DeepSpec layout) then proposes every token one position off with no error (acceptance capped near 24 %, llm-scaler#620; sglang-jax#1619); {fix}.",
+    example={
+        "stack": "vllm",
+        "problem": "shows DSpark's lineage (markov_rank) but does not declare sample_from_anchor",
+        "kind_name": "DFlash",
+        "fix": _anchor_fix("vllm", False),
+    },
+)
+def _anchor_layout(p: Pair, stack: str) -> Iterable[Values]:
+    d, serves = p.draft.drafter, p.serves(stack)
+    if d is None or serves is None:
+        return
+    if d.sample_from_anchor is None and d.dspark_marker:
+        problem = f"shows {DSPARK.title}'s lineage ({d.dspark_marker}) but does not declare sample_from_anchor"
+        yield {"problem": problem, "kind_name": p.kind_row.title, "fix": _anchor_fix(stack, False)}
+    elif (
+        d.sample_from_anchor
+        and serves.anchor_readout in (ANCHOR_IGNORED, ANCHOR_REFUSED)
+        and not _refused_anchor(p, stack)
+    ):
+        problem = f"sets {d.sample_from_anchor_source} (DSpark's readout: the anchor row drafts too)"
+        yield {"problem": problem, "kind_name": p.kind_row.title, "fix": _anchor_fix(stack, True)}
 
 
 # the stacks serving a kind that may turn EAGLE-3.1's norms on, where some norm is not known to be applied
