@@ -668,7 +668,7 @@ def test_a_dspark_architecture_is_named_for_what_it_is_with_vllms_registry_note(
     """vLLM 0.28's registry builds DSparkDraftModel as DeepSeek-V4's class ('hc_mult', syv-ai/qwen38-27b-rtx3090#25):
     drafter.arch says so on vLLM, and elsewhere names the stack's DSpark path, or none."""
     radixark = dspark_draft(architectures=["DSparkDraftModel"], markov_rank=256)
-    ((vllm,),) = [findings(T(), radixark, "vllm")["drafter.arch"]]
+    (vllm,) = findings(T(), radixark, "vllm")["drafter.arch"]
     assert (
         "'DSparkDraftModel'" in vllm
         and ': DSparkDraftModel names a DSpark drafter, which vllm serves with method "dspark"' in vllm
