@@ -144,6 +144,8 @@ class Drafter:
     mask_embedding_shape: list[int] | None = None  # ... as a tensor among them (its kind's MaskEmbedding row)
     missing_keys: list[str] = field(default_factory=list)  # keys the family defines that this config lacks
     config_keys: list[str] = field(default_factory=list)  # dotted keys present, for per-stack required-key rules
+    names: list[str] = field(default_factory=list)  # what a GGUF's general.* keys say it is ("org/name" or a name),
+    # for the catalog to match it to the published drafter it was converted from
     verifier: str | None = None  # speculators format: the verifier it pins (name_or_path); None: another format
     verifier_architectures: list[str] = field(default_factory=list)
     native_keys: bool = False  # a speculators drafter whose config also holds its kind's own keys (model_type, the

@@ -31,6 +31,7 @@ from specpair.formats.gguf import GGUFHeader
 from specpair.formats.layouts import gguf_layout
 
 ARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # every key name and message is built from it
+HUB_URL = re.compile(r"https://huggingface\.co/([\w.-]+/[\w.-]+)/?")
 NO_VOCABULARY = 1  # the placeholder a weights-only drafter is parsed with: its vocabulary is its target's
 
 
@@ -158,7 +159,7 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     own_keys = [key for k in schema for key in k.own_keys]
     has_own = any(f"{prefix}{k}" in f for k in own_keys) or any("selector" in n for n in by_name)
     kind = with_own_keys(schema, has_own)
-    drafter = Drafter(kind=kind.name, config_keys=sorted(f))
+    drafter = Drafter(kind=kind.name, config_keys=sorted(f), names=_names(f))
     taps_key = f"{prefix}target_layer_ids" if fork else "dflash.target_layers"
     raw = f.get(taps_key)
     if raw is not None:
@@ -189,6 +190,18 @@ def _drafter(header: GGUFHeader, arch: str, by_name: dict, model: ModelConfig | 
     drafter.missing_keys = [key for attr, key in required.items() if getattr(drafter, attr) is None]
     drafter.missing_keys += [f"{prefix}{k}" for k in kind.own_keys if getattr(drafter, k) is None]
     return drafter
+
+
+def _names(f: dict) -> list[str]:
+    """What the file says it is: the repo a general.*repo_url key gives, and general.name (under
+    general.organization when set), which converters write from the HF repo's or folder's name. The
+    general.base_model.* keys are left out: they name what a model was trained from, not the model."""
+    urls = (f.get(key) for key in ("general.repo_url", "general.source.repo_url"))
+    names = [match[1] for url in urls if isinstance(url, str) and (match := HUB_URL.fullmatch(url))]
+    name, organization = f.get("general.name"), f.get("general.organization")
+    if isinstance(name, str) and name.strip():
+        names.append(f"{organization}/{name}" if isinstance(organization, str) and organization.strip() else name)
+    return names
 
 
 def _layer_types(f: dict, arch: str, layers: int) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -19,6 +20,7 @@ MIN_REVISION_PREFIX = 7  # git's shortest default abbreviation
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HEX = re.compile(r"^[0-9a-f]+$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+NAME_SEPARATORS = re.compile(r"[\s_-]+")
 
 
 def file_name(repo: str) -> str:
@@ -49,6 +51,25 @@ def lookup(repo: str, revision: str | None, ref: str, gguf_file: str | None = No
             checkpoint.notes.append(note)
             return checkpoint
     return None
+
+
+def drafters_named(names: Iterable[str]) -> list[Checkpoint]:
+    """The drafters as trained (HF checkpoints, not GGUF conversions), every revision, of the repos these names give:
+    "org/name" one repo, a bare name every repo of that name. Case and runs of spaces, '-' and '_' are ignored, as
+    llama.cpp's converter writes a repo's name into general.name title-cased with spaces ("Qwen3.6 35B A3B
+    DFlash")."""
+    wanted = {tuple(_name_key(part) for part in name.rpartition("/")[::2]) for name in names}
+    found = []
+    for item in sorted(resources.files("specpair.catalog").iterdir(), key=lambda i: i.name):
+        org, _, name = item.name.removesuffix(".json").partition("__")
+        if item.name.endswith(".json") and {(_name_key(org), _name_key(name)), ("", _name_key(name))} & wanted:
+            stored = json.loads(item.read_text("utf-8"))["entries"]
+            found += [Checkpoint.from_json(d) for d in stored if d["role"] == "drafter" and d["format"] != "gguf"]
+    return found
+
+
+def _name_key(name: str) -> str:
+    return NAME_SEPARATORS.sub("-", name.strip().lower())
 
 
 def entries() -> list[Checkpoint]:

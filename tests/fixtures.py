@@ -1545,18 +1545,22 @@ def build_gguf_dflash(
     mask_token_id: int | None = None,
     flavour: str = "qwen3_5",
     vocab_size: int | None = None,
-    sliding_window: int = 4096,
+    sliding_window: int | None = 4096,
     dflash2: DFlash2 | None = None,
     qtype: str = "F32",
     sparse: bool = False,
     tokenizer: bool = True,
     markov_rank: int = 0,
     sample_from_anchor: bool | str | None = None,
+    name: str | None = None,
+    organization: str | None = None,
 ) -> Path:
     """A DFlash drafter as GGUF. `target_layer_ids` are HF ids (defaults as build_dflash). `tokenizer=False`
     writes a weights-only file, as fork converters do: no tokenizer keys (its vocabulary is its target's).
     `markov_rank` > 0 adds a DSpark Markov head (markov_w1 / markov_w2 [vocab, rank], llama.cpp#25173);
     `sample_from_anchor` writes dflash.sample_from_anchor as given (converters write a bool or the string).
+    `sliding_window=None` writes no window keys (as converters without sliding-window support do); `name` and
+    `organization` are general.name and general.organization.
 
     arch "dflash" is upstream llama.cpp: `dflash.target_layers` = ids + 1, mask in
     `tokenizer.ggml.mask_token_id`, tensors fc / enc.output_norm (DFlash-2 keys and conv/selector
@@ -1579,7 +1583,9 @@ def build_gguf_dflash(
     mask = mask_token_id if mask_token_id is not None else vocab.length
     d = Dims(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     writer = gguf.GGUFWriter(path, arch)
-    writer.add_name(f"tiny {arch}")
+    writer.add_name(name or f"tiny {arch}")
+    if organization is not None:
+        writer.add_organization(organization)
     writer.add_context_length(262144)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -1590,8 +1596,9 @@ def build_gguf_dflash(
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000000.0)
-    writer.add_sliding_window(sliding_window)
-    writer.add_sliding_window_pattern([True] * (layers - 1) + [False])
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
+        writer.add_sliding_window_pattern([True] * (layers - 1) + [False])
     plan = _GGUFPlan()
     if arch == "dflash":
         writer.add_uint32("dflash.block_size", block_size)

@@ -15,7 +15,7 @@ import pytest
 
 from specpair.checkpoint import Checkpoint
 from specpair.cli.catalog import layout_summary
-from specpair.sources.catalog import SCHEMA, entries, file_name, lookup, same_revision
+from specpair.sources.catalog import SCHEMA, drafters_named, entries, file_name, lookup, same_revision
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CATALOG_DIR = REPO_ROOT / "catalog"
@@ -92,6 +92,21 @@ def test_lookup_unknown_or_malformed_repo_is_none() -> None:
     assert lookup("Qwen/Qwen9-1B", None, "Qwen/Qwen9-1B") is None
     assert lookup("../catalog/__init__", None, "x") is None
     assert lookup("a/b/c", None, "x") is None
+
+
+def test_drafters_named_as_gguf_converters_write_the_repo_name() -> None:
+    """A GGUF names its source in general.name (llama.cpp title-cases the repo's name with spaces; specpair keeps it),
+    under general.organization where set: each finds the trained drafters of that name, every revision, never a
+    target or a GGUF conversion."""
+
+    def found(*names: str) -> list[tuple[str, str | None]]:
+        return [(c.ref, c.revision) for c in drafters_named(names)]
+
+    z_lab = [(DFLASH_35B, "c69b185"), (DFLASH_35B, "42d3b34")]
+    assert found("Qwen3.6 35B A3B DFlash") == [("modal-labs/Qwen3.6-35B-A3B-DFlash", None), *z_lab]
+    assert found("Z Lab/Qwen3.6 35B A3B DFlash") == found("z-lab/qwen3.6-35b-a3b-dflash") == z_lab
+    assert found("Qwen3 32B FP8 DFLASH") == [("chutesai/Qwen3-32B-FP8-DFLASH", None)]
+    assert found("Qwen/Qwen3.6 35B A3B", "Qwen3.6 35B A3B DFlash GGUF", "Other/Qwen3.6 35B A3B DFlash") == []
 
 
 def test_same_revision_matches_abbreviations_in_either_direction() -> None:

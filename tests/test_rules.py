@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import copy
 import shlex
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from fixtures import build_gguf_dflash
 
 from specpair.checkpoint import Checkpoint, FileEntry, Taps, TensorGroup, hf, speculators
 from specpair.checkpoint.config import parse_config
@@ -25,6 +28,7 @@ from specpair.compat.verdict import judge
 from specpair.errors import BadInput
 from specpair.formats import TensorInfo
 from specpair.runtime.parallel import Parallel
+from specpair.sources import open_checkpoint
 
 HIDDEN, LAYERS, ROWS, TOKENS = 64, 8, 256, 240
 GB = 10**9
@@ -273,6 +277,32 @@ def _gguf_target(layout: str = "gguf-Q8_0") -> Checkpoint:
     return with_(qwen3_target(), change)
 
 
+# The layout of z-lab/Qwen3.6-35B-A3B-DFlash at c69b185 in the built-in catalog: 5 of 6 layers slide (window 4096).
+SWA_DRAFTER = {
+    "target_layer_ids": [1, 6, 11, 16, 22, 27, 32, 37],
+    "target_hidden": 2048,
+    "hidden": 2048,
+    "layers": 6,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "intermediate": 6144,
+}
+
+
+def _gguf_written(directory: Path, file: str, **options: object) -> Checkpoint:
+    """A DFlash GGUF the fixtures write (sparse: its header alone is real), read back as `check` reads it."""
+    return open_checkpoint(str(build_gguf_dflash(directory / file, sparse=True, **options)))
+
+
+def _keyless_swa_gguf() -> Checkpoint:
+    """z-lab's sliding-window drafter converted without the window keys, under the name llama.cpp's converter gives."""
+    with tempfile.TemporaryDirectory() as directory:
+        return _gguf_written(
+            Path(directory), "draft.gguf", sliding_window=None, name="Qwen3.6 35B A3B DFlash", **SWA_DRAFTER
+        )
+
+
 def _modelopt_target() -> Checkpoint:
     def change(c: Checkpoint) -> None:
         c.groups = [
@@ -378,6 +408,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     ),
     "gguf.image_prompts": (lambda: with_(_gguf_target(), _mrope), dflash2_draft, "llama.cpp", {}),
     "gguf.draft_tokenizer": (_gguf_target, lambda: _gguf_dflash_draft(tokenizer_present=False), "llama.cpp", {}),
+    "gguf.draft_swa": (_gguf_target, _keyless_swa_gguf, "llama.cpp", {}),
     "gguf.nvfp4_build": (lambda: _gguf_target("nvfp4-gguf"), lambda: _gguf_dflash_draft(), "llama.cpp", {}),
     "hw.capability": (_modelopt_target, dflash_draft, "sglang", {"gpu": GPUS["h100"]}),
     "hw.kernels": (_modelopt_target, dflash_draft, "vllm", {"gpu": GPUS["h100"]}),
@@ -969,6 +1000,63 @@ def test_dflash_draft_gguf_fork_gets_the_upstream_conversion_fix():
     v = verdicts["llama.cpp"]
     assert [f.rule for f in v.reasons if f.severity == "error"] == ["drafter.arch"]
     assert "--to gguf:BF16" in v.fix
+
+
+def test_a_gguf_drafter_converted_without_its_window_is_flagged_where_it_runs_with_full_attention(tmp_path):
+    """ik_llama.cpp#2021: a DFlash GGUF whose converter left out the window keys runs every layer with full attention,
+    on llama.cpp (src/models/dflash.cpp reads dflash.attention.sliding_window as optional) and on specpair (its GGUF
+    reader reads the same key). The evidence that it slid: the built-in catalog's drafter of the file's general.name
+    with its kind, shapes and taps."""
+    keyless = _keyless_swa_gguf()
+    assert keyless.shapes.layer_types == ["full"] * 6  # what both stacks run
+    for stack in ("llama.cpp", "specpair"):
+        (message,) = findings(_gguf_target(), keyless, stack)["gguf.draft_swa"]
+        assert "has no dflash.attention.sliding_window, but the published drafter of its name and shapes " in message
+        assert "(modal-labs/Qwen3.6-35B-A3B-DFlash, z-lab/Qwen3.6-35B-A3B-DFlash)" in message
+        assert "a 4096-token sliding window on 5 of 6 layers" in message
+        assert f"{stack} then runs every layer with full attention" in message and "ik_llama.cpp#2021" in message
+    (message,) = findings(_gguf_target(), keyless, "llama.cpp")["gguf.draft_swa"]
+    assert message.endswith(
+        "Convert modal-labs/Qwen3.6-35B-A3B-DFlash again with `specpair download modal-labs/Qwen3.6-35B-A3B-DFlash "
+        "--no-lock && specpair convert modal-labs/Qwen3.6-35B-A3B-DFlash Qwen3.6-35B-A3B-DFlash-bf16.gguf "
+        "--to gguf:BF16 --target target`: specpair's converter keeps the window."
+    ), message
+
+    # general.organization names one of the two repos; a fork's file names its own key
+    named = _gguf_written(
+        tmp_path, "org.gguf", sliding_window=None, name="Qwen3.6 35B A3B DFlash", organization="Z Lab", **SWA_DRAFTER
+    )
+    (message,) = findings(_gguf_target(), named, "llama.cpp")["gguf.draft_swa"]
+    assert "(z-lab/Qwen3.6-35B-A3B-DFlash)" in message and "Convert z-lab/Qwen3.6-35B-A3B-DFlash again" in message
+    fork = _gguf_written(
+        tmp_path,
+        "fork.gguf",
+        arch="dflash-draft",
+        sliding_window=None,
+        name="z-lab/Qwen3.6-35B-A3B-DFlash",
+        **SWA_DRAFTER,
+    )
+    (message,) = findings(_gguf_target(), fork, "specpair")["gguf.draft_swa"]
+    assert "has no dflash-draft.attention.sliding_window" in message
+
+    # silent: the keys written; a name the catalog does not know; other shapes; drafters trained with full attention
+    # (z-lab's legacy revision of the same repo, chutesai's drafter)
+    legacy = {**SWA_DRAFTER, "layers": 8, "kv_heads": 4, "target_layer_ids": [1, 10, 19, 28, 37]}
+    chutes = {**SWA_DRAFTER, "target_hidden": 5120, "hidden": 5120, "layers": 5, "intermediate": 9728}
+    chutes["target_layer_ids"] = [1, 16, 31, 46, 61]
+    silent = {
+        "keys written": ({"name": "Qwen3.6 35B A3B DFlash", **SWA_DRAFTER}),
+        "unknown name": ({"sliding_window": None, "name": "my drafter", **SWA_DRAFTER}),
+        "other shapes": (
+            {"sliding_window": None, "name": "Qwen3.6 35B A3B DFlash", **SWA_DRAFTER, "intermediate": 4096}
+        ),
+        "legacy revision": ({"sliding_window": None, "name": "Qwen3.6 35B A3B DFlash", **legacy}),
+        "full attention": ({"sliding_window": None, "name": "Qwen3 32B FP8 DFLASH", **chutes}),
+    }
+    for case, options in silent.items():
+        draft = _gguf_written(tmp_path, f"{case}.gguf", **options)
+        for stack in ("llama.cpp", "specpair"):
+            assert "gguf.draft_swa" not in findings(_gguf_target(), draft, stack), (case, stack)
 
 
 def test_memory_fit_suggests_tensor_parallelism():

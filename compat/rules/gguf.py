@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from specpair.checkpoint import Checkpoint
+from specpair.checkpoint.families import OWN_STACK
+from specpair.checkpoint.gguf_arch import GGUF_KEYS
 from specpair.compat.fixes import convert_command
 from specpair.compat.pair import Pair
 from specpair.compat.rules.table import ALL_KINDS, BLOCK_DRAFTERS, SELECTOR_DRAFTERS, Values, rule
 from specpair.formats.layouts import NVFP4, layout_of
+from specpair.sources.catalog import drafters_named
 
 
 @rule(
@@ -39,6 +43,67 @@ def _dflash2_build(p: Pair, stack: str) -> Iterable[Values]:
 def _draft_tokenizer(p: Pair, stack: str) -> Iterable[Values]:
     if p.draft.format == "gguf" and p.draft.tokenizer is None:
         yield {}
+
+
+def _shape(c: Checkpoint) -> tuple[object, ...]:
+    """What a conversion keeps of a drafter and its revisions differ in (z-lab's Qwen3.6-35B-A3B: 8 full layers, then
+    6 mostly sliding ones with other taps)."""
+    s, d = c.shapes, c.drafter
+    taps = d.taps.layers if d.taps else None
+    return d.kind, s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size, taps
+
+
+def _trained_window(draft: Checkpoint) -> list[Checkpoint]:
+    """The published drafters a GGUF drafter may have been converted from, where they were trained with a sliding
+    window: the catalog's drafters of a name the file gives, of its kind, shapes and taps. Empty unless every one
+    of them has sliding layers, so a repo whose revisions differ in attention but not in shapes says nothing."""
+    sources = [c for c in drafters_named(draft.drafter.names) if _shape(c) == _shape(draft)]
+    if all(c.rope.sliding_window and "sliding" in c.shapes.layer_types for c in sources):
+        return sources
+    return []
+
+
+@rule(
+    "gguf.draft_swa",
+    "warn",
+    ("llama.cpp", OWN_STACK),
+    BLOCK_DRAFTERS,
+    title="A GGUF drafter trained with a sliding window carries the window keys (else it runs with full attention).",
+    message="{draft} has no {key}, but the published drafter of its name and shapes ({sources}) was trained with a "
+    "{window}-token sliding window on {sliding} of {layers} layers: {stack} then runs every layer with full "
+    "attention, and acceptance falls once the context passes the window (ik_llama.cpp#2021: up to 17.4 points of "
+    "acceptance on Qwen3.6-35B-A3B past 4096 tokens). Convert {source} again with `{command}`: specpair's converter "
+    "keeps the window.",
+    example={
+        "draft": "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf",
+        "key": "dflash.attention.sliding_window",
+        "sources": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "source": "z-lab/Qwen3.6-35B-A3B-DFlash",
+        "window": 4096,
+        "sliding": 5,
+        "layers": 6,
+        "command": "specpair download z-lab/Qwen3.6-35B-A3B-DFlash --no-lock && specpair convert "
+        "z-lab/Qwen3.6-35B-A3B-DFlash Qwen3.6-35B-A3B-DFlash-bf16.gguf --to gguf:BF16 "
+        "--target Qwen3.6-35B-A3B-UD-Q4_K_M.gguf",
+    },
+)
+def _draft_swa(p: Pair, stack: str) -> Iterable[Values]:
+    # llama.cpp (src/models/dflash.cpp) and specpair (checkpoint/gguf_arch.py) read the window from this key alone
+    key = f"{p.draft.architecture}.{GGUF_KEYS['sliding_window']}"
+    if p.draft.format != "gguf" or key in p.draft.drafter.config_keys:
+        return
+    sources = _trained_window(p.draft)
+    if sources:
+        source = sources[0]
+        yield {
+            "key": key,
+            "sources": ", ".join(dict.fromkeys(c.ref for c in sources)),
+            "source": source.ref,
+            "window": source.rope.sliding_window,
+            "sliding": source.shapes.count("sliding"),
+            "layers": source.shapes.num_layers,
+            "command": " && ".join(convert_command(source, stack, "draft", p.target)),
+        }
 
 
 @rule(
