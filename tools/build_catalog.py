@@ -522,17 +522,18 @@ DRAFTERS = [
         heads=32,
         kv_heads=8,
         intermediate=17408,
-        sliding_layers=4,
-        window=2048,
+        sliding_layers=0,
+        window=None,
         taps=[1, 16, 31, 46, 61],
         mask_token_id=248070,
         block_size=16,
         auto_map=True,
-        sources="the 64-layer (27B) layout in SGLang's DFlash tests (dflash.md §1.3); hidden size 5120 "
-        "from the target, which every stack requires a DFlash drafter to match",
+        sources="the 64-layer (27B) taps in SGLang's DFlash tests (dflash.md §1.3); every layer full attention "
+        "(Luce-Org/lucebox PR #94: 3.5 layer_types all full_attention, the 4-sliding + 1-full 2048 layout being "
+        "Qwen3.6-27B's; PR #129: the Qwen3.5 draft uses all full layers); hidden size 5120 from the target, which "
+        "every stack requires a DFlash drafter to match",
         assumed=[
             "heads 32:8 and intermediate_size 17408 (as z-lab/Qwen3.8-27B-DFlash2)",
-            FULL_LAYER_LAST,
             "block_size inside dflash_config",
             TARGET_CONTEXT,
         ],
