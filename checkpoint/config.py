@@ -33,6 +33,7 @@ from specpair.formats import brief
 MAX_LAYERS = 100_000  # bound on an untrusted layer count before per-layer lists are built from it
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # as families' configs spell it
 LAYER_TYPES = {"full_attention": "full", "linear_attention": "linear", "sliding_attention": "sliding"}
+QWEN_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config/Qwen3Config default for max_window_layers
 
 
 def experts_touched(experts: int, per_token: int, tokens: int) -> float:
@@ -194,6 +195,12 @@ def parse_config(
     layer_types = _layer_types(text, layers, linear, where, strict=not summary)
     # serving stacks window the sliding_attention layers whatever use_sliding_window says
     sliding = text.get("sliding_window") if "sliding" in layer_types else None
+    swa = _swa_block(config, kind)
+    if swa is not None and "sliding" not in layer_types:
+        # ModelOpt's DFlash export (Model-Optimizer#1960) trains every layer with the window while writing
+        # layer_types all full; vLLM's _resolve_layer_attention reads it the same way
+        layer_types = ("sliding",) * layers
+        sliding = swa.get("swa_window_size", text.get("sliding_window"))
     generation = generation_config or {}
     eos = _ids(generation.get("eos_token_id")) or _ids(text.get("eos_token_id", config.get("eos_token_id")))
     tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
@@ -361,9 +368,19 @@ def _layer_types(text: dict[str, Any], layers: int, linear: bool, where: str, st
         interval = positive(text, "full_attention_interval", where, 4)
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
     if text.get("use_sliding_window") and as_int(text.get("sliding_window")):
-        first_sliding = as_int(text.get("max_window_layers")) or 0
+        # transformers' Qwen2/Qwen3 configs derive sliding layers from max_window_layers, default 28: a drafter of
+        # fewer layers that leaves it out is all full attention in every stack that builds its config there
+        first_sliding = as_int(text.get("max_window_layers"))
+        first_sliding = QWEN_MAX_WINDOW_LAYERS if first_sliding is None else first_sliding
         return tuple("sliding" if i >= first_sliding else "full" for i in range(layers))
     return ("full",) * layers
+
+
+def _swa_block(config: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
+    """A DFlash drafter's config block where it sets use_swa (ModelOpt's export), else None."""
+    row = DRAFTER_KINDS[kind] if kind is not None else None
+    nested = config.get(row.config_block) if row and row.config_block and row.drafting != CHAIN else None
+    return nested if isinstance(nested, dict) and nested.get("use_swa") is True else None
 
 
 def _count(holder: dict[str, Any], key: str, where: str) -> int:

@@ -499,6 +499,23 @@ def test_sliding_windows_crossed_by_target_and_drafter(tmp_path):
     assert sum(r.tau for r in out) / 2 > 1.2
 
 
+def test_a_modelopt_swa_drafter_runs_every_layer_windowed_and_non_causal(workshop, tmp_path):
+    """ModelOpt's DFlash export (Model-Optimizer#1960): layer_types all full, dflash_config.use_swa +
+    swa_window_size, causal false. The drafter runs as trained, every layer a non-causal window, over a context
+    past the window, and the output stays the undrafted one."""
+    s = workshop.setup("llama")
+    draft = dflash_checkpoint(tmp_path / "d", "llama", s.model.config, layers=2)
+    config = json.loads((draft / "config.json").read_text())
+    config["dflash_config"].update(use_swa=True, swa_window_size=6, causal=False)
+    write_json(draft / "config.json", config)
+    drafter = load_drafter(open_model(str(draft)), s.model, s.target)
+    assert [(layer.causal, layer.reach) for layer in drafter.layers] == [(False, 5)] * 2
+    prompt = (s.prompts[0] * 10)[:40]
+    undrafted, _ = generate(s.target, [prompt], 12, GREEDY)
+    out, _ = speculative_generate(s.target, drafter, [prompt], 12, GREEDY, block_size=4)
+    assert out[0].tokens == undrafted[0].tokens
+
+
 def test_context_past_4096_and_past_the_drafters_trained_window(workshop, tmp_path):
     """A prompt of 4090 tokens and 16 more, with a drafter whose max_position_embeddings is 2048: no crash,
     the same tokens (its positions past what it was trained on cost acceptance only)."""
