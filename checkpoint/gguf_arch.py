@@ -158,8 +158,6 @@ UNMAPPED_DFLASH_KEYS = (
     "final_logit_softcapping",
     "input_embedding_scale",
     "attention_value_scale",
-    "use_swa",
-    "swa_window_size",
     "sample_from_anchor",
     "draft_vocab_size",
 )
@@ -656,6 +654,13 @@ def _dflash_from_config(
             raise BadInput(CONFIG, f"'layer_types' has {len(layer_types)} entries, not num_hidden_layers")
         hp["sliding_window"] = as_int(window)
         hp["sliding_layers"] = [t == "sliding_attention" for t in layer_types]
+    elif key("use_swa") is True:
+        # ModelOpt's export (Model-Optimizer#1960): every layer windowed, layer_types left all full
+        window = key("swa_window_size") if key("swa_window_size") is not None else window
+        if not _is_int(window):
+            raise BadInput(CONFIG, f"'dflash_config.swa_window_size' is {brief(window)}, not a window")
+        hp["sliding_window"] = as_int(window)
+        hp["sliding_layers"] = [True] * hp["num_hidden_layers"]
     target_text = (target_config or {}).get("text_config", target_config or {})
     if "mrope_section" in _rope(target_text):  # the draft ropes on the target's temporal M-RoPE section
         hp["rope_sections"] = [hp["head_dim"] // 2, 0, 0, 0]

@@ -32,6 +32,7 @@ from fixtures import (
 from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, GGUFValueType
 from safetensors.torch import save_file
 
+from specpair.checkpoint.config import parse_config
 from specpair.checkpoint.gguf_arch import from_gguf, to_gguf
 from specpair.checkpoint.hf import HFMetadata
 from specpair.checkpoint.hf import build as build_hf_checkpoint
@@ -622,3 +623,22 @@ def test_semantics_llama_cpp_cannot_express_are_refused():
     assert back.config["rope_parameters"] == {"rope_theta": 1000000.0, **yarn}
     with pytest.raises(BadInput, match="YaRN parameters beta_fast"):
         to_gguf({**config, "rope_scaling": {**yarn, "beta_fast": 32.0}}, shapes)
+
+
+def test_a_modelopt_swa_drafter_converts_with_its_window_on_every_layer(tmp_path):
+    """ModelOpt's export (Model-Optimizer#1960: layer_types all full, dflash_config.use_swa + swa_window_size,
+    causal false) converts with the window on every layer and in-block attention non-causal, and reads back so."""
+    config = _drafter_config(tmp_path)
+    config["layer_types"] = ["full_attention"] * 2
+    config["dflash_config"].update(use_swa=True, swa_window_size=512, causal=False)
+    shapes = _drafter_shapes(config)
+    plan = to_gguf(config, shapes, target_config=target_config("qwen3", DIMS, vocabulary("qwen3")))
+    fields = {key: value for key, value, _ in plan.fields}
+    assert fields["dflash.attention.sliding_window"] == 512
+    assert fields["dflash.attention.sliding_window_pattern"] == [True, True]
+    assert fields["dflash.attention.causal"] is False
+    read_back = from_gguf(
+        header(plan), {m.name: tuple(m.shape) for m in plan.tensors}, target_vocab=config["vocab_size"]
+    )
+    back = parse_config(read_back.config, "back")
+    assert (back.layer_types, back.sliding_window, back.drafter.is_causal) == (("sliding",) * 2, 512, False)
