@@ -86,6 +86,7 @@ class Rope:
     mrope: bool = False
     max_position_embeddings: int | None = None
     sliding_window: int | None = None
+    window_source: str | None = None  # the config key that declares the sliding layers (families.WINDOW_SOURCES)
     trained_context: int | None = None  # length the checkpoint was trained at, where known
     schema: str = "none"  # "rope_parameters" | "rope_theta" (top-level legacy) | "gguf" | "none"
 
@@ -100,6 +101,7 @@ class Rope:
             mrope=model.mrope_section is not None,
             max_position_embeddings=model.max_position_embeddings,
             sliding_window=model.sliding_window,
+            window_source=model.window_source,
             trained_context=as_int(scaling.get("original_max_position_embeddings")),
             schema=schema,
         )

@@ -21,6 +21,9 @@ from specpair.checkpoint.families import (
     DRAFTER_KINDS,
     EAGLE_NORMS,
     FAMILIES,
+    WINDOW_IN_LAYER_TYPES,
+    WINDOW_IN_USE_SLIDING,
+    WINDOW_IN_USE_SWA,
     Family,
     dotted,
     family_of,
@@ -90,6 +93,7 @@ class ModelConfig:
     zero_centred_norms: bool = False
     attn_output_gate: bool = False
     sliding_window: int | None = None
+    window_source: str | None = None  # the config key that declares the sliding layers (families.WINDOW_SOURCES)
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
     rope_scaling: dict[str, Any] | None = None  # rope_type + its parameters, transformers' names; None: default
@@ -195,12 +199,14 @@ def parse_config(
     layer_types = _layer_types(text, layers, linear, where, strict=not summary)
     # serving stacks window the sliding_attention layers whatever use_sliding_window says
     sliding = text.get("sliding_window") if "sliding" in layer_types else None
+    window_source = _window_source(text, layer_types)
     swa = _swa_block(config, kind)
     if swa is not None and "sliding" not in layer_types:
         # ModelOpt's DFlash export (Model-Optimizer#1960) trains every layer with the window while writing
         # layer_types all full; vLLM's _resolve_layer_attention reads it the same way
         layer_types = ("sliding",) * layers
         sliding = swa.get("swa_window_size", text.get("sliding_window"))
+        window_source = WINDOW_IN_USE_SWA
     generation = generation_config or {}
     eos = _ids(generation.get("eos_token_id")) or _ids(text.get("eos_token_id", config.get("eos_token_id")))
     tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
@@ -225,6 +231,7 @@ def parse_config(
         zero_centred_norms=family.zero_centred_norms,
         attn_output_gate=bool(text.get("attn_output_gate", family.gated_attention)),
         sliding_window=optional_positive({"sliding_window": sliding}, "sliding_window", where),
+        window_source=window_source,
         rope_theta=theta,
         partial_rotary_factor=float(partial),
         rope_scaling=scaling,
@@ -374,6 +381,13 @@ def _layer_types(text: dict[str, Any], layers: int, linear: bool, where: str, st
         first_sliding = QWEN_MAX_WINDOW_LAYERS if first_sliding is None else first_sliding
         return tuple("sliding" if i >= first_sliding else "full" for i in range(layers))
     return ("full",) * layers
+
+
+def _window_source(text: dict[str, Any], layer_types: tuple[str, ...]) -> str | None:
+    """Which declaration gave `layer_types` their sliding layers: the list itself, else use_sliding_window's rule."""
+    if "sliding" not in layer_types:
+        return None
+    return WINDOW_IN_LAYER_TYPES if text.get("layer_types") is not None else WINDOW_IN_USE_SLIDING
 
 
 def _swa_block(config: dict[str, Any], kind: str | None) -> dict[str, Any] | None:

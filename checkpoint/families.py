@@ -284,6 +284,24 @@ HEAD_IGNORED = "ignores"  # drafts through the target's, leaving the drafter's o
 ANCHOR_REFUSED = "refuses"  # refuses to load it, where the kind's config block sets the key (and reads it nowhere else)
 ANCHOR_IGNORED = "ignores"  # drafts from the rows after the anchor all the same: every draft one position off
 
+# How a drafter's config declares its sliding-window layers -> what it says, in the words of a message. Stacks build
+# a config's layer_types through transformers' Qwen3Config, which derives them from use_sliding_window and
+# max_window_layers where the list is absent, so every stack reads those two alike; ModelOpt's DFlash export
+# (Model-Optimizer#1960) windows every layer through its block's use_swa and leaves layer_types all full.
+WINDOW_IN_LAYER_TYPES = "layer_types"
+WINDOW_IN_USE_SLIDING = "use_sliding_window"
+WINDOW_IN_USE_SWA = "dflash_config.use_swa"
+WINDOW_SOURCES = {
+    WINDOW_IN_LAYER_TYPES: "layer_types naming its sliding_attention layers",
+    WINDOW_IN_USE_SLIDING: "use_sliding_window with max_window_layers",
+    WINDOW_IN_USE_SWA: "dflash_config.use_swa with swa_window_size, every layer windowed (NVIDIA ModelOpt's export)",
+}
+# The declarations a stack's block-drafter path reads where established: vLLM's _resolve_layer_attention
+# (qwen3_dflash.py, 036a00d) reads use_swa where layer_types name no sliding layer; SGLang's (dflash_utils.py,
+# 00731f0) windows a layer only where layer_types says sliding_attention
+READS_EVERY_WINDOW = frozenset(WINDOW_SOURCES)
+READS_LAYER_TYPES_ONLY = frozenset({WINDOW_IN_LAYER_TYPES, WINDOW_IN_USE_SLIDING})
+
 # EAGLE-3.1's norms (arXiv 2605.09992; speculators 0.9.0 Eagle3SpeculatorConfig): the config key that turns each on ->
 # what it adds to EAGLE-3, in the words of a message. The first two are exclusive (speculators refuses both).
 EAGLE_NORMS = {
@@ -319,6 +337,8 @@ class Serves:
     unserved_layout: str = ""  # what it does with a drafter of the kind in a layout it does not serve, where it loads
     # one all the same
     anchor_readout: str | None = None  # ANCHOR_REFUSED or ANCHOR_IGNORED; None: not established
+    window_sources: frozenset[str] | None = None  # the WINDOW_SOURCES it windows a drafter's layers from; None: not
+    # established
 
     @property
     def reading(self) -> IdReading | None:
@@ -460,6 +480,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
                     anchor_readout=ANCHOR_READOUTS[OWN_STACK],
+                    window_sources=READS_EVERY_WINDOW,
                 ),
                 # SGLang's DFlashDraftModel has no head; its load_weights skips any weight it has no place for
                 "sglang": Serves(
@@ -470,6 +491,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_IGNORED,
                     unserved_layout=QUANTIZED_BLOCK_DRAFTER_ON_SGLANG,
+                    window_sources=READS_LAYER_TYPES_ONLY,
                 ),
                 # vLLM's DFlashQwen3ForCausalLM builds its lm_head over draft_vocab_size, and d2t where it is smaller
                 "vllm": Serves(
@@ -481,6 +503,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_READ,
                     anchor_readout=ANCHOR_READOUTS["vllm"],
+                    window_sources=READS_EVERY_WINDOW,
                 ),
                 # llama.cpp's dflash arch: optional `output` and `d2t` tensors
                 "llama.cpp": Serves(
@@ -534,6 +557,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     mask_embedding=(MASK_TENSOR,),
                     draft_head=HEAD_REFUSED,
                     anchor_readout=ANCHOR_READOUTS[OWN_STACK],
+                    window_sources=READS_EVERY_WINDOW,
                 ),
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),

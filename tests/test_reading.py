@@ -389,26 +389,30 @@ def test_dflash_modelopt_swa_slides_every_layer(tmp_path: Path) -> None:
     swa = {"use_swa": True, "swa_window_size": 512, "causal": False}
     c = read(_edit_config(path, dflash_config={**config["dflash_config"], **swa}))
     assert c.shapes.layer_types == ["sliding"] * 3 and c.rope.sliding_window == 512
-    assert c.drafter.is_causal is False
+    assert c.drafter.is_causal is False and c.rope.window_source == "dflash_config.use_swa"
     off = read(_edit_config(path, dflash_config={**config["dflash_config"], **swa, "use_swa": False}))
     assert off.shapes.layer_types == ["full"] * 3 and off.rope.sliding_window is None
+    assert off.rope.window_source is None
 
 
-@pytest.mark.parametrize(("max_window_layers", "expected"), [(None, ["full"] * 3), (1, ["full", "sliding", "sliding"])])
+@pytest.mark.parametrize(
+    ("max_window_layers", "expected", "source"),
+    [(None, ["full"] * 3, None), (1, ["full", "sliding", "sliding"], "use_sliding_window")],
+)
 def test_sliding_window_without_layer_types_follows_transformers(
-    tmp_path: Path, max_window_layers: int | None, expected: list[str]
+    tmp_path: Path, max_window_layers: int | None, expected: list[str], source: str | None
 ) -> None:
     """No layer_types: transformers' Qwen3Config slides layers i >= max_window_layers, default 28, so a 3-layer
     drafter that leaves max_window_layers out runs full attention (model-serving-minefield#107)."""
     path = build_dflash(tmp_path / "d", layers=3, sliding_window=16)
     c = read(_edit_config(path, layer_types=None, use_sliding_window=True, max_window_layers=max_window_layers))
-    assert c.shapes.layer_types == expected
+    assert c.shapes.layer_types == expected and c.rope.window_source == source
 
 
 def test_dflash_fc_shape_comes_from_the_header(tmp_path: Path) -> None:
     c = read(build_dflash(tmp_path / "d", target_layer_ids=[1, 9, 17], target_hidden=96, hidden=32, layers=3))
     assert c.drafter.fc_shape == [32, 288] and c.drafter.target_hidden_size is None
-    assert c.shapes.layer_types == ["sliding", "sliding", "full"]
+    assert c.shapes.layer_types == ["sliding", "sliding", "full"] and c.rope.window_source == "layer_types"
 
 
 def test_dflash_legacy_top_level_keys(tmp_path: Path) -> None:

@@ -471,6 +471,7 @@ FAILING: dict[str, tuple[Callable[[], Checkpoint], Callable[[], Checkpoint | Non
     ),
     "drafter.sample_from_anchor": (T, lambda: dflash_draft(block={"sample_from_anchor": True}), "vllm", {}),
     "drafter.anchor_layout": (T, lambda: dflash_draft(markov_rank=0), "vllm", {}),
+    "drafter.window_source": (T, lambda: modelopt_swa_draft(), "sglang", {}),
     "drafter.eagle_norms": (T, lambda: eagle3_draft(norm_output=True), "llama.cpp", {}),
     "vllm.quantized_context_kv": (T, lambda: with_(dflash_draft(), _fp8_attention), "vllm", {}),
     "vllm.runner": (T, dflash_draft, "vllm", {}),
@@ -593,6 +594,34 @@ def test_eagle31_norms_are_flagged_where_the_stack_is_not_known_to_apply_them():
     assert "drafter.eagle_norms" not in findings(T(), eagle3_draft(norm_before_fc=True), "sglang")
     with pytest.raises(BadInput, match="both norm_before_fc and fc_norm"):
         eagle3_draft(norm_before_fc=True, fc_norm=True)
+
+
+def modelopt_swa_draft(**swa: object) -> Checkpoint:
+    """A DFlash drafter as NVIDIA ModelOpt exports one trained with a window (Model-Optimizer#1960): layer_types all
+    full, the window in dflash_config.use_swa + swa_window_size, causal false."""
+    block = {"use_swa": True, "swa_window_size": 2048, "causal": False, **swa}
+    return dflash_draft(block=block, layer_types=["full_attention"] * 2, sliding_window=4096)
+
+
+def test_a_window_declared_through_use_swa_is_flagged_where_only_layer_types_are_read():
+    """vLLM reads dflash_config.use_swa (every layer windowed); SGLang windows only what layer_types name, so it runs
+    ModelOpt's drafter with full attention. specpair's runtime reads both. A drafter whose layer_types name the
+    sliding layers, or that has none, is read alike everywhere."""
+    draft = modelopt_swa_draft()
+    assert (draft.rope.window_source, draft.rope.sliding_window) == ("dflash_config.use_swa", 2048)
+    assert draft.shapes.layer_types == ["sliding", "sliding"]
+    ((severity, message),) = _reasons(draft, "sglang", "drafter.window_source")
+    assert severity == "warn"
+    assert "declares a 2048-token sliding window on 2 of 2 layers through dflash_config.use_swa" in message, message
+    assert "sglang windows a drafter's layers only from layer_types naming" in message, message
+    for stack in ("vllm", "specpair"):
+        assert _reasons(draft, stack, "drafter.window_source") == [], stack
+    named = dflash_draft(layer_types=["sliding_attention", "full_attention"], sliding_window=2048)
+    assert named.rope.window_source == "layer_types"
+    assert _reasons(dflash_draft(block={"use_swa": False}), "sglang", "drafter.window_source") == []
+    for plain in (named, dflash_draft()):
+        for stack in ("sglang", "vllm", "specpair"):
+            assert _reasons(plain, stack, "drafter.window_source") == [], (stack, plain.rope)
 
 
 def dspark_draft(**changes: object) -> Checkpoint:

@@ -12,6 +12,7 @@ from specpair.checkpoint.families import (
     DSPARK,
     EAGLE_NORMS,
     UPSTREAM_GGUF_ARCH,
+    WINDOW_SOURCES,
     family_of,
 )
 from specpair.compat.fixes import convert_command
@@ -196,6 +197,51 @@ def _layer_types(p: Pair, stack: str) -> Iterable[Values]:
         yield {"problem": f"layer_types lists {len(s.layer_types)} layers but num_hidden_layers is {s.num_layers}"}
     if "sliding" in s.layer_types and not p.draft.rope.sliding_window:
         yield {"problem": "it has sliding_attention layers but no sliding_window"}
+
+
+# the stacks whose path for some block kind is established to leave some declaration of a window unread
+_WINDOW_UNREAD = tuple(
+    s
+    for s in ALL_STACKS
+    if any(
+        set(WINDOW_SOURCES) - (serves.window_sources or set(WINDOW_SOURCES))
+        for k in BLOCK_DRAFTERS
+        if (serves := DRAFTER_KINDS[k].serving.get(s))
+    )
+)
+
+
+@rule(
+    "drafter.window_source",
+    "warn",
+    _WINDOW_UNREAD,
+    BLOCK_DRAFTERS,
+    title="The stack reads the sliding window where the drafter's config declares it.",
+    message="{draft} declares a {window}-token sliding window on {sliding} of {layers} layers through {how}; {stack} "
+    "windows a drafter's layers only from {reads}, so it runs every layer with full attention, which the drafter "
+    "was not trained for: fewer drafts are accepted, more so past the window (z-lab/dflash#126; ik_llama.cpp#2021: "
+    "17.4 points of acceptance on Qwen3.6-35B-A3B past 4096 tokens). A config whose layer_types name the sliding "
+    "layers (Model-Optimizer#2338's export) is read by every stack.",
+    example={
+        "window": 2048,
+        "sliding": 5,
+        "layers": 5,
+        "how": WINDOW_SOURCES["dflash_config.use_swa"],
+        "reads": "layer_types naming its sliding_attention layers, or use_sliding_window with max_window_layers",
+    },
+)
+def _window_source(p: Pair, stack: str) -> Iterable[Values]:
+    source, serves = p.draft.rope.window_source, p.serves(stack)
+    reads = serves.window_sources if serves else None
+    if source is None or reads is None or source in reads:
+        return
+    yield {
+        "window": p.draft.rope.sliding_window,
+        "sliding": p.draft.shapes.count("sliding"),
+        "layers": p.draft.shapes.num_layers,
+        "how": WINDOW_SOURCES[source],
+        "reads": ", or ".join(WINDOW_SOURCES[r] for r in WINDOW_SOURCES if r in reads),
+    }
 
 
 @rule(
