@@ -749,6 +749,7 @@ class Lineage:
     keys: tuple[str, ...]  # config keys only its configs hold, at the top level or in the kind's block, whatever value
     gguf_tensors: tuple[str, ...]  # tensors only its GGUF files hold
     methods: dict[str, str]  # stack -> how its launch line asks for the lineage's path
+    speculators_type: str  # its speculators_model_type, a format specpair does not read for it
     notes: dict[tuple[str, str], str] = field(default_factory=dict)  # (stack, architecture) -> what the stack does
     # with that name
 
@@ -778,6 +779,7 @@ DSPARK = Lineage(
         "sglang": "--speculative-algorithm DSPARK",
         "llama.cpp": "--spec-type draft-dspark",
     },
+    "dspark",  # speculators' DSpark config (sample_from_anchor default true, speculators#760)
     # vLLM's registry (registry.py:637-638 in 0.28) names DeepSeek-V4's class DSparkDraftModel, Qwen3's Qwen3DSparkModel
     {
         ("vllm", "DSparkDraftModel"): "vLLM 0.28 builds that name as DeepSeek-V4's DSpark, and a Qwen3 drafter dies "

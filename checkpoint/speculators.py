@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specpair.checkpoint.families import DRAFTER_BY_SPECULATORS_TYPE, DRAFTER_KINDS, EAGLE_NORMS, DrafterKind
+from specpair.checkpoint.families import DRAFTER_BY_SPECULATORS_TYPE, DRAFTER_KINDS, DSPARK, EAGLE_NORMS, DrafterKind
 from specpair.errors import BadInput
 from specpair.formats import brief
 from specpair.formats.transforms import TensorMap
@@ -51,7 +51,10 @@ def read(config: dict[str, Any], where: str) -> tuple[dict[str, Any], Verifier, 
     kind = DRAFTER_BY_SPECULATORS_TYPE.get(model_type) if isinstance(model_type, str) else None
     if kind is None:
         known = ", ".join(DRAFTER_BY_SPECULATORS_TYPE)
-        raise BadInput(where, f"speculators_model_type {brief(model_type)} is not one specpair reads ({known})")
+        what = f"speculators_model_type {brief(model_type)} is not one specpair reads ({known})"
+        if model_type == DSPARK.speculators_type:
+            what += f": a {DSPARK.title} drafter, which vLLM serves with {DSPARK.methods['vllm']}"
+        raise BadInput(where, what)
     schema = kind.speculators
     if not isinstance(spec, dict):
         raise BadInput(where, f"'speculators_config' is {brief(spec)}, not an object")

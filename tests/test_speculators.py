@@ -279,6 +279,8 @@ BAD_CONFIGS = {
     "speculators_model_type 'medusa' is not one specpair reads (dflash, dflash2, eagle3)": {
         "speculators_model_type": "medusa"
     },
+    "speculators_model_type 'dspark' is not one specpair reads (dflash, dflash2, eagle3): a DSpark drafter, which "
+    'vLLM serves with method "dspark" in --speculative-config': {"speculators_model_type": "dspark"},
     "'speculators_config.proposal_methods' is [], not a list of objects": {
         "speculators_config": {"proposal_methods": []}
     },
