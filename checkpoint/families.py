@@ -284,9 +284,9 @@ HEAD_IGNORED = "ignores"  # drafts through the target's, leaving the drafter's o
 ANCHOR_REFUSED = "refuses"  # refuses to load it, where the kind's config block sets the key (and reads it nowhere else)
 ANCHOR_IGNORED = "ignores"  # drafts from the rows after the anchor all the same: every draft one position off
 
-# How a drafter's config declares its sliding-window layers -> what it says, in the words of a message. Stacks build
-# a config's layer_types through transformers' Qwen3Config, which derives them from use_sliding_window and
-# max_window_layers where the list is absent, so every stack reads those two alike; ModelOpt's DFlash export
+# How a drafter's config declares its sliding-window layers -> what it says, in the words of a message. vLLM and
+# SGLang build a config's layer_types through transformers' Qwen3Config, which derives them from use_sliding_window
+# and max_window_layers where the list is absent, so both read those two alike; ModelOpt's DFlash export
 # (Model-Optimizer#1960) windows every layer through its block's use_swa and leaves layer_types all full.
 WINDOW_IN_LAYER_TYPES = "layer_types"
 WINDOW_IN_USE_SLIDING = "use_sliding_window"
@@ -298,9 +298,12 @@ WINDOW_SOURCES = {
 }
 # The declarations a stack's block-drafter path reads where established: vLLM's _resolve_layer_attention
 # (qwen3_dflash.py, 036a00d) reads use_swa where layer_types name no sliding layer; SGLang's (dflash_utils.py,
-# 00731f0) windows a layer only where layer_types says sliding_attention
+# 00731f0) windows a layer only where layer_types says sliding_attention; ExLlamaV3's DFlashConfig
+# (architecture/dflash.py, 4f8ad01) reads layer_types from config.json itself, defaulting to all full attention, so
+# it derives nothing from use_sliding_window and reads no use_swa
 READS_EVERY_WINDOW = frozenset(WINDOW_SOURCES)
 READS_LAYER_TYPES_ONLY = frozenset({WINDOW_IN_LAYER_TYPES, WINDOW_IN_USE_SLIDING})
+READS_LAYER_TYPES_LIST = frozenset({WINDOW_IN_LAYER_TYPES})
 
 # EAGLE-3.1's norms (arXiv 2605.09992; speculators 0.9.0 Eagle3SpeculatorConfig): the config key that turns each on ->
 # what it adds to EAGLE-3, in the words of a message. The first two are exclusive (speculators refuses both).
@@ -517,7 +520,11 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                 ),
                 # ExLlamaV3 1.6.5 reads DFlashDraftModel taps one layer later (its tap_shift +1, set empirically)
                 "exllamav3": Serves(
-                    DFLASH_ARCHS, required=("taps", "mask"), tap_shift=1, mask_embedding=(MASK_TENSOR,)
+                    DFLASH_ARCHS,
+                    required=("taps", "mask"),
+                    tap_shift=1,
+                    mask_embedding=(MASK_TENSOR,),
+                    window_sources=READS_LAYER_TYPES_LIST,
                 ),
                 "tensorfold": Serves(("DFlashDraftModel",), required=("taps", "mask"), tap_shift=0),
             },
@@ -559,6 +566,8 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     anchor_readout=ANCHOR_READOUTS[OWN_STACK],
                     window_sources=READS_EVERY_WINDOW,
                 ),
+                # SGLang's DFlash2DraftModel subclasses its DFlashDraftModel (sglang#35371, models/dflash.py): its
+                # layers' DFlashAttention windows from layer_types as DFlash's do
                 "sglang": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"),
                     "DFLASH",
@@ -568,7 +577,10 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     mask_embedding=(MASK_PICKLE,),
                     draft_head=HEAD_IGNORED,
                     unserved_layout=QUANTIZED_BLOCK_DRAFTER_ON_SGLANG,
+                    window_sources=READS_LAYER_TYPES_ONLY,
                 ),
+                # vLLM's DFlash2Qwen3DecoderLayer subclasses DFlashQwen3DecoderLayer (qwen3_dflash2.py, 030da62),
+                # whose __init__ resolves each layer's window through _resolve_layer_attention
                 "vllm": Serves(
                     ("DFlash2DraftModel", "DFlash2BeamDraftModel"),
                     "dflash",
@@ -577,6 +589,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     tensor_parallel=EVERY_GPU,
                     mask_embedding=(MASK_PICKLE,),
                     anchor_readout=ANCHOR_READOUTS["vllm"],
+                    window_sources=READS_EVERY_WINDOW,
                 ),
                 "llama.cpp": Serves(
                     ("dflash",),
@@ -588,12 +601,14 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
                     anchor_readout=ANCHOR_READOUTS["llama.cpp"],
                 ),
                 # DFlash2 residuals exceed FP16 range: ExLlamaV3 needs BF16 hardware for them (exl3#334). Its
-                # DFlash2 input layer is built without the mask_embedding tensor its DFlash one reads (1.6.5).
+                # DFlash2 input layer is built without the mask_embedding tensor its DFlash one reads (1.6.5). Its
+                # DFlash2Config subclasses DFlashConfig (architecture/dflash2.py, 37381f4), so it windows alike.
                 "exllamav3": Serves(
                     ("DFlash2DraftModel",),
                     required=("taps", "mask", "conv_selector"),
                     tap_shift=0,
                     min_capability=(8, 0),
+                    window_sources=READS_LAYER_TYPES_LIST,
                 ),
                 # TensorFold reads a drafter without `architectures` as DFlash2; its CUDA loader reads these keys
                 "tensorfold": Serves(

@@ -596,31 +596,43 @@ def test_eagle31_norms_are_flagged_where_the_stack_is_not_known_to_apply_them():
         eagle3_draft(norm_before_fc=True, fc_norm=True)
 
 
-def modelopt_swa_draft(**swa: object) -> Checkpoint:
+def modelopt_swa_draft(**changes: object) -> Checkpoint:
     """A DFlash drafter as NVIDIA ModelOpt exports one trained with a window (Model-Optimizer#1960): layer_types all
-    full, the window in dflash_config.use_swa + swa_window_size, causal false."""
-    block = {"use_swa": True, "swa_window_size": 2048, "causal": False, **swa}
-    return dflash_draft(block=block, layer_types=["full_attention"] * 2, sliding_window=4096)
+    full, the window in dflash_config.use_swa + swa_window_size, causal false; `changes` as dflash_draft's."""
+    block = {"use_swa": True, "swa_window_size": 2048, "causal": False}
+    return dflash_draft(block=block, layer_types=["full_attention"] * 2, sliding_window=4096, **changes)
 
 
 def test_a_window_declared_through_use_swa_is_flagged_where_only_layer_types_are_read():
-    """vLLM reads dflash_config.use_swa (every layer windowed); SGLang windows only what layer_types name, so it runs
-    ModelOpt's drafter with full attention. specpair's runtime reads both. A drafter whose layer_types name the
-    sliding layers, or that has none, is read alike everywhere."""
-    draft = modelopt_swa_draft()
-    assert (draft.rope.window_source, draft.rope.sliding_window) == ("dflash_config.use_swa", 2048)
-    assert draft.shapes.layer_types == ["sliding", "sliding"]
-    ((severity, message),) = _reasons(draft, "sglang", "drafter.window_source")
-    assert severity == "warn"
-    assert "declares a 2048-token sliding window on 2 of 2 layers through dflash_config.use_swa" in message, message
-    assert "sglang windows a drafter's layers only from layer_types naming" in message, message
-    for stack in ("vllm", "specpair"):
-        assert _reasons(draft, stack, "drafter.window_source") == [], stack
+    """vLLM reads dflash_config.use_swa (every layer windowed), for DFlash2 too (its decoder layer is DFlash's);
+    SGLang windows only what layer_types name, DFlash2 alike, so it runs ModelOpt's drafter with full attention.
+    ExLlamaV3 reads layer_types from config.json itself, so it also misses a window that use_sliding_window with
+    max_window_layers declares. specpair's runtime reads all three. A drafter whose layer_types name the sliding
+    layers, or that has none, is read alike everywhere."""
+    dflash2 = {"dflash2": DFLASH2, "architectures": ["DFlash2DraftModel"]}
+    for changes in ({}, dflash2):
+        draft = modelopt_swa_draft(**changes)
+        assert (draft.rope.window_source, draft.rope.sliding_window) == ("dflash_config.use_swa", 2048)
+        assert draft.shapes.layer_types == ["sliding", "sliding"]
+        for stack in ("sglang", "exllamav3"):
+            ((severity, message),) = _reasons(draft, stack, "drafter.window_source")
+            assert severity == "warn"
+            assert "declares a 2048-token sliding window on 2 of 2 layers through dflash_config.use_swa" in message
+            assert f"{stack} windows a drafter's layers only from layer_types naming" in message, message
+        for stack in ("vllm", "specpair"):
+            assert _reasons(draft, stack, "drafter.window_source") == [], (stack, changes)
+    for changes in ({}, dflash2):
+        derived = dflash_draft(layer_types=None, use_sliding_window=True, max_window_layers=1, **changes)
+        assert derived.rope.window_source == "use_sliding_window", derived.rope
+        ((severity, message),) = _reasons(derived, "exllamav3", "drafter.window_source")
+        assert "through use_sliding_window with max_window_layers" in message, message
+        for stack in ("sglang", "vllm", "specpair"):
+            assert _reasons(derived, stack, "drafter.window_source") == [], (stack, changes)
     named = dflash_draft(layer_types=["sliding_attention", "full_attention"], sliding_window=2048)
     assert named.rope.window_source == "layer_types"
     assert _reasons(dflash_draft(block={"use_swa": False}), "sglang", "drafter.window_source") == []
-    for plain in (named, dflash_draft()):
-        for stack in ("sglang", "vllm", "specpair"):
+    for plain in (named, dflash_draft(), dflash_draft(**dflash2)):
+        for stack in ("sglang", "vllm", "exllamav3", "specpair"):
             assert _reasons(plain, stack, "drafter.window_source") == [], (stack, plain.rope)
 
 
