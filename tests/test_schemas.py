@@ -14,6 +14,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from test_download import cache, files_of, pair_dirs, specpair  # noqa: F401 (fixtures)
 
+from specpair.checkpoint.families import WINDOW_SOURCES
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schemas"
 BY_NAME = {
@@ -58,6 +60,12 @@ def test_every_schema_is_published_and_well_formed() -> None:
     assert set(BY_NAME.values()) | {"checkpoint"} == names
     for p in SCHEMAS.glob("*.schema.json"):
         Draft202012Validator.check_schema(json.loads(p.read_text()))
+
+
+def test_the_checkpoint_schemas_window_sources_are_the_table_rows() -> None:
+    """A window's declaration in documents is one of families.WINDOW_SOURCES' rows, or none: the schema lists them."""
+    rope = json.loads((SCHEMAS / "checkpoint.schema.json").read_text())["properties"]["rope"]
+    assert rope["properties"]["window_source"]["enum"] == [*WINDOW_SOURCES, None]
 
 
 def test_check_inspect_and_catalog_documents(tmp_path: Path) -> None:
