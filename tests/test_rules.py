@@ -132,6 +132,20 @@ def qwen35_target(mtp: bool = True, ref: str = "hybrid-target") -> Checkpoint:
     return build(config, tensors, ref, tokenizer())
 
 
+# the decoder config of the block drafters below: two layers at the test target's width
+DRAFTER_DECODER = {
+    "model_type": "qwen3",
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": ROWS,
+    "max_position_embeddings": 40960,
+}
+
+
 def dflash_draft(
     taps: list[int] | None = None,
     dflash2: dict | None = None,
@@ -151,15 +165,7 @@ def dflash_draft(
     }
     config = {
         "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": HIDDEN,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "vocab_size": ROWS,
-        "max_position_embeddings": 40960,
+        **DRAFTER_DECODER,
         "num_target_layers": LAYERS,
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": 2048,
@@ -641,15 +647,7 @@ def dspark_draft(**changes: object) -> Checkpoint:
     the drafter's keys at the top level, architectures Qwen3DSparkModel and markov_rank (0: its DFlash drafters)."""
     config = {
         "architectures": ["Qwen3DSparkModel"],
-        "model_type": "qwen3",
-        "hidden_size": HIDDEN,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "vocab_size": ROWS,
-        "max_position_embeddings": 40960,
+        **DRAFTER_DECODER,
         "rope_theta": 1e6,
         "layer_types": ["full_attention", "full_attention"],
         "num_target_layers": LAYERS,
