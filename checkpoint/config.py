@@ -205,7 +205,8 @@ def parse_config(
         # ModelOpt's DFlash export (Model-Optimizer#1960) trains every layer with the window while writing
         # layer_types all full; vLLM's _resolve_layer_attention reads it the same way
         layer_types = ("sliding",) * layers
-        sliding = swa.get("swa_window_size", text.get("sliding_window"))
+        sliding = swa.get("swa_window_size")
+        sliding = text.get("sliding_window") if sliding is None else sliding
         window_source = WINDOW_IN_USE_SWA
     generation = generation_config or {}
     eos = _ids(generation.get("eos_token_id")) or _ids(text.get("eos_token_id", config.get("eos_token_id")))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpair.checkpoint.config import as_int, rope_parameters
+from specpair.checkpoint.config import as_int, parse_config, rope_parameters
 from specpair.checkpoint.families import (
     BY_ARCHITECTURE,
     BY_MODEL_TYPE,
@@ -643,24 +643,16 @@ def _dflash_from_config(
         hp[name] = _positive({name: key(name)}, name, CONFIG)
     if present:
         hp["conv_proj"] = 2 * hp["conv_kernel_size"] * hp["hidden_size"] // hp["conv_group_size"]
-    causal = config.get("is_causal", nested.get("causal"))
-    if isinstance(causal, bool):
-        hp["is_causal"] = causal
-    layer_types = config.get("layer_types")
-    window = config.get("sliding_window")
-    # Serving stacks apply the window to the sliding_attention layers whatever use_sliding_window says.
-    if isinstance(layer_types, list) and "sliding_attention" in layer_types and _is_int(window):
-        if len(layer_types) != hp["num_hidden_layers"]:
-            raise BadInput(CONFIG, f"'layer_types' has {len(layer_types)} entries, not num_hidden_layers")
-        hp["sliding_window"] = as_int(window)
-        hp["sliding_layers"] = [t == "sliding_attention" for t in layer_types]
-    elif key("use_swa") is True:
-        # ModelOpt's export (Model-Optimizer#1960): every layer windowed, layer_types left all full
-        window = key("swa_window_size") if key("swa_window_size") is not None else window
-        if not _is_int(window):
-            raise BadInput(CONFIG, f"'dflash_config.swa_window_size' is {brief(window)}, not a window")
-        hp["sliding_window"] = as_int(window)
-        hp["sliding_layers"] = [True] * hp["num_hidden_layers"]
+    # the attention as specpair reads it (the window from every declaration: layer_types, use_sliding_window,
+    # ModelOpt's use_swa), so the GGUF windows what the runtime and the stacks that read the HF config window
+    model = parse_config(config, CONFIG)
+    if model.drafter is not None and model.drafter.is_causal is not None:
+        hp["is_causal"] = model.drafter.is_causal
+    if "sliding" in model.layer_types:
+        if model.sliding_window is None:
+            raise BadInput(CONFIG, "the drafter has sliding layers but no window size")
+        hp["sliding_window"] = model.sliding_window
+        hp["sliding_layers"] = [t == "sliding" for t in model.layer_types]
     target_text = (target_config or {}).get("text_config", target_config or {})
     if "mrope_section" in _rope(target_text):  # the draft ropes on the target's temporal M-RoPE section
         hp["rope_sections"] = [hp["head_dim"] // 2, 0, 0, 0]

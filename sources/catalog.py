@@ -7,9 +7,9 @@ the Hub does; revisions compare as hex commit ids, full or abbreviated.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -53,7 +53,8 @@ def lookup(repo: str, revision: str | None, ref: str, gguf_file: str | None = No
     return None
 
 
-def drafters_named(names: Iterable[str]) -> list[Checkpoint]:
+@functools.cache  # the catalog is package data: `check` asks once per stack the rule judges, and reads it once
+def drafters_named(names: tuple[str, ...]) -> tuple[Checkpoint, ...]:
     """The drafters as trained (HF checkpoints, not GGUF conversions), every revision, of the repos these names give:
     "org/name" one repo, a bare name every repo of that name. Case and runs of spaces, '-' and '_' are ignored, as
     llama.cpp's converter writes a repo's name into general.name title-cased with spaces ("Qwen3.6 35B A3B
@@ -65,7 +66,7 @@ def drafters_named(names: Iterable[str]) -> list[Checkpoint]:
         if item.name.endswith(".json") and {(_name_key(org), _name_key(name)), ("", _name_key(name))} & wanted:
             stored = json.loads(item.read_text("utf-8"))["entries"]
             found += [Checkpoint.from_json(d) for d in stored if d["role"] == "drafter" and d["format"] != "gguf"]
-    return found
+    return tuple(found)
 
 
 def _name_key(name: str) -> str:

@@ -642,3 +642,33 @@ def test_a_modelopt_swa_drafter_converts_with_its_window_on_every_layer(tmp_path
     )
     back = parse_config(read_back.config, "back")
     assert (back.layer_types, back.sliding_window, back.drafter.is_causal) == (("sliding",) * 2, 512, False)
+
+
+@pytest.mark.parametrize(
+    ("declaration", "pattern"),
+    [
+        ({"layer_types": ["sliding_attention", "full_attention"]}, [True, False]),
+        # no layer_types: transformers' Qwen3Config slides layers from max_window_layers on
+        ({"layer_types": None, "use_sliding_window": True, "max_window_layers": 1}, [False, True]),
+        ({"layer_types": None, "use_sliding_window": True}, None),  # max_window_layers 28: all full
+    ],
+)
+def test_the_converter_windows_the_layers_the_reader_does(tmp_path, declaration, pattern):
+    """The converter writes the window keys from the drafter's config as parse_config reads it, whichever way the
+    config declares the window, so the GGUF runs the attention the HF checkpoint runs in specpair and the stacks."""
+    config = _drafter_config(tmp_path)
+    config.update({"sliding_window": 256, **declaration})
+    config = {k: v for k, v in config.items() if v is not None}
+    plan = to_gguf(config, _drafter_shapes(config), target_config=target_config("qwen3", DIMS, vocabulary("qwen3")))
+    fields = {key: value for key, value, _ in plan.fields}
+    assert fields.get("dflash.attention.sliding_window_pattern") == pattern
+    assert fields.get("dflash.attention.sliding_window") == (256 if pattern else None)
+    sliding = [t == "sliding" for t in parse_config(config, "config.json").layer_types]
+    assert sliding == (pattern or [False, False])
+
+
+def test_a_drafter_with_sliding_layers_and_no_window_is_refused_by_the_converter(tmp_path):
+    config = _drafter_config(tmp_path)
+    config.pop("sliding_window")
+    with pytest.raises(BadInput, match="the drafter has sliding layers but no window size"):
+        to_gguf(config, _drafter_shapes(config), target_config=target_config("qwen3", DIMS, vocabulary("qwen3")))

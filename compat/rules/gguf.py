@@ -57,7 +57,7 @@ def _trained_window(draft: Checkpoint) -> list[Checkpoint]:
     """The published drafters a GGUF drafter may have been converted from, where they were trained with a sliding
     window: the catalog's drafters of a name the file gives, of its kind, shapes and taps. Empty unless every one
     of them has sliding layers, so a repo whose revisions differ in attention but not in shapes says nothing."""
-    sources = [c for c in drafters_named(draft.drafter.names) if _shape(c) == _shape(draft)]
+    sources = [c for c in drafters_named(tuple(draft.drafter.names)) if _shape(c) == _shape(draft)]
     if all(c.rope.sliding_window and "sliding" in c.shapes.layer_types for c in sources):
         return sources
     return []
